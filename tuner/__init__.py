@@ -1,0 +1,16 @@
+"""tuner: measure a PyTorch training step, find its bottleneck, search the knobs that fix it.
+
+Public API::
+
+    tuner.measure(recipe, **knobs) -> Measurement
+    tuner.Probe                     # the harness, for loops the tuner does not own
+    tuner.load_recipe(path)         # a validated Recipe
+"""
+
+from tuner.api import Measurement, measure
+from tuner.errors import RecipeError, TrialError
+from tuner.probe import Probe
+from tuner.recipe import Recipe, load_recipe
+
+__all__ = ["Measurement", "Probe", "Recipe", "RecipeError", "TrialError", "load_recipe", "measure"]
+__version__ = "0.1.0"

@@ -1,0 +1,123 @@
+"""``tuner.measure``: the harness on one configuration, from Python.
+
+Each repeat is a whole trial (build, warm-up, measure, teardown) in this process, so the
+spread between repeats includes what changes from one build to the next. The reported
+metrics are the median over the repeats that succeeded; failures are counted, never
+dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from tuner import distributed
+from tuner.environment import environment
+from tuner.metrics import METRIC_NAMES
+from tuner.recipe import Recipe, load_recipe
+from tuner.space import Config, Machine, make_config, parse_knobs
+from tuner.trial import OK, TrialResult, run_trial
+
+
+@dataclass
+class Measurement:
+    """One configuration measured ``len(repeats)`` times."""
+
+    recipe: str
+    params: dict[str, Any]
+    state: str
+    """``ok`` when every repeat succeeded, else the first failure's state."""
+    reason: str | None
+    metrics: dict[str, Any] | None
+    """Median over successful repeats, DESIGN.md names; ``None`` if none succeeded."""
+    spread: dict[str, list[float]]
+    """``[min, max]`` over successful repeats, per metric."""
+    repeats: list[TrialResult]
+    environment: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    """Knobs that could not apply on this machine, and what was used instead."""
+
+    @property
+    def failures(self) -> int:
+        return sum(not r.ok for r in self.repeats)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "params": self.params,
+            "state": self.state,
+            "reason": self.reason,
+            "metrics": self.metrics,
+            "spread": self.spread,
+            "failures": self.failures,
+            "repeats": [dataclasses.asdict(r) for r in self.repeats],
+            "environment": self.environment,
+            "notes": self.notes,
+        }
+
+
+def measure(
+    recipe: Recipe | str | os.PathLike[str],
+    *,
+    repeats: int | None = None,
+    overrides: Sequence[str] = (),
+    **knobs: Any,
+) -> Measurement:
+    """Measure one configuration of a recipe.
+
+    Args:
+        recipe: a recipe path or a loaded :class:`~tuner.recipe.Recipe`.
+        repeats: trials to run; default the recipe's ``steps.repeats``.
+        overrides: ``key=value`` recipe overrides (paths only), as ``--set``.
+        **knobs: knob values (``num_workers=4, amp_dtype="bf16"``); they win over the
+            recipe's fixed space values and its baseline.
+    """
+    ctx = distributed.context()
+    if isinstance(recipe, Recipe):
+        fixed = parse_knobs(knobs, "knobs")
+        recipe = dataclasses.replace(recipe, knob_overrides={**recipe.knob_overrides, **fixed})
+    else:
+        recipe = load_recipe(recipe, overrides, world_size=ctx.world_size, knobs=knobs)
+    config, notes = measured_config(recipe, Machine.detect())
+    n = repeats if repeats is not None else recipe.steps.repeats
+    if n < 1:
+        raise ValueError(f"repeats must be >= 1, got {n}")
+    runs = [run_trial(recipe, config, ctx) for _ in range(n)]
+    return _combine(recipe, config, runs, notes, ctx.world_size)
+
+
+def measured_config(recipe: Recipe, machine: Machine) -> tuple[Config, list[str]]:
+    """The configuration ``measure`` runs: defaults <- fixed space values <- baseline <- ``--set``."""
+    knobs = {name: values[0] for name, values in recipe.space.items() if len(values) == 1}
+    knobs.update(recipe.baseline)
+    knobs.update(recipe.knob_overrides)
+    return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+
+
+def _combine(recipe: Recipe, config: Config, runs: list[TrialResult], notes: list[str], world: int) -> Measurement:
+    good = [r.metrics for r in runs if r.ok and r.metrics is not None]
+    first_bad = next((r for r in runs if not r.ok), None)
+    metrics: dict[str, Any] | None = None
+    spread: dict[str, list[float]] = {}
+    if good:
+        metrics = {}
+        for name in METRIC_NAMES:
+            values = [m[name] for m in good if m.get(name) is not None]
+            metrics[name] = statistics.median(values) if values else None
+            if values:
+                spread[name] = [min(values), max(values)]
+    return Measurement(
+        recipe=recipe.name,
+        params=config.params(),
+        state=OK if first_bad is None else first_bad.state,
+        reason=None if first_bad is None else first_bad.reason,
+        metrics=metrics,
+        spread=spread,
+        repeats=runs,
+        environment=environment(world),
+        notes=notes,
+    )
+

@@ -1,0 +1,72 @@
+"""Command lines: ``tuner <command>`` and ``python -m tuner.<command>``.
+
+Input errors (:class:`~tuner.errors.RecipeError`) print one line and exit 2; nothing here
+lets a traceback reach the user for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from tuner.errors import RecipeError
+
+
+def measure_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner.measure",
+        description="Measure one configuration of a recipe: step time p50/p90/p99, samples/s, "
+        "data-wait share, peak memory. Runs under torchrun too (only rank 0 prints).",
+    )
+    parser.add_argument("recipe", help="the recipe YAML")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="fix a knob (num_workers=4) or override a recipe key (steps.measure=10); repeatable")
+    parser.add_argument("--repeats", type=int, default=None, help="trials to run; reported as the median (default: steps.repeats)")
+    parser.add_argument("--json", action="store_true", help="print JSON (metrics under \"metrics\") instead of a table")
+    args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+
+    from tuner import console, distributed
+    from tuner.api import measure
+
+    def run() -> "object":
+        return measure(args.recipe, repeats=args.repeats, overrides=args.sets)
+
+    try:
+        if args.json:
+            with console.stdout_to_stderr():
+                result = run()
+        else:
+            result = run()
+    except RecipeError as exc:
+        if distributed.is_main_process():
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if distributed.is_main_process():
+        if args.json:
+            print(json.dumps(result.to_json(), indent=2))
+        else:
+            console.print_measurement(result)
+    return 0 if result.state == "ok" else 1
+
+
+COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {"measure": measure_main}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``tuner`` console script: ``tuner measure RECIPE ...``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print(f"usage: tuner {{{','.join(COMMANDS)}}} ...", file=sys.stderr)
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"error: unknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0 if argv else 2
+    return COMMANDS[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The process's place in the job: rank, world size, device and the default process group.
+
+The default process group belongs to the session (one per process, kept across trials);
+a trial only creates and destroys what its engine needs. Under torchrun the group is set
+up from the environment; a single process that needs one (DeepSpeed) gets a world of one
+on a loopback port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def context() -> DistContext:
+    """Where this process runs; initialises the process group under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        ensure_process_group(device)
+    return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def ensure_process_group(device: torch.device) -> None:
+    """Create the default group once: NCCL on CUDA, gloo on CPU."""
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "MASTER_ADDR" not in os.environ:  # one process without torchrun (e.g. DeepSpeed alone)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+                          RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(minutes=10)}
+    if device.type == "cuda":
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` on every rank (just ``[obj]`` without a group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def any_rank(flag: bool) -> bool:
+    """True when ``flag`` is true on any rank: how ranks agree on a failure."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    return any(all_gather(bool(flag)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_main_process() -> bool:
+    """Rank 0, or the only process: the one that prints and writes."""
+    if dist.is_initialized():
+        return dist.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0

@@ -1,0 +1,35 @@
+"""How a trial trains: :func:`build_engine` picks plain/DDP or DeepSpeed for a config."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tuner.engines.base import Engine, autocast
+
+if TYPE_CHECKING:
+    from tuner.space import Config
+    from tuner.task import Task
+
+__all__ = ["Engine", "autocast", "build_engine"]
+
+
+def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", device: torch.device, world_size: int) -> Engine:
+    """Build the task's model and optimizer inside the engine the config asks for."""
+    module = task.build_model(task_args)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"build_model must return a torch.nn.Module, got {type(module).__name__}")
+
+    def make_optimizer(params: Any) -> torch.optim.Optimizer:
+        if task.build_optimizer is not None:
+            return task.build_optimizer(params, task_args)
+        return torch.optim.AdamW(params, lr=1e-4)
+
+    if config.engine == "deepspeed":
+        from tuner.engines.deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(module, make_optimizer, task.compute_loss, config, device, world_size)
+    from tuner.engines.torch_engine import TorchEngine
+
+    return TorchEngine(module, make_optimizer, task.compute_loss, config, device)

@@ -1,0 +1,83 @@
+"""Metric names and how a measured window becomes them (DESIGN.md, "Metrics").
+
+Every rank measures its own :class:`Window`; :func:`summarize` turns the windows of all
+ranks into one dict keyed by :data:`METRIC_NAMES`. A metric not measured in this run
+(no GPU, not yet implemented) is ``None``, never a made-up number.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+GIB = 1024**3
+
+METRIC_NAMES = (
+    "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "step_time_max_s",
+    "samples_per_s", "tokens_per_s", "data_wait_share", "comm_share", "gpu_util", "cpu_util",
+    "peak_mem_gib", "host_mem_gib", "mfu", "stall_free_samples_per_s",
+)
+
+
+@dataclass
+class Window:
+    """What one rank recorded over its measured steps."""
+
+    step_times: list[float] = field(default_factory=list)
+    """Seconds per optimizer step (host clock, or CUDA events on a GPU)."""
+    data_waits: list[float] = field(default_factory=list)
+    """Host seconds blocked on the next batch (and its copy to the device), per step."""
+    samples: list[int] = field(default_factory=list)
+    """Samples this rank processed, per step."""
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    """CPU seconds (user + system) of the main process over the window."""
+    peak_device_bytes: int | None = None
+    peak_host_bytes: int | None = None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(windows: Sequence[Window], tokens_per_sample: int | None = None) -> dict[str, Any]:
+    """Combine the ranks' windows into the DESIGN.md metrics.
+
+    Ranks step in lockstep, so a step takes as long as its slowest rank: step times are
+    the per-step maximum over ranks. Shares and memory are the worst rank's.
+    """
+    n = min(len(w.step_times) for w in windows)
+    steps = [max(w.step_times[i] for w in windows) for i in range(n)]
+    global_samples = [sum(w.samples[i] for w in windows) for i in range(n)]
+    mean_step = statistics.fmean(steps)
+    samples_per_s = statistics.fmean(global_samples) / mean_step
+    out: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
+    out.update(
+        step_time_p50_s=percentile(steps, 50),
+        step_time_p90_s=percentile(steps, 90),
+        step_time_p99_s=percentile(steps, 99),
+        step_time_max_s=max(steps),
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
+        data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
+        cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
+    )
+    hosts = [w.peak_host_bytes for w in windows if w.peak_host_bytes is not None]
+    devices = [w.peak_device_bytes for w in windows if w.peak_device_bytes is not None]
+    host_gib = max(hosts) / GIB if hosts else None
+    out["host_mem_gib"] = host_gib
+    # On a CPU-only machine the host is the device: its PSS is what runs out.
+    out["peak_mem_gib"] = max(devices) / GIB if devices else host_gib
+    return out
+
+
+def _share(part: float, whole: float) -> float:
+    return min(1.0, part / whole) if whole > 0 else 0.0

@@ -1,0 +1,238 @@
+"""One trial: build -> warm up -> measure -> tear down, with failures classified.
+
+A trial leaves nothing behind: its loader workers are shut down, its engine destroyed,
+its tensors freed and the allocator's free memory handed back to the OS, so that the
+next trial in the same process measures from the same starting point.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
+
+from tuner import distributed
+from tuner.engines import build_engine
+from tuner.errors import TrialError
+from tuner.metrics import Window, summarize
+from tuner.monitors import HostMemory
+from tuner.probe import Probe
+
+if TYPE_CHECKING:
+    from tuner.distributed import DistContext
+    from tuner.recipe import Recipe
+    from tuner.space import Config
+
+OK, OOM, NONFINITE, ERROR = "ok", "oom", "nonfinite", "error"
+
+
+@dataclass
+class TrialResult:
+    """What a trial produced. ``metrics`` is ``None`` unless ``state == "ok"``."""
+
+    params: dict[str, Any]
+    state: str
+    reason: str | None = None
+    metrics: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds in ``build``, ``warmup``, ``measure`` and ``teardown``."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == OK
+
+    @property
+    def overhead_s(self) -> float:
+        """Time outside the warm-up and measured steps: the price of a trial."""
+        return self.timings.get("build", 0.0) + self.timings.get("teardown", 0.0)
+
+
+def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext") -> TrialResult:
+    """Train ``config`` for the recipe's warm-up and measured steps on every rank."""
+    memory = HostMemory().start()
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    timings: dict[str, float] = {}
+    state, reason, window = OK, None, None
+    t0 = time.perf_counter()
+    job = _Job(recipe, config, ctx)
+    try:
+        job.build()
+        timings["build"] = time.perf_counter() - t0
+        memory.sample()
+        window = job.run()
+        timings["warmup"] = job.warmup_s
+        timings["measure"] = window.wall_s
+        if job.nonfinite():
+            state, reason = NONFINITE, "loss became NaN or inf during the trial"
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded result
+        state, reason = _classify(exc)
+        timings.setdefault("build", time.perf_counter() - t0)
+        # Only the reason is kept: the traceback holds the loop's frames and their tensors.
+    t_teardown = time.perf_counter()
+    job.close()
+    del job
+    peak_host = memory.stop()
+    _release_memory(ctx.device)
+    timings["teardown"] = time.perf_counter() - t_teardown
+
+    if window is not None:
+        window.peak_host_bytes = peak_host
+        if ctx.device.type == "cuda":
+            window.peak_device_bytes = torch.cuda.max_memory_reserved(ctx.device)
+    # Every rank reports; a failure anywhere fails the trial everywhere.
+    reports = distributed.all_gather((state, reason, window))
+    failed = [(s, r) for s, r, _ in reports if s != OK]
+    params = config.params()
+    if failed:
+        state, reason = failed[0]
+        return TrialResult(params, state, reason, None, timings)
+    windows = [w for _, _, w in reports]
+    tps = recipe.task.tokens_per_sample(recipe.task_args) if recipe.task.tokens_per_sample else None
+    return TrialResult(params, OK, None, summarize(windows, tps), timings)
+
+
+class _Job:
+    """The objects one trial builds, and the loop over them."""
+
+    def __init__(self, recipe: "Recipe", config: "Config", ctx: "DistContext") -> None:
+        self.recipe, self.config, self.ctx = recipe, config, ctx
+        self.loader: DataLoader | None = None
+        self.batches: Iterator[Any] | None = None
+        self.engine: Any = None
+        self.bad: torch.Tensor | None = None
+        self.warmup_s = 0.0
+
+    def build(self) -> None:
+        recipe, config, ctx = self.recipe, self.config, self.ctx
+        torch.manual_seed(recipe.seed)  # same initial weights on every rank and every trial
+        dataset = recipe.task.build_dataset(recipe.task_args)
+        self.loader = _make_loader(dataset, config, recipe, ctx)
+        self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
+        self.bad = torch.zeros((), dtype=torch.bool, device=ctx.device)
+
+    def run(self) -> Window:
+        """The measured loop. Keep it tiny: every number depends on it."""
+        steps, config, engine, bad = self.recipe.steps, self.config, self.engine, self.bad
+        start = time.perf_counter()
+        probe = Probe(steps.warmup, steps.measure, self.ctx.device)
+        self.batches = _cycle(self.loader)
+        batches = probe.loader(self.batches, transfer=self._transfer())
+        samples = config.micro_batch_size * config.grad_accum_steps
+        while not probe.done:
+            for micro in range(config.grad_accum_steps):
+                loss = engine.forward_backward(next(batches), last=micro == config.grad_accum_steps - 1)
+                bad |= ~torch.isfinite(loss)
+            engine.optimizer_step()
+            probe.step(samples)
+        window = probe.finish()
+        self.warmup_s = (probe.window_start or start) - start
+        return window
+
+    def nonfinite(self) -> bool:
+        """Whether any rank saw a non-finite loss (one device sync, after the window)."""
+        return distributed.any_rank(bool(self.bad))
+
+    def _transfer(self) -> Any:
+        if self.ctx.device.type == "cpu":
+            return None
+        device, non_blocking = self.ctx.device, self.config.pin_memory
+        return lambda batch: _to_device(batch, device, non_blocking)
+
+    def close(self) -> None:
+        """Shut workers down and destroy the engine, whatever state the trial is in."""
+        if self.batches is not None:
+            self.batches.close()  # ends the loader iterator: non-persistent workers exit
+        if self.loader is not None:
+            iterator = getattr(self.loader, "_iterator", None)  # persistent workers live here
+            if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+                iterator._shutdown_workers()
+            self.loader._iterator = None
+        if self.engine is not None:
+            self.engine.close()
+        self.loader = self.batches = self.engine = self.bad = None
+
+
+def _make_loader(dataset: Any, config: "Config", recipe: "Recipe", ctx: "DistContext") -> DataLoader:
+    kwargs = config.dataloader_kwargs()
+    if not isinstance(dataset, IterableDataset):
+        if ctx.world_size > 1:
+            kwargs["sampler"] = DistributedSampler(
+                dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=recipe.seed, drop_last=True
+            )
+        else:
+            kwargs["sampler"] = RandomSampler(dataset, generator=torch.Generator().manual_seed(recipe.seed))
+    if recipe.task.collate is not None:
+        kwargs["collate_fn"] = recipe.task.collate
+    return DataLoader(dataset, drop_last=True, **kwargs)
+
+
+def _cycle(loader: DataLoader) -> Iterator[Any]:
+    """Batches without end: a new epoch (reshuffled) whenever one runs out."""
+    epoch = 0
+    while True:
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise TrialError(
+                f"the dataset yields no full micro-batch of {loader.batch_size} samples on this rank; "
+                "make it larger or the micro_batch_size smaller"
+            )
+        epoch += 1
+
+
+def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device, non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [_to_device(v, device, non_blocking) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    return batch
+
+
+def _classify(exc: BaseException) -> tuple[str, str]:
+    """(state, one-line reason) for a trial's exception."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    first = text.splitlines()[0][:500] if text else type(exc).__name__
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower() \
+            or "can't allocate memory" in text.lower():
+        return OOM, first
+    if isinstance(exc, TrialError):
+        return ERROR, first
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return ERROR, first + where
+
+
+_LIBC: Any = None
+
+
+def _release_memory(device: torch.device) -> None:
+    """Free what the trial left to the garbage collector, then give it back to the OS.
+
+    glibc keeps freed heap pages in the process; without ``malloc_trim`` a trial that
+    peaked high makes every later trial on CPU look as large.
+    """
+    global _LIBC
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        _LIBC = ctypes.CDLL(name) if name else False
+    if _LIBC and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
