@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tuner import distributed
+from tuner import distributed, engines
 from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES
 from tuner.recipe import Recipe, load_recipe
@@ -85,6 +85,7 @@ def measure(
     n = repeats if repeats is not None else recipe.steps.repeats
     if n < 1:
         raise ValueError(f"repeats must be >= 1, got {n}")
+    engines.prepare(config, ctx.device)
     runs = [run_trial(recipe, config, ctx) for _ in range(n)]
     return _combine(recipe, config, runs, notes, ctx.world_size)
 

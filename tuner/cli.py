@@ -50,6 +50,7 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps(result.to_json(), indent=2))
         else:
             console.print_measurement(result)
+    distributed.shutdown()
     return 0 if result.state == "ok" else 1
 
 

@@ -15,7 +15,7 @@ from tuner.metrics import METRIC_NAMES
 if TYPE_CHECKING:
     from tuner.api import Measurement
 
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager

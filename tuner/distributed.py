@@ -8,6 +8,8 @@ on a loopback port.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
@@ -57,6 +59,29 @@ def ensure_process_group(device: torch.device) -> None:
     if device.type == "cuda":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
+    # A gloo group still alive when the interpreter exits aborts the process
+    # ("terminate called without an active exception"): destroy the one we made.
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    """At exit: meet the other ranks briefly (a rank that died must not hang us), then
+    take the group down."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo":
+        with contextlib.suppress(Exception):
+            dist.monitored_barrier(timeout=timedelta(seconds=30))
+    dist.destroy_process_group()
+
+
+def shutdown() -> None:
+    """End of a command: wait for every rank, then take the group down together, so no
+    rank tears down its side while a peer still talks to it (seen here: a gloo rank
+    exiting alone aborted with "terminate called without an active exception")."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def all_gather(obj: Any) -> list[Any]:

@@ -141,7 +141,8 @@ def parse_knobs(raw: Any, where: str) -> dict[str, Any]:
         return {}
     if not isinstance(raw, Mapping):
         raise RecipeError(f"{where}: expected a mapping of knob: value, got {type(raw).__name__}")
-    return {name: _knob(name, f"{where}.{name}").parse(v, f"{where}.{name}") for name, v in raw.items()}
+    sep = " " if where.startswith("--") else "."  # "--set num_workers", "baseline.num_workers"
+    return {name: _knob(name, f"{where}{sep}{name}").parse(v, f"{where}{sep}{name}") for name, v in raw.items()}
 
 
 def _knob(name: str, where: str) -> Knob:

@@ -163,6 +163,8 @@ class _Job:
 def _make_loader(dataset: Any, config: "Config", recipe: "Recipe", ctx: "DistContext") -> DataLoader:
     kwargs = config.dataloader_kwargs()
     if not isinstance(dataset, IterableDataset):
+        if len(dataset) < config.micro_batch_size * ctx.world_size:
+            raise TrialError(_too_small(len(dataset), config.micro_batch_size, ctx.world_size))
         if ctx.world_size > 1:
             kwargs["sampler"] = DistributedSampler(
                 dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=recipe.seed, drop_last=True
@@ -186,11 +188,14 @@ def _cycle(loader: DataLoader) -> Iterator[Any]:
             empty = False
             yield batch
         if empty:
-            raise TrialError(
-                f"the dataset yields no full micro-batch of {loader.batch_size} samples on this rank; "
-                "make it larger or the micro_batch_size smaller"
-            )
+            raise TrialError(_too_small(None, loader.batch_size or 0, 1))
         epoch += 1
+
+
+def _too_small(size: int | None, micro: int, world: int) -> str:
+    have = f"{size} samples" if size is not None else "too few samples on this rank"
+    return (f"the dataset yields no full micro-batch of {micro} samples per rank x {world} rank(s) "
+            f"({have}); make it larger or the micro_batch_size smaller")
 
 
 def _to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:

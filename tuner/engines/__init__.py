@@ -12,7 +12,15 @@ if TYPE_CHECKING:
     from tuner.space import Config
     from tuner.task import Task
 
-__all__ = ["Engine", "autocast", "build_engine"]
+__all__ = ["Engine", "autocast", "build_engine", "prepare"]
+
+
+def prepare(config: "Config", device: torch.device) -> None:
+    """One-time, per-process setup of the config's engine, kept out of trial timings."""
+    if config.engine == "deepspeed":
+        from tuner.engines import deepspeed_engine
+
+        deepspeed_engine.prepare(device)
 
 
 def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", device: torch.device, world_size: int) -> Engine:

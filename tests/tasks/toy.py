@@ -1,0 +1,51 @@
+"""A test task whose behaviour is chosen by task_args.
+
+read_ms: sleep per sample read (storage latency); width: hidden size;
+fail: "oom" raises the allocator's out-of-memory error in compute_loss, "nan" makes the
+loss NaN, "crash" raises ValueError, "empty" makes the dataset empty.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+_fail: str | None = None  # set from task_args when the trial builds the dataset
+
+
+class Reads(Dataset):
+    def __init__(self, size: int, read_ms: float) -> None:
+        self.size, self.read_s = size, read_ms / 1000.0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int):
+        if self.read_s:
+            time.sleep(self.read_s)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(32, generator=g), i % 4
+
+
+def build_dataset(args):
+    global _fail
+    _fail = args.get("fail")
+    return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0))
+
+
+def build_model(args):
+    w = args.get("width", 64)
+    return nn.Sequential(nn.Linear(32, w), nn.ReLU(), nn.Linear(w, 4))
+
+
+def compute_loss(model, batch):
+    if _fail == "oom":
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (raised by the test task)")
+    if _fail == "crash":
+        raise ValueError("the task's loss broke")
+    x, y = batch
+    loss = nn.functional.cross_entropy(model(x), y)
+    return loss * float("nan") if _fail == "nan" else loss
