@@ -1,0 +1,116 @@
+"""What a trial costs outside its warm-up and measured steps: in-process vs a fresh process.
+
+In-process, one long-lived process runs trial after trial (what ``tuner`` does): a trial
+pays for building the dataset, loader, model and engine, and for tearing them down.
+A fresh process per trial (what DeepSpeed's autotuner does) also pays the interpreter,
+``import torch``/``deepspeed`` and the process group, every time.
+
+Both are measured side by side, in alternating rounds, on the same recipe and config;
+the overhead of a trial = its wall time - warm-up - measured steps (both reported by the
+trial itself). Prints medians and the ratio.
+
+    python scripts/bench_trial_overhead.py                       # quick start, 1 rank
+    python scripts/bench_trial_overhead.py --nproc 2 --set zero_stage=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def launcher(nproc: int) -> list[str]:
+    if nproc == 1:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+def in_process_round(args: argparse.Namespace) -> list[float]:
+    """One long-lived process runs ``--trials`` trials; returns each trial's overhead."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    cmd = [*launcher(args.nproc), __file__, "--worker", out, "--recipe", args.recipe, "--trials", str(args.trials)]
+    for s in args.set:
+        cmd += ["--set", s]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(Path(out).read_text())
+
+
+def fresh_process_round(args: argparse.Namespace) -> list[float]:
+    """``--trials`` separate ``tuner.measure`` processes; returns each one's overhead."""
+    overheads = []
+    for _ in range(args.trials):
+        cmd = [*launcher(args.nproc), "-m", "tuner.measure", args.recipe, "--json"]
+        for s in args.set:
+            cmd += ["--set", s]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        timings = json.loads(proc.stdout)["repeats"][0]["timings"]
+        overheads.append(wall - timings["warmup"] - timings["measure"])
+    return overheads
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Inside the long-lived process: trials one after another, timed from outside."""
+    from tuner import distributed, engines
+    from tuner.api import measured_config
+    from tuner.recipe import load_recipe
+    from tuner.space import Machine
+    from tuner.trial import run_trial
+
+    ctx = distributed.context()
+    recipe = load_recipe(args.recipe, args.set, world_size=ctx.world_size)
+    config, _ = measured_config(recipe, Machine.detect())
+    engines.prepare(config, ctx.device)  # once per process, as tuner.measure does
+    overheads = []
+    for _ in range(args.trials):
+        start = time.perf_counter()
+        result = run_trial(recipe, config, ctx)
+        wall = time.perf_counter() - start
+        assert result.ok, result.reason
+        overheads.append(wall - result.timings["warmup"] - result.timings["measure"])
+    if ctx.is_main:
+        Path(args.worker).write_text(json.dumps(overheads))
+    distributed.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", default=str(ROOT / "recipes" / "quickstart.yaml"))
+    parser.add_argument("--set", action="append", default=[], help="knob or recipe override, as tuner.measure --set")
+    parser.add_argument("--nproc", type=int, default=1, help="ranks per trial (torchrun when > 1)")
+    parser.add_argument("--trials", type=int, default=3, help="trials per round and mode")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both modes")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+
+    inproc: list[float] = []
+    fresh: list[float] = []
+    for r in range(args.rounds):
+        inproc += in_process_round(args)
+        fresh += fresh_process_round(args)
+        print(f"round {r + 1}/{args.rounds}: in-process {statistics.median(inproc):.2f} s, "
+              f"fresh process {statistics.median(fresh):.2f} s", file=sys.stderr)
+    a, b = statistics.median(inproc), statistics.median(fresh)
+    print(f"recipe: {Path(args.recipe).name}  set: {' '.join(args.set) or '-'}  ranks: {args.nproc}  "
+          f"trials: {len(inproc)} per mode")
+    print(f"{'mode':<16}{'median s':>10}{'min s':>10}{'max s':>10}")
+    for name, xs in (("in-process", inproc), ("fresh process", fresh)):
+        print(f"{name:<16}{statistics.median(xs):>10.3f}{min(xs):>10.3f}{max(xs):>10.3f}")
+    print(f"fresh / in-process overhead: {b / a:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The recipes in recipes/ run as the README says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tuner
+
+RECIPES = Path(__file__).parent.parent / "recipes"
+
+
+def test_quickstart_shows_the_loader_effect():
+    recipe = tuner.load_recipe(RECIPES / "quickstart.yaml", ["steps.measure=8"])
+    serial = tuner.measure(recipe)
+    parallel = tuner.measure(recipe, num_workers=4)
+    assert serial.params["num_workers"] == 0  # the baseline
+    assert parallel.metrics["samples_per_s"] / serial.metrics["samples_per_s"] >= 1.5
+
+
+def test_gpt2_recipe_trains_with_tokens_per_second():
+    pytest.importorskip("transformers")
+    m = tuner.measure(RECIPES / "gpt2_tiny.yaml", amp_dtype="bf16", micro_batch_size=8,
+                      overrides=["steps.warmup=1", "steps.measure=3"])
+    assert m.state == "ok", m.reason
+    assert m.params["grad_accum_steps"] == 2
+    assert m.metrics["tokens_per_s"] == pytest.approx(64 * m.metrics["samples_per_s"])
