@@ -50,6 +50,7 @@ def test_zero_stages_fp32_bf16_and_isolation(toy, tmp_path):
         assert row["params"]["amp_dtype"] == row["knobs"]["amp_dtype"]
         assert row["live_parameters"] == 0, row  # no model survives its trial
         assert row["linear_restored"], row  # ZeRO-3's patch of F.linear is undone
+    assert len({row["process_groups"] for row in rows}) == 1  # no trial leaves a group behind
     first, again = rows[0]["metrics"], rows[-1]["metrics"]
     ratio = again["samples_per_s"] / first["samples_per_s"]
     assert 0.5 < ratio < 2.0, ratio

@@ -30,6 +30,7 @@ for knobs in configs:
         "live_parameters": sum(isinstance(o, torch.nn.Parameter) for o in gc.get_objects()),
         "linear_restored": torch.nn.functional.linear is original_linear,
         "world_size": m.environment["world_size"],
+        "process_groups": len(torch.distributed.distributed_c10d._world.pg_map),
     })
 if torch.distributed.get_rank() == 0:
     with open(out, "w") as f:
