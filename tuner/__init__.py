@@ -3,14 +3,16 @@
 Public API::
 
     tuner.measure(recipe, **knobs) -> Measurement
+    tuner.search(recipe, **overrides) -> SearchResult
     tuner.Probe                     # the harness, for loops the tuner does not own
     tuner.load_recipe(path)         # a validated Recipe
 """
 
 from tuner.api import Measurement, measure
+from tuner.controller import SearchResult, search
 from tuner.errors import RecipeError, TrialError
 from tuner.probe import Probe
 from tuner.recipe import Recipe, load_recipe
 
-__all__ = ["Measurement", "Probe", "Recipe", "RecipeError", "TrialError", "load_recipe", "measure"]
+__all__ = ["Measurement", "Probe", "Recipe", "RecipeError", "SearchResult", "TrialError", "load_recipe", "measure", "search"]
 __version__ = "0.1.0"

@@ -54,7 +54,46 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     return 0 if result.state == "ok" else 1
 
 
-COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {"measure": measure_main}
+def search_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="torchrun --nproc_per_node=N -m tuner.search",
+        description="Search the recipe's space for the fastest configuration inside the memory budget. "
+        "Re-running the same command resumes the study.",
+    )
+    parser.add_argument("recipe", help="the recipe YAML")
+    parser.add_argument("--trials", type=int, help="trial budget (overrides budget.trials)")
+    parser.add_argument("--minutes", type=float, help="time budget (overrides budget.minutes)")
+    parser.add_argument("--out", help="run folder (default: the recipe's out, runs/<name>)")
+    parser.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="fix a knob (amp_dtype=bf16) or override a recipe key (steps.measure=10); repeatable")
+    parser.add_argument("--confirm", type=int, default=3,
+                        help="interleaved best-vs-baseline re-measurements for the reported speedup (default 3; 0 skips)")
+    parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
+    args = parser.parse_args(argv)
+    for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0), ("--confirm", args.confirm, 0)):
+        if value is not None and value < minimum:
+            parser.error(f"{flag} must be >= {minimum}, got {value}")
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error(f"--minutes must be a positive number, got {args.minutes}")
+
+    from tuner import distributed
+    from tuner.controller import search
+
+    try:
+        result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
+                        out=args.out, storage=args.storage, overrides=args.sets, quiet=args.quiet)
+    except RecipeError as exc:
+        if distributed.is_main_process():
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    distributed.shutdown_quietly() if result is not None and result.stopped == "interrupted" else distributed.shutdown()
+    if result is not None and result.stopped == "interrupted":
+        return 130
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {"measure": measure_main, "search": search_main}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,6 +64,11 @@ def ensure_process_group(device: torch.device) -> None:
     atexit.register(_destroy_process_group)
 
 
+def _forget_control_group() -> None:
+    global _control
+    _control = None
+
+
 def _destroy_process_group() -> None:
     """At exit: meet the other ranks briefly (a rank that died must not hang us), then
     take the group down."""
@@ -73,6 +78,7 @@ def _destroy_process_group() -> None:
         with contextlib.suppress(Exception):
             dist.monitored_barrier(timeout=timedelta(seconds=30))
     dist.destroy_process_group()
+    _forget_control_group()
 
 
 def shutdown() -> None:
@@ -82,22 +88,61 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+        _forget_control_group()
+
+
+_control: Any = None
+
+
+def _control_group() -> Any:
+    """A gloo group for the tuner's own small messages (flags, params, results): on CPU
+    tensors, so agreeing never waits on, or synchronises, the GPU."""
+    global _control
+    if _control is None:
+        _control = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    return _control
+
+
+def _multi() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
 
 
 def all_gather(obj: Any) -> list[Any]:
     """Every rank's ``obj`` on every rank (just ``[obj]`` without a group)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    if not _multi():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_control_group())
     return out
 
 
 def any_rank(flag: bool) -> bool:
-    """True when ``flag`` is true on any rank: how ranks agree on a failure."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    """True when ``flag`` is true on any rank: one 1-element all-reduce on gloo."""
+    if not _multi():
         return flag
-    return any(all_gather(bool(flag)))
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_control_group())
+    return bool(t.item())
+
+
+def agree(failure: Any) -> Any:
+    """The first rank's failure (any picklable value, ``None`` for none), on every rank.
+
+    Costs one tiny all-reduce when no rank failed, which is the common case."""
+    if not _multi():
+        return failure
+    if not any_rank(failure is not None):
+        return None
+    return next(f for f in all_gather(failure) if f is not None)
+
+
+def broadcast(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank: how rank 0's decisions reach the others."""
+    if not _multi():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_control_group())
+    return box[0]
 
 
 def _free_port() -> int:
@@ -111,3 +156,11 @@ def is_main_process() -> bool:
     if dist.is_initialized():
         return dist.get_rank() == 0
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def shutdown_quietly() -> None:
+    """After Ctrl-C the other ranks may be gone: no barrier, just let go of the group."""
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        _forget_control_group()

@@ -12,8 +12,9 @@ import ctypes.util
 import gc
 import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
@@ -30,7 +31,22 @@ if TYPE_CHECKING:
     from tuner.recipe import Recipe
     from tuner.space import Config
 
-OK, OOM, NONFINITE, ERROR = "ok", "oom", "nonfinite", "error"
+# Trials choose their worker counts on purpose; torch's advice against more workers than
+# cores would repeat on every trial.
+warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+
+OK, OOM, NONFINITE, ERROR, PRUNED = "ok", "oom", "nonfinite", "error", "pruned"
+
+PruneRule = Callable[[Window], bool]
+"""Given the steps measured so far (rank 0's window), whether to stop the trial now."""
+
+
+class _Stop(Exception):
+    """Ends a trial on every rank at once, with an agreed state and reason."""
+
+    def __init__(self, state: str, reason: str) -> None:
+        super().__init__(reason)
+        self.state, self.reason = state, reason
 
 
 @dataclass
@@ -54,15 +70,20 @@ class TrialResult:
         return self.timings.get("build", 0.0) + self.timings.get("teardown", 0.0)
 
 
-def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext") -> TrialResult:
-    """Train ``config`` for the recipe's warm-up and measured steps on every rank."""
+def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None = None) -> TrialResult:
+    """Train ``config`` for the recipe's warm-up and measured steps on every rank.
+
+    Args:
+        prune: asked once, on rank 0, after the first quarter of the measured steps (at
+            least 3); when it says so the trial stops there as ``pruned``.
+    """
     memory = HostMemory().start()
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     timings: dict[str, float] = {}
     state, reason, window = OK, None, None
     t0 = time.perf_counter()
-    job = _Job(recipe, config, ctx)
+    job = _Job(recipe, config, ctx, prune)
     try:
         job.build()
         timings["build"] = time.perf_counter() - t0
@@ -72,6 +93,9 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext") -> TrialRe
         timings["measure"] = window.wall_s
         if job.nonfinite():
             state, reason = NONFINITE, "loss became NaN or inf during the trial"
+    except _Stop as stop:
+        state, reason = stop.state, stop.reason
+        timings.setdefault("build", time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded result
         state, reason = _classify(exc)
         timings.setdefault("build", time.perf_counter() - t0)
@@ -102,8 +126,8 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext") -> TrialRe
 class _Job:
     """The objects one trial builds, and the loop over them."""
 
-    def __init__(self, recipe: "Recipe", config: "Config", ctx: "DistContext") -> None:
-        self.recipe, self.config, self.ctx = recipe, config, ctx
+    def __init__(self, recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None) -> None:
+        self.recipe, self.config, self.ctx, self.prune = recipe, config, ctx, prune
         self.loader: DataLoader | None = None
         self.batches: Iterator[Any] | None = None
         self.engine: Any = None
@@ -126,15 +150,38 @@ class _Job:
         self.batches = _cycle(self.loader)
         batches = probe.loader(self.batches, transfer=self._transfer())
         samples = config.micro_batch_size * config.grad_accum_steps
+        prune_at = max(3, steps.measure // 4) if self.prune is not None and steps.measure > 3 else None
         while not probe.done:
             for micro in range(config.grad_accum_steps):
-                loss = engine.forward_backward(next(batches), last=micro == config.grad_accum_steps - 1)
-                bad |= ~torch.isfinite(loss)
+                last = micro == config.grad_accum_steps - 1
+                loss = self._forward(next(batches), last)
+                engine.backward(loss, last)
+                bad |= ~torch.isfinite(loss.detach())
             engine.optimizer_step()
             probe.step(samples)
+            if len(probe.window.step_times) == prune_at and probe.measuring_step and self._should_prune(probe.window):
+                raise _Stop(PRUNED, f"slower than the best so far after {prune_at} measured steps")
         window = probe.finish()
         self.warmup_s = (probe.window_start or start) - start
         return window
+
+    def _forward(self, batch: Any, last: bool) -> torch.Tensor:
+        """Forward on every rank, then agree: if one rank failed, all stop here, before
+        any of them waits in the backward's collectives for a rank that will never come."""
+        loss, failure = None, None
+        try:
+            loss = self.engine.forward(batch, last)
+        except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as _Stop
+            failure = _classify(exc)
+        agreed = distributed.agree(failure)
+        if agreed is not None:
+            raise _Stop(*agreed)
+        assert loss is not None
+        return loss
+
+    def _should_prune(self, window: Window) -> bool:
+        decision = self.prune(window) if self.ctx.is_main and self.prune is not None else False
+        return bool(distributed.broadcast(decision))
 
     def nonfinite(self) -> bool:
         """Whether any rank saw a non-finite loss (one device sync, after the window)."""

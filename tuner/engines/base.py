@@ -1,9 +1,11 @@
 """What a trial trains with: the common shape of the plain/DDP and DeepSpeed engines.
 
-One optimizer step is ``grad_accum_steps`` calls of :meth:`Engine.forward_backward`
-(the last with ``last=True``) and one :meth:`Engine.optimizer_step`. Losses come back
-detached and stay on the device: reading them would synchronise the device inside the
-measured loop.
+One optimizer step is ``grad_accum_steps`` micro-batches, each a :meth:`Engine.forward`
+then a :meth:`Engine.backward` (the last with ``last=True``), and one
+:meth:`Engine.optimizer_step`. Forward and backward are separate so that the ranks can
+agree on a failure (an out-of-memory forward on one rank) before any of them enters the
+backward's collectives. Losses stay on the device: reading them would synchronise the
+device inside the measured loop.
 """
 
 from __future__ import annotations
@@ -38,8 +40,18 @@ class Engine(ABC):
         self.device = device
 
     @abstractmethod
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        """The loss of one micro-batch; ``last`` marks the one that closes the accumulation."""
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Gradients of ``loss``, accumulated; synchronised across ranks when ``last``."""
+
     def forward_backward(self, batch: Any, last: bool) -> torch.Tensor:
-        """Loss and gradients of one micro-batch; ``last`` closes the accumulation."""
+        """Both halves, for a caller with nothing to agree on in between."""
+        loss = self.forward(batch, last)
+        self.backward(loss, last)
+        return loss.detach()
 
     @abstractmethod
     def optimizer_step(self) -> None:

@@ -78,14 +78,15 @@ class DeepSpeedEngine(Engine):
         self.model, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=cfg)
         self.compute_loss = compute_loss
 
-    def forward_backward(self, batch: Any, last: bool) -> torch.Tensor:
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
         # With bf16/fp16 DeepSpeed holds half-precision weights; autocast lets fp32
         # inputs from the user's data meet them without a cast in every task.
         with autocast(self.device, self.config.amp_dtype):
-            loss = self.compute_loss(self.model, batch)
+            return self.compute_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
         self.model.backward(loss)
-        self.model.step()
-        return loss.detach()
+        self.model.step()  # steps the optimizer only at the accumulation boundary
 
     def optimizer_step(self) -> None:
         """Nothing left to do: the last ``engine.step()`` was the optimizer step."""

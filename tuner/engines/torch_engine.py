@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -41,16 +40,19 @@ class TorchEngine(Engine):
         self.compute_loss = compute_loss
         self.scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
 
-    def forward_backward(self, batch: Any, last: bool) -> torch.Tensor:
-        sync = contextlib.nullcontext() if last or not self.distributed else self.model.no_sync()
-        with sync:
-            with autocast(self.device, self.config.amp_dtype):
-                loss = self.compute_loss(self.model, batch)
-            scaled = loss / self.config.grad_accum_steps
-            if self.scaler is not None:
-                scaled = self.scaler.scale(scaled)
-            scaled.backward()
-        return loss.detach()
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        if self.distributed:
+            # What DDP.no_sync() sets, spanning forward and backward without a context
+            # manager: gradients are all-reduced only on the last micro-batch.
+            self.model.require_backward_grad_sync = last
+        with autocast(self.device, self.config.amp_dtype):
+            return self.compute_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        scaled = loss / self.config.grad_accum_steps
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
 
     def optimizer_step(self) -> None:
         if self.scaler is not None:

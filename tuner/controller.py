@@ -1,0 +1,310 @@
+"""The search's distributed controller (``tuner.search``; the command is
+``torchrun --nproc_per_node=N -m tuner.search RECIPE.yaml``).
+
+Rank 0 owns the Optuna study and decides; every decision (the next trial's knobs, or
+stop) is broadcast, every rank runs the trial, results are reduced to rank 0, and only
+rank 0 writes. The loop is the method: the baseline first, a few informed points, then
+TPE with the memory budget as a constraint; duplicates answered from what was already
+measured; slow trials pruned; stop at the target or the budget. The winner is then
+re-measured against the baseline, interleaved, and the speedup is the ratio of medians.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from tuner import distributed, engines, study as study_mod
+from tuner.environment import environment
+from tuner.metrics import METRIC_NAMES, Window
+from tuner.recipe import Recipe, load_recipe
+from tuner.space import Config, Machine, make_config, parse_knobs
+from tuner.trial import TrialResult, run_trial
+
+PRUNE_BELOW = 0.5
+"""A trial whose first measured steps run below this fraction of the best so far is cut."""
+MAX_RESAMPLES = 50
+"""Times the sampler may propose an already-measured configuration before the space is
+considered exhausted."""
+
+
+@dataclass
+class SearchResult:
+    """What a search found; ``best``/``baseline`` hold ``{"params", "metrics"}``."""
+
+    out: Path
+    best: dict[str, Any]
+    baseline: dict[str, Any]
+    speedup: float | None
+    target_met: bool
+    stopped: str
+    """Why the search stopped: target, trials, minutes, exhausted, interrupted."""
+    trials: int
+    """Trials measured in the study (all runs of this command together)."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def search(
+    recipe: Recipe | str | os.PathLike[str],
+    *,
+    trials: int | None = None,
+    minutes: float | None = None,
+    confirm: int = 3,
+    out: str | os.PathLike[str] | None = None,
+    storage: str | None = None,
+    overrides: Sequence[str] = (),
+    quiet: bool = False,
+    **knobs: Any,
+) -> SearchResult | None:
+    """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
+
+    Args:
+        recipe: a recipe path or a loaded :class:`~tuner.recipe.Recipe`.
+        trials / minutes: override ``budget.trials`` / ``budget.minutes``.
+        confirm: interleaved best-vs-baseline re-measurements (0 skips confirmation).
+        out / storage: override the run folder / the Optuna storage URL.
+        overrides: ``key=value`` recipe overrides, as ``--set``.
+        quiet: no live table on the terminal (the log file is still written).
+        **knobs: knobs to fix for the whole search.
+    """
+    ctx = distributed.context()
+    if isinstance(recipe, Recipe):
+        recipe = dataclasses.replace(recipe, knob_overrides={**recipe.knob_overrides, **parse_knobs(knobs, "knobs")})
+    else:
+        recipe = load_recipe(recipe, overrides, world_size=ctx.world_size, knobs=knobs)
+    budget = dataclasses.replace(
+        recipe.budget,
+        trials=trials if trials is not None else recipe.budget.trials,
+        minutes=minutes if minutes is not None else recipe.budget.minutes,
+    )
+    out_dir = Path(out) if out is not None else recipe.out
+    if out is not None and storage is None and recipe.storage == f"sqlite:///{recipe.out / 'study.db'}":
+        storage = f"sqlite:///{out_dir / 'study.db'}"
+    recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage)
+
+    machine = Machine.detect()
+    space = study_mod.build_space(recipe, machine)
+    planner = _Planner(recipe, space, machine, quiet) if ctx.is_main else None
+    stopped = "interrupted"
+    try:
+        while True:
+            order = distributed.broadcast(planner.next() if planner else None)
+            if order["stop"]:
+                stopped = order["stop"]
+                break
+            config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+            engines.prepare(config, ctx.device)
+            result = run_trial(recipe, config, ctx, prune=planner.prune_rule() if planner else None)
+            if planner:
+                planner.record(result)
+        confirmed = _confirm(recipe, machine, ctx, planner, confirm)
+    except KeyboardInterrupt:
+        if planner is None:
+            raise
+        planner.interrupted()
+        confirmed = None
+    if planner is None:
+        return None
+    return planner.finish(stopped, confirmed)
+
+
+class _Planner:
+    """Rank 0's side: the study, the budget, the live display, the outputs."""
+
+    def __init__(self, recipe: Recipe, space: study_mod.Space, machine: Machine, quiet: bool) -> None:
+        from tuner.live import Live
+
+        self.recipe, self.space, self.machine = recipe, space, machine
+        recipe.out.mkdir(parents=True, exist_ok=True)
+        self.live = Live(recipe, quiet)
+        for note in space.notes:
+            self.live.note(note)
+        self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
+        if stale:
+            self.live.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
+        self.baseline = study_mod.baseline_knobs(recipe, space)
+        self.baseline_config = self._config(self.baseline)
+        self.started = time.monotonic()
+        self.earlier_s = sum(t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration)
+        self.trial: Any = None
+        self.current: Config | None = None
+        self.known = {study_mod.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
+                      for t in study_mod.measured(self.study)}
+        if not self.known:
+            self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+            for point in study_mod.informed_points(space, self.baseline, recipe.world_size, machine):
+                self.study.enqueue_trial(point, user_attrs={"informed": True}, skip_if_exists=True)
+        self.live.start(self._done(), len(self.known))
+
+    # --- decisions ------------------------------------------------------------------------
+
+    def next(self) -> dict[str, Any]:
+        stop = self._stop_reason()
+        if stop:
+            return {"stop": stop}
+        for _ in range(MAX_RESAMPLES):
+            trial = self.study.ask()
+            knobs = study_mod.suggest(trial, self.space)
+            config = self._config(knobs)
+            seen = self.known.get(study_mod.config_key(config))
+            if seen is None:
+                self.trial, self.current = trial, config
+                self.live.begin(trial.number, config)
+                return {"stop": None, "knobs": knobs}
+            self._answer_duplicate(trial, seen)
+        return {"stop": "exhausted"}
+
+    def prune_rule(self) -> Any:
+        best = study_mod.best_feasible(self.study)
+        if best is None or self.trial is None:
+            return None
+        threshold, trial, world = best.value * PRUNE_BELOW, self.trial, self.recipe.world_size
+
+        def rule(window: Window) -> bool:
+            rate = sum(window.samples) * world / sum(window.step_times)
+            trial.report(rate, len(window.step_times))
+            return rate < threshold
+
+        return rule
+
+    def record(self, result: TrialResult) -> None:
+        assert self.trial is not None and self.current is not None
+        extra = {"baseline": True} if self.current == self.baseline_config else {}
+        outcome = study_mod.record(self.study, self.trial, result, self.recipe, extra)
+        frozen = self.study._storage.get_trial(self.trial._trial_id)
+        self.known[study_mod.config_key(self.current)] = frozen
+        self.live.finish_trial(frozen, outcome, self._best_value())
+        self.trial = self.current = None
+
+    def interrupted(self) -> None:
+        if self.trial is not None:
+            from optuna.trial import TrialState
+
+            self.trial.set_user_attr("state", "error")
+            self.trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+            self.study.tell(self.trial, state=TrialState.FAIL)
+            self.trial = None
+
+    # --- stopping -------------------------------------------------------------------------
+
+    def _done(self) -> int:
+        return len(study_mod.measured(self.study))
+
+    def _elapsed_s(self) -> float:
+        return self.earlier_s + time.monotonic() - self.started
+
+    def _best_value(self) -> float | None:
+        best = study_mod.best_feasible(self.study)
+        return best.value if best else None
+
+    def _stop_reason(self) -> str | None:
+        b, target = self.recipe.budget, self.recipe.target
+        best = study_mod.best_feasible(self.study)
+        if best is not None and _meets(best.user_attrs["metrics"], target):
+            return "target"
+        done = self._done()
+        if done >= b.trials:
+            return "trials"
+        if b.minutes is not None:
+            durations = [t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration]
+            expected = statistics.median(durations) if durations else 0.0
+            if self._elapsed_s() + expected > b.minutes * 60:
+                return "minutes"
+        return None
+
+    def _answer_duplicate(self, trial: Any, seen: Any) -> None:
+        """Tell the sampler what it proposed again, without measuring it again."""
+        from optuna.trial import TrialState
+
+        for key in ("state", "reason", "metrics", "params"):
+            if key in seen.user_attrs:
+                trial.set_user_attr(key, seen.user_attrs[key])
+        if "constraint" in seen.user_attrs:
+            study_mod.set_constraint(trial, seen.user_attrs["constraint"])
+        trial.set_user_attr("duplicate_of", seen.number)
+        if seen.state == TrialState.COMPLETE:
+            self.study.tell(trial, seen.value)
+        else:
+            self.study.tell(trial, state=seen.state if seen.state != TrialState.RUNNING else TrialState.FAIL)
+
+    def _config(self, knobs: dict[str, Any]) -> Config:
+        r = self.recipe
+        return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
+
+    # --- the end --------------------------------------------------------------------------
+
+    def best_params(self) -> dict[str, Any] | None:
+        best = study_mod.best_feasible(self.study)
+        return best.user_attrs["params"] if best else None
+
+    def finish(self, stopped: str, confirmed: dict[str, list[TrialResult]] | None) -> SearchResult:
+        from tuner import outputs
+
+        self.live.stop()
+        best_trial = study_mod.best_feasible(self.study)
+        baseline_trial = next((t for t in study_mod.measured(self.study) if t.user_attrs.get("baseline")), None)
+        best = _summary(best_trial, confirmed, "best")
+        base = _summary(baseline_trial, confirmed, "baseline")
+        speedup = None
+        if best["metrics"] and base["metrics"]:
+            speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
+        target_met = bool(best["metrics"]) and _meets(best["metrics"], self.recipe.target)
+        result = SearchResult(
+            out=self.recipe.out, best=best, baseline=base, speedup=speedup, target_met=target_met,
+            stopped=stopped, trials=self._done(), environment=environment(self.recipe.world_size),
+            notes=list(self.space.notes),
+        )
+        outputs.write_run(result, self.recipe, self.study, self.machine)
+        self.live.summary(result)
+        return result
+
+
+def _confirm(recipe: Recipe, machine: Machine, ctx: distributed.DistContext, planner: _Planner | None,
+             repeats: int) -> dict[str, list[TrialResult]] | None:
+    """Best and baseline, interleaved ``repeats`` times: the same minutes, the same noise."""
+    order = distributed.broadcast(
+        {"best": planner.best_params(), "baseline": planner.baseline_config.params()} if planner else None
+    )
+    if repeats < 1 or order["best"] is None:
+        return None
+    configs = {name: Config(**params) for name, params in order.items()}
+    if planner:
+        planner.live.note(f"confirming: best vs baseline, interleaved, {repeats} time(s) each")
+    runs: dict[str, list[TrialResult]] = {"best": [], "baseline": []}
+    for _ in range(repeats):
+        for name in ("baseline", "best"):
+            engines.prepare(configs[name], ctx.device)
+            runs[name].append(run_trial(recipe, configs[name], ctx))
+    return runs
+
+
+def _summary(trial: Any, confirmed: dict[str, list[TrialResult]] | None, name: str) -> dict[str, Any]:
+    """Params and metrics of best/baseline: the median of the confirmation runs when there
+    are any that succeeded, else the search trial's own measurement."""
+    if trial is None:
+        return {"params": None, "metrics": None, "source": None}
+    runs = [r.metrics for r in (confirmed or {}).get(name, []) if r.ok and r.metrics]
+    if runs:
+        metrics = {k: (statistics.median([m[k] for m in runs if m[k] is not None])
+                       if any(m[k] is not None for m in runs) else None) for k in METRIC_NAMES}
+        failures = sum(not r.ok for r in confirmed[name])  # type: ignore[index]
+        return {"params": trial.user_attrs["params"], "metrics": metrics, "source": f"median of {len(runs)} confirmation runs",
+                "failures": failures, "trial": trial.number}
+    return {"params": trial.user_attrs["params"], "metrics": trial.user_attrs["metrics"],
+            "source": "search trial", "trial": trial.number}
+
+
+def _meets(metrics: dict[str, Any] | None, target: Any) -> bool:
+    if not metrics:
+        return False
+    if target.samples_per_s is not None and metrics["samples_per_s"] >= target.samples_per_s:
+        return True
+    tps = metrics.get("tokens_per_s")
+    return target.tokens_per_s is not None and tps is not None and tps >= target.tokens_per_s
+

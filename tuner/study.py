@@ -1,0 +1,221 @@
+"""The Optuna study behind a search: its space, its sampler, and how trials are recorded.
+
+Every trial's outcome goes into the study as soon as it is known (SQLite by default), so
+a killed search loses at most the trial it was running. Outcomes map onto Optuna as:
+
+- measured, inside the memory budget: COMPLETE, feasible;
+- out of memory, non-finite loss, over the memory budget: COMPLETE with the constraint
+  violated (``user_attrs["constraint"] > 0``), so the sampler learns to avoid the region;
+- cut short as clearly slower than the best: PRUNED;
+- any other failure (a crash in the task): FAIL, with its reason.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.space import KNOBS, Config, Machine, make_config, restrict
+
+if TYPE_CHECKING:
+    from tuner.recipe import Recipe
+    from tuner.trial import TrialResult
+
+LOADER_ONLY = ("prefetch_factor", "persistent_workers")
+"""Knobs that only exist when ``num_workers > 0``: suggested conditionally."""
+
+# outcome -> (Optuna state, infeasible)
+INFEASIBLE_STATES = ("oom", "nonfinite", "over_budget")
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search chooses from: every knob with its candidate values."""
+
+    choices: dict[str, tuple[Any, ...]]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def searched(self) -> dict[str, tuple[Any, ...]]:
+        return {k: v for k, v in self.choices.items() if len(v) > 1}
+
+    def size(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> int:
+        """Distinct configurations (loader-only knobs collapse without workers)."""
+        import itertools
+
+        keys = list(self.choices)
+        seen = set()
+        for values in itertools.product(*(self.choices[k] for k in keys)):
+            config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine)
+            seen.add(config)
+        return len(seen)
+
+
+def build_space(recipe: "Recipe", machine: Machine) -> Space:
+    """The recipe's space on this machine. The baseline's values join it, so the baseline
+    is a point of the search; a knob the space omits stays at the baseline's value;
+    ``--set`` knobs are fixed."""
+    base = _baseline_values(recipe)
+    choices: dict[str, tuple[Any, ...]] = {}
+    for name in KNOBS:
+        values = list(recipe.space.get(name, ()))
+        if base[name] not in values:
+            values.insert(0, base[name])
+        choices[name] = tuple([recipe.knob_overrides[name]] if name in recipe.knob_overrides else values)
+    restricted, notes = restrict(choices, machine)
+    return Space(restricted, tuple(notes))
+
+
+def _baseline_values(recipe: "Recipe") -> dict[str, Any]:
+    """Defaults <- the recipe's baseline <- ``--set``; no accumulation unless told."""
+    knobs = {name: knob.default for name, knob in KNOBS.items()}
+    knobs["micro_batch_size"] = recipe.global_batch_size // recipe.world_size
+    knobs.update(recipe.baseline)
+    knobs.update(recipe.knob_overrides)
+    return knobs
+
+
+def baseline_knobs(recipe: "Recipe", space: Space) -> dict[str, Any]:
+    """The user's current configuration, inside the space (a value this machine cannot run
+    falls back to the space's first)."""
+    knobs = _baseline_values(recipe)
+    return {name: v if v in space.choices[name] else space.choices[name][0] for name, v in knobs.items()}
+
+
+def informed_points(space: Space, baseline: Mapping[str, Any], world_size: int, machine: Machine) -> list[dict[str, Any]]:
+    """Starting points a performance engineer would try first, within the space:
+    loader workers ~ cores per rank - 1, then also bf16 and the largest micro-batch."""
+    import os
+
+    c = space.choices
+    workers_goal = max(1, (os.cpu_count() or 2) // world_size - 1)
+    loader = dict(baseline)
+    loader["num_workers"] = min(c["num_workers"], key=lambda w: (abs(w - workers_goal), -w))
+    if True in c["persistent_workers"]:
+        loader["persistent_workers"] = True
+    loader["prefetch_factor"] = max(c["prefetch_factor"])
+    full = dict(loader)
+    if "bf16" in c["amp_dtype"] and machine.bf16:
+        full["amp_dtype"] = "bf16"
+    full["micro_batch_size"] = max(c["micro_batch_size"])
+    points = []
+    for p in (loader, full):
+        if p != dict(baseline) and p not in points:
+            points.append(p)
+    return points
+
+
+def suggest(trial: optuna.Trial, space: Space) -> dict[str, Any]:
+    """Ask the sampler for one point; loader-only knobs only when there are workers."""
+    knobs: dict[str, Any] = {}
+    for name, values in space.choices.items():
+        if name in LOADER_ONLY:
+            continue
+        knobs[name] = trial.suggest_categorical(name, list(values)) if len(values) > 1 else values[0]
+    for name in LOADER_ONLY:
+        values = space.choices[name]
+        if knobs["num_workers"] > 0 and len(values) > 1:
+            knobs[name] = trial.suggest_categorical(name, list(values))
+        else:
+            knobs[name] = values[0] if knobs["num_workers"] > 0 else KNOBS[name].default
+    return knobs
+
+
+_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5
+
+
+def constraints(trial: optuna.trial.FrozenTrial) -> list[float]:
+    """The constraints function of Optuna < 5: > 0 means infeasible."""
+    return [float(trial.user_attrs.get("constraint", 0.0))]
+
+
+def set_constraint(trial: optuna.Trial, value: float) -> None:
+    """Mark a trial feasible (<= 0) or infeasible (> 0) for the sampler."""
+    trial.set_user_attr("constraint", value)
+    if _SET_CONSTRAINT:
+        trial.set_constraint("memory", value)
+
+
+def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study, int]:
+    """Create or resume the study; returns it and how many trials a killed run left RUNNING
+    (now marked FAIL so they never count as results)."""
+    if storage.startswith("sqlite:///"):
+        Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=4, multivariate=True, group=True,
+            constraints_func=None if _SET_CONSTRAINT else constraints,
+        )
+    study = optuna.create_study(
+        study_name=recipe.name, storage=storage, direction="maximize", sampler=sampler, load_if_exists=True
+    )
+    stale = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(t._trial_id, "state", "error")
+        study._storage.set_trial_user_attr(t._trial_id, "reason", "left running by an interrupted search")
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        stale += 1
+    return study, stale
+
+
+def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",
+           extra: Mapping[str, Any] | None = None) -> str:
+    """Tell the study what ``result`` was; returns the outcome recorded."""
+    state, reason, metrics = result.state, result.reason, result.metrics
+    over = over_budget(metrics, recipe) if metrics else None
+    if over:
+        state, reason = "over_budget", over[1]
+    for key, value in {"state": state, "reason": reason, "metrics": metrics, "params": result.params,
+                       "timings": result.timings, **(extra or {})}.items():
+        trial.set_user_attr(key, value)
+    value = float(metrics["samples_per_s"]) if metrics else 0.0
+    if state == "ok":
+        set_constraint(trial, -1.0)
+        study.tell(trial, value)
+    elif state in INFEASIBLE_STATES:
+        set_constraint(trial, over[0] if over else 1.0)
+        study.tell(trial, value)
+    elif state == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, state=TrialState.FAIL)
+    return state
+
+
+def over_budget(metrics: Mapping[str, Any], recipe: "Recipe") -> tuple[float, str] | None:
+    """(how far over, why) when a measured trial breaks the memory budget."""
+    b = recipe.budget
+    for key, limit, name in (("peak_mem_gib", b.memory_gib, "memory_gib"), ("host_mem_gib", b.host_memory_gib, "host_memory_gib")):
+        value = metrics.get(key)
+        if limit is not None and value is not None and value > limit:
+            return value - limit, f"{key} {value:.2f} GiB is over budget.{name} {limit:g} GiB"
+    return None
+
+
+def config_of(trial: optuna.trial.FrozenTrial) -> dict[str, Any] | None:
+    """The full configuration a finished trial measured (``None`` if it never ran)."""
+    return trial.user_attrs.get("params")
+
+
+def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Trials that really ran (duplicates answered from the cache are not counted)."""
+    return [t for t in study.get_trials(deepcopy=False)
+            if t.state != TrialState.RUNNING and "duplicate_of" not in t.user_attrs and "params" in t.user_attrs]
+
+
+def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    ok = [t for t in measured(study) if t.state == TrialState.COMPLETE and t.user_attrs.get("state") == "ok"
+          and t.value is not None and not math.isnan(t.value)]
+    return max(ok, key=lambda t: t.value) if ok else None
+
+
+def config_key(config: Config) -> tuple:
+    return tuple(sorted(config.params().items()))
