@@ -100,7 +100,9 @@ def search(
                 break
             config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
             engines.prepare(config, ctx.device)
-            result = run_trial(recipe, config, ctx, prune=planner.prune_rule() if planner else None)
+            # Every rank must take part in the pruning decision, which rank 0 makes.
+            prune = (planner.prune_rule() if planner else _never) if order["prune"] else None
+            result = run_trial(recipe, config, ctx, prune=prune)
             if planner:
                 planner.record(result)
         confirmed = _confirm(recipe, machine, ctx, planner, confirm)
@@ -156,7 +158,7 @@ class _Planner:
             if seen is None:
                 self.trial, self.current = trial, config
                 self.live.begin(trial.number, config)
-                return {"stop": None, "knobs": knobs}
+                return {"stop": None, "knobs": knobs, "prune": self.prune_rule() is not None}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
@@ -263,6 +265,11 @@ class _Planner:
         outputs.write_run(result, self.recipe, self.study, self.machine)
         self.live.summary(result)
         return result
+
+
+def _never(window: Window) -> bool:
+    """Other ranks' stand-in for rank 0's pruning rule (rank 0 decides, all follow)."""
+    return False
 
 
 def _confirm(recipe: Recipe, machine: Machine, ctx: distributed.DistContext, planner: _Planner | None,

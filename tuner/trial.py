@@ -75,7 +75,8 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
 
     Args:
         prune: asked once, on rank 0, after the first quarter of the measured steps (at
-            least 3); when it says so the trial stops there as ``pruned``.
+            least 3); when it says so the trial stops there as ``pruned``. Give it on
+            every rank or on none: the other ranks receive rank 0's decision.
     """
     memory = HostMemory().start()
     if ctx.device.type == "cuda":

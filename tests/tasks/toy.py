@@ -3,6 +3,8 @@
 read_ms: sleep per sample read (storage latency); width: hidden size;
 fail: "oom" raises the allocator's out-of-memory error in compute_loss, "nan" makes the
 loss NaN, "crash" raises ValueError, "empty" makes the dataset empty.
+oom_at_micro (with oom_rank, default 1): that rank runs out of memory in the forward of
+any micro-batch at least this large, as a larger batch would on a smaller GPU.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 _fail: str | None = None  # set from task_args when the trial builds the dataset
+_oom: tuple[int, int] | None = None
 
 
 class Reads(Dataset):
@@ -31,8 +34,9 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _fail
+    global _fail, _oom
     _fail = args.get("fail")
+    _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
     return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0))
 
 
@@ -47,5 +51,9 @@ def compute_loss(model, batch):
     if _fail == "crash":
         raise ValueError("the task's loss broke")
     x, y = batch
+    if _oom is not None and x.shape[0] >= _oom[0]:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        if rank == _oom[1]:
+            raise torch.OutOfMemoryError(f"CUDA out of memory on rank {rank} (micro-batch {x.shape[0]}, raised by the test task)")
     loss = nn.functional.cross_entropy(model(x), y)
     return loss * float("nan") if _fail == "nan" else loss
