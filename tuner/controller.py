@@ -130,7 +130,7 @@ class _Planner:
         self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
         if stale:
             self.live.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
-        self.baseline = study_mod.baseline_knobs(recipe, space)
+        self.baseline = study_mod.baseline_knobs(recipe, space, machine)
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
         self.earlier_s = sum(t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration)
@@ -140,8 +140,6 @@ class _Planner:
                       for t in study_mod.measured(self.study)}
         if not self.known:
             self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
-            for point in study_mod.informed_points(space, self.baseline, recipe.world_size, machine):
-                self.study.enqueue_trial(point, user_attrs={"informed": True}, skip_if_exists=True)
         self.live.start(self._done(), len(self.known))
 
     # --- decisions ------------------------------------------------------------------------
@@ -150,9 +148,12 @@ class _Planner:
         stop = self._stop_reason()
         if stop:
             return {"stop": stop}
+        guided = self._guided()
+        if guided is not None:
+            self.study.enqueue_trial(guided, user_attrs={"guided": True})
         for _ in range(MAX_RESAMPLES):
             trial = self.study.ask()
-            knobs = study_mod.suggest(trial, self.space)
+            knobs = study_mod.suggest(trial, self.space, self.baseline)
             config = self._config(knobs)
             seen = self.known.get(study_mod.config_key(config))
             if seen is None:
@@ -161,6 +162,16 @@ class _Planner:
                 return {"stop": None, "knobs": knobs, "prune": self.prune_rule() is not None}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
+
+    def _guided(self) -> dict[str, Any] | None:
+        """The next one-knob-at-a-time step from the best so far, if any is left."""
+        best = study_mod.best_feasible(self.study)
+        if best is None:
+            return None
+        return study_mod.guided_next(
+            self.space, best.user_attrs["params"], best.user_attrs["metrics"],
+            lambda knobs: study_mod.config_key(self._config(knobs)) in self.known,
+        )
 
     def prune_rule(self) -> Any:
         best = study_mod.best_feasible(self.study)

@@ -177,7 +177,7 @@ def restrict(space: Mapping[str, tuple[Any, ...]], machine: Machine) -> tuple[di
     """Drop values this machine cannot run, returning the space and one note per drop."""
     out = dict(space)
     notes: list[str] = []
-    for name, value, reason, fallback in _unsupported(machine):
+    for name, value, reason, fallback in unsupported(machine):
         values = out.get(name)
         if values and value in values:
             kept = tuple(v for v in values if v != value) or (fallback,)
@@ -199,7 +199,7 @@ def make_config(
     if values["micro_batch_size"] is None:
         values["micro_batch_size"] = default_micro_batch(global_batch_size, world_size)
     notes: list[str] = []
-    for name, value, reason, fallback in _unsupported(machine):
+    for name, value, reason, fallback in unsupported(machine):
         if values[name] == value:
             notes.append(f"{name}={_fmt(value)} cannot apply here ({reason}); using {_fmt(fallback)}")
             values[name] = fallback
@@ -217,7 +217,7 @@ def make_config(
     return Config(grad_accum_steps=accum, engine=resolved_engine, **values), notes
 
 
-def _unsupported(machine: Machine) -> list[tuple[str, Any, str, Any]]:
+def unsupported(machine: Machine) -> list[tuple[str, Any, str, Any]]:
     """(knob, value, why it cannot run here, what to use instead)."""
     rows = []
     if not machine.cuda:

@@ -16,12 +16,12 @@ import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import optuna
 from optuna.trial import TrialState
 
-from tuner.space import KNOBS, Config, Machine, make_config, restrict
+from tuner.space import KNOBS, Config, Machine, make_config, restrict, unsupported
 
 if TYPE_CHECKING:
     from tuner.recipe import Recipe
@@ -58,14 +58,16 @@ class Space:
 
 
 def build_space(recipe: "Recipe", machine: Machine) -> Space:
-    """The recipe's space on this machine. The baseline's values join it, so the baseline
-    is a point of the search; a knob the space omits stays at the baseline's value;
-    ``--set`` knobs are fixed."""
+    """The recipe's space on this machine. A searched knob (a list) also holds the
+    baseline's value, so the baseline is a point of the search; a fixed knob (a scalar)
+    stays fixed; an omitted knob stays at the baseline's value; ``--set`` fixes a knob."""
     base = _baseline_values(recipe)
     choices: dict[str, tuple[Any, ...]] = {}
     for name in KNOBS:
         values = list(recipe.space.get(name, ()))
-        if base[name] not in values:
+        if not values:
+            values = [base[name]]
+        elif len(values) > 1 and base[name] not in values:
             values.insert(0, base[name])
         choices[name] = tuple([recipe.knob_overrides[name]] if name in recipe.knob_overrides else values)
     restricted, notes = restrict(choices, machine)
@@ -81,38 +83,54 @@ def _baseline_values(recipe: "Recipe") -> dict[str, Any]:
     return knobs
 
 
-def baseline_knobs(recipe: "Recipe", space: Space) -> dict[str, Any]:
-    """The user's current configuration, inside the space (a value this machine cannot run
-    falls back to the space's first)."""
+def baseline_knobs(recipe: "Recipe", space: Space, machine: Machine) -> dict[str, Any]:
+    """The user's current configuration, measured as it is even where the space fixes a
+    knob to another value; only what this machine cannot run is replaced."""
     knobs = _baseline_values(recipe)
-    return {name: v if v in space.choices[name] else space.choices[name][0] for name, v in knobs.items()}
+    for name, value, _why, fallback in unsupported(machine):
+        if knobs[name] == value:
+            knobs[name] = fallback
+    return knobs
 
 
-def informed_points(space: Space, baseline: Mapping[str, Any], world_size: int, machine: Machine) -> list[dict[str, Any]]:
-    """Starting points a performance engineer would try first, within the space:
-    loader workers ~ cores per rank - 1, then also bf16 and the largest micro-batch."""
-    import os
+WAIT_WORTH_FIXING = 0.05
+"""A data-wait share above this says the loader is (part of) the bottleneck."""
+COORDINATE_ORDER = ("amp_dtype", "micro_batch_size", "zero_stage", "num_workers", "prefetch_factor",
+                    "persistent_workers", "pin_memory")
+"""Knobs tried one at a time around the best so far, the likeliest large effects first."""
 
+
+def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str, Any],
+                tried: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The method, before the sampler: locate the bottleneck, change one thing at a time.
+
+    From the best configuration so far (``incumbent``, with its ``metrics``): while the
+    loop waits on data, more loader workers (persistent, deepest prefetch); then each
+    other value of each knob, one knob at a time. Returns the first such neighbour not yet
+    ``tried``, or ``None`` when the neighbourhood is exhausted (the sampler takes over).
+    """
     c = space.choices
-    workers_goal = max(1, (os.cpu_count() or 2) // world_size - 1)
-    loader = dict(baseline)
-    loader["num_workers"] = min(c["num_workers"], key=lambda w: (abs(w - workers_goal), -w))
-    if True in c["persistent_workers"]:
-        loader["persistent_workers"] = True
-    loader["prefetch_factor"] = max(c["prefetch_factor"])
-    full = dict(loader)
-    if "bf16" in c["amp_dtype"] and machine.bf16:
-        full["amp_dtype"] = "bf16"
-    full["micro_batch_size"] = max(c["micro_batch_size"])
-    points = []
-    for p in (loader, full):
-        if p != dict(baseline) and p not in points:
-            points.append(p)
-    return points
+    start = {k: v if v in c[k] else c[k][0] for k, v in incumbent.items() if k in c}
+    if (metrics.get("data_wait_share") or 0.0) > WAIT_WORTH_FIXING:
+        for workers in sorted(w for w in c["num_workers"] if w > start["num_workers"]):
+            candidate = dict(start, num_workers=workers, prefetch_factor=max(c["prefetch_factor"]))
+            if True in c["persistent_workers"]:
+                candidate["persistent_workers"] = True
+            if not tried(candidate):
+                return candidate
+    for name in COORDINATE_ORDER:
+        for value in c[name]:
+            candidate = dict(start, **{name: value})
+            if value != start[name] and not tried(candidate):
+                return candidate
+    return None
 
 
-def suggest(trial: optuna.Trial, space: Space) -> dict[str, Any]:
-    """Ask the sampler for one point; loader-only knobs only when there are workers."""
+def suggest(trial: optuna.Trial, space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """Ask the sampler for one point; loader-only knobs only when there are workers. The
+    enqueued baseline trial keeps the baseline's values for knobs the space fixes."""
+    if trial.user_attrs.get("baseline"):
+        space = Space({k: (baseline[k],) if len(v) == 1 else v for k, v in space.choices.items()})
     knobs: dict[str, Any] = {}
     for name, values in space.choices.items():
         if name in LOADER_ONLY:
