@@ -105,21 +105,25 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
     """The method, before the sampler: locate the bottleneck, change one thing at a time.
 
     From the best configuration so far (``incumbent``, with its ``metrics``): while the
-    loop waits on data, more loader workers (persistent, deepest prefetch); then each
-    other value of each knob, one knob at a time. Returns the first such neighbour not yet
-    ``tried``, or ``None`` when the neighbourhood is exhausted (the sampler takes over).
+    loop waits on data, the next larger number of loader workers (persistent, deepest
+    prefetch); a step up that did not win ends the climb, since the incumbent then still
+    has fewer workers. Then each other value of each knob, one knob at a time; larger
+    micro-batches first (fewer accumulation steps, fuller kernels; an OOM is just an
+    infeasible trial). Returns the first such neighbour not yet ``tried``, or ``None``
+    when the neighbourhood is exhausted and the sampler takes over.
     """
     c = space.choices
     start = {k: v if v in c[k] else c[k][0] for k, v in incumbent.items() if k in c}
-    if (metrics.get("data_wait_share") or 0.0) > WAIT_WORTH_FIXING:
-        for workers in sorted(w for w in c["num_workers"] if w > start["num_workers"]):
-            candidate = dict(start, num_workers=workers, prefetch_factor=max(c["prefetch_factor"]))
-            if True in c["persistent_workers"]:
-                candidate["persistent_workers"] = True
-            if not tried(candidate):
-                return candidate
+    more = sorted(w for w in c["num_workers"] if w > start["num_workers"])
+    if (metrics.get("data_wait_share") or 0.0) > WAIT_WORTH_FIXING and more:
+        candidate = dict(start, num_workers=more[0], prefetch_factor=max(c["prefetch_factor"]))
+        if True in c["persistent_workers"]:
+            candidate["persistent_workers"] = True
+        if not tried(candidate):
+            return candidate
     for name in COORDINATE_ORDER:
-        for value in c[name]:
+        values = sorted(c[name], reverse=True) if name == "micro_batch_size" else c[name]
+        for value in values:
             candidate = dict(start, **{name: value})
             if value != start[name] and not tried(candidate):
                 return candidate
@@ -229,9 +233,14 @@ def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
             if t.state != TrialState.RUNNING and "duplicate_of" not in t.user_attrs and "params" in t.user_attrs]
 
 
+def feasible(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Measured trials that ran and fit the budget."""
+    return [t for t in measured(study) if t.state == TrialState.COMPLETE and t.user_attrs.get("state") == "ok"
+            and t.value is not None and not math.isnan(t.value)]
+
+
 def best_feasible(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    ok = [t for t in measured(study) if t.state == TrialState.COMPLETE and t.user_attrs.get("state") == "ok"
-          and t.value is not None and not math.isnan(t.value)]
+    ok = feasible(study)
     return max(ok, key=lambda t: t.value) if ok else None
 
 
