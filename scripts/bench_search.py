@@ -18,7 +18,6 @@ search, that is its own confirmation step with ``confirm=1``).
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import random
 import statistics
@@ -35,7 +34,7 @@ import optuna  # noqa: E402
 
 import tuner  # noqa: E402
 from tuner import distributed, engines, study as study_mod  # noqa: E402
-from tuner.space import Config, Machine, make_config  # noqa: E402
+from tuner.space import Config, Machine  # noqa: E402
 from tuner.trial import run_trial  # noqa: E402
 
 RECIPES = {
@@ -48,13 +47,7 @@ RECIPES = {
 
 def grid(recipe: tuner.Recipe, machine: Machine) -> list[Config]:
     space = study_mod.build_space(recipe, machine)
-    keys = list(space.choices)
-    configs = []
-    for values in itertools.product(*(space.choices[k] for k in keys)):
-        config, _ = make_config(dict(zip(keys, values)), recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
-        if config not in configs:
-            configs.append(config)
-    return configs
+    return space.configs(recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
 
 
 def measure(recipe: tuner.Recipe, config: Config, ctx: distributed.DistContext, repeats: int = 1) -> float:

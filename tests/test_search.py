@@ -160,3 +160,11 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
     assert len(finished) >= 5
     for number in left_running:  # a trial SIGKILL cut short is recorded, never lost
         assert "left running by an interrupted search" in table[number]["reason"]
+
+
+def test_bad_storage_url_is_an_input_error(toy, tmp_path, capsys):
+    from tuner.cli import search_main
+
+    assert search_main([str(toy()), "--out", str(tmp_path / "r"), "--storage", "nosuchdb://x/y", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "error: storage: cannot open 'nosuchdb://x/y'" in err and "Traceback" not in err

@@ -48,3 +48,10 @@ def test_baseline_joins_searched_knobs_but_fixed_knobs_stay_fixed(toy):
     assert space.choices["micro_batch_size"] == (16,)  # omitted: the baseline's (no accumulation)
     base = baseline_knobs(recipe, space, CPU)
     assert base["num_workers"] == 0 and base["persistent_workers"] is False  # measured as it is
+
+
+def test_space_enumerates_distinct_configurations():
+    configs = SPACE.configs(16, 1, CPU, "auto")
+    # workers 0: 2 amp x 3 micro; workers 1/2/4: x 2 prefetch x 2 persistent
+    assert len(configs) == 6 + 3 * 2 * 2 * 2 * 3
+    assert len(set(configs)) == len(configs)

@@ -72,7 +72,8 @@ def search(
     Args:
         recipe: a recipe path or a loaded :class:`~tuner.recipe.Recipe`.
         trials / minutes: override ``budget.trials`` / ``budget.minutes``.
-        confirm: interleaved best-vs-baseline re-measurements (0 skips confirmation).
+        confirm: times the finalists and the baseline are re-measured, interleaved
+            (0 skips confirmation and reports the search trials' own numbers).
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
@@ -110,7 +111,7 @@ def search(
             result = run_trial(recipe, config, ctx, prune=prune)
             if planner:
                 planner.record(result)
-        confirmed = _confirm(recipe, machine, ctx, planner, confirm)
+        confirmed = _confirm(recipe, ctx, planner, confirm)
     except KeyboardInterrupt:
         if planner is None:
             raise
@@ -299,7 +300,7 @@ class Confirmation:
     """``best`` and ``baseline`` confirmation runs."""
 
 
-def _confirm(recipe: Recipe, machine: Machine, ctx: distributed.DistContext, planner: _Planner | None,
+def _confirm(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | None,
              repeats: int) -> Confirmation | None:
     """The finalists and the baseline, interleaved ``repeats`` times: the same minutes, the
     same noise. The finalist with the best median becomes ``best``."""

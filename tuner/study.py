@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import optuna
 from optuna.trial import TrialState
 
+from tuner.errors import RecipeError
 from tuner.space import KNOBS, Config, Machine, make_config, restrict, unsupported
 
 if TYPE_CHECKING:
@@ -45,16 +46,17 @@ class Space:
     def searched(self) -> dict[str, tuple[Any, ...]]:
         return {k: v for k, v in self.choices.items() if len(v) > 1}
 
-    def size(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> int:
-        """Distinct configurations (loader-only knobs collapse without workers)."""
+    def configs(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> list[Config]:
+        """Every distinct configuration (loader-only knobs collapse without workers)."""
         import itertools
 
         keys = list(self.choices)
-        seen = set()
+        out: list[Config] = []
         for values in itertools.product(*(self.choices[k] for k in keys)):
             config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine)
-            seen.add(config)
-        return len(seen)
+            if config not in out:
+                out.append(config)
+        return out
 
 
 def build_space(recipe: "Recipe", machine: Machine) -> Space:
@@ -176,9 +178,15 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
             seed=seed, n_startup_trials=4, multivariate=True, group=True,
             constraints_func=None if _SET_CONSTRAINT else constraints,
         )
-    study = optuna.create_study(
-        study_name=recipe.name, storage=storage, direction="maximize", sampler=sampler, load_if_exists=True
-    )
+    try:
+        study = optuna.create_study(
+            study_name=recipe.name, storage=storage, direction="maximize", sampler=sampler, load_if_exists=True
+        )
+    except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver, an unreachable server
+        raise RecipeError(
+            f"storage: cannot open {storage!r}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
+            "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
+        ) from None
     stale = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "state", "error")
