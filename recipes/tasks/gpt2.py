@@ -33,6 +33,8 @@ def build_model(args: dict) -> torch.nn.Module:
         n_embd=args.get("n_embd", 128),
         n_layer=args.get("n_layer", 2),
         n_head=args.get("n_head", 4),
+        bos_token_id=0,  # GPT-2's 50256 lies outside a small vocabulary
+        eos_token_id=0,
     )
     return GPT2LMHeadModel(config)
 
