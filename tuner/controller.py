@@ -107,7 +107,7 @@ def search(
             config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
             engines.prepare(config, ctx.device)
             # Every rank must take part in the pruning decision, which rank 0 makes.
-            prune = (planner.prune_rule() if planner else _never) if order["prune"] else None
+            prune = (planner.prune if planner else _never) if order["prune"] else None
             result = run_trial(recipe, config, ctx, prune=prune)
             if planner:
                 planner.record(result)
@@ -142,6 +142,8 @@ class _Planner:
         self.earlier_s = sum(t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration)
         self.trial: Any = None
         self.current: Config | None = None
+        self.prune: Any = None
+        """The pruning rule for the trial in flight (``None``: no best to compare with yet)."""
         self.known = {study_mod.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
                       for t in study_mod.measured(self.study)}
         if not self.known:
@@ -164,8 +166,9 @@ class _Planner:
             seen = self.known.get(study_mod.config_key(config))
             if seen is None:
                 self.trial, self.current = trial, config
+                self.prune = self.prune_rule()
                 self.live.begin(trial.number, config)
-                return {"stop": None, "knobs": knobs, "prune": self.prune_rule() is not None}
+                return {"stop": None, "knobs": knobs, "prune": self.prune is not None}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
