@@ -6,8 +6,8 @@ A fresh process per trial (what DeepSpeed's autotuner does) also pays the interp
 ``import torch``/``deepspeed`` and the process group, every time.
 
 Both are measured side by side, in alternating rounds, on the same recipe and config;
-the overhead of a trial = its wall time - warm-up - measured steps (both reported by the
-trial itself). Prints medians and the ratio.
+the overhead of a trial = its wall time - warm-up - measured steps - the stall-free
+ceiling's steps (all reported by the trial itself). Prints medians and the ratio.
 
     python scripts/bench_trial_overhead.py                       # quick start, 1 rank
     python scripts/bench_trial_overhead.py --nproc 2 --set zero_stage=1
@@ -55,7 +55,7 @@ def fresh_process_round(args: argparse.Namespace) -> list[float]:
         proc = subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, text=True)
         wall = time.perf_counter() - start
         timings = json.loads(proc.stdout)["repeats"][0]["timings"]
-        overheads.append(wall - timings["warmup"] - timings["measure"])
+        overheads.append(wall - timings["warmup"] - timings["measure"] - timings.get("stall_free", 0.0))
     return overheads
 
 
@@ -77,7 +77,8 @@ def worker(args: argparse.Namespace) -> None:
         result = run_trial(recipe, config, ctx)
         wall = time.perf_counter() - start
         assert result.ok, result.reason
-        overheads.append(wall - result.timings["warmup"] - result.timings["measure"])
+        overheads.append(wall - result.timings["warmup"] - result.timings["measure"]
+                         - result.timings.get("stall_free", 0.0))
     if ctx.is_main:
         Path(args.worker).write_text(json.dumps(overheads))
     distributed.shutdown()

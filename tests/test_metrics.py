@@ -28,6 +28,17 @@ def test_summary_takes_the_slowest_rank_per_step():
     assert m["cpu_util"] == pytest.approx(1.0)
     assert m["peak_mem_gib"] == m["host_mem_gib"] == pytest.approx(2.0)
     assert m["comm_share"] is None and m["mfu"] is None
+    assert m["stall_free_samples_per_s"] is None  # not measured in these windows
+
+
+def test_stall_free_ceiling_uses_the_slowest_rank_per_step():
+    a = Window(step_times=[0.2, 0.2], data_waits=[0.1, 0.1], samples=[8, 8], wall_s=0.4, cpu_s=0.1,
+               stall_free_step_times=[0.1, 0.05])
+    b = Window(step_times=[0.2, 0.2], data_waits=[0.1, 0.1], samples=[8, 8], wall_s=0.4, cpu_s=0.1,
+               stall_free_step_times=[0.05, 0.1])
+    m = summarize([a, b])
+    assert m["stall_free_samples_per_s"] == pytest.approx(16 / 0.1)
+    assert m["samples_per_s"] == pytest.approx(16 / 0.2)
 
 
 def test_device_memory_wins_over_host_when_present():

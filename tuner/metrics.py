@@ -36,6 +36,8 @@ class Window:
     """CPU seconds (user + system) of the main process over the window."""
     peak_device_bytes: int | None = None
     peak_host_bytes: int | None = None
+    stall_free_step_times: list[float] = field(default_factory=list)
+    """Seconds per step re-training on one batch already on the device (no data wait)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -70,6 +72,10 @@ def summarize(windows: Sequence[Window], tokens_per_sample: int | None = None) -
         data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
     )
+    k = min(len(w.stall_free_step_times) for w in windows)
+    if k:
+        ceiling_step = statistics.fmean(max(w.stall_free_step_times[i] for w in windows) for i in range(k))
+        out["stall_free_samples_per_s"] = statistics.fmean(global_samples) / ceiling_step
     hosts = [w.peak_host_bytes for w in windows if w.peak_host_bytes is not None]
     devices = [w.peak_device_bytes for w in windows if w.peak_device_bytes is not None]
     host_gib = max(hosts) / GIB if hosts else None

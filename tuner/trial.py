@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import itertools
 import math
 import time
 import traceback
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
 OK, OOM, NONFINITE, ERROR, PRUNED = "ok", "oom", "nonfinite", "error", "pruned"
+
+STALL_FREE_STEPS = 10
+"""Steps measured for the stall-free ceiling (fewer when the window itself is shorter)."""
 
 PruneRule = Callable[[Window], bool]
 """Given the steps measured so far (rank 0's window), whether to stop the trial now."""
@@ -93,6 +97,9 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
         window = job.run()
         timings["warmup"] = job.warmup_s
         timings["measure"] = window.wall_s
+        t_ceiling = time.perf_counter()
+        window.stall_free_step_times = job.stall_free()
+        timings["stall_free"] = time.perf_counter() - t_ceiling
         if job.nonfinite():
             state, reason = NONFINITE, "loss became NaN or inf during the trial"
     except _Stop as stop:
@@ -138,6 +145,7 @@ class _Job:
         self.batches: Iterator[Any] | None = None
         self.engine: Any = None
         self.bad: torch.Tensor | None = None
+        self.last_batch: Any = None
         self.warmup_s = 0.0
 
     def build(self) -> None:
@@ -160,7 +168,8 @@ class _Job:
         while not probe.done:
             for micro in range(config.grad_accum_steps):
                 last = micro == config.grad_accum_steps - 1
-                loss = self._forward(next(batches), last)
+                self.last_batch = next(batches)
+                loss = self._forward(self.last_batch, last)
                 engine.backward(loss, last)
                 bad |= ~torch.isfinite(loss.detach())
             engine.optimizer_step()
@@ -170,6 +179,22 @@ class _Job:
         window = probe.finish()
         self.warmup_s = (probe.window_start or start) - start
         return window
+
+    def stall_free(self) -> list[float]:
+        """Step times on the last batch, already on the device, over and over: the
+        ceiling a perfect data pipeline would reach. After the window, so it costs the
+        measurement nothing; one warm-up step, then up to 10 measured."""
+        n = min(self.recipe.steps.measure, STALL_FREE_STEPS)
+        probe = Probe(1, n, self.ctx.device)
+        batches = probe.loader(itertools.repeat(self.last_batch))
+        accum = self.config.grad_accum_steps
+        while not probe.done:
+            for micro in range(accum):
+                loss = self._forward(next(batches), micro == accum - 1)
+                self.engine.backward(loss, micro == accum - 1)
+            self.engine.optimizer_step()
+            probe.step()
+        return probe.finish().step_times
 
     def _forward(self, batch: Any, last: bool) -> torch.Tensor:
         """Forward on every rank, then agree: if one rank failed, all stop here, before
@@ -210,7 +235,7 @@ class _Job:
             self.loader._iterator = None
         if self.engine is not None:
             self.engine.close()
-        self.loader = self.batches = self.engine = self.bad = None
+        self.loader = self.batches = self.engine = self.bad = self.last_batch = None
 
 
 def warmup_steps(warmup: int, config: "Config") -> int:

@@ -3,6 +3,8 @@
 read_ms: sleep per sample read (storage latency); width: hidden size;
 fail: "oom" raises the allocator's out-of-memory error in compute_loss, "nan" makes the
 loss NaN, "crash" raises ValueError, "empty" makes the dataset empty.
+step_ms: a fixed wait inside each forward, as a host waits on an accelerator; every
+forward's start time is recorded in FORWARDS (this process), the truth tests compare to.
 oom_at_micro (with oom_rank, default 1): that rank runs out of memory in the forward of
 any micro-batch at least this large, as a larger batch would on a smaller GPU.
 """
@@ -17,6 +19,8 @@ from torch.utils.data import Dataset
 
 _fail: str | None = None  # set from task_args when the trial builds the dataset
 _oom: tuple[int, int] | None = None
+_step_s = 0.0
+FORWARDS: list[float] = []
 
 
 class Reads(Dataset):
@@ -34,8 +38,10 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _fail, _oom
+    global _fail, _oom, _step_s
     _fail = args.get("fail")
+    _step_s = args.get("step_ms", 0.0) / 1000.0
+    FORWARDS.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
     return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0))
 
@@ -46,6 +52,9 @@ def build_model(args):
 
 
 def compute_loss(model, batch):
+    FORWARDS.append(time.perf_counter())
+    if _step_s:
+        time.sleep(_step_s)
     if _fail == "oom":
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (raised by the test task)")
     if _fail == "crash":
