@@ -36,6 +36,8 @@ class Window:
     """CPU seconds (user + system) of the main process over the window."""
     peak_device_bytes: int | None = None
     peak_host_bytes: int | None = None
+    gpu_util: float | None = None
+    """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
     stall_free_step_times: list[float] = field(default_factory=list)
     """Seconds per step re-training on one batch already on the device (no data wait)."""
 
@@ -72,6 +74,8 @@ def summarize(windows: Sequence[Window], tokens_per_sample: int | None = None) -
         data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
     )
+    utils = [w.gpu_util for w in windows if w.gpu_util is not None]
+    out["gpu_util"] = statistics.fmean(utils) if utils else None
     k = min(len(w.stall_free_step_times) for w in windows)
     if k:
         ceiling_step = statistics.fmean(max(w.stall_free_step_times[i] for w in windows) for i in range(k))

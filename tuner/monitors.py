@@ -69,3 +69,71 @@ class HostMemory:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.sample()
+
+
+class GpuUtil:
+    """NVML utilization of this rank's GPU, sampled every ``interval`` seconds in a thread.
+
+    NVML's "utilization" is the share of time a kernel was running: a liveness signal
+    (was the GPU ever idle, waiting on the host?), not SM occupancy. Without CUDA or NVML
+    it does nothing and reports ``None``; it never fails a trial.
+    """
+
+    def __init__(self, device_index: int | None, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, float]] = []
+        """(perf_counter time, utilization 0..1)."""
+        self._handle = _nvml_handle(device_index) if device_index is not None else None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def available(self) -> bool:
+        return self._handle is not None
+
+    def start(self) -> "GpuUtil":
+        if self._handle is not None:
+            self._thread = threading.Thread(target=self._run, name="tuner-gpu-util", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def mean(self, start: float, end: float) -> float | None:
+        """Mean utilization of the samples taken between ``start`` and ``end``."""
+        inside = [u for t, u in self.samples if start <= t <= end]
+        return sum(inside) / len(inside) if inside else None
+
+    def _run(self) -> None:
+        import time
+
+        import pynvml
+
+        while not self._stop.wait(self.interval):
+            try:
+                rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+            except pynvml.NVMLError:
+                return
+            self.samples.append((time.perf_counter(), rates.gpu / 100.0))
+
+
+def _nvml_handle(device_index: int) -> object | None:
+    """NVML's handle for CUDA device ``device_index`` (matched by UUID, so that
+    ``CUDA_VISIBLE_DEVICES`` renumbering cannot point at another GPU); ``None`` when
+    NVML or the device is not there."""
+    try:
+        import pynvml
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
+        uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:  # noqa: BLE001 - no driver, no library, MIG, an old NVML: no signal
+        return None

@@ -25,7 +25,7 @@ from tuner import distributed
 from tuner.engines import build_engine
 from tuner.errors import TrialError
 from tuner.metrics import Window, summarize
-from tuner.monitors import HostMemory
+from tuner.monitors import GpuUtil, HostMemory
 from tuner.probe import Probe
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
             every rank or on none: the other ranks receive rank 0's decision.
     """
     memory = HostMemory().start()
+    gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     timings: dict[str, float] = {}
@@ -112,16 +113,20 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
     except BaseException:  # Ctrl-C: shut the workers down before going
         job.close()
         memory.stop()
+        gpu.stop()
         raise
     t_teardown = time.perf_counter()
     job.close()
+    window_start = job.window_start
     del job
     peak_host = memory.stop()
+    gpu.stop()
     _release_memory(ctx.device)
     timings["teardown"] = time.perf_counter() - t_teardown
 
     if window is not None:
         window.peak_host_bytes = peak_host
+        window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
         if ctx.device.type == "cuda":
             window.peak_device_bytes = torch.cuda.max_memory_reserved(ctx.device)
     # Every rank reports; a failure anywhere fails the trial everywhere.
@@ -147,6 +152,7 @@ class _Job:
         self.bad: torch.Tensor | None = None
         self.last_batch: Any = None
         self.warmup_s = 0.0
+        self.window_start = 0.0
 
     def build(self) -> None:
         recipe, config, ctx = self.recipe, self.config, self.ctx
@@ -177,7 +183,8 @@ class _Job:
             if len(probe.window.step_times) == prune_at and probe.measuring_step and self._should_prune(probe.window):
                 raise _Stop(PRUNED, f"slower than the best so far after {prune_at} measured steps")
         window = probe.finish()
-        self.warmup_s = (probe.window_start or start) - start
+        self.window_start = probe.window_start or start
+        self.warmup_s = self.window_start - start
         return window
 
     def stall_free(self) -> list[float]:
