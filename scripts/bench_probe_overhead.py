@@ -1,0 +1,112 @@
+"""What tuner.Probe costs a training loop: the same loop with and without it, alternated.
+
+A ~2 ms CPU training step (forward, backward, optimizer step on an in-memory batch) runs
+``--steps`` times bare, then the same number inside ``probe.loader()`` / ``probe.step()``;
+pairs alternate so that both see the same machine. Reports the median of the pairs'
+ratios (with / without), and, since that ratio is as noisy as the machine (+-3% here),
+also the probe's own cost per step measured on a loop that does nothing else.
+
+    python scripts/bench_probe_overhead.py            # 9 pairs of 300 steps
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import tuner  # noqa: E402
+
+
+def make_step(width: int, batch: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = [(torch.randn(batch, width), torch.randn(batch, 1)) for _ in range(8)]
+
+    def step(b) -> None:
+        loss = torch.nn.functional.mse_loss(model(b[0]), b[1])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step, data
+
+
+def batches(data, n):
+    for i in range(n):
+        yield data[i % len(data)]
+
+
+def bare(step, data, n: int) -> float:
+    start = time.perf_counter()
+    for b in batches(data, n):
+        step(b)
+    return time.perf_counter() - start
+
+
+def probed(step, data, n: int) -> float:
+    probe = tuner.Probe(warmup=0)
+    start = time.perf_counter()
+    for b in probe.loader(batches(data, n)):
+        step(b)
+        probe.step()
+    elapsed = time.perf_counter() - start
+    probe.summary()  # after the loop, as a user would
+    return elapsed
+
+
+def probe_cost_s(n: int = 20000) -> float:
+    """Seconds the probe adds per step, from a loop whose step does nothing: the loop with
+    the probe minus the same loop without, over many steps (far less noisy than the ratio
+    of two training loops)."""
+    item = torch.zeros(64, 1)
+
+    def loop(with_probe: bool) -> float:
+        source = (item for _ in range(n))
+        start = time.perf_counter()
+        if with_probe:
+            probe = tuner.Probe(warmup=0)
+            for _ in probe.loader(source):
+                probe.step()
+        else:
+            for _ in source:
+                pass
+        return time.perf_counter() - start
+
+    diffs = [loop(True) - loop(False) for _ in range(5)]
+    return statistics.median(diffs) / n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    step, data = make_step(args.width, args.batch)
+    bare(step, data, 50)  # warm up the allocator and kernels
+    ratios, step_ms = [], []
+    for _ in range(args.pairs):
+        a = bare(step, data, args.steps)
+        b = probed(step, data, args.steps)
+        ratios.append(b / a)
+        step_ms.append(1000 * a / args.steps)
+    overhead = statistics.median(ratios) - 1
+    cost = probe_cost_s()
+    ms = statistics.median(step_ms)
+    print(f"step: {ms:.2f} ms (median, bare); pairs: {args.pairs} x {args.steps} steps")
+    print(f"with probe / without, per pair: {', '.join(f'{r:.3f}' for r in ratios)}")
+    print(f"probe overhead, training loops alternated: {100 * overhead:+.2f}% (median of pairs; noise ~ +-3% here)")
+    print(f"probe cost per step, no-op loop: {1e6 * cost:.1f} us = {100 * cost / (ms / 1000):.2f}% of this step")
+
+
+if __name__ == "__main__":
+    main()
