@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import signal
+import statistics
 import sys
 import time
 
@@ -174,17 +175,19 @@ def test_ten_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path
     """An I/O-latency-bound loader: the search's answer beats the baseline by >= 1.25x and
     is >= 0.92x of the best point of a grid over loader workers, re-measured interleaved."""
     recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0}, steps={"warmup": 2, "measure": 60},
-                                   space={"num_workers": [0, 1, 2, 4, 8], "micro_batch_size": [8, 16],
+                                   space={"num_workers": [0, 1, 2, 4], "micro_batch_size": [8, 16],
                                           "persistent_workers": True},
                                    baseline={"num_workers": 0}))
-    result = tuner.search(recipe, trials=10, out=tmp_path / "run", confirm=1, quiet=True)
+    # Workers up to 4 on 2 cores: 8 oversubscribed them and the same configuration then
+    # spread by +-30% between measurements, more than the margin checked here.
+    result = tuner.search(recipe, trials=10, out=tmp_path / "run", confirm=3, quiet=True)
     assert result.speedup >= 1.25, result.speedup
-    grid = {w: tuner.measure(recipe, num_workers=w).metrics["samples_per_s"] for w in (0, 1, 2, 4, 8)}
+    grid = {w: tuner.measure(recipe, num_workers=w).metrics["samples_per_s"] for w in (0, 1, 2, 4)}
     grid_best = max(grid, key=grid.get)
     found = {k: v for k, v in result.best["params"].items() if k not in ("grad_accum_steps", "engine")}
     ours, theirs = [], []
-    for _ in range(3):
+    for _ in range(5):
         ours.append(tuner.measure(recipe, **found).metrics["samples_per_s"])
         theirs.append(tuner.measure(recipe, num_workers=grid_best).metrics["samples_per_s"])
-    ratio = sorted(ours)[1] / sorted(theirs)[1]
+    ratio = statistics.median(ours) / statistics.median(theirs)
     assert ratio >= 0.92, (str(found), grid, ours, theirs)
