@@ -87,9 +87,10 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
-    distributed.shutdown_quietly() if result is not None and result.stopped == "interrupted" else distributed.shutdown()
     if result is not None and result.stopped == "interrupted":
+        distributed.shutdown_quietly()  # the other ranks may be gone: no barrier
         return 130
+    distributed.shutdown()
     return 0
 
 

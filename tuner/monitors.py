@@ -9,8 +9,40 @@ the way summed RSS would count them.
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import psutil
+
+
+class _Sampler:
+    """A daemon thread that calls :meth:`sample` every ``interval`` seconds until stopped."""
+
+    name = "tuner-sampler"
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample(self) -> Any:
+        raise NotImplementedError
+
+    def _start_thread(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def _join(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            if self.sample() is False:  # the source went away: stop quietly
+                return
 
 
 def tree_pss_bytes(root: psutil.Process) -> int:
@@ -29,19 +61,19 @@ def tree_pss_bytes(root: psutil.Process) -> int:
     return total
 
 
-class HostMemory:
+class HostMemory(_Sampler):
     """Peak PSS of the process tree, sampled every ``interval`` seconds in a thread.
 
     Reading ``/proc/<pid>/smaps_rollup`` costs about a millisecond per process, so the
     default 10 Hz costs the trial well under 1% of one core.
     """
 
+    name = "tuner-host-memory"
+
     def __init__(self, interval: float = 0.1) -> None:
-        self.interval = interval
+        super().__init__(interval)
         self.peak = 0
         self._proc = psutil.Process()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def sample(self) -> int:
         """Take one sample now (also called at phase boundaries so short trials are seen)."""
@@ -51,27 +83,18 @@ class HostMemory:
 
     def start(self) -> "HostMemory":
         self.peak = 0
-        self._stop.clear()
         self.sample()
-        self._thread = threading.Thread(target=self._run, name="tuner-host-memory", daemon=True)
-        self._thread.start()
+        self._start_thread()
         return self
 
     def stop(self) -> int:
         """Stop sampling and return the peak in bytes."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._join()
         self.sample()
         return self.peak
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.sample()
 
-
-class GpuUtil:
+class GpuUtil(_Sampler):
     """NVML utilization of this rank's GPU, sampled every ``interval`` seconds in a thread.
 
     NVML's "utilization" is the share of time a kernel was running: a liveness signal
@@ -79,13 +102,13 @@ class GpuUtil:
     it does nothing and reports ``None``; it never fails a trial.
     """
 
+    name = "tuner-gpu-util"
+
     def __init__(self, device_index: int | None, interval: float = 0.1) -> None:
-        self.interval = interval
+        super().__init__(interval)
         self.samples: list[tuple[float, float]] = []
         """(perf_counter time, utilization 0..1)."""
         self._handle = _nvml_handle(device_index) if device_index is not None else None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def available(self) -> bool:
@@ -93,32 +116,26 @@ class GpuUtil:
 
     def start(self) -> "GpuUtil":
         if self._handle is not None:
-            self._thread = threading.Thread(target=self._run, name="tuner-gpu-util", daemon=True)
-            self._thread.start()
+            self._start_thread()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._join()
 
     def mean(self, start: float, end: float) -> float | None:
         """Mean utilization of the samples taken between ``start`` and ``end``."""
         inside = [u for t, u in self.samples if start <= t <= end]
         return sum(inside) / len(inside) if inside else None
 
-    def _run(self) -> None:
-        import time
-
+    def sample(self) -> bool:
         import pynvml
 
-        while not self._stop.wait(self.interval):
-            try:
-                rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
-            except pynvml.NVMLError:
-                return
-            self.samples.append((time.perf_counter(), rates.gpu / 100.0))
+        try:
+            rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+        except pynvml.NVMLError:
+            return False
+        self.samples.append((time.perf_counter(), rates.gpu / 100.0))
+        return True
 
 
 def _nvml_handle(device_index: int) -> object | None:

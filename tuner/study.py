@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 LOADER_ONLY = ("prefetch_factor", "persistent_workers")
 """Knobs that only exist when ``num_workers > 0``: suggested conditionally."""
 
-# outcome -> (Optuna state, infeasible)
 INFEASIBLE_STATES = ("oom", "nonfinite", "over_budget")
+"""Outcomes recorded as COMPLETE with the constraint violated."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,6 @@ class Space:
 
     choices: dict[str, tuple[Any, ...]]
     notes: tuple[str, ...] = ()
-
-    @property
-    def searched(self) -> dict[str, tuple[Any, ...]]:
-        return {k: v for k, v in self.choices.items() if len(v) > 1}
 
     def configs(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> list[Config]:
         """Every distinct configuration (loader-only knobs collapse without workers)."""
