@@ -35,6 +35,8 @@ def test_gpu_util_averages_nvml_samples_inside_the_window(monkeypatch):
     """The NVML call is faked (this machine has no GPU); the sampling and the window are real."""
     readings = iter([100, 100, 0, 0] + [50] * 1000)
     monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda handle: SimpleNamespace(gpu=next(readings)))
+    used = iter([3 << 30, 5 << 30] + [4 << 30] * 1000)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda handle: SimpleNamespace(used=next(used)))
     gpu = GpuUtil(None, interval=0.01)
     gpu._handle = object()  # what _nvml_handle returns on a GPU machine
     gpu.start()
@@ -45,3 +47,4 @@ def test_gpu_util_averages_nvml_samples_inside_the_window(monkeypatch):
     assert gpu.mean(times[0], times[3]) == 0.5
     assert gpu.mean(times[4], times[-1]) == 0.5
     assert gpu.mean(times[-1] + 1, times[-1] + 2) is None
+    assert gpu.peak_used == 5 << 30  # memory used: the peak of the samples

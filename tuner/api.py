@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -19,7 +20,7 @@ from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES
 from tuner.recipe import Recipe, load_recipe
 from tuner.space import Config, Machine, make_config, parse_knobs
-from tuner.trial import OK, TrialResult, run_trial
+from tuner.trial import OK, Instruments, TrialResult, run_trial
 
 
 @dataclass
@@ -64,6 +65,8 @@ def measure(
     *,
     repeats: int | None = None,
     overrides: Sequence[str] = (),
+    trace: str | os.PathLike[str] | None = None,
+    nvtx: bool = False,
     **knobs: Any,
 ) -> Measurement:
     """Measure one configuration of a recipe.
@@ -72,6 +75,9 @@ def measure(
         recipe: a recipe path or a loaded :class:`~tuner.recipe.Recipe`.
         repeats: trials to run; default the recipe's ``steps.repeats``.
         overrides: ``key=value`` recipe overrides (paths only), as ``--set``.
+        trace: a folder for a ``torch.profiler`` trace of the first repeat's measured
+            window (``trace_rank<N>.json``, one per rank).
+        nvtx: NVTX ranges around the phases of each step (CUDA builds).
         **knobs: knob values (``num_workers=4, amp_dtype="bf16"``); they win over the
             recipe's fixed space values and its baseline.
     """
@@ -86,7 +92,9 @@ def measure(
     if n < 1:
         raise ValueError(f"repeats must be >= 1, got {n}")
     engines.prepare(config, ctx.device)
-    runs = [run_trial(recipe, config, ctx) for _ in range(n)]
+    first = Instruments(trace_dir=Path(trace) if trace is not None else None, nvtx=nvtx)
+    rest = Instruments(nvtx=nvtx)
+    runs = [run_trial(recipe, config, ctx, instruments=first if i == 0 else rest) for i in range(n)]
     return _combine(recipe, config, runs, notes, ctx.world_size)
 
 

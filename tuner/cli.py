@@ -25,6 +25,11 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
                         help="fix a knob (num_workers=4) or override a recipe key (steps.measure=10); repeatable")
     parser.add_argument("--repeats", type=int, default=None, help="trials to run; reported as the median (default: steps.repeats)")
     parser.add_argument("--json", action="store_true", help="print JSON (metrics under \"metrics\") instead of a table")
+    parser.add_argument("--trace", metavar="DIR", default=None,
+                        help="write a torch.profiler trace of the first repeat's measured window to "
+                             "DIR/trace_rank<N>.json (open in Perfetto, chrome://tracing or TensorBoard)")
+    parser.add_argument("--nvtx", action="store_true",
+                        help="NVTX ranges around data wait, forward, backward and optimizer step (Nsight Systems)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -33,7 +38,7 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     from tuner.api import measure
 
     def run() -> "object":
-        return measure(args.recipe, repeats=args.repeats, overrides=args.sets)
+        return measure(args.recipe, repeats=args.repeats, overrides=args.sets, trace=args.trace, nvtx=args.nvtx)
 
     try:
         if args.json:

@@ -18,6 +18,8 @@ METRIC_NAMES = (
     "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "step_time_max_s",
     "samples_per_s", "tokens_per_s", "data_wait_share", "comm_share", "gpu_util", "cpu_util",
     "peak_mem_gib", "host_mem_gib", "mfu", "stall_free_samples_per_s",
+    # beyond DESIGN.md's list (README, "Departures"): evidence the diagnosis needs
+    "worker_cpu_util", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
 )
 
 
@@ -40,6 +42,19 @@ class Window:
     """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
     stall_free_step_times: list[float] = field(default_factory=list)
     """Seconds per step re-training on one batch already on the device (no data wait)."""
+    comm_waits: list[float] | None = None
+    """Exposed collective seconds per step (CPU/gloo: host time blocked on collectives);
+    ``None`` when not timed."""
+    comm_share: float | None = None
+    """Exposed share measured another way (a profiler window on GPU); wins over ``comm_waits``."""
+    worker_cpu_s: float | None = None
+    """CPU seconds of the loader workers (all descendants) over the window."""
+    gpu_mem_used_bytes: int | None = None
+    """Peak NVML "memory used" on this rank's GPU (all processes, context included)."""
+    alloc_retries: int | None = None
+    """cudaMalloc retries (the caching allocator freed its cache to satisfy a request:
+    a near-OOM signal) during the trial."""
+    cuda_ooms: int | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -52,11 +67,18 @@ def percentile(values: Sequence[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def summarize(windows: Sequence[Window], tokens_per_sample: int | None = None) -> dict[str, Any]:
+def summarize(
+    windows: Sequence[Window],
+    tokens_per_sample: int | None = None,
+    flops_per_sample: float | None = None,
+    peak_flops: float | None = None,
+) -> dict[str, Any]:
     """Combine the ranks' windows into the DESIGN.md metrics.
 
     Ranks step in lockstep, so a step takes as long as its slowest rank: step times are
     the per-step maximum over ranks. Shares and memory are the worst rank's.
+    ``flops_per_sample`` (forward + backward) gives achieved FLOP/s per device, and MFU
+    against ``peak_flops`` (one device's dense peak) when that is known.
     """
     n = min(len(w.step_times) for w in windows)
     steps = [max(w.step_times[i] for w in windows) for i in range(n)]
@@ -74,6 +96,19 @@ def summarize(windows: Sequence[Window], tokens_per_sample: int | None = None) -
         data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
     )
+    comm = [_comm_share(w, n) for w in windows]
+    out["comm_share"] = max((c for c in comm if c is not None), default=None)
+    workers = [w.worker_cpu_s / w.wall_s for w in windows if w.worker_cpu_s is not None and w.wall_s > 0]
+    out["worker_cpu_util"] = max(workers, default=None)
+    if flops_per_sample:
+        per_device = flops_per_sample * samples_per_s / len(windows)
+        out["achieved_tflops"] = per_device / 1e12
+        out["mfu"] = per_device / peak_flops if peak_flops else None
+    used = [w.gpu_mem_used_bytes for w in windows if w.gpu_mem_used_bytes is not None]
+    out["gpu_mem_used_gib"] = max(used) / GIB if used else None
+    for name in ("alloc_retries", "cuda_ooms"):
+        counts = [getattr(w, name) for w in windows if getattr(w, name) is not None]
+        out[name] = sum(counts) if counts else None
     utils = [w.gpu_util for w in windows if w.gpu_util is not None]
     out["gpu_util"] = statistics.fmean(utils) if utils else None
     k = min(len(w.stall_free_step_times) for w in windows)
@@ -87,6 +122,14 @@ def summarize(windows: Sequence[Window], tokens_per_sample: int | None = None) -
     # On a CPU-only machine the host is the device: its PSS is what runs out.
     out["peak_mem_gib"] = max(devices) / GIB if devices else host_gib
     return out
+
+
+def _comm_share(w: Window, n: int) -> float | None:
+    if w.comm_share is not None:
+        return w.comm_share
+    if w.comm_waits is None:
+        return None
+    return _share(sum(w.comm_waits[:n]), w.wall_s)
 
 
 def _share(part: float, whole: float) -> float:

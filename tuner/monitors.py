@@ -108,6 +108,8 @@ class GpuUtil(_Sampler):
         super().__init__(interval)
         self.samples: list[tuple[float, float]] = []
         """(perf_counter time, utilization 0..1)."""
+        self.peak_used: int | None = None
+        """Peak NVML memory used on the device, bytes (every process's, and the context)."""
         self._handle = _nvml_handle(device_index) if device_index is not None else None
 
     @property
@@ -132,9 +134,11 @@ class GpuUtil(_Sampler):
 
         try:
             rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+            used = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
         except pynvml.NVMLError:
             return False
         self.samples.append((time.perf_counter(), rates.gpu / 100.0))
+        self.peak_used = max(self.peak_used or 0, used)
         return True
 
 

@@ -7,23 +7,30 @@ next trial in the same process measures from the same starting point.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import itertools
+import json
 import math
+import os
+import tempfile
 import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 from tuner import distributed
+from tuner.comm import CommTimer, exposed_share
 from tuner.engines import build_engine
 from tuner.errors import TrialError
+from tuner.flops import count_flops, peak_flops
 from tuner.metrics import Window, summarize
 from tuner.monitors import GpuUtil, HostMemory
 from tuner.probe import Probe
@@ -42,8 +49,26 @@ OK, OOM, NONFINITE, ERROR, PRUNED = "ok", "oom", "nonfinite", "error", "pruned"
 STALL_FREE_STEPS = 10
 """Steps measured for the stall-free ceiling (fewer when the window itself is shorter)."""
 
+COMM_PROFILE_STEPS = 5
+"""Steps profiled after the window, on a GPU, to measure exposed communication kernels."""
+
 PruneRule = Callable[[Window], bool]
 """Given the steps measured so far (rank 0's window), whether to stop the trial now."""
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """Optional instruments for a trial a user wants to look inside."""
+
+    trace_dir: Path | None = None
+    """Write a ``torch.profiler`` trace of the measured window here (one file per rank),
+    for chrome://tracing, Perfetto or TensorBoard."""
+    nvtx: bool = False
+    """NVTX ranges around data wait, forward, backward and optimizer step."""
+
+
+_FLOPS: dict[str, float | None] = {}
+"""FLOPs per sample, counted once per task and task_args in this process."""
 
 
 class _Stop(Exception):
@@ -75,22 +100,31 @@ class TrialResult:
         return self.timings.get("build", 0.0) + self.timings.get("teardown", 0.0)
 
 
-def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None = None) -> TrialResult:
+def run_trial(
+    recipe: "Recipe",
+    config: "Config",
+    ctx: "DistContext",
+    prune: PruneRule | None = None,
+    instruments: Instruments = Instruments(),
+) -> TrialResult:
     """Train ``config`` for the recipe's warm-up and measured steps on every rank.
 
     Args:
         prune: asked once, on rank 0, after the first quarter of the measured steps (at
             least 3); when it says so the trial stops there as ``pruned``. Give it on
             every rank or on none: the other ranks receive rank 0's decision.
+        instruments: a profiler trace of the window, NVTX ranges.
     """
     memory = HostMemory().start()
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
+    alloc_before: dict[str, int] = {}
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
+        alloc_before = torch.cuda.memory_stats(ctx.device)
     timings: dict[str, float] = {}
     state, reason, window = OK, None, None
     t0 = time.perf_counter()
-    job = _Job(recipe, config, ctx, prune)
+    job = _Job(recipe, config, ctx, prune, instruments)
     try:
         job.build()
         timings["build"] = time.perf_counter() - t0
@@ -101,6 +135,9 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
         t_ceiling = time.perf_counter()
         window.stall_free_step_times = job.stall_free()
         timings["stall_free"] = time.perf_counter() - t_ceiling
+        if ctx.device.type == "cuda" and ctx.world_size > 1:
+            window.comm_share = job.profiled_comm_share()
+        job.count_flops()
         if job.nonfinite():
             state, reason = NONFINITE, "loss became NaN or inf during the trial"
     except _Stop as stop:
@@ -127,8 +164,12 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
     if window is not None:
         window.peak_host_bytes = peak_host
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
+        window.gpu_mem_used_bytes = gpu.peak_used
         if ctx.device.type == "cuda":
             window.peak_device_bytes = torch.cuda.max_memory_reserved(ctx.device)
+            after = torch.cuda.memory_stats(ctx.device)
+            window.alloc_retries = after.get("num_alloc_retries", 0) - alloc_before.get("num_alloc_retries", 0)
+            window.cuda_ooms = after.get("num_ooms", 0) - alloc_before.get("num_ooms", 0)
     # Every rank reports; a failure anywhere fails the trial everywhere.
     reports = distributed.all_gather((state, reason, window))
     failed = [(s, r) for s, r, _ in reports if s != OK]
@@ -138,14 +179,20 @@ def run_trial(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: Pru
         return TrialResult(params, state, reason, None, timings)
     windows = [w for _, _, w in reports]
     tps = recipe.task.tokens_per_sample(recipe.task_args) if recipe.task.tokens_per_sample else None
-    return TrialResult(params, OK, None, summarize(windows, tps), timings)
+    flops = _FLOPS.get(_flops_key(recipe))
+    peak = peak_flops(ctx.device, config.amp_dtype)
+    return TrialResult(params, OK, None, summarize(windows, tps, flops, peak), timings)
 
 
 class _Job:
     """The objects one trial builds, and the loop over them."""
 
-    def __init__(self, recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None) -> None:
+    def __init__(
+        self, recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None, instruments: Instruments
+    ) -> None:
         self.recipe, self.config, self.ctx, self.prune = recipe, config, ctx, prune
+        self.instruments = instruments
+        self.timer = CommTimer()
         self.loader: DataLoader | None = None
         self.batches: Iterator[Any] | None = None
         self.engine: Any = None
@@ -166,22 +213,37 @@ class _Job:
         """The measured loop. Keep it tiny: every number depends on it."""
         steps, config, engine, bad = self.recipe.steps, self.config, self.engine, self.bad
         start = time.perf_counter()
-        probe = Probe(warmup_steps(steps.warmup, config), steps.measure, self.ctx.device)
+        warmup = warmup_steps(steps.warmup, config)
+        probe = Probe(warmup, steps.measure, self.ctx.device, comm=self.timer, collectives=False,
+                      nvtx=self.instruments.nvtx)
+        nvtx = probe.nvtx
         self.batches = _cycle(self.loader)
         batches = probe.loader(self.batches, transfer=self._transfer())
         samples = config.micro_batch_size * config.grad_accum_steps
         prune_at = max(3, steps.measure // 4) if self.prune is not None and steps.measure > 3 else None
-        while not probe.done:
-            for micro in range(config.grad_accum_steps):
-                last = micro == config.grad_accum_steps - 1
-                self.last_batch = next(batches)
-                loss = self._forward(self.last_batch, last)
-                engine.backward(loss, last)
-                bad |= ~torch.isfinite(loss.detach())
-            engine.optimizer_step()
-            probe.step(samples)
-            if len(probe.window.step_times) == prune_at and probe.measuring_step and self._should_prune(probe.window):
-                raise _Stop(PRUNED, f"slower than the best so far after {prune_at} measured steps")
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(engine.time_collectives(self.timer))
+            profiler = stack.enter_context(self._trace(warmup)) if self.instruments.trace_dir else None
+            while not probe.done:
+                for micro in range(config.grad_accum_steps):
+                    last = micro == config.grad_accum_steps - 1
+                    self.last_batch = next(batches)
+                    nvtx.push("forward")
+                    loss = self._forward(self.last_batch, last)
+                    nvtx.pop()
+                    nvtx.push("backward")
+                    engine.backward(loss, last)
+                    nvtx.pop()
+                    bad |= ~torch.isfinite(loss.detach())
+                nvtx.push("optimizer step")
+                engine.optimizer_step()
+                nvtx.pop()
+                probe.step(samples)
+                if profiler is not None:
+                    profiler.step()
+                if len(probe.window.step_times) == prune_at and probe.measuring_step and self._should_prune(probe.window):
+                    raise _Stop(PRUNED, f"slower than the best so far after {prune_at} measured steps")
+        probe.close()
         window = probe.finish()
         self.window_start = probe.window_start or start
         self.warmup_s = self.window_start - start
@@ -203,6 +265,73 @@ class _Job:
             probe.step()
         return probe.finish().step_times
 
+    def _trace(self, warmup: int) -> Any:
+        """A profiler that records exactly the measured steps and writes them out."""
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        out = self.instruments.trace_dir
+        assert out is not None
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"trace_rank{self.ctx.rank}.json"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.ctx.device.type == "cuda" else [])
+        return profile(
+            activities=activities,
+            schedule=schedule(wait=max(0, warmup - 1), warmup=min(1, warmup), active=self.recipe.steps.measure, repeat=1),
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+        )
+
+    def profiled_comm_share(self) -> float | None:
+        """GPU: exposed communication kernel time over a few profiled steps (communication
+        kernels not covered by compute kernels), after the window so the window pays no
+        profiler overhead. ``None`` when the profiler cannot run (CUPTI missing)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        batches = itertools.repeat(self.last_batch)
+        accum = self.config.grad_accum_steps
+        try:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                start = time.perf_counter()
+                for _ in range(COMM_PROFILE_STEPS):
+                    for micro in range(accum):
+                        loss = self._forward(next(batches), micro == accum - 1)
+                        self.engine.backward(loss, micro == accum - 1)
+                    self.engine.optimizer_step()
+                torch.cuda.synchronize(self.ctx.device)
+                wall_us = (time.perf_counter() - start) * 1e6
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "comm.json")
+                prof.export_chrome_trace(path)
+                with open(path) as f:
+                    events = json.load(f)["traceEvents"]
+        except _Stop:
+            raise
+        except Exception:  # noqa: BLE001 - no CUPTI, profiler already running: no signal
+            return None
+        return exposed_share(events, wall_us, "cuda")
+
+    def count_flops(self) -> None:
+        """FLOPs per sample, once per task in this process, unless the task says them:
+        one forward and backward of the last batch under FlopCounterMode, after the window."""
+        key = _flops_key(self.recipe)
+        if key in _FLOPS:
+            return
+        task, args = self.recipe.task, self.recipe.task_args
+        if task.flops_per_sample is not None:
+            _FLOPS[key] = float(task.flops_per_sample(args))
+            return
+        batch = self.last_batch
+
+        def one_micro_batch() -> None:
+            loss = self._forward(batch, True)
+            self.engine.backward(loss, True)
+
+        try:
+            _FLOPS[key] = count_flops(one_micro_batch) / self.config.micro_batch_size or None
+        except _Stop:
+            raise
+        except Exception:  # noqa: BLE001 - an op the counter cannot follow: no MFU, not a failed trial
+            _FLOPS[key] = None
+
     def _forward(self, batch: Any, last: bool) -> torch.Tensor:
         """Forward on every rank, then agree: if one rank failed, all stop here, before
         any of them waits in the backward's collectives for a rank that will never come."""
@@ -211,7 +340,12 @@ class _Job:
             loss = self.engine.forward(batch, last)
         except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as _Stop
             failure = _classify(exc)
+        start = time.perf_counter()
         agreed = distributed.agree(failure)
+        if self.ctx.world_size > 1:
+            # Blocked here is waiting for the slowest rank's forward: exposed communication
+            # the job would see anyway, in its first all-reduce, were the tuner not there.
+            self.timer.add(time.perf_counter() - start)
         if agreed is not None:
             raise _Stop(*agreed)
         assert loss is not None
@@ -243,6 +377,11 @@ class _Job:
         if self.engine is not None:
             self.engine.close()
         self.loader = self.batches = self.engine = self.bad = self.last_batch = None
+
+
+def _flops_key(recipe: "Recipe") -> str:
+    module = recipe.task.module
+    return f"{getattr(module, '__file__', None) or module.__name__}:{json.dumps(recipe.task_args, sort_keys=True, default=str)}"
 
 
 def warmup_steps(warmup: int, config: "Config") -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ContextManager
 import torch
 
 if TYPE_CHECKING:
+    from tuner.comm import CommTimer
     from tuner.space import Config
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -56,6 +57,12 @@ class Engine(ABC):
     @abstractmethod
     def optimizer_step(self) -> None:
         """Apply the accumulated gradients."""
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """While the returned context is open, the engine's collectives report their
+        exposed host time to ``timer`` (CPU/gloo only: on a GPU host time says nothing
+        about NCCL kernels, and the trial profiles them instead)."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def close(self) -> None:

@@ -6,9 +6,10 @@ at the accumulation boundary, so every micro-batch calls ``engine.step()``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 
@@ -17,6 +18,7 @@ from tuner.engines.base import Engine, autocast
 from tuner.export import ds_config
 
 if TYPE_CHECKING:
+    from tuner.comm import CommTimer
     from tuner.space import Config
 
 
@@ -90,6 +92,17 @@ class DeepSpeedEngine(Engine):
 
     def optimizer_step(self) -> None:
         """Nothing left to do: the last ``engine.step()`` was the optimizer step."""
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """ZeRO calls ``deepspeed.comm`` functions by attribute (``dist.all_reduce``):
+        wrapping them there sees every collective it makes, and the waits on async ones."""
+        if self.device.type != "cpu" or torch.distributed.get_world_size() == 1:
+            return contextlib.nullcontext()
+        import deepspeed.comm
+
+        from tuner.comm import DEEPSPEED_COLLECTIVES
+
+        return timer.patched(deepspeed.comm, DEEPSPEED_COLLECTIVES)
 
     def close(self) -> None:
         self.model.destroy()

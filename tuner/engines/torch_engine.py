@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 import torch.distributed as dist
@@ -11,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from tuner.engines.base import Engine, autocast
 
 if TYPE_CHECKING:
+    from tuner.comm import CommTimer
     from tuner.space import Config
 
 
@@ -39,6 +41,14 @@ class TorchEngine(Engine):
         self.optimizer = make_optimizer(module.parameters())
         self.compute_loss = compute_loss
         self.scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
+        self._timed = False
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """DDP's all-reduces start in C++: a communication hook (attached once) times them."""
+        if self.distributed and self.device.type == "cpu" and not self._timed:
+            timer.attach_ddp(self.model)
+            self._timed = True
+        return contextlib.nullcontext()
 
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
         if self.distributed:
