@@ -3,10 +3,11 @@
 A ~2 ms CPU training step (forward, backward, optimizer step on an in-memory batch) runs
 ``--steps`` times bare, then the same number inside ``probe.loader()`` / ``probe.step()``;
 pairs alternate so that both see the same machine. Reports the median of the pairs'
-ratios (with / without), and, since that ratio is as noisy as the machine (+-3% here),
-also the probe's own cost per step measured on a loop that does nothing else.
+ratios (with / without), and, since that ratio is as noisy as the machine (pairs range
++-10% here), also the probe's own cost per step measured on a loop that does nothing
+else, and how busy its memory sampler thread was.
 
-    python scripts/bench_probe_overhead.py            # 9 pairs of 300 steps
+    python scripts/bench_probe_overhead.py            # 15 pairs of 1000 steps
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def bare(step, data, n: int) -> float:
     return time.perf_counter() - start
 
 
+SAMPLER = {"busy_s": 0.0, "wall_s": 0.0}
+
+
 def probed(step, data, n: int) -> float:
     probe = tuner.Probe(warmup=0)
     start = time.perf_counter()
@@ -58,7 +62,11 @@ def probed(step, data, n: int) -> float:
         step(b)
         probe.step()
     elapsed = time.perf_counter() - start
+    memory = probe._memory
     probe.summary()  # after the loop, as a user would
+    if memory is not None:
+        SAMPLER["busy_s"] += memory.busy_s
+        SAMPLER["wall_s"] += elapsed
     return elapsed
 
 
@@ -72,7 +80,7 @@ def probe_cost_s(n: int = 20000) -> float:
         source = (item for _ in range(n))
         start = time.perf_counter()
         if with_probe:
-            probe = tuner.Probe(warmup=0)
+            probe = tuner.Probe(warmup=0, monitors=False)  # the sampler is reported apart
             for _ in probe.loader(source):
                 probe.step()
         else:
@@ -86,8 +94,8 @@ def probe_cost_s(n: int = 20000) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=9)
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
@@ -104,8 +112,10 @@ def main() -> None:
     ms = statistics.median(step_ms)
     print(f"step: {ms:.2f} ms (median, bare); pairs: {args.pairs} x {args.steps} steps")
     print(f"with probe / without, per pair: {', '.join(f'{r:.3f}' for r in ratios)}")
-    print(f"probe overhead, training loops alternated: {100 * overhead:+.2f}% (median of pairs; noise ~ +-3% here)")
+    print(f"probe overhead, training loops alternated: {100 * overhead:+.2f}% (median of pairs; single pairs range +-15% here)")
     print(f"probe cost per step, no-op loop: {1e6 * cost:.1f} us = {100 * cost / (ms / 1000):.2f}% of this step")
+    busy = SAMPLER["busy_s"] / SAMPLER["wall_s"] if SAMPLER["wall_s"] else 0.0
+    print(f"memory sampler (background thread, 1 Hz): busy {100 * busy:.2f}% of the loop's wall time")
 
 
 if __name__ == "__main__":

@@ -56,3 +56,84 @@ def test_probe_without_a_window_size_measures_every_step_after_warmup():
 def test_probe_summary_before_any_step_says_what_to_do():
     with pytest.raises(RuntimeError, match="call probe.step"):
         tuner.Probe().summary()
+
+
+def test_probe_under_torchrun_times_ddp_and_reduces_over_ranks(tmp_path):
+    """A user's DDP loop on 2 gloo ranks: each rank's summary is the same combined one
+    (global samples per step, the slower rank's step), with DDP's all-reduces timed."""
+    import json
+
+    from conftest import TESTS, torchrun
+
+    proc = torchrun(2, str(TESTS / "helpers" / "probe_ddp.py"), str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert a["summary"] == b["summary"]  # reduced: every rank holds the metrics of both
+    assert a["samples"] == b["samples"] == [8] * 10  # inferred from the batches
+    slowest = [max(x, y) for x, y in zip(a["step_times"], b["step_times"])]
+    a = a["summary"]
+    assert a["samples_per_s"] == pytest.approx(16 / (sum(slowest) / len(slowest)), rel=1e-9)
+    assert a["comm_share"] > 0.02  # 262k gradients all-reduced each step
+    assert 0.05 < a["data_wait_share"] < 0.9  # 3 ms per batch
+
+
+def test_probe_serves_live_metrics_to_prometheus():
+    import urllib.request
+
+    probe = tuner.Probe(warmup=1)
+    port = probe.serve(port=0)
+    try:
+        for batch in probe.loader([torch.zeros(4, 2)] * 6):
+            time.sleep(0.002)
+            probe.step()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        probe.close()
+    assert 'tuner_steps_total{rank="0"} 6.0' in text
+    assert 'tuner_samples_total{rank="0"} 24.0' in text
+    assert 'tuner_step_time_seconds{quantile="0.5",rank="0"}' in text
+    assert "tuner_data_wait_ratio" in text and "tuner_samples_per_second" in text
+    p50 = next(float(line.split()[-1]) for line in text.splitlines() if 'quantile="0.5"' in line)
+    assert 0.002 <= p50 < 0.5
+
+
+def test_probe_counts_loader_workers_cpu():
+    """Workers that burn CPU show up in worker_cpu_util; the main process's is separate."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Busy(Dataset):
+        def __len__(self):
+            return 10_000
+
+        def __getitem__(self, i):
+            end = time.perf_counter() + 0.002
+            while time.perf_counter() < end:  # decoding, say
+                pass
+            return torch.zeros(2)
+
+    probe = tuner.Probe(warmup=2, measure=15)
+    loader = DataLoader(Busy(), batch_size=4, num_workers=2)
+    for batch in probe.loader(loader):
+        time.sleep(0.004)
+        probe.step()
+        if probe.done:
+            break
+    summary = probe.summary()
+    assert summary["worker_cpu_util"] > 0.3  # the workers were busy most of the window
+    assert summary["cpu_util"] < 0.6  # the main process mostly slept
+
+
+def test_nvtx_without_cuda_says_so_and_runs(capsys):
+    probe = tuner.Probe(nvtx=True)
+    for batch in probe.loader([torch.zeros(2, 1)] * 3):
+        probe.step()
+    err = capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert "no NVTX" in err and not probe.nvtx.enabled
+    assert probe.summary()["step_time_p50_s"] >= 0
+
+
+def test_probe_watch_refuses_what_it_cannot_time():
+    with pytest.raises(TypeError, match="DistributedDataParallel model or a DeepSpeed engine"):
+        tuner.Probe().watch(torch.nn.Linear(2, 2))

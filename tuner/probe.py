@@ -33,10 +33,16 @@ import torch
 
 from tuner.comm import DEEPSPEED_COLLECTIVES, TORCH_COLLECTIVES, CommTimer
 from tuner.metrics import Window, percentile, summarize
+from tuner.monitors import GpuUtil, HostMemory
 from tuner.nvtx import Ranges
 
 RECENT_STEPS = 100
 """Steps the live view (Prometheus) summarises."""
+
+MEMORY_INTERVAL_S = 1.0
+"""How often the probe samples the process tree's PSS: each sample costs the kernel a few
+milliseconds per process (it walks the page tables), so once a second keeps the probe
+under 1% of the loop; the window's first and last moments are sampled too."""
 
 
 class Probe:
@@ -56,6 +62,9 @@ class Probe:
         collectives: time the Python-level collectives under a process group of more than
             one rank (the tuner's own loop times its engine's collectives itself).
         comm: the timer to read exposed collective time from (default: the probe's own).
+        monitors: sample host memory (PSS of the process tree) and NVML over the window in
+            a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``
+            (the tuner's trial runs its own over the whole trial).
     """
 
     def __init__(
@@ -70,6 +79,7 @@ class Probe:
         nvtx: bool = False,
         collectives: bool = True,
         comm: CommTimer | None = None,
+        monitors: bool = True,
     ) -> None:
         if warmup < 0 or (measure is not None and measure < 1):
             raise ValueError(f"warmup must be >= 0 and measure >= 1 (or None), got {warmup} and {measure}")
@@ -104,6 +114,9 @@ class Probe:
         self._patches: contextlib.ExitStack | None = None
         self._watched: list[str] = []
         self._server: Any = None
+        self._monitors = monitors
+        self._memory: HostMemory | None = None
+        self._gpu: GpuUtil | None = None
 
     # --- the loop's side ------------------------------------------------------------------
 
@@ -112,6 +125,8 @@ class Probe:
         device when it is not overlapped) as data wait."""
         it = iter(iterable)
         nvtx = self._nvtx
+        if self.steps_done == 0:
+            self._last = time.perf_counter()  # the first step starts here, not at construction
         if nvtx.enabled and self.steps_done == 0 and not self._nvtx_step:
             nvtx.push("step 1")
             self._nvtx_step = True
@@ -189,8 +204,9 @@ class Probe:
         return bound
 
     def close(self) -> None:
-        """Stop the live endpoint and undo the collective timing, if either was started."""
+        """Stop the live endpoint, the samplers and the collective timing, whichever run."""
         self._unpatch()
+        self._stop_monitors()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -241,7 +257,8 @@ class Probe:
     def live(self) -> dict[str, float]:
         """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the
         live endpoint serves. Host clock, no device synchronisation."""
-        steps = [s for s, _, _ in self.recent]
+        recent = list(self.recent)  # one copy, made while holding the GIL: the loop may append
+        steps = [s for s, _, _ in recent]
         busy = sum(steps)
         return {
             "steps": float(self.steps_done),
@@ -249,8 +266,8 @@ class Probe:
             "data_wait_seconds": self.total_wait,
             "step_time_p50_s": percentile(steps, 50) if steps else 0.0,
             "step_time_p90_s": percentile(steps, 90) if steps else 0.0,
-            "samples_per_s": sum(n for _, _, n in self.recent) / busy if busy > 0 else 0.0,
-            "data_wait_share": min(1.0, sum(w for _, w, _ in self.recent) / busy) if busy > 0 else 0.0,
+            "samples_per_s": sum(n for _, _, n in recent) / busy if busy > 0 else 0.0,
+            "data_wait_share": min(1.0, sum(w for _, w, _ in recent) / busy) if busy > 0 else 0.0,
         }
 
     # --- internals ------------------------------------------------------------------------
@@ -267,8 +284,27 @@ class Probe:
         elif not self._cuda:
             self.window.comm_waits = []
             self._patch()
+        if self._monitors:
+            self._memory = HostMemory(MEMORY_INTERVAL_S).start()
+            self._gpu = GpuUtil(self.device.index if self._cuda and self.device is not None else None).start()
+            if self._cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
         if self._cuda:
             self._record_event()
+
+    def _stop_monitors(self) -> None:
+        w = self.window
+        if self._memory is not None:
+            w.peak_host_bytes = self._memory.stop()
+            self._memory = None
+        if self._gpu is not None:
+            self._gpu.stop()
+            start = self.window_start or 0.0
+            w.gpu_util = self._gpu.mean(start, start + w.wall_s)
+            w.gpu_mem_used_bytes = self._gpu.peak_used
+            self._gpu = None
+            if self._cuda:
+                w.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counter
 
     def _close_window(self, now: float) -> None:
         self.window_end = now
@@ -278,6 +314,7 @@ class Probe:
             max(0.0, cpu - self._workers_start.get(pid, 0.0)) for pid, cpu in _children_cpu(self._proc).items()
         )
         self._unpatch()
+        self._stop_monitors()
 
     def _patch(self) -> None:
         if not self._collectives or self._patches is not None:
@@ -288,7 +325,7 @@ class Probe:
         if ds_comm is not None:
             stack.enter_context(self.comm.patched(ds_comm, DEEPSPEED_COLLECTIVES))
         self._patches = stack
-        if "ddp" not in self._watched and not ds_comm:
+        if "ddp" not in self._watched and not ds_comm and torch.distributed.get_rank() == 0:
             print("tuner: timing collectives called from Python only; give a DDP model to probe.watch() "
                   "to time its all-reduces too", file=sys.stderr)
 

@@ -7,6 +7,10 @@ step_ms: a fixed wait inside each forward, as a host waits on an accelerator; ev
 forward's start time is recorded in FORWARDS (this process), the truth tests compare to.
 oom_at_micro (with oom_rank, default 1): that rank runs out of memory in the forward of
 any micro-batch at least this large, as a larger batch would on a smaller GPU.
+record: the ground truth of a run, in this process: READS (start, end) of every read made
+here (no workers), STEP_ENDS (every optimizer step's end), and READY (per forward: when
+the batch's last read finished, in whichever process read it; perf_counter is the system's
+monotonic clock, the same in every process), COLLATED (when each batch was assembled).
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from torch.utils.data import Dataset
 _fail: str | None = None  # set from task_args when the trial builds the dataset
 _oom: tuple[int, int] | None = None
 _step_s = 0.0
+_record = False
 FORWARDS: list[float] = []
+READS: list[tuple[float, float]] = []
+STEP_ENDS: list[float] = []
+READY: list[float] = []
+COLLATED: list[float] = []
 
 
 class Reads(Dataset):
@@ -31,17 +40,24 @@ class Reads(Dataset):
         return self.size
 
     def __getitem__(self, i: int):
+        start = time.perf_counter()
         if self.read_s:
             time.sleep(self.read_s)
         g = torch.Generator().manual_seed(i)
-        return torch.randn(32, generator=g), i % 4
+        if not _record:
+            return torch.randn(32, generator=g), i % 4
+        end = time.perf_counter()
+        READS.append((start, end))  # in a worker this list is the worker's own copy
+        return torch.randn(32, generator=g), i % 4, torch.tensor(end, dtype=torch.float64)
 
 
 def build_dataset(args):
-    global _fail, _oom, _step_s
+    global _fail, _oom, _step_s, _record
     _fail = args.get("fail")
     _step_s = args.get("step_ms", 0.0) / 1000.0
-    FORWARDS.clear()
+    _record = bool(args.get("record"))
+    for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
+        log.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
     return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0))
 
@@ -59,10 +75,30 @@ def compute_loss(model, batch):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (raised by the test task)")
     if _fail == "crash":
         raise ValueError("the task's loss broke")
-    x, y = batch
+    x, y = batch[0], batch[1]
+    if _record:
+        READY.append(float(batch[2].max()))
     if _oom is not None and x.shape[0] >= _oom[0]:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if rank == _oom[1]:
             raise torch.OutOfMemoryError(f"CUDA out of memory on rank {rank} (micro-batch {x.shape[0]}, raised by the test task)")
     loss = nn.functional.cross_entropy(model(x), y)
     return loss * float("nan") if _fail == "nan" else loss
+
+
+class _Recorded(torch.optim.AdamW):
+    def step(self, closure=None):
+        out = super().step(closure)
+        STEP_ENDS.append(time.perf_counter())
+        return out
+
+
+def build_optimizer(params, args):
+    return _Recorded(params, lr=1e-4) if args.get("record") else torch.optim.AdamW(params, lr=1e-4)
+
+
+def collate(samples):
+    batch = torch.utils.data.default_collate(samples)
+    if _record:
+        COLLATED.append(time.perf_counter())
+    return batch

@@ -1,0 +1,47 @@
+"""A user's own DDP loop on gloo with tuner.Probe in it (run under torchrun by the tests).
+
+Writes OUT_DIR/rank<N>.json per rank (argv[1]): the probe's summary and the step times it
+measured on this rank.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import tuner
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(nn.Sequential(nn.Linear(32, 8192), nn.ReLU(), nn.Linear(8192, 4)))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+probe = tuner.Probe(warmup=2, measure=10)
+if "--no-watch" not in sys.argv:
+    probe.watch(model)
+
+
+def batches():
+    while True:
+        time.sleep(0.003)  # storage latency
+        yield torch.randn(8, 32), torch.randint(0, 4, (8,))
+
+
+for x, y in probe.loader(batches()):
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    probe.step()
+    if probe.done:
+        break
+summary = probe.summary()  # a collective: every rank calls it
+record = {"summary": summary, "step_times": probe.window.step_times, "samples": probe.window.samples}
+Path(sys.argv[1], f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
+probe.close()
+dist.barrier()
+dist.destroy_process_group()
