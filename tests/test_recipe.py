@@ -150,7 +150,8 @@ def test_valid_recipe_is_typed(tmp_path):
     assert recipe.task_args["read_ms"] == 1.5
     assert recipe.out == Path("runs/toy")
     assert recipe.storage == "sqlite:///runs/toy/study.db"
-    assert callable(recipe.task.compute_loss) and recipe.task.collate is None
+    assert callable(recipe.task.compute_loss) and callable(recipe.task.collate)
+    assert recipe.task.tokens_per_sample is None  # optional and not defined: None
 
 
 def test_divisibility_uses_the_world_size(tmp_path):
