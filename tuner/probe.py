@@ -147,6 +147,15 @@ class Probe:
             self._samples += _leading_dim(batch)
             yield batch
 
+    def record_batch(self, wait_s: float, batch: Any = None) -> None:
+        """For loops whose iterator the probe cannot wrap (trainer callbacks): ``wait_s``
+        seconds were spent getting ``batch`` (its leading dimension counts as samples)."""
+        if self.window_start is None and self.warmup == 0 and self.steps_done == 0:
+            self._open_window(time.perf_counter() - wait_s)
+        self._wait += wait_s
+        if batch is not None:
+            self._samples += _leading_dim(batch)
+
     def step(self, samples: int | None = None) -> None:
         """One optimizer step has finished; ``samples`` overrides the inferred count."""
         now = time.perf_counter()

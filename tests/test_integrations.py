@@ -1,0 +1,99 @@
+"""The probe inside real trainers: Hugging Face ``Trainer`` and Lightning, training for real.
+
+Each trains a small model on a dataset whose reads take a known time and are recorded in
+this process (no workers); the data-wait share the callback reports is checked against
+that record over the probe's window.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+READ_S = 0.003
+
+
+class SlowReads(Dataset):
+    """Token sequences; every read sleeps READ_S (storage latency) and is recorded."""
+
+    def __init__(self, size: int = 512, seq_len: int = 32, vocab: int = 256) -> None:
+        self.size, self.seq_len, self.vocab = size, seq_len, vocab
+        self.reads: list[tuple[float, float]] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        start = time.perf_counter()
+        time.sleep(READ_S)
+        ids = torch.randint(0, self.vocab, (self.seq_len,), generator=torch.Generator().manual_seed(i))
+        self.reads.append((start, time.perf_counter()))
+        return {"input_ids": ids, "labels": ids}
+
+
+def _recorded_share(reads: list[tuple[float, float]], probe) -> float:
+    start, end = probe.window_start, probe.window_end
+    inside = sum(b - a for a, b in reads if start <= a and b <= end)
+    return inside / (end - start)
+
+
+def test_hugging_face_trainer_callback(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tuner.integrations.hf import ProbeCallback
+
+    config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=2,
+                                     bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config)
+    data = SlowReads()
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=30,
+        logging_steps=5, save_strategy="no", report_to=[], dataloader_num_workers=0, use_cpu=True,
+        disable_tqdm=True,
+    )
+    callback = ProbeCallback(warmup=3, measure=12, stop_when_done=True)
+    transformers.Trainer(model=model, args=args, train_dataset=data, callbacks=[callback]).train()
+    summary, probe = callback.summary, callback.probe
+    assert summary is not None and probe is not None and probe.done
+    assert probe.steps_done == 15  # stopped when the window was complete, not at max_steps
+    assert probe.window.samples == [8] * 12  # 2 micro-batches of 4 per optimizer step
+    truth = _recorded_share(data.reads, probe)
+    assert 0.1 < truth < 0.9
+    assert summary["data_wait_share"] == pytest.approx(truth, abs=0.05), (summary["data_wait_share"], truth)
+    assert summary["samples_per_s"] > 0 and summary["peak_mem_gib"] > 0
+
+
+def test_lightning_callback():
+    pl = pytest.importorskip("lightning.pytorch")
+    from tuner.integrations.lightning import ProbeCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(256, 64)
+            self.head = torch.nn.Linear(64, 256)
+
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.004)  # the rest of a real model's step
+            logits = self.head(self.embed(batch["input_ids"]))
+            return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    data = SlowReads()
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=0)
+    callback = ProbeCallback(warmup=3, measure=12, stop_when_done=True)
+    trainer = pl.Trainer(max_steps=40, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=2,
+                         callbacks=[callback])
+    trainer.fit(Tiny(), train_dataloaders=loader)
+    summary, probe = callback.summary, callback.probe
+    assert summary is not None and probe is not None and probe.done
+    assert trainer.global_step == 15  # stopped when the window was complete
+    assert probe.window.samples == [8] * 12
+    truth = _recorded_share(data.reads, probe)
+    assert 0.3 < truth < 0.9
+    assert summary["data_wait_share"] == pytest.approx(truth, abs=0.05), (summary["data_wait_share"], truth)
