@@ -40,8 +40,10 @@ def _recorded_share(reads: list[tuple[float, float]], probe) -> float:
     return inside / (end - start)
 
 
-def test_hugging_face_trainer_callback(tmp_path):
+def test_hugging_face_trainer_callback(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
+    # Accelerate changes torch's thread count when this is unset: keep the process as it is.
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
     from tuner.integrations.hf import ProbeCallback
 
     config = transformers.GPT2Config(vocab_size=256, n_positions=32, n_embd=64, n_layer=2, n_head=2,
