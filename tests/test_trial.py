@@ -88,7 +88,7 @@ def test_measure_command_prints_json_with_design_names(toy):
     assert out["params"]["num_workers"] == 1 and out["params"]["grad_accum_steps"] == 1
     assert len(out["repeats"]) == 2 and out["failures"] == 0
     assert set(out["environment"]) == {"torch", "cuda", "deepspeed", "python", "device", "device_count",
-                                       "world_size", "cpu_count", "hostname"}
+                                       "world_size", "cpu_count", "hostname", "host_matmul_tflops"}
 
 
 def test_measure_command_prints_a_table_and_notes(toy):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tuner import distributed, engines
+from tuner.diagnosis import Verdict, diagnose_run
 from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES
 from tuner.recipe import Recipe, load_recipe
@@ -40,6 +41,8 @@ class Measurement:
     environment: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     """Knobs that could not apply on this machine, and what was used instead."""
+    diagnosis: list[Verdict] = field(default_factory=list)
+    """Why it runs at this speed, the headline first (:mod:`tuner.diagnosis`)."""
 
     @property
     def failures(self) -> int:
@@ -57,6 +60,7 @@ class Measurement:
             "repeats": [dataclasses.asdict(r) for r in self.repeats],
             "environment": self.environment,
             "notes": self.notes,
+            "diagnosis": [v.to_json() for v in self.diagnosis],
         }
 
 
@@ -118,6 +122,7 @@ def _combine(recipe: Recipe, config: Config, runs: list[TrialResult], notes: lis
             metrics[name] = statistics.median(values) if values else None
             if values:
                 spread[name] = [min(values), max(values)]
+    env = environment(world)
     return Measurement(
         recipe=recipe.name,
         params=config.params(),
@@ -126,7 +131,8 @@ def _combine(recipe: Recipe, config: Config, runs: list[TrialResult], notes: lis
         metrics=metrics,
         spread=spread,
         repeats=runs,
-        environment=environment(world),
+        environment=env,
         notes=notes,
+        diagnosis=diagnose_run(metrics, config.params(), recipe.budget.memory_gib, env),
     )
 

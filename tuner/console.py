@@ -68,4 +68,17 @@ def print_measurement(m: "Measurement") -> None:
         if not r.ok:
             err.print(f"[red]repeat {i + 1} failed ({r.state}):[/] {r.reason}")
     if m.metrics is not None:
-        Console().print(measurement_table(m))
+        out = Console()
+        out.print(measurement_table(m))
+        print_diagnosis(out, m.diagnosis)
+
+
+def print_diagnosis(out: Console, verdicts: list[Any], title: str = "diagnosis") -> None:
+    """The verdicts, headline first: what, the evidence, what to try."""
+    from tuner.diagnosis import headline
+
+    summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts)
+    out.print(f"[bold]{title}:[/] {summary}", highlight=False)
+    for v in verdicts:
+        out.print(f"  - [bold]{v.kind}[/]: {v.evidence}", highlight=False)
+        out.print(f"    next: {v.next_step}", highlight=False)

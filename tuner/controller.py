@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tuner import distributed, engines, study as study_mod
+from tuner.diagnosis import Verdict, diagnose_run
 from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES, Window
 from tuner.recipe import Recipe, load_recipe
@@ -53,6 +54,8 @@ class SearchResult:
     """Trials measured in the study (all runs of this command together)."""
     environment: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    diagnosis: dict[str, list[Verdict]] = field(default_factory=dict)
+    """``baseline`` and ``best``: why each runs at its speed (:mod:`tuner.diagnosis`)."""
 
 
 def search(
@@ -280,10 +283,14 @@ class _Planner:
         if best["metrics"] and base["metrics"]:
             speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
         target_met = bool(best["metrics"]) and _meets(best["metrics"], self.recipe.target)
+        env = environment(self.recipe.world_size)
+        budget = self.recipe.budget.memory_gib
         result = SearchResult(
             out=self.recipe.out, best=best, baseline=base, speedup=speedup, target_met=target_met,
-            stopped=stopped, trials=self._done(), environment=environment(self.recipe.world_size),
+            stopped=stopped, trials=self._done(), environment=env,
             notes=list(self.space.notes),
+            diagnosis={name: diagnose_run(part["metrics"], part["params"], budget, env)
+                       for name, part in (("baseline", base), ("best", best))},
         )
         outputs.write_run(result, self.recipe, self.study, self.machine)
         self.live.summary(result)

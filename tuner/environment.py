@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from tuner.flops import host_matmul_flops
+
 
 def environment(world_size: int) -> dict[str, Any]:
     """DESIGN.md's ``"environment"`` record."""
@@ -23,6 +25,7 @@ def environment(world_size: int) -> dict[str, Any]:
         "world_size": world_size,
         "cpu_count": os.cpu_count(),
         "hostname": socket.gethostname(),
+        "host_matmul_tflops": round(host_matmul_flops() / 1e12, 4),
     }
 
 

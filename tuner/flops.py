@@ -62,3 +62,26 @@ def count_flops(step: Callable[[], Any]) -> float:
     with counter:
         step()
     return float(counter.get_total_flops())
+
+
+_HOST_MATMUL: float | None = None
+
+
+def host_matmul_flops() -> float:
+    """FLOP/s this process's CPU threads reach on a large fp32 matmul, measured once per
+    process (best of 5, ~50 ms): not a peak for MFU, a yardstick for the diagnosis, which
+    calls a CPU step host-bound when it gets a tiny fraction of this."""
+    global _HOST_MATMUL
+    if _HOST_MATMUL is None:
+        import time
+
+        n = 1024
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        a @ b  # first call: thread pool start-up
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - start)
+        _HOST_MATMUL = 2 * n**3 / best
+    return _HOST_MATMUL

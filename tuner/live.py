@@ -91,6 +91,14 @@ class Live:
             lines.append("no configuration ran successfully inside the budget")
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")
+        from tuner.diagnosis import headline
+
+        for name in ("baseline", "best"):
+            verdicts = result.diagnosis.get(name)
+            if verdicts is not None and result.__dict__[name].get("metrics"):
+                lines.append(f"{name}: {headline(verdicts)}")
+                if verdicts:
+                    lines.append(f"  next: {verdicts[0].next_step}")
         lines.append(f"outputs: {result.out}/ (best.json, ds_config.json, dataloader.json, trials.csv, ...)")
         command = (result.best.get("command") if result.best else None)
         if command:

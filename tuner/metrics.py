@@ -19,7 +19,7 @@ METRIC_NAMES = (
     "samples_per_s", "tokens_per_s", "data_wait_share", "comm_share", "gpu_util", "cpu_util",
     "peak_mem_gib", "host_mem_gib", "mfu", "stall_free_samples_per_s",
     # beyond DESIGN.md's list (README, "Departures"): evidence the diagnosis needs
-    "worker_cpu_util", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
+    "worker_cpu_util", "transfer_share", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
 )
 
 
@@ -42,6 +42,9 @@ class Window:
     """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
     stall_free_step_times: list[float] = field(default_factory=list)
     """Seconds per step re-training on one batch already on the device (no data wait)."""
+    transfer_waits: list[float] | None = None
+    """Host seconds copying each step's batches to the device (part of ``data_waits``);
+    ``None`` when there is no copy (CPU training)."""
     comm_waits: list[float] | None = None
     """Exposed collective seconds per step (CPU/gloo: host time blocked on collectives);
     ``None`` when not timed."""
@@ -96,6 +99,8 @@ def summarize(
         data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
     )
+    transfers = [_share(sum(w.transfer_waits[:n]), w.wall_s) for w in windows if w.transfer_waits is not None]
+    out["transfer_share"] = max(transfers, default=None)
     comm = [_comm_share(w, n) for w in windows]
     out["comm_share"] = max((c for c in comm if c is not None), default=None)
     workers = [w.worker_cpu_s / w.wall_s for w in windows if w.worker_cpu_s is not None and w.wall_s > 0]

@@ -61,6 +61,7 @@ def write_run(result: "SearchResult", recipe: "Recipe", study: "optuna.Study", m
         "trials": result.trials,
         "command": result.best.get("command"),
         "recipe": str(recipe.path),
+        "diagnosis": {name: [v.to_json() for v in verdicts] for name, verdicts in result.diagnosis.items()},
     })
 
 

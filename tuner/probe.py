@@ -103,6 +103,7 @@ class Probe:
         self._cuda = self.device is not None and self.device.type == "cuda"
         self._events: list[torch.cuda.Event] = []
         self._wait = 0.0
+        self._transfer = 0.0
         self._samples = 0
         self._last = time.perf_counter()
         self._cpu_start = 0.0
@@ -141,7 +142,9 @@ class Probe:
                 nvtx.pop()
                 return
             if transfer is not None:
+                copy_start = time.perf_counter()
                 batch = transfer(batch)
+                self._transfer += time.perf_counter() - copy_start
             nvtx.pop()
             self._wait += time.perf_counter() - start
             self._samples += _leading_dim(batch)
@@ -167,6 +170,10 @@ class Probe:
             w.step_times.append(elapsed)
             w.data_waits.append(self._wait)
             w.samples.append(n)
+            if self._transfer or w.transfer_waits is not None:
+                if w.transfer_waits is None:
+                    w.transfer_waits = [0.0] * (len(w.step_times) - 1)
+                w.transfer_waits.append(self._transfer)
             if w.comm_waits is not None:
                 w.comm_waits.append(self.comm.take())
             if self._cuda:
@@ -185,6 +192,7 @@ class Probe:
             self._nvtx_step = True
         self._last = now
         self._wait = 0.0
+        self._transfer = 0.0
         self._samples = 0
 
     def watch(self, model: Any) -> Any:

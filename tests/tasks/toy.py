@@ -1,6 +1,7 @@
 """A test task whose behaviour is chosen by task_args.
 
-read_ms: sleep per sample read (storage latency); width: hidden size;
+read_ms: sleep per sample read (storage latency); cached: samples already in memory;
+width: hidden size;
 fail: "oom" raises the allocator's out-of-memory error in compute_loss, "nan" makes the
 loss NaN, "crash" raises ValueError, "empty" makes the dataset empty.
 step_ms: a fixed wait inside each forward, as a host waits on an accelerator; every
@@ -33,13 +34,16 @@ COLLATED: list[float] = []
 
 
 class Reads(Dataset):
-    def __init__(self, size: int, read_ms: float) -> None:
+    def __init__(self, size: int, read_ms: float, cached: bool = False) -> None:
         self.size, self.read_s = size, read_ms / 1000.0
+        self.cache = torch.randn(size, 32, generator=torch.Generator().manual_seed(0)) if cached else None
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, i: int):
+        if self.cache is not None:  # already in memory: microseconds per sample
+            return self.cache[i], i % 4
         start = time.perf_counter()
         if self.read_s:
             time.sleep(self.read_s)
@@ -59,7 +63,7 @@ def build_dataset(args):
     for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
         log.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
-    return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0))
+    return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0), args.get("cached", False))
 
 
 def build_model(args):
