@@ -7,6 +7,7 @@ lets a traceback reach the user for bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Callable, Sequence
@@ -99,7 +100,46 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {"measure": measure_main, "search": search_main}
+def check_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner.check",
+        description="Performance regression gate: measure the configuration recorded in a search's "
+        "best.json and compare its throughput with the recorded one. Exit 0 within tolerance, 1 on a "
+        "regression (or if it no longer runs), 2 when the comparison would be meaningless "
+        "(another device or world size) or on bad input.",
+    )
+    parser.add_argument("recipe", help="the recipe YAML the search ran")
+    parser.add_argument("--against", required=True, metavar="RUN_DIR/best.json", help="the recorded result")
+    parser.add_argument("--tolerance", type=float, default=0.05,
+                        help="allowed drop below the recorded samples/s, as a fraction (default 0.05)")
+    parser.add_argument("--repeats", type=int, default=3, help="trials to measure; the median counts (default 3)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key (steps.measure=40); repeatable")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+
+    from tuner import console, distributed
+    from tuner.gate import check
+
+    try:
+        with console.stdout_to_stderr() if args.json else contextlib.nullcontext():
+            result = check(args.recipe, args.against, args.tolerance, args.repeats, tuple(args.sets))
+    except RecipeError as exc:
+        if distributed.is_main_process():
+            print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if distributed.is_main_process():
+        if args.json:
+            print(json.dumps(result.to_json(), indent=2))
+        else:
+            console.print_check(result)
+    distributed.shutdown()
+    return 0 if result.passed else 1
+
+
+COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {
+    "measure": measure_main, "search": search_main, "check": check_main,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

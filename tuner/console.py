@@ -82,3 +82,16 @@ def print_diagnosis(out: Console, verdicts: list[Any], title: str = "diagnosis")
     for v in verdicts:
         out.print(f"  - [bold]{v.kind}[/]: {v.evidence}", highlight=False)
         out.print(f"    next: {v.next_step}", highlight=False)
+
+
+def print_check(result: Any) -> None:
+    """The gate's answer: recorded vs measured, the spread, pass or fail."""
+    out = Console()
+    if result.measured is None:
+        out.print(f"[red]FAIL[/] {result.reason}", highlight=False)
+        return
+    low, high = result.spread
+    out.print(f"recorded {result.recorded:,.1f} samples/s; measured {result.measured:,.1f} "
+              f"(median of {len(result.repeats)}, range {low:,.1f}-{high:,.1f}): {result.change:+.1%}", highlight=False)
+    verdict = "[green]PASS[/]" if result.passed else "[red]FAIL[/]"
+    out.print(f"{verdict} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False)
