@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tuner import distributed, engines
-from tuner.diagnosis import Verdict, diagnose_run
+from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES
 from tuner.recipe import Recipe, load_recipe
@@ -42,7 +42,7 @@ class Measurement:
     notes: list[str] = field(default_factory=list)
     """Knobs that could not apply on this machine, and what was used instead."""
     diagnosis: list[Verdict] = field(default_factory=list)
-    """Why it runs at this speed, the headline first (:mod:`tuner.diagnosis`)."""
+    """Why it runs at this speed, the headline first (:mod:`tuner.diagnose`)."""
 
     @property
     def failures(self) -> int:

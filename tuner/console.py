@@ -75,7 +75,7 @@ def print_measurement(m: "Measurement") -> None:
 
 def print_diagnosis(out: Console, verdicts: list[Any], title: str = "diagnosis") -> None:
     """The verdicts, headline first: what, the evidence, what to try."""
-    from tuner.diagnosis import headline
+    from tuner.diagnose import headline
 
     summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts)
     out.print(f"[bold]{title}:[/] {summary}", highlight=False)

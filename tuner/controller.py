@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tuner import distributed, engines, study as study_mod
-from tuner.diagnosis import Verdict, diagnose_run
+from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES, Window
 from tuner.recipe import Recipe, load_recipe
@@ -55,7 +55,7 @@ class SearchResult:
     environment: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     diagnosis: dict[str, list[Verdict]] = field(default_factory=dict)
-    """``baseline`` and ``best``: why each runs at its speed (:mod:`tuner.diagnosis`)."""
+    """``baseline`` and ``best``: why each runs at its speed (:mod:`tuner.diagnose`)."""
 
 
 def search(

@@ -91,7 +91,7 @@ class Live:
             lines.append("no configuration ran successfully inside the budget")
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")
-        from tuner.diagnosis import headline
+        from tuner.diagnose import headline
 
         for name in ("baseline", "best"):
             verdicts = result.diagnosis.get(name)

@@ -8,7 +8,7 @@ import pytest
 
 import tuner
 from conftest import torchrun
-from tuner.diagnosis import THRESHOLDS, diagnose, headline
+from tuner.diagnose import THRESHOLDS, diagnose, headline
 
 
 def kinds(verdicts):
