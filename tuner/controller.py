@@ -293,6 +293,9 @@ class _Planner:
                        for name, part in (("baseline", base), ("best", best))},
         )
         outputs.write_run(result, self.recipe, self.study, self.machine)
+        # The report is rebuilt from the study alone: keep what the end of the search knew there.
+        self.study.set_user_attr("result", outputs.result_record(result, self.recipe))
+        outputs.write_report(self.recipe.out, self.study)
         self.live.summary(result)
         return result
 

@@ -49,8 +49,13 @@ def write_run(result: "SearchResult", recipe: "Recipe", study: "optuna.Study", m
         _json(out / "ds_config.json", export.ds_config(config, recipe.world_size))
         (out / "accelerate_config.yaml").write_text(export.accelerate_config(config, recipe.world_size, machine.cuda))
         _json(out / "hf_training_args.json", export.hf_training_args(config))
-    _json(out / "best.json", {
-        "params": params,
+    _json(out / "best.json", result_record(result, recipe))
+
+
+def result_record(result: "SearchResult", recipe: "Recipe") -> dict[str, Any]:
+    """``best.json``'s content (also kept in the study, for ``tuner.report``)."""
+    return {
+        "params": result.best.get("params"),
         "metrics": result.best.get("metrics"),
         "baseline": {"params": result.baseline.get("params"), "metrics": result.baseline.get("metrics")},
         "speedup": result.speedup,
@@ -62,7 +67,19 @@ def write_run(result: "SearchResult", recipe: "Recipe", study: "optuna.Study", m
         "command": result.best.get("command"),
         "recipe": str(recipe.path),
         "diagnosis": {name: [v.to_json() for v in verdicts] for name, verdicts in result.diagnosis.items()},
-    })
+        "failures": {"best": result.best.get("failures", 0), "baseline": result.baseline.get("failures", 0)},
+        "memory_budget_gib": recipe.budget.memory_gib,
+        "world_size": recipe.world_size,
+        "name": recipe.name,
+    }
+
+
+def write_report(out: Path, study: "optuna.Study") -> None:
+    """report.md and report.html, from the study (never fails the search: a broken plot
+    is reported in the file and on stderr)."""
+    from tuner.report import build_report
+
+    build_report(out, study)
 
 
 def write_trials_csv(path: Path, study: "optuna.Study") -> None:
