@@ -23,6 +23,7 @@ from typing import Any, Sequence
 from tuner import distributed, engines, study as study_mod
 from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
+from tuner.guard import IMPRECISE, divergence
 from tuner.metrics import METRIC_NAMES, Window
 from tuner.recipe import Recipe, load_recipe
 from tuner.space import Config, Machine, make_config, parse_knobs
@@ -111,6 +112,12 @@ def search(
             engines.prepare(config, ctx.device)
             # Every rank must take part in the pruning decision, which rank 0 makes.
             prune = (planner.prune if planner else _never) if order["prune"] else None
+            if order.get("reference"):  # the precision guard needs an fp32 curve first
+                reference = dataclasses.replace(config, amp_dtype="fp32")
+                engines.prepare(reference, ctx.device)
+                ref_result = run_trial(recipe, reference, ctx)
+                if planner:
+                    planner.set_reference(ref_result)
             result = run_trial(recipe, config, ctx, prune=prune)
             if planner:
                 planner.record(result)
@@ -149,6 +156,11 @@ class _Planner:
         """The pruning rule for the trial in flight (``None``: no best to compare with yet)."""
         self.known = {study_mod.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
                       for t in study_mod.measured(self.study)}
+        self.reference: list[float] | None = next(
+            (t.user_attrs["losses"] for t in study_mod.feasible(self.study)
+             if t.user_attrs["params"].get("amp_dtype") == "fp32" and t.user_attrs.get("losses")), None)
+        """fp32 loss per step, for the precision guard (from a resumed study, if it has one)."""
+        self.notes_seen: set[str] = set()
         if not self.known:
             self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         self.live.start(self._done(), len(self.known))
@@ -171,7 +183,8 @@ class _Planner:
                 self.trial, self.current = trial, config
                 self.prune = self.prune_rule()
                 self.live.begin(trial.number, config)
-                return {"stop": None, "knobs": knobs, "prune": self.prune is not None}
+                reference = config.amp_dtype != "fp32" and self.reference is None
+                return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
@@ -198,8 +211,29 @@ class _Planner:
 
         return rule
 
+    def set_reference(self, result: TrialResult) -> None:
+        """The fp32 loss curve the precision guard compares with (an extra trial, run
+        only when the first reduced-precision trial comes before any fp32 one)."""
+        if result.ok and result.losses:
+            self.reference = result.losses
+            self.live.note("precision guard: measured an fp32 reference curve for bf16/fp16 trials")
+        else:
+            self.live.note(f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
+                           "bf16/fp16 trials are not checked")
+            self.reference = []
+
     def record(self, result: TrialResult) -> None:
         assert self.trial is not None and self.current is not None
+        if result.ok and self.current.amp_dtype == "fp32" and not self.reference and result.losses:
+            self.reference = result.losses
+        elif result.ok and self.current.amp_dtype != "fp32" and self.reference:
+            why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, self.current.amp_dtype)
+            if why:
+                result = dataclasses.replace(result, state=IMPRECISE, reason=why)
+        for note in result.notes:
+            if note not in self.notes_seen and self.current.micro_batch_size != self.baseline_config.micro_batch_size:
+                self.notes_seen.add(note)
+                self.live.note(note)
         extra = {"baseline": True} if self.current == self.baseline_config else {}
         outcome = study_mod.record(self.study, self.trial, result, self.recipe, extra)
         frozen = self.study._storage.get_trial(self.trial._trial_id)

@@ -54,6 +54,13 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Precision:
+    tolerance: float = 0.05
+    """Largest relative gap allowed between a bf16/fp16 configuration's loss and the fp32
+    reference's, at any step of the same seed and data (the precision guard)."""
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A validated recipe. ``space`` maps every knob given to its values (1 value = fixed)."""
 
@@ -67,6 +74,7 @@ class Recipe:
     steps: Steps = Steps()
     budget: Budget = Budget()
     target: Target = Target()
+    precision: Precision = Precision()
     baseline: dict[str, Any] = field(default_factory=dict)
     space: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     engine: str = "auto"
@@ -174,7 +182,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 
 _TOP_KEYS = (
     "name", "task", "script", "task_args", "global_batch_size", "steps", "budget", "target",
-    "baseline", "space", "engine", "seed", "out", "storage",
+    "baseline", "space", "engine", "seed", "out", "storage", "precision",
 )
 
 
@@ -202,6 +210,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     budget_fields = _section(raw.get("budget"), "budget", Budget, _budget_value)
     budget = Budget(**budget_fields)
     target = Target(**_section(raw.get("target"), "target", Target, lambda v, w: _number(v, w)))
+    precision = Precision(**_section(raw.get("precision"), "precision", Precision, lambda v, w: _number(v, w)))
 
     task_args = raw.get("task_args") or {}
     if not isinstance(task_args, dict):
@@ -246,7 +255,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     return Recipe(
         name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
         world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target,
-        baseline=baseline, space=space, engine=engine, seed=seed, out=out_path, storage=storage,
+        precision=precision, baseline=baseline, space=space, engine=engine, seed=seed, out=out_path, storage=storage,
         knob_overrides=overrides,
     )
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 LOADER_ONLY = ("prefetch_factor", "persistent_workers")
 """Knobs that only exist when ``num_workers > 0``: suggested conditionally."""
 
-INFEASIBLE_STATES = ("oom", "nonfinite", "over_budget")
+INFEASIBLE_STATES = ("oom", "nonfinite", "over_budget", "imprecise")
 """Outcomes recorded as COMPLETE with the constraint violated."""
 
 
@@ -200,7 +200,7 @@ def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", reci
     if over:
         state, reason = "over_budget", over[1]
     for key, value in {"state": state, "reason": reason, "metrics": metrics, "params": result.params,
-                       "timings": result.timings, **(extra or {})}.items():
+                       "timings": result.timings, "losses": result.losses, **(extra or {})}.items():
         trial.set_user_attr(key, value)
     value = float(metrics["samples_per_s"]) if metrics else 0.0
     if state == "ok":

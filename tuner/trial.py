@@ -89,6 +89,11 @@ class TrialResult:
     metrics: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds in ``build``, ``warmup``, ``measure`` and ``teardown``."""
+    losses: list[float] = field(default_factory=list)
+    """Rank 0's loss per optimizer step (mean of its micro-batches), warm-up included:
+    what the precision guard compares with the fp32 reference."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about this configuration (BatchNorm with micro-batches)."""
 
     @property
     def ok(self) -> bool:
@@ -123,6 +128,8 @@ def run_trial(
         alloc_before = torch.cuda.memory_stats(ctx.device)
     timings: dict[str, float] = {}
     state, reason, window = OK, None, None
+    losses: list[float] = []
+    notes: list[str] = []
     t0 = time.perf_counter()
     job = _Job(recipe, config, ctx, prune, instruments)
     try:
@@ -140,6 +147,10 @@ def run_trial(
         job.count_flops()
         if job.nonfinite():
             state, reason = NONFINITE, "loss became NaN or inf during the trial"
+        losses = [float(x) for x in torch.stack(job.losses).cpu()] if job.losses else []  # one sync, after
+        if job.batch_norm:
+            notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
+                         f"micro-batch size ({config.micro_batch_size}) changes what the model learns")
     except _Stop as stop:
         state, reason = stop.state, stop.reason
         timings.setdefault("build", time.perf_counter() - t0)
@@ -176,12 +187,12 @@ def run_trial(
     params = config.params()
     if failed:
         state, reason = failed[0]
-        return TrialResult(params, state, reason, None, timings)
+        return TrialResult(params, state, reason, None, timings, losses, notes)
     windows = [w for _, _, w in reports]
     tps = recipe.task.tokens_per_sample(recipe.task_args) if recipe.task.tokens_per_sample else None
     flops = _FLOPS.get(_flops_key(recipe))
     peak = peak_flops(ctx.device, config.amp_dtype)
-    return TrialResult(params, OK, None, summarize(windows, tps, flops, peak), timings)
+    return TrialResult(params, OK, None, summarize(windows, tps, flops, peak), timings, losses, notes)
 
 
 class _Job:
@@ -193,6 +204,8 @@ class _Job:
         self.recipe, self.config, self.ctx, self.prune = recipe, config, ctx, prune
         self.instruments = instruments
         self.timer = CommTimer()
+        self.losses: list[torch.Tensor] = []
+        self.batch_norm = False
         self.loader: DataLoader | None = None
         self.batches: Iterator[Any] | None = None
         self.engine: Any = None
@@ -207,6 +220,8 @@ class _Job:
         dataset = recipe.task.build_dataset(recipe.task_args)
         self.loader = _make_loader(dataset, config, recipe, ctx)
         self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
+        module = getattr(self.engine.model, "module", self.engine.model)
+        self.batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
         self.bad = torch.zeros((), dtype=torch.bool, device=ctx.device)
 
     def run(self) -> Window:
@@ -221,6 +236,7 @@ class _Job:
         batches = probe.loader(self.batches, transfer=self._transfer())
         samples = config.micro_batch_size * config.grad_accum_steps
         prune_at = max(3, steps.measure // 4) if self.prune is not None and steps.measure > 3 else None
+        step_loss = torch.zeros((), device=self.ctx.device)
         with contextlib.ExitStack() as stack:
             stack.enter_context(engine.time_collectives(self.timer))
             profiler = stack.enter_context(self._trace(warmup)) if self.instruments.trace_dir else None
@@ -235,6 +251,9 @@ class _Job:
                     engine.backward(loss, last)
                     nvtx.pop()
                     bad |= ~torch.isfinite(loss.detach())
+                    step_loss += loss.detach().float()
+                self.losses.append(step_loss / config.grad_accum_steps)  # on the device: no sync
+                step_loss = torch.zeros((), device=self.ctx.device)
                 nvtx.push("optimizer step")
                 engine.optimizer_step()
                 nvtx.pop()
@@ -377,6 +396,7 @@ class _Job:
         if self.engine is not None:
             self.engine.close()
         self.loader = self.batches = self.engine = self.bad = self.last_batch = None
+        self.losses = []
 
 
 def _flops_key(recipe: "Recipe") -> str:

@@ -12,6 +12,8 @@ record: the ground truth of a run, in this process: READS (start, end) of every 
 here (no workers), STEP_ENDS (every optimizer step's end), and READY (per forward: when
 the batch's last read finished, in whichever process read it; perf_counter is the system's
 monotonic clock, the same in every process), COLLATED (when each batch was assembled).
+fragile: a loss that bf16 rounding changes (the precision guard's test); batch_norm: the
+model holds a BatchNorm layer.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _fail: str | None = None  # set from task_args when the trial builds the dataset
 _oom: tuple[int, int] | None = None
 _step_s = 0.0
 _record = False
+_fragile = False
 FORWARDS: list[float] = []
 READS: list[tuple[float, float]] = []
 STEP_ENDS: list[float] = []
@@ -56,8 +59,9 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _fail, _oom, _step_s, _record
+    global _fail, _oom, _step_s, _record, _fragile
     _fail = args.get("fail")
+    _fragile = bool(args.get("fragile"))
     _step_s = args.get("step_ms", 0.0) / 1000.0
     _record = bool(args.get("record"))
     for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
@@ -68,6 +72,8 @@ def build_dataset(args):
 
 def build_model(args):
     w = args.get("width", 64)
+    if args.get("batch_norm"):
+        return nn.Sequential(nn.Linear(32, w), nn.BatchNorm1d(w), nn.ReLU(), nn.Linear(w, 4))
     return nn.Sequential(nn.Linear(32, w), nn.ReLU(), nn.Linear(w, 4))
 
 
@@ -86,7 +92,10 @@ def compute_loss(model, batch):
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if rank == _oom[1]:
             raise torch.OutOfMemoryError(f"CUDA out of memory on rank {rank} (micro-batch {x.shape[0]}, raised by the test task)")
-    loss = nn.functional.cross_entropy(model(x), y)
+    logits = model(x)
+    if _fragile:  # adding and removing 4096: exact in fp32, rounds logits to multiples of 32 in bf16
+        logits = ((logits * 10) + 4096) - 4096
+    loss = nn.functional.cross_entropy(logits, y)
     return loss * float("nan") if _fail == "nan" else loss
 
 
