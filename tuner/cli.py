@@ -75,9 +75,12 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                         help="fix a knob (amp_dtype=bf16) or override a recipe key (steps.measure=10); repeatable")
     parser.add_argument("--confirm", type=int, default=3,
                         help="interleaved best-vs-baseline re-measurements for the reported speedup (default 3; 0 skips)")
+    parser.add_argument("--attribute", type=int, default=None,
+                        help="repeats per configuration for the knob-by-knob attribution (default: --confirm; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
     args = parser.parse_args(argv)
-    for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0), ("--confirm", args.confirm, 0)):
+    for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0),
+                                 ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0)):
         if value is not None and value < minimum:
             parser.error(f"{flag} must be >= {minimum}, got {value}")
     if args.minutes is not None and args.minutes <= 0:
@@ -88,7 +91,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
-                        out=args.out, storage=args.storage, overrides=args.sets, quiet=args.quiet)
+                        attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets, quiet=args.quiet)
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tuner import distributed, engines, study as study_mod
+from tuner import attribution as attribution_mod, distributed, engines, study as study_mod
+from tuner.attribution import Attribution
 from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
 from tuner.guard import IMPRECISE, divergence
@@ -57,6 +58,8 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     diagnosis: dict[str, list[Verdict]] = field(default_factory=dict)
     """``baseline`` and ``best``: why each runs at its speed (:mod:`tuner.diagnose`)."""
+    attribution: Attribution | None = None
+    """Which knob bought how much, baseline to best (:mod:`tuner.attribution`)."""
 
 
 def search(
@@ -65,6 +68,7 @@ def search(
     trials: int | None = None,
     minutes: float | None = None,
     confirm: int = 3,
+    attribute: int | None = None,
     out: str | os.PathLike[str] | None = None,
     storage: str | None = None,
     overrides: Sequence[str] = (),
@@ -78,6 +82,8 @@ def search(
         trials / minutes: override ``budget.trials`` / ``budget.minutes``.
         confirm: times the finalists and the baseline are re-measured, interleaved
             (0 skips confirmation and reports the search trials' own numbers).
+        attribute: repeats of each configuration on the baseline-to-best attribution path
+            and of each leave-one-out (default: ``confirm``; 0 skips the attribution).
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
@@ -122,14 +128,15 @@ def search(
             if planner:
                 planner.record(result)
         confirmed = _confirm(recipe, ctx, planner, confirm)
+        attribution = _attribute(recipe, ctx, planner, confirm if attribute is None else attribute, machine, confirmed)
     except KeyboardInterrupt:
         if planner is None:
             raise
         planner.interrupted()
-        confirmed = None
+        confirmed = attribution = None
     if planner is None:
         return None
-    return planner.finish(stopped, confirmed)
+    return planner.finish(stopped, confirmed, attribution)
 
 
 class _Planner:
@@ -303,7 +310,19 @@ class _Planner:
         ranked = sorted(study_mod.feasible(self.study), key=lambda t: t.value, reverse=True)
         return [t.user_attrs["params"] for t in ranked[:FINALISTS]]
 
-    def finish(self, stopped: str, confirmed: Confirmation | None) -> SearchResult:
+    def attribution_plan(self, confirmed: Confirmation | None) -> dict[str, Any] | None:
+        """The two ends of the attribution: the baseline's and the winner's knobs."""
+        best = confirmed.winner if confirmed is not None else None
+        if best is None:
+            trial = study_mod.best_feasible(self.study)
+            best = trial.user_attrs["params"] if trial is not None else None
+        base = self.baseline_config.params()
+        if best is None or not any(t.user_attrs.get("baseline") and t.user_attrs.get("state") == "ok"
+                                   for t in study_mod.measured(self.study)):
+            return None
+        return {"baseline": base, "best": best}
+
+    def finish(self, stopped: str, confirmed: Confirmation | None, attribution: Attribution | None = None) -> SearchResult:
         from tuner import outputs
 
         self.live.stop()
@@ -325,6 +344,7 @@ class _Planner:
             notes=list(self.space.notes),
             diagnosis={name: diagnose_run(part["metrics"], part["params"], budget, env)
                        for name, part in (("baseline", base), ("best", best))},
+            attribution=attribution,
         )
         outputs.write_run(result, self.recipe, self.study, self.machine)
         # The report is rebuilt from the study alone: keep what the end of the search knew there.
@@ -372,6 +392,39 @@ def _confirm(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | N
 
     winner = max(configs, key=median_rate)
     return Confirmation(winner=winner.params(), runs={"best": runs[winner], "baseline": runs[baseline]})
+
+
+def _attribute(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | None, repeats: int,
+               machine: Machine, confirmed: Confirmation | None) -> Attribution | None:
+    """Every configuration on the baseline-to-best path and every leave-one-out, measured
+    ``repeats`` times, interleaved (the same minutes, the same noise for all)."""
+    plan = distributed.broadcast(planner.attribution_plan(confirmed) if planner and repeats > 0 else None)
+    if not plan:
+        return None
+    base, best = plan["baseline"], plan["best"]
+    configs = {attribution_mod.key(c): c for _, c in attribution_mod.path(base, best)}
+    configs.update({attribution_mod.key(c): c for _, c in attribution_mod.leave_one_out(base, best)})
+    if len(configs) < 2:
+        return None
+    if planner:
+        planner.live.note(f"attributing the gain: {len(configs)} configurations, interleaved, {repeats} time(s) each")
+    rates: dict[str, list[float]] = {k: [] for k in configs}
+    failures: dict[str, str] = {}
+    batch_norm = False
+    for _ in range(repeats):
+        for k, knobs in configs.items():
+            if k in failures:
+                continue
+            config, _ = make_config({n: knobs[n] for n in attribution_mod.ORDER if n in knobs},
+                                    recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+            engines.prepare(config, ctx.device)
+            result = run_trial(recipe, config, ctx)
+            batch_norm = batch_norm or any("BatchNorm" in n for n in result.notes)
+            if result.ok and result.metrics:
+                rates[k].append(result.metrics["samples_per_s"])
+            else:
+                failures[k] = f"{result.state}: {result.reason}"
+    return attribution_mod.attribute(base, best, rates, failures, batch_norm) if planner else None
 
 
 def _summary(trial: Any, confirmed: Confirmation | None, name: str) -> dict[str, Any]:

@@ -99,7 +99,11 @@ class Live:
                 lines.append(f"{name}: {headline(verdicts)}")
                 if verdicts:
                     lines.append(f"  next: {verdicts[0].next_step}")
-        lines.append(f"outputs: {result.out}/ (best.json, ds_config.json, dataloader.json, trials.csv, ...)")
+        if result.attribution is not None and result.attribution.rows:
+            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({r.share:.0%})" if r.gain and r.share is not None
+                     else f"{r.knob} {r.before}->{r.after} (failed)" for r in result.attribution.rows]
+            lines.append("gain by knob, one at a time: " + ", ".join(parts))
+        lines.append(f"outputs: {result.out}/ (best.json, report.html, report.md, ds_config.json, trials.csv, ...)")
         command = (result.best.get("command") if result.best else None)
         if command:
             lines.append(f"run it again: {command}")

@@ -68,6 +68,7 @@ def result_record(result: "SearchResult", recipe: "Recipe") -> dict[str, Any]:
         "recipe": str(recipe.path),
         "diagnosis": {name: [v.to_json() for v in verdicts] for name, verdicts in result.diagnosis.items()},
         "failures": {"best": result.best.get("failures", 0), "baseline": result.baseline.get("failures", 0)},
+        "attribution": result.attribution.to_json() if result.attribution is not None else None,
         "memory_budget_gib": recipe.budget.memory_gib,
         "world_size": recipe.world_size,
         "name": recipe.name,

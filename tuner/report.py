@@ -109,6 +109,7 @@ def render_markdown(data: dict[str, Any]) -> str:
         lines += _comparison_table(r)
     else:
         lines.append("No configuration ran successfully inside the budget.")
+    lines += _attribution_lines(r.get("attribution"))
     failures = [t for t in trials if t["state"] != "ok"]
     lines += ["", f"Trials: {len(trials)} measured, {len(failures)} failed or infeasible"
               + (f" ({_counts(failures)})" if failures else "") + f"; stopped: {r.get('stopped', 'unknown')}."]
@@ -150,6 +151,31 @@ def _verdict_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _attribution_lines(a: dict[str, Any] | None) -> list[str]:
+    if not a or not a.get("rows"):
+        return []
+    lines = ["", "## Attribution: baseline to best, one knob at a time", "",
+             f"Each configuration measured {a['repeats']} time(s), interleaved; medians. The repeats spread "
+             f"up to ±{a['spread']:.0%}: a gain inside that is marked as noise. Gain share: the change's part "
+             "of the total gain (log scale; the shares add up to 100%). Without it: the best with only that "
+             "knob put back, and what that costs.", "",
+             "| knob | from → to | samples/s | gain vs previous | gain share | without it | risk |",
+             "|---|---|---|---|---|---|---|",
+             f"| (baseline) | | {_fmt(a['baseline'], ',.1f')} | | | | |"]
+    for row in a["rows"]:
+        rate = f"failed ({row['failed']})" if row.get("failed") else _fmt(row["samples_per_s"], ",.1f")
+        without = _fmt(row["without"], ",.1f")
+        if row.get("without") and a.get("best"):
+            without += f" ({row['without'] / a['best'] - 1:+.0%})"
+        gain = f"{row['gain']:.2f}x" if row.get("gain") else "-"
+        if row.get("gain") and abs(row["gain"] - 1) <= a.get("spread", 0):
+            gain += " (within noise)"
+        lines.append(f"| {row['knob']} | {row['before']} → {row['after']} | {rate} | {gain} | "
+                     f"{_fmt(row['share'], '.0%')} | {without} | {row['risk']} |")
+    lines += [""] + [f"- {note}" for note in a.get("notes", [])]
+    return lines
+
+
 def _comparison_table(r: dict[str, Any]) -> list[str]:
     best = r["metrics"]
     base = (r.get("baseline") or {}).get("metrics") or {}
@@ -172,7 +198,8 @@ def _comparison_table(r: dict[str, Any]) -> list[str]:
 def render_html(data: dict[str, Any], study: Any = None) -> str:
     md = render_markdown(data)
     plots = [("Search history", _plot_history), ("Throughput vs peak memory", _plot_memory),
-             ("Where each trial's step time goes", _plot_breakdown), ("Knob importance", _plot_importance)]
+             ("Where each trial's step time goes", _plot_breakdown), ("Knob importance", _plot_importance),
+             ("Attribution: baseline to best", _plot_waterfall)]
     figures = []
     for title, plot in plots:
         try:
@@ -236,7 +263,7 @@ def _plot_history(data: dict[str, Any]) -> str | None:
                    label="failed / infeasible / pruned", zorder=3)
     ax.set_xlabel("trial")
     ax.set_ylabel("samples/s")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)  # failures sit at the bottom: keep them visible
     return _svg(fig)
 
 
@@ -284,7 +311,7 @@ def _plot_breakdown(data: dict[str, Any]) -> str | None:
     ax.set_xlabel("trial")
     ax.set_ylabel("share of the step")
     ax.set_ylim(0, 1)
-    ax.legend(loc="upper right", fontsize=8, ncol=4)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, ncol=4, frameon=False)
     return _svg(fig)
 
 
@@ -296,6 +323,30 @@ def _plot_importance(data: dict[str, Any]) -> str | None:
     names = list(importance)[::-1]
     ax.barh(names, [importance[n] for n in names])
     ax.set_xlabel("importance for samples/s (Optuna PED-ANOVA)")
+    return _svg(fig)
+
+
+def _plot_waterfall(data: dict[str, Any]) -> str | None:
+    a = data["result"].get("attribution")
+    if not a or not a.get("rows") or not a.get("baseline"):
+        return None
+    fig, ax = _figure()
+    labels, bottoms, heights, colors = ["baseline"], [0.0], [a["baseline"]], ["tab:gray"]
+    level = a["baseline"]
+    for row in a["rows"]:
+        rate = row.get("samples_per_s")
+        if rate is None:
+            continue
+        labels.append(f"{row['knob']}\n{row['before']}→{row['after']}")
+        bottoms.append(min(level, rate))
+        heights.append(abs(rate - level))
+        colors.append("tab:green" if rate >= level else "tab:red")
+        level = rate
+    ax.bar(labels, heights, bottom=bottoms, color=colors)
+    ax.axhline(a["best"] or level, color="tab:blue", linestyle="--", linewidth=1, label="best")
+    ax.set_ylabel("samples/s")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.legend(loc="upper left", fontsize=8)
     return _svg(fig)
 
 
