@@ -101,7 +101,7 @@ def _collect(study: Any) -> dict[str, Any]:
 
 def render_markdown(data: dict[str, Any]) -> str:
     r, trials = data["result"], data["trials"]
-    best, base = r.get("metrics"), (r.get("baseline") or {}).get("metrics")
+    best = r.get("metrics")
     lines = [f"# tuner report: {data['name']}", ""]
     lines += _verdict_lines(r)
     lines += ["", "## Best vs baseline", ""]
