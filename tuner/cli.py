@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from tuner.errors import RecipeError
 
@@ -35,29 +35,34 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
 
-    from tuner import console, distributed
+    from tuner import console
     from tuner.api import measure
 
-    def run() -> "object":
+    def run() -> Any:
         return measure(args.recipe, repeats=args.repeats, overrides=args.sets, trace=args.trace, nvtx=args.nvtx)
 
+    return _report(run, args.json, console.print_measurement, lambda result: result.state == "ok")
+
+
+def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], ok: Callable[[Any], bool]) -> int:
+    """Run a command on every rank; rank 0 prints its result (a table, or JSON alone on
+    stdout); bad input is one line on stderr and exit 2; exit 1 when ``ok`` says no."""
+    from tuner import console, distributed
+
     try:
-        if args.json:
-            with console.stdout_to_stderr():
-                result = run()
-        else:
+        with console.stdout_to_stderr() if as_json else contextlib.nullcontext():
             result = run()
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     if distributed.is_main_process():
-        if args.json:
+        if as_json:
             print(json.dumps(result.to_json(), indent=2))
         else:
-            console.print_measurement(result)
+            show(result)
     distributed.shutdown()
-    return 0 if result.state == "ok" else 1
+    return 0 if ok(result) else 1
 
 
 def search_main(argv: Sequence[str] | None = None) -> int:
@@ -121,23 +126,11 @@ def check_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
 
-    from tuner import console, distributed
+    from tuner import console
     from tuner.gate import check
 
-    try:
-        with console.stdout_to_stderr() if args.json else contextlib.nullcontext():
-            result = check(args.recipe, args.against, args.tolerance, args.repeats, tuple(args.sets))
-    except RecipeError as exc:
-        if distributed.is_main_process():
-            print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    if distributed.is_main_process():
-        if args.json:
-            print(json.dumps(result.to_json(), indent=2))
-        else:
-            console.print_check(result)
-    distributed.shutdown()
-    return 0 if result.passed else 1
+    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.repeats, tuple(args.sets)),
+                   args.json, console.print_check, lambda result: result.passed)
 
 
 COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {

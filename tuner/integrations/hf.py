@@ -19,38 +19,22 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from tuner.integrations.report import nothing_measured as _nothing_measured
-from tuner.integrations.report import print_summary
-from tuner.probe import Probe
+from tuner.integrations.common import ProbeCallbackBase
 
 
-class ProbeCallback(TrainerCallback):
-    """Measures the Trainer's steps with a :class:`tuner.Probe`.
+class ProbeCallback(ProbeCallbackBase, TrainerCallback):
+    """Measures the Trainer's steps with a :class:`tuner.Probe` (arguments: see
+    :class:`~tuner.integrations.common.ProbeCallbackBase`)."""
 
-    Args:
-        warmup, measure: as for :class:`tuner.Probe` (``measure=None``: every step after
-            the warm-up).
-        stop_when_done: end training once the measured window is complete.
-        report: print a one-line summary on rank 0 when training ends.
-        **probe_kwargs: passed to :class:`tuner.Probe` (``flops_per_sample``, ``nvtx``, ...).
-    """
+    trainer_name = "transformers.Trainer"
 
-    def __init__(self, warmup: int = 5, measure: int | None = None, *, stop_when_done: bool = False,
-                 report: bool = True, **probe_kwargs: Any) -> None:
-        self.warmup, self.measure = warmup, measure
-        self.stop_when_done, self.report = stop_when_done, report
-        self.probe_kwargs = probe_kwargs
-        self.probe: Probe | None = None
-        self.summary: dict[str, Any] | None = None
+    def __init__(self, warmup: int = 5, measure: int | None = None, **kwargs: Any) -> None:
+        super().__init__(warmup, measure, **kwargs)
         self._loader: Any = None
         self._loader_class: type | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
-        if args.bf16:
-            self.probe_kwargs.setdefault("amp_dtype", "bf16")
-        elif args.fp16:
-            self.probe_kwargs.setdefault("amp_dtype", "fp16")
-        self.probe = Probe(self.warmup, self.measure, device=args.device, **self.probe_kwargs)
+        self._start(args.device, "bf16" if args.bf16 else "fp16" if args.fp16 else None)
         if train_dataloader is None:
             raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
                                "this transformers version is not supported by tuner's callback")
@@ -65,13 +49,7 @@ class ProbeCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unwrap()
-        if self.probe is None or not self.probe.window.step_times:
-            _nothing_measured(self.warmup)
-            return
-        self.summary = self.probe.summary()  # a collective under several ranks: all call it
-        self.probe.close()
-        if self.report:
-            print_summary(self.summary, "transformers.Trainer")
+        self._finish()
 
     def _wrap(self, loader: Any) -> None:
         """Time every ``next()`` on the Trainer's loader: its ``__iter__`` goes through the

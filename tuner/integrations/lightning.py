@@ -22,39 +22,23 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from tuner.integrations.report import nothing_measured as _nothing_measured
-from tuner.integrations.report import print_summary
-from tuner.probe import Probe
+from tuner.integrations.common import ProbeCallbackBase
 
 
-class ProbeCallback(pl.Callback):
-    """Measures the Trainer's steps with a :class:`tuner.Probe`.
+class ProbeCallback(ProbeCallbackBase, pl.Callback):
+    """Measures the Trainer's steps with a :class:`tuner.Probe` (arguments: see
+    :class:`~tuner.integrations.common.ProbeCallbackBase`)."""
 
-    Args:
-        warmup, measure: as for :class:`tuner.Probe` (``measure=None``: every step after
-            the warm-up).
-        stop_when_done: end training once the measured window is complete.
-        report: print a one-line summary on rank 0 when training ends.
-        **probe_kwargs: passed to :class:`tuner.Probe` (``flops_per_sample``, ``nvtx``, ...).
-    """
+    trainer_name = "lightning.Trainer"
 
-    def __init__(self, warmup: int = 5, measure: int | None = None, *, stop_when_done: bool = False,
-                 report: bool = True, **probe_kwargs: Any) -> None:
-        self.warmup, self.measure = warmup, measure
-        self.stop_when_done, self.report = stop_when_done, report
-        self.probe_kwargs = probe_kwargs
-        self.probe: Probe | None = None
-        self.summary: dict[str, Any] | None = None
+    def __init__(self, warmup: int = 5, measure: int | None = None, **kwargs: Any) -> None:
+        super().__init__(warmup, measure, **kwargs)
         self._batch_end: float | None = None
         self._steps_seen = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         precision = str(trainer.precision)
-        if "bf16" in precision:
-            self.probe_kwargs.setdefault("amp_dtype", "bf16")
-        elif precision.startswith("16"):
-            self.probe_kwargs.setdefault("amp_dtype", "fp16")
-        self.probe = Probe(self.warmup, self.measure, device=pl_module.device, **self.probe_kwargs)
+        self._start(pl_module.device, "bf16" if "bf16" in precision else "fp16" if precision.startswith("16") else None)
         self._steps_seen = trainer.global_step
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
@@ -76,10 +60,4 @@ class ProbeCallback(pl.Callback):
         self._batch_end = None  # a validation run between batches is not data wait
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.probe is None or not self.probe.window.step_times:
-            _nothing_measured(self.warmup)
-            return
-        self.summary = self.probe.summary()  # a collective under several ranks: all call it
-        self.probe.close()
-        if self.report:
-            print_summary(self.summary, "lightning.Trainer")
+        self._finish()
