@@ -13,6 +13,10 @@ tuner's own loop and, as ``tuner.Probe``, a loop the tuner does not own::
             break
     print(probe.summary())
 
+Under the tuner's script mode (``TUNER_TRIAL`` set), the trial file sets the warm-up and
+the measured window, and when the window closes the summary is written where the trial
+file says, for the search to read.
+
 Under torchrun every rank runs its own probe; :meth:`Probe.summary` is then a collective
 that returns the metrics of all ranks combined (on every rank). On CPU (gloo) the time
 the loop is blocked on collectives is timed as exposed communication: the Python-level
@@ -81,6 +85,11 @@ class Probe:
         comm: CommTimer | None = None,
         monitors: bool = True,
     ) -> None:
+        from tuner.script import read_trial
+
+        self._trial = read_trial()
+        if self._trial is not None:  # a script-mode trial: the tuner sets the window
+            warmup, measure = int(self._trial["warmup"]), int(self._trial["measure"])
         if warmup < 0 or (measure is not None and measure < 1):
             raise ValueError(f"warmup must be >= 0 and measure >= 1 (or None), got {warmup} and {measure}")
         self.warmup = warmup
@@ -332,6 +341,10 @@ class Probe:
         )
         self._unpatch()
         self._stop_monitors()
+        if self._trial is not None:  # report to the search (every rank is here: same step count)
+            from tuner.script import report
+
+            report(self.summary(), self._trial)
 
     def _patch(self) -> None:
         if not self._collectives or self._patches is not None:
