@@ -19,6 +19,7 @@ from tuner import distributed, engines
 from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
 from tuner.metrics import METRIC_NAMES
+from tuner.errors import RecipeError
 from tuner.recipe import Recipe, load_recipe
 from tuner.space import Config, Machine, make_config, parse_knobs
 from tuner.trial import OK, Instruments, TrialResult, run_trial
@@ -95,6 +96,15 @@ def measure(
     n = repeats if repeats is not None else recipe.steps.repeats
     if n < 1:
         raise ValueError(f"repeats must be >= 1, got {n}")
+    if recipe.script is not None:
+        if ctx.world_size > 1:
+            raise RecipeError(f"script: measure a script recipe from one process (python -m tuner.measure "
+                              f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+        from tuner.launcher import ScriptTrials
+
+        scripts = ScriptTrials(recipe, recipe.out / "measure")
+        runs = [scripts.run(config) for _ in range(n)]
+        return _combine(recipe, config, runs, notes, recipe.world_size)
     engines.prepare(config, ctx.device)
     first = Instruments(trace_dir=Path(trace) if trace is not None else None, nvtx=nvtx)
     rest = Instruments(nvtx=nvtx)

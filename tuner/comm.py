@@ -58,6 +58,8 @@ class CommTimer:
         self._last_hook = 0.0
         self._done = 0.0
         self._armed = False
+        self.calls = 0
+        """Collectives seen (launched through a timed path), for telling "none" from "not timed"."""
 
     def take(self) -> float:
         """Exposed seconds since the last call."""
@@ -89,6 +91,7 @@ class CommTimer:
         # No annotations on the hook: DDP checks them against dist.GradBucket at run time,
         # and postponed (string) annotations fail that check.
         def hook(group, bucket):  # type: ignore[no-untyped-def]
+            self.calls += 1
             if not self._armed:
                 self._armed, self._done = True, 0.0
                 # DDP queues its finalisation (which waits for every bucket) only when the
@@ -140,6 +143,7 @@ class CommTimer:
             if getattr(self._local, "inside", False):
                 return fn(*args, **kwargs)
             self._local.inside = True
+            self.calls += 1
             start = time.perf_counter()
             try:
                 out = fn(*args, **kwargs)

@@ -24,7 +24,9 @@ from tuner import attribution as attribution_mod, distributed, engines, study as
 from tuner.attribution import Attribution
 from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
+from tuner.errors import RecipeError
 from tuner.guard import IMPRECISE, divergence
+from tuner.launcher import ScriptTrials
 from tuner.metrics import METRIC_NAMES, Window
 from tuner.recipe import Recipe, load_recipe
 from tuner.space import Config, Machine, make_config, parse_knobs
@@ -104,9 +106,13 @@ def search(
         storage = f"sqlite:///{out_dir / 'study.db'}"
     recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage)
 
+    if recipe.script is not None and ctx.world_size > 1:
+        raise RecipeError(f"script: run a script recipe's search as one process (python -m tuner.search "
+                          f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
     machine = Machine.detect()
     space = study_mod.build_space(recipe, machine)
     planner = _Planner(recipe, space, machine, quiet) if ctx.is_main else None
+    scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
     stopped = "interrupted"
     try:
         while True:
@@ -115,20 +121,18 @@ def search(
                 stopped = order["stop"]
                 break
             config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
-            engines.prepare(config, ctx.device)
             # Every rank must take part in the pruning decision, which rank 0 makes.
             prune = (planner.prune if planner else _never) if order["prune"] else None
-            if order.get("reference"):  # the precision guard needs an fp32 curve first
-                reference = dataclasses.replace(config, amp_dtype="fp32")
-                engines.prepare(reference, ctx.device)
-                ref_result = run_trial(recipe, reference, ctx)
+            if order.get("reference") and scripts is None:  # the guard needs an fp32 curve first
+                ref_result = _run(recipe, dataclasses.replace(config, amp_dtype="fp32"), ctx, scripts)
                 if planner:
                     planner.set_reference(ref_result)
-            result = run_trial(recipe, config, ctx, prune=prune)
+            result = _run(recipe, config, ctx, scripts, prune=prune)
             if planner:
                 planner.record(result)
-        confirmed = _confirm(recipe, ctx, planner, confirm)
-        attribution = _attribute(recipe, ctx, planner, confirm if attribute is None else attribute, machine, confirmed)
+        confirmed = _confirm(recipe, ctx, planner, confirm, scripts)
+        attribution = _attribute(recipe, ctx, planner, confirm if attribute is None else attribute, machine,
+                                 confirmed, scripts)
     except KeyboardInterrupt:
         if planner is None:
             raise
@@ -368,7 +372,7 @@ class Confirmation:
 
 
 def _confirm(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | None,
-             repeats: int) -> Confirmation | None:
+             repeats: int, scripts: ScriptTrials | None = None) -> Confirmation | None:
     """The finalists and the baseline, interleaved ``repeats`` times: the same minutes, the
     same noise. The finalist with the best median becomes ``best``."""
     order = distributed.broadcast(
@@ -383,8 +387,7 @@ def _confirm(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | N
     runs: dict[Config, list[TrialResult]] = {c: [] for c in [baseline, *configs]}
     for _ in range(repeats):
         for config in runs:
-            engines.prepare(config, ctx.device)
-            runs[config].append(run_trial(recipe, config, ctx))
+            runs[config].append(_run(recipe, config, ctx, scripts))
 
     def median_rate(config: Config) -> float:
         rates = [r.metrics["samples_per_s"] for r in runs[config] if r.ok and r.metrics]
@@ -395,7 +398,8 @@ def _confirm(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | N
 
 
 def _attribute(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner | None, repeats: int,
-               machine: Machine, confirmed: Confirmation | None) -> Attribution | None:
+               machine: Machine, confirmed: Confirmation | None,
+               scripts: ScriptTrials | None = None) -> Attribution | None:
     """Every configuration on the baseline-to-best path and every leave-one-out, measured
     ``repeats`` times, interleaved (the same minutes, the same noise for all)."""
     plan = distributed.broadcast(planner.attribution_plan(confirmed) if planner and repeats > 0 else None)
@@ -417,14 +421,23 @@ def _attribute(recipe: Recipe, ctx: distributed.DistContext, planner: _Planner |
                 continue
             config, _ = make_config({n: knobs[n] for n in attribution_mod.ORDER if n in knobs},
                                     recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
-            engines.prepare(config, ctx.device)
-            result = run_trial(recipe, config, ctx)
+            result = _run(recipe, config, ctx, scripts)
             batch_norm = batch_norm or any("BatchNorm" in n for n in result.notes)
             if result.ok and result.metrics:
                 rates[k].append(result.metrics["samples_per_s"])
             else:
                 failures[k] = f"{result.state}: {result.reason}"
     return attribution_mod.attribute(base, best, rates, failures, batch_norm) if planner else None
+
+
+def _run(recipe: Recipe, config: Config, ctx: distributed.DistContext, scripts: ScriptTrials | None,
+         prune: Any = None) -> TrialResult:
+    """One trial: in this process (a task recipe, on every rank) or the user's script in a
+    process tree of its own (a script recipe; no pruning there)."""
+    if scripts is not None:
+        return scripts.run(config)
+    engines.prepare(config, ctx.device)
+    return run_trial(recipe, config, ctx, prune=prune)
 
 
 def _summary(trial: Any, confirmed: Confirmation | None, name: str) -> dict[str, Any]:

@@ -29,7 +29,8 @@ PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
 
 def measure_command(recipe: "Recipe", params: dict[str, Any]) -> str:
     """The command that measures ``params`` again with the harness alone."""
-    launch = ["python"] if recipe.world_size == 1 else ["torchrun", f"--nproc_per_node={recipe.world_size}"]
+    single = recipe.world_size == 1 or recipe.script is not None  # a script trial launches torchrun itself
+    launch = ["python"] if single else ["torchrun", f"--nproc_per_node={recipe.world_size}"]
     sets: list[str] = []
     for name in KNOBS:
         value = params[name]

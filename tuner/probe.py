@@ -341,6 +341,8 @@ class Probe:
         )
         self._unpatch()
         self._stop_monitors()
+        if self._collectives and not self._watched and self.window.comm_waits is not None and self.comm.calls == 0:
+            self.window.comm_waits = None  # nothing timed (an unwatched DDP model?): unknown, not zero
         if self._trial is not None:  # report to the search (every rank is here: same step count)
             from tuner.script import report
 

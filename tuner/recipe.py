@@ -54,6 +54,19 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Script:
+    """A ``script:`` recipe's launch: each trial runs ``torchrun --nproc_per_node=N path args``."""
+
+    path: Path
+    args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    """Longest a trial may run before its first report (start-up, warm-up, window); later
+    trials get a limit from the measured step times when that is shorter."""
+
+
+@dataclass(frozen=True)
 class Precision:
     tolerance: float = 0.05
     """Largest relative gap allowed between a bf16/fp16 configuration's loss and the fp32
@@ -67,7 +80,8 @@ class Recipe:
     name: str
     path: Path
     task_ref: str
-    task: Task
+    task: Task | None
+    """The task's functions; ``None`` for a ``script:`` recipe."""
     global_batch_size: int
     world_size: int
     task_args: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +97,8 @@ class Recipe:
     storage: str = ""
     knob_overrides: dict[str, Any] = field(default_factory=dict)
     """Knobs fixed with ``--set``: they win over the space and the baseline."""
+    script: Script | None = None
+    """Set for a ``script:`` recipe: the user's training script, one process tree per trial."""
 
 
 def load_recipe(
@@ -183,7 +199,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 _TOP_KEYS = (
     "name", "task", "script", "task_args", "global_batch_size", "steps", "budget", "target",
     "baseline", "space", "engine", "seed", "out", "storage", "precision",
+    "args", "nproc_per_node", "env", "timeout_s",
 )
+_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s")
 
 
 def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str, Any]) -> Recipe:
@@ -191,12 +209,15 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     for key in ("name", "global_batch_size"):
         if key not in raw:
             raise RecipeError(f"{key}: required key is missing from {path}")
-    if "script" in raw:
-        raise RecipeError(
-            "script: script recipes (tuning your own train.py) are not available in this "
-            "version; write a task file with build_model/build_dataset/compute_loss and use task:"
-        )
-    if "task" not in raw:
+    script = _script(raw, path) if "script" in raw else None
+    if script is not None:
+        if "task" in raw:
+            raise RecipeError("task: a recipe names a task or a script, not both")
+        world_size = script.nproc_per_node  # the search is one process; each trial is a torchrun
+    elif [k for k in _SCRIPT_KEYS if k in raw]:
+        key = next(k for k in _SCRIPT_KEYS if k in raw)
+        raise RecipeError(f"{key}: only for script: recipes (this one names a task)")
+    if script is None and "task" not in raw:
         raise RecipeError(f"task: required key is missing from {path}; give a .py path or a module name")
 
     name = raw["name"]
@@ -247,16 +268,18 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     if not isinstance(storage, str):
         raise RecipeError(f"storage: expected an Optuna storage URL, got {storage!r}")
 
-    task_ref = raw["task"]
-    if not isinstance(task_ref, str) or not task_ref:
-        raise RecipeError(f"task: expected a .py path or a module name, got {task_ref!r}")
-    task = load_task(task_ref, path.parent)
+    task: Task | None = None
+    task_ref = str(script.path) if script is not None else raw["task"]
+    if script is None:
+        if not isinstance(task_ref, str) or not task_ref:
+            raise RecipeError(f"task: expected a .py path or a module name, got {task_ref!r}")
+        task = load_task(task_ref, path.parent)
 
     return Recipe(
         name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
         world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target,
         precision=precision, baseline=baseline, space=space, engine=engine, seed=seed, out=out_path, storage=storage,
-        knob_overrides=overrides,
+        knob_overrides=overrides, script=script,
     )
 
 
@@ -266,6 +289,24 @@ def _check_keys(raw: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> 
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise RecipeError(f"{prefix}{key}: unknown key{hint}; allowed here: {', '.join(allowed)}")
+
+
+def _script(raw: dict[str, Any], path: Path) -> Script:
+    ref = raw["script"]
+    if not isinstance(ref, str) or not ref.endswith(".py"):
+        raise RecipeError(f"script: expected the path of a .py training script, got {ref!r}")
+    script_path = (path.parent / ref).resolve()
+    if not script_path.is_file():
+        raise RecipeError(f"script: {script_path} does not exist (script paths are relative to the recipe file)")
+    args = raw.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+        raise RecipeError(f"args: expected a list of command-line arguments, got {args!r}")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise RecipeError(f"env: expected a mapping of environment variables, got {env!r}")
+    nproc = _int(raw.get("nproc_per_node", 1), "nproc_per_node", minimum=1)
+    timeout = _number(raw.get("timeout_s", 600.0), "timeout_s")
+    return Script(script_path, tuple(str(a) for a in args), nproc, {k: str(v) for k, v in env.items()}, timeout)
 
 
 def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) -> dict[str, Any]:

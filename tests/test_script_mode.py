@@ -1,0 +1,69 @@
+"""Script mode: the user's own script, one process tree per trial, failures recorded."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import psutil
+
+import tuner
+from conftest import ROOT, TESTS, run, write_recipe
+
+
+def _modes_recipe(folder, **fields):
+    body = {"name": "modes", "script": str(TESTS / "helpers" / "script_modes.py"), "global_batch_size": 8,
+            "steps": {"warmup": 2, "measure": 5}, "timeout_s": 15, "out": str(folder / "run")}
+    body.update(fields)
+    return write_recipe(folder, body)
+
+
+def _no_script_processes() -> bool:
+    mine = [p for p in psutil.process_iter(["cmdline"]) if any("script_modes.py" in c or "train_plain.py" in c
+                                                              for c in (p.info["cmdline"] or []))]
+    return not mine
+
+
+def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
+    result = tuner.search(ROOT / "recipes" / "script_plain.yaml", trials=3, confirm=0, attribute=0, quiet=True,
+                          out=tmp_path / "run", overrides=["steps.measure=12"])
+    assert result.best["params"]["num_workers"] > 0  # the slow reads want workers
+    assert result.speedup > 1.3, result.speedup
+    assert (tmp_path / "run" / "trials" / "001" / "output.log").is_file()
+    assert result.best["command"].startswith("python -m tuner.measure")
+    assert _no_script_processes()
+
+
+def test_a_crash_a_silent_script_and_a_hang_are_recorded_with_their_reasons(tmp_path):
+    recipe = _modes_recipe(tmp_path)
+    ok = tuner.measure(recipe)
+    assert ok.state == "ok" and ok.metrics["samples_per_s"] > 0
+    crash = tuner.measure(recipe, micro_batch_size=4)
+    assert crash.state == "error" and "exited with status 1" in crash.reason and "boom at micro-batch 4" in crash.reason
+    silent = tuner.measure(recipe, num_workers=1)
+    assert silent.state == "error" and "finished without reporting" in silent.reason
+    assert "training without the probe" in silent.reason  # the output's tail
+    hang = tuner.measure(recipe, num_workers=2)
+    assert hang.state == "error" and "no report after" in hang.reason and "hanging" in hang.reason
+    assert psutil.Process().children(recursive=True) == [] and _no_script_processes()
+
+
+def test_the_search_goes_on_past_a_crashing_configuration(tmp_path):
+    recipe = _modes_recipe(tmp_path, space={"micro_batch_size": [8, 4]}, baseline={"micro_batch_size": 8})
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = {r["micro_batch_size"]: r for r in csv.DictReader(f)}
+    assert rows["8"]["state"] == "ok" and rows["4"]["state"] == "error"
+    assert "boom at micro-batch 4" in rows["4"]["reason"]
+    assert json.loads((tmp_path / "run" / "best.json").read_text())["params"]["micro_batch_size"] == 8
+
+
+def test_script_recipe_errors_are_one_line(tmp_path):
+    bad = _modes_recipe(tmp_path, script="missing.py")
+    proc = run([sys.executable, "-m", "tuner.measure", str(bad)])
+    assert proc.returncode == 2 and "missing.py does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    both = write_recipe(tmp_path, {"name": "x", "task": "t.py", "args": ["--x"], "global_batch_size": 8}, "b.yaml")
+    proc = run([sys.executable, "-m", "tuner.measure", str(both)])
+    assert proc.returncode == 2 and "args: only for script: recipes" in proc.stderr
