@@ -62,7 +62,7 @@ def refuse(tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str], *sets:
         (VALID + "engine: torch\nspace: {zero_stage: [0, 2]}\n", "engine: torch cannot run zero_stage > 0"),
         (VALID + "engine: jax\n", "engine: expected one of auto, torch, deepspeed"),
         (VALID + "task_args: [1]\n", "task_args: expected a mapping"),
-        (VALID + "script: train.py\n", "script: script recipes"),
+        (VALID + "script: train.py\n", "train.py does not exist (script paths are relative"),
         (VALID.replace(str(TOY), "tasks/nowhere.py"), "tasks/nowhere.py does not exist"),
         (VALID.replace(str(TOY), "no_such_module_xyz"), "task: no module named 'no_such_module_xyz'"),
     ],
