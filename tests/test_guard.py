@@ -25,7 +25,9 @@ def test_divergence_rule():
 
 def test_search_rejects_bf16_that_changes_the_loss(toy, tmp_path):
     """The fragile task rounds its logits to multiples of 32 in bf16: fast, and wrong."""
-    recipe = toy(task_args={"fragile": True}, steps={"warmup": 2, "measure": 8}, budget={"trials": 2},
+    # 3 measured steps: too few to prune on, so the noise of tiny steps cannot cut the trial
+    # before the guard sees it (the fragile curve leaves fp32 at step 1)
+    recipe = toy(task_args={"fragile": True}, steps={"warmup": 2, "measure": 3}, budget={"trials": 2},
                  space={"amp_dtype": ["fp32", "bf16"]}, baseline={"amp_dtype": "fp32"})
     result = tuner.search(recipe, out=tmp_path / "run", confirm=0, quiet=True)
     rows = {row["amp_dtype"]: row for row in _trials(tmp_path / "run")}
@@ -45,7 +47,7 @@ def test_bf16_that_keeps_the_loss_passes_and_a_reference_is_run_when_needed(toy,
 
 
 def test_batch_norm_with_another_micro_batch_is_flagged(toy, tmp_path):
-    recipe = toy(task_args={"batch_norm": True}, steps={"warmup": 2, "measure": 6}, budget={"trials": 2},
+    recipe = toy(task_args={"batch_norm": True}, steps={"warmup": 2, "measure": 3}, budget={"trials": 2},
                  space={"micro_batch_size": [16, 8]}, baseline={"micro_batch_size": 16})
     tuner.search(recipe, out=tmp_path / "run", confirm=0, quiet=True)
     assert "BatchNorm layers: their statistics are per micro-batch" in (tmp_path / "run" / "search.log").read_text()

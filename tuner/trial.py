@@ -135,6 +135,9 @@ def run_trial(
     try:
         job.build()
         timings["build"] = time.perf_counter() - t0
+        if job.batch_norm:  # said whatever happens next (a pruned trial too)
+            notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
+                         f"micro-batch size ({config.micro_batch_size}) changes what the model learns")
         memory.sample()
         window = job.run()
         timings["warmup"] = job.warmup_s
@@ -148,9 +151,6 @@ def run_trial(
         if job.nonfinite():
             state, reason = NONFINITE, "loss became NaN or inf during the trial"
         losses = [float(x) for x in torch.stack(job.losses).cpu()] if job.losses else []  # one sync, after
-        if job.batch_norm:
-            notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
-                         f"micro-batch size ({config.micro_batch_size}) changes what the model learns")
     except _Stop as stop:
         state, reason = stop.state, stop.reason
         timings.setdefault("build", time.perf_counter() - t0)
