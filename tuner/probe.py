@@ -69,6 +69,8 @@ class Probe:
         monitors: sample host memory (PSS of the process tree) and NVML over the window in
             a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``
             (the tuner's trial runs its own over the whole trial).
+        script_trial: follow a script-mode trial's file when ``TUNER_TRIAL`` is set (the
+            tuner's own in-process probes do not).
     """
 
     def __init__(
@@ -84,10 +86,11 @@ class Probe:
         collectives: bool = True,
         comm: CommTimer | None = None,
         monitors: bool = True,
+        script_trial: bool = True,
     ) -> None:
         from tuner.script import read_trial
 
-        self._trial = read_trial()
+        self._trial = read_trial() if script_trial else None
         if self._trial is not None:  # a script-mode trial: the tuner sets the window
             warmup, measure = int(self._trial["warmup"]), int(self._trial["measure"])
         if warmup < 0 or (measure is not None and measure < 1):

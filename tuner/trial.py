@@ -230,7 +230,7 @@ class _Job:
         start = time.perf_counter()
         warmup = warmup_steps(steps.warmup, config)
         probe = Probe(warmup, steps.measure, self.ctx.device, comm=self.timer, collectives=False,
-                      nvtx=self.instruments.nvtx, monitors=False)
+                      nvtx=self.instruments.nvtx, monitors=False, script_trial=False)
         nvtx = probe.nvtx
         self.batches = _cycle(self.loader)
         batches = probe.loader(self.batches, transfer=self._transfer())
@@ -273,7 +273,7 @@ class _Job:
         ceiling a perfect data pipeline would reach. After the window, so it costs the
         measurement nothing; one warm-up step, then up to 10 measured."""
         n = min(self.recipe.steps.measure, STALL_FREE_STEPS)
-        probe = Probe(1, n, self.ctx.device, collectives=False, monitors=False)
+        probe = Probe(1, n, self.ctx.device, collectives=False, monitors=False, script_trial=False)
         batches = probe.loader(itertools.repeat(self.last_batch))
         accum = self.config.grad_accum_steps
         while not probe.done:
