@@ -37,7 +37,7 @@ import torch
 
 from tuner.comm import DEEPSPEED_COLLECTIVES, TORCH_COLLECTIVES, CommTimer
 from tuner.metrics import Window, percentile, summarize
-from tuner.monitors import GpuUtil, HostMemory
+from tuner.monitors import GpuUtil, HostMemory, descendants
 from tuner.nvtx import Ranges
 
 RECENT_STEPS = 100
@@ -381,18 +381,15 @@ def _cpu_seconds(proc: psutil.Process) -> float:
 
 
 def _children_cpu(proc: psutil.Process) -> dict[int, float]:
-    """CPU seconds of each descendant (the loader workers), by pid."""
+    """CPU seconds of each descendant (the loader workers), by pid; listed through /proc
+    (:func:`tuner.monitors.descendants`), not psutil's scan of every process."""
     out: dict[int, float] = {}
-    try:
-        children = proc.children(recursive=True)
-    except psutil.Error:
-        return out
-    for child in children:
+    for pid in descendants(proc.pid):
         try:
-            t = child.cpu_times()
+            t = psutil.Process(pid).cpu_times()
         except psutil.Error:  # exited between listing and reading
             continue
-        out[child.pid] = t.user + t.system
+        out[pid] = t.user + t.system
     return out
 
 

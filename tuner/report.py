@@ -67,13 +67,14 @@ def _collect(study: Any) -> dict[str, Any]:
     from tuner import study as study_mod
 
     trials = []
+    feasible = {t.number for t in study_mod.feasible(study)}
     for t in study_mod.measured(study):
         attrs = t.user_attrs
         trials.append({
             "number": t.number, "state": attrs.get("state", t.state.name.lower()),
             "reason": attrs.get("reason"), "params": attrs.get("params") or {},
             "metrics": attrs.get("metrics"), "baseline": bool(attrs.get("baseline")),
-            "feasible": t in study_mod.feasible(study),
+            "feasible": t.number in feasible,
         })
     result = dict(study.user_attrs.get("result") or {})
     if not result:  # an interrupted search: the best measured trial, unconfirmed

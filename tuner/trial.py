@@ -275,14 +275,18 @@ class _Job:
         n = min(self.recipe.steps.measure, STALL_FREE_STEPS)
         probe = Probe(1, n, self.ctx.device, collectives=False, monitors=False, script_trial=False)
         batches = probe.loader(itertools.repeat(self.last_batch))
-        accum = self.config.grad_accum_steps
         while not probe.done:
-            for micro in range(accum):
-                loss = self._forward(next(batches), micro == accum - 1)
-                self.engine.backward(loss, micro == accum - 1)
-            self.engine.optimizer_step()
+            self._extra_step(batches)
             probe.step()
         return probe.finish().step_times
+
+    def _extra_step(self, batches: Iterator[Any]) -> None:
+        """One optimizer step outside the measured loop (stall-free ceiling, profiler window)."""
+        accum = self.config.grad_accum_steps
+        for micro in range(accum):
+            loss = self._forward(next(batches), micro == accum - 1)
+            self.engine.backward(loss, micro == accum - 1)
+        self.engine.optimizer_step()
 
     def _trace(self, warmup: int) -> Any:
         """A profiler that records exactly the measured steps and writes them out."""
@@ -306,15 +310,11 @@ class _Job:
         from torch.profiler import ProfilerActivity, profile
 
         batches = itertools.repeat(self.last_batch)
-        accum = self.config.grad_accum_steps
         try:
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 start = time.perf_counter()
                 for _ in range(COMM_PROFILE_STEPS):
-                    for micro in range(accum):
-                        loss = self._forward(next(batches), micro == accum - 1)
-                        self.engine.backward(loss, micro == accum - 1)
-                    self.engine.optimizer_step()
+                    self._extra_step(batches)
                 torch.cuda.synchronize(self.ctx.device)
                 wall_us = (time.perf_counter() - start) * 1e6
             with tempfile.TemporaryDirectory() as tmp:
