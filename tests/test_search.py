@@ -163,6 +163,20 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
         assert "left running by an interrupted search" in table[number]["reason"]
 
 
+def test_ctrl_c_that_python_drops_still_stops_the_search(toy, tmp_path, monkeypatch):
+    """A KeyboardInterrupt raised inside a __del__ is printed and dropped by Python (seen
+    in CI inside SQLAlchemy's weakref callback): the search still stops as interrupted."""
+    loaded = sys.modules.get("tuner_task_toy")  # the task as the tuner imports it, if it did
+    recipe = toy(task_args={"ctrl_c_in_del": (loaded._builds if loaded else 0) + 2}, steps={"warmup": 1, "measure": 3},
+                 space={"micro_batch_size": [2, 4, 8, 16]})
+    dropped: list[type] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))
+    result = tuner.search(recipe, trials=4, out=tmp_path / "run", confirm=0, quiet=True)
+    assert dropped == [KeyboardInterrupt]  # Python did drop it
+    assert result.stopped == "interrupted" and result.trials == 2, (result.stopped, result.trials)
+    assert (tmp_path / "run" / "best.json").exists()
+
+
 def test_bad_storage_url_is_an_input_error(toy, tmp_path, capsys):
     from tuner.cli import search_main
 

@@ -1,7 +1,5 @@
 """``python -m tuner <command> ...``, the same as the ``tuner`` console script."""
 
-import sys
+from tuner.cli import main, run_command
 
-from tuner.cli import main
-
-sys.exit(main())
+run_command(main)

@@ -3,9 +3,7 @@
 Only the command lives here; the gate itself is ``tuner.gate``.
 """
 
-import sys
-
-from tuner.cli import check_main
+from tuner.cli import check_main, run_command
 
 if __name__ == "__main__":
-    sys.exit(check_main())
+    run_command(check_main)

@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import json
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
 from tuner.errors import RecipeError
 
@@ -150,5 +150,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return COMMANDS[argv[0]](argv[1:])
 
 
+def run_command(command: Callable[[], int]) -> NoReturn:
+    """Exit with the command's code; Ctrl-C outside what the command handles itself (while
+    importing torch, before the study is open) is exit 130 with one line, not a traceback."""
+    try:
+        code = command()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code)
+
+
+def console_main() -> NoReturn:
+    """The ``tuner`` console script's entry point."""
+    run_command(main)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from tuner import attribution as attribution_mod, distributed, engines, study as study_mod
+from tuner import attribution as attribution_mod, distributed, engines, interrupt, study as study_mod
 from tuner.attribution import Attribution
 from tuner.diagnose import Verdict, diagnose_run
 from tuner.environment import environment
@@ -109,11 +109,19 @@ def search(
     if recipe.script is not None and ctx.world_size > 1:
         raise RecipeError(f"script: run a script recipe's search as one process (python -m tuner.search "
                           f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+    with interrupt.catching():
+        return _search(recipe, ctx, confirm, attribute, quiet)
+
+
+def _search(recipe: Recipe, ctx: distributed.DistContext, confirm: int, attribute: int | None,
+            quiet: bool) -> SearchResult | None:
     machine = Machine.detect()
     space = study_mod.build_space(recipe, machine)
     planner = _Planner(recipe, space, machine, quiet) if ctx.is_main else None
     scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
     stopped = "interrupted"
+    confirmed: Confirmation | None = None
+    attribution: Attribution | None = None
     try:
         while True:
             order = distributed.broadcast(planner.next() if planner else None)
@@ -130,17 +138,21 @@ def search(
             result = _run(recipe, config, ctx, scripts, prune=prune)
             if planner:
                 planner.record(result)
-        confirmed = _confirm(recipe, ctx, planner, confirm, scripts)
-        attribution = _attribute(recipe, ctx, planner, confirm if attribute is None else attribute, machine,
-                                 confirmed, scripts)
+        if stopped != "interrupted":
+            confirmed = _confirm(recipe, ctx, planner, confirm, scripts)
+            attribution = _attribute(recipe, ctx, planner, confirm if attribute is None else attribute, machine,
+                                     confirmed, scripts)
     except KeyboardInterrupt:
         if planner is None:
             raise
         planner.interrupted()
-        confirmed = attribution = None
+        stopped, confirmed, attribution = "interrupted", None, None
     if planner is None:
         return None
-    return planner.finish(stopped, confirmed, attribution)
+    if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.interrupt)
+        stopped, confirmed, attribution = "interrupted", None, None
+    with interrupt.deferred():
+        return planner.finish(stopped, confirmed, attribution)
 
 
 class _Planner:
@@ -179,7 +191,7 @@ class _Planner:
     # --- decisions ------------------------------------------------------------------------
 
     def next(self) -> dict[str, Any]:
-        stop = self._stop_reason()
+        stop = "interrupted" if interrupt.pressed() else self._stop_reason()
         if stop:
             return {"stop": stop}
         guided = self._guided()

@@ -3,9 +3,7 @@
 Only the command lives here; from Python use ``tuner.measure(...)`` (``tuner.api``).
 """
 
-import sys
-
-from tuner.cli import measure_main
+from tuner.cli import measure_main, run_command
 
 if __name__ == "__main__":
-    sys.exit(measure_main())
+    run_command(measure_main)

@@ -4,9 +4,7 @@
 Only the command lives here; from Python use ``tuner.search(...)`` (``tuner.controller``).
 """
 
-import sys
-
-from tuner.cli import search_main
+from tuner.cli import search_main, run_command
 
 if __name__ == "__main__":
-    sys.exit(search_main())
+    run_command(search_main)

@@ -14,10 +14,14 @@ the batch's last read finished, in whichever process read it; perf_counter is th
 monotonic clock, the same in every process), COLLATED (when each batch was assembled).
 fragile: a loss that bf16 rounding changes (the precision guard's test); batch_norm: the
 model holds a BatchNorm layer.
+ctrl_c_in_del: the Nth dataset built in this process sends this process SIGINT from inside
+a ``__del__``, where Python drops the KeyboardInterrupt (the case tuner.interrupt exists for).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import torch
@@ -34,6 +38,12 @@ READS: list[tuple[float, float]] = []
 STEP_ENDS: list[float] = []
 READY: list[float] = []
 COLLATED: list[float] = []
+_builds = 0
+
+
+class _CtrlCOnDelete:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 class Reads(Dataset):
@@ -59,7 +69,10 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _fail, _oom, _step_s, _record, _fragile
+    global _fail, _oom, _step_s, _record, _fragile, _builds
+    _builds += 1
+    if args.get("ctrl_c_in_del") == _builds:
+        _CtrlCOnDelete()  # dropped at once: SIGINT raised inside __del__
     _fail = args.get("fail")
     _fragile = bool(args.get("fragile"))
     _step_s = args.get("step_ms", 0.0) / 1000.0
