@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner import adapt
 from tuner.space import KNOBS
 from tuner.trial import ERROR, OK, OOM, TrialResult, warmup_steps
 
@@ -64,12 +65,16 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     result_path, log_path = folder / "result.json", folder / "output.log"
     result_path.unlink(missing_ok=True)
     warmup = warmup_steps(recipe.steps.warmup, config)
-    trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
+    knobs = {k: getattr(config, k) for k in KNOBS}
+    trial = {"knobs": knobs, "global_batch_size": recipe.global_batch_size, "adapt": script.adapt,
              "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path)}
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
+    target = ["-m", "tuner.adapt", str(script.path)] if script.adapt else [str(script.path)]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={script.nproc_per_node}",
-           str(script.path), *script.args]
+           *target, *script.args]
     env = {**os.environ, **script.env, "TUNER_TRIAL": str(folder / "trial.json"), "PYTHONUNBUFFERED": "1"}
+    if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.adapt)
+        env.update(adapt.environment(script.adapt, knobs, recipe.global_batch_size, script.nproc_per_node))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # torchrun sets its own
     limit = limits.limit(warmup + recipe.steps.measure)

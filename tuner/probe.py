@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import sys
 import time
 from typing import Any, Callable, Iterable, Iterator
@@ -176,6 +177,8 @@ class Probe:
         now = time.perf_counter()
         self.steps_done += 1
         n = samples if samples is not None else self._samples
+        if self._trial is not None and self.steps_done == 2:
+            _check_step_samples(n, self._trial)
         elapsed = now - self._last
         if self.measuring_step:
             w = self.window
@@ -402,3 +405,26 @@ def _leading_dim(batch: Any) -> int:
     if isinstance(batch, (list, tuple)) and batch:
         return _leading_dim(batch[0])
     return 0
+
+
+def _check_step_samples(samples: int, trial: dict[str, Any]) -> None:
+    """A script-mode trial whose optimizer step does not take global batch / world size
+    samples did not apply the trial's micro-batch x accumulation (an Accelerate loop
+    without ``accelerator.accumulate``, a DataLoader built with its own batch size): its
+    numbers would describe another configuration, so the trial stops here, saying why.
+    Checked on the second step: the first may include a batch a loader read ahead (the
+    Trainer callback counts from the loader under Accelerate's, which reads one ahead)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    expected = int(trial["global_batch_size"]) // world
+    if samples == expected:
+        return
+    knobs = trial.get("knobs", {})
+    micro = knobs.get("micro_batch_size")
+    accum = expected // micro if micro else "?"
+    raise RuntimeError(
+        f"tuner: this trial's second optimizer step took {samples} samples on this rank, but its configuration "
+        f"needs {expected} (global batch {trial['global_batch_size']} / {world} rank(s) = micro-batch {micro} "
+        f"x {accum} accumulation steps); the script does not apply the trial's micro-batch and gradient "
+        "accumulation (use tuner.config(): cfg.dataloader_kwargs() and cfg.grad_accum_steps, or "
+        "accelerator.accumulate() under adapt: accelerate), so its numbers would describe another configuration"
+    )

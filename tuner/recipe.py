@@ -23,6 +23,8 @@ from tuner.errors import RecipeError
 from tuner.task import Task, load_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+ADAPT_MODES = ("accelerate",)
+"""Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,10 @@ class Script:
     timeout_s: float = 600.0
     """Longest a trial may run before its first report (start-up, warm-up, window); later
     trials get a limit from the measured step times when that is shorter."""
+    adapt: str | None = None
+    """``accelerate``: the script has no tuner code; the knobs are applied and the loop
+    measured through Accelerate (:mod:`tuner.adapt`). ``None``: the script calls
+    ``tuner.config`` and ``tuner.Probe`` itself."""
 
 
 @dataclass(frozen=True)
@@ -199,9 +205,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 _TOP_KEYS = (
     "name", "task", "script", "task_args", "global_batch_size", "steps", "budget", "target",
     "baseline", "space", "engine", "seed", "out", "storage", "precision",
-    "args", "nproc_per_node", "env", "timeout_s",
+    "args", "nproc_per_node", "env", "timeout_s", "adapt",
 )
-_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s")
+_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s", "adapt")
 
 
 def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str, Any]) -> Recipe:
@@ -258,6 +264,11 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
         stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
         if stages - {0}:
             raise RecipeError("engine: torch cannot run zero_stage > 0; use engine: auto or deepspeed")
+    if script is not None and script.adapt == "accelerate":
+        stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
+        if stages - {0}:
+            raise RecipeError("zero_stage: adapt: accelerate does not drive Accelerate's DeepSpeed plugin; remove "
+                              "zero_stage from the space (or use tuner.config().ds_config() in the script)")
     seed = _int(raw.get("seed", 0), "seed", minimum=0)
 
     out = raw.get("out", f"runs/{name}")
@@ -306,7 +317,12 @@ def _script(raw: dict[str, Any], path: Path) -> Script:
         raise RecipeError(f"env: expected a mapping of environment variables, got {env!r}")
     nproc = _int(raw.get("nproc_per_node", 1), "nproc_per_node", minimum=1)
     timeout = _number(raw.get("timeout_s", 600.0), "timeout_s")
-    return Script(script_path, tuple(str(a) for a in args), nproc, {k: str(v) for k, v in env.items()}, timeout)
+    adapt = raw.get("adapt")
+    if adapt is not None and adapt not in ADAPT_MODES:
+        raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
+                          f"tuner.config and tuner.Probe itself), got {adapt!r}")
+    return Script(script_path, tuple(str(a) for a in args), nproc, {k: str(v) for k, v in env.items()}, timeout,
+                  adapt)
 
 
 def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) -> dict[str, Any]:
