@@ -70,3 +70,15 @@ def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
     assert [r["state"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
     assert result.best["metrics"]["samples_per_s"] > 0
     assert psutil.Process().children(recursive=True) == []
+
+
+def test_a_deepspeed_script_without_tuner_code_gets_the_trial_in_its_config(tmp_path):
+    """recipes/scripts/train_deepspeed.py passes --deepspeed_config ds_config.json (ZeRO 0,
+    fp32, micro-batch 16); the trial's stage, precision, micro-batch and loader reach it."""
+    pytest.importorskip("deepspeed")
+    m = tuner.measure(ROOT / "recipes" / "script_deepspeed.yaml", overrides=[f"out={tmp_path / 'run'}"],
+                      num_workers=2, amp_dtype="bf16", micro_batch_size=8, zero_stage=2)
+    assert m.state == "ok", m.reason
+    log = (tmp_path / "run" / "measure" / "trials" / "001" / "output.log").read_text()
+    assert log.count("zero stage 2, bf16 True, micro-batch 8, accumulation 2") == 2  # both ranks
+    assert m.metrics["worker_cpu_util"] > 0 and m.metrics["comm_share"] > 0

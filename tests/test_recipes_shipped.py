@@ -26,3 +26,11 @@ def test_gpt2_recipe_trains_with_tokens_per_second():
     assert m.state == "ok", m.reason
     assert m.params["grad_accum_steps"] == 2
     assert m.metrics["tokens_per_s"] == pytest.approx(64 * m.metrics["samples_per_s"])
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_loads(path):
+    if path.name in ("gpt2_tiny.yaml", "script_hf.yaml"):
+        pytest.importorskip("transformers")
+    recipe = tuner.load_recipe(path)
+    assert recipe.global_batch_size % recipe.world_size == 0

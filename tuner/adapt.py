@@ -1,10 +1,11 @@
-"""Zero-change script mode: tune an Accelerate script that has no tuner code in it.
+"""Zero-change script mode: tune an Accelerate or DeepSpeed script with no tuner code in it.
 
-``adapt: accelerate`` in a script recipe launches each trial as
+``adapt: accelerate`` or ``adapt: deepspeed`` in a script recipe launches each trial as
 ``torchrun ... -m tuner.adapt SCRIPT ARGS``. This module applies the trial's knobs the way
-Accelerate itself takes them, measures the loop through Accelerate's own objects, then
-runs the script unchanged (as ``__main__``):
+the library itself takes them, measures the loop through the library's own objects, then
+runs the script unchanged (as ``__main__``).
 
+Accelerate:
 - mixed precision and gradient accumulation: ``ACCELERATE_MIXED_PRECISION`` and
   ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` (set by the launcher, as ``accelerate launch``
   sets them);
@@ -16,12 +17,22 @@ runs the script unchanged (as ``__main__``):
   an optimizer step when Accelerate really stepped (``sync_gradients``); it watches the
   DDP model ``prepare`` returns (exposed all-reduce time).
 
+DeepSpeed:
+- the config the script gives ``deepspeed.initialize`` (``config=``, ``config_params=`` or
+  ``args.deepspeed_config``) gets the trial's keys set, the rest kept
+  (:meth:`tuner.TrialConfig.ds_config`): batch sizes, accumulation, ZeRO stage, bf16/fp16;
+- the first torch ``DataLoader`` the script iterates after ``initialize`` is the training
+  loader: it is rebuilt with the trial's loader knobs (its sampler kept) and measured;
+- an optimizer step is counted at each accumulation boundary of ``engine.step()``; the
+  engine's collectives are timed (``Probe.watch``).
+
 Never silently half-applied: a script that passes ``mixed_precision`` or a gradient
 accumulation plugin to ``Accelerator`` itself (those win over the environment), that
-never passes a DataLoader through ``prepare``, whose loader has no plain ``batch_size``,
-or that steps without ``accelerator.accumulate`` (the probe's first-step check: samples per
-step must be global batch / world size) stops with a message saying which and what to do;
-the trial is recorded as an error with that reason.
+never passes a DataLoader through ``prepare`` (or, under DeepSpeed, iterates none), whose
+loader has no plain ``batch_size``, or whose optimizer steps do not take global batch /
+world size samples (no ``accelerator.accumulate``; a DeepSpeed loader with its own batch
+size: the probe's check on the second step) stops with a message saying which and what
+to do; the trial is recorded as an error with that reason.
 """
 
 from __future__ import annotations
@@ -104,12 +115,63 @@ def install_accelerate(cfg: TrialConfig) -> None:
     cls.__init__, cls.prepare = __init__, prepare  # type: ignore[method-assign]
 
 
-def rebuild_loader(loader: Any, cfg: TrialConfig) -> Any:
+def install_deepspeed(cfg: TrialConfig) -> None:
+    """Wrap ``deepspeed.initialize`` (the trial's keys set into the script's config) and,
+    after it, the first DataLoader the script iterates (rebuilt with the trial's loader
+    knobs, measured); count an optimizer step at each accumulation boundary."""
+    import deepspeed
+    from torch.utils.data import DataLoader
+
+    from tuner.probe import Probe
+
+    original_initialize, original_iter = deepspeed.initialize, DataLoader.__iter__
+    state: dict[str, Any] = {"probe": None, "loader": None, "rebuilt": None}
+
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        base = kwargs.pop("config", None) or kwargs.pop("config_params", None)
+        ns = kwargs.get("args", args[0] if args else None)
+        if base is None and getattr(ns, "deepspeed_config", None):
+            base, ns.deepspeed_config = ns.deepspeed_config, None  # one config, with the trial's keys in it
+        kwargs["config"] = cfg.ds_config(base)
+        out = original_initialize(*args, **kwargs)
+        engine = out[0]
+        if state["probe"] is None:
+            state["probe"] = Probe()
+            state["probe"].watch(engine)
+            _patch_method(engine, "step", step)
+        return out
+
+    def step(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        boundary = self.is_gradient_accumulation_boundary()  # asked before: step() moves the count on
+        out = original(self, *args, **kwargs)
+        if boundary:
+            if state["loader"] is None:
+                raise AdaptError("tuner (adapt: deepspeed): the engine stepped, but the script iterated no "
+                                 "torch DataLoader after deepspeed.initialize, so the trial's loader knobs were "
+                                 "not applied and data wait cannot be measured; iterate a DataLoader (or pass "
+                                 "training_data to deepspeed.initialize)")
+            state["probe"].step()
+        return out
+
+    def __iter__(self: Any) -> Any:
+        if state["loader"] is None and state["probe"] is not None:
+            state["loader"] = self  # the training loader: the first iterated after initialize
+        if self is not state["loader"]:
+            return original_iter(self)
+        if state["rebuilt"] is None:
+            state["rebuilt"] = rebuild_loader(self, cfg, "deepspeed")
+        return state["probe"].loader(original_iter(state["rebuilt"]))
+
+    deepspeed.initialize = initialize
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+
+
+def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate") -> Any:
     """The same data in the same order with the trial's loader knobs and micro-batch."""
     from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
     if loader.batch_size is None:
-        raise AdaptError("tuner (adapt: accelerate): the script's DataLoader takes a batch_sampler, so the trial's "
+        raise AdaptError(f"tuner (adapt: {mode}): the script's DataLoader takes a batch_sampler, so the trial's "
                          "micro_batch_size cannot be set on it; give it batch_size=, or tune it with "
                          "tuner.config() (recipes/scripts/train_plain.py shows how)")
     kwargs: dict[str, Any] = dict(
@@ -176,10 +238,10 @@ def main(argv: list[str] | None = None) -> int:
               "script recipes with adapt:, it is not meant to be run by hand", file=sys.stderr)
         return 2
     mode = trial.get("adapt")
-    if mode != "accelerate":
+    if mode not in ADAPT_MODES:
         print(f"tuner.adapt: unknown mode {mode!r}; expected one of {', '.join(ADAPT_MODES)}", file=sys.stderr)
         return 2
-    install_accelerate(config())
+    (install_accelerate if mode == "accelerate" else install_deepspeed)(config())
     script = Path(argv[0]).resolve()
     sys.argv = [str(script), *argv[1:]]
     sys.path.insert(0, str(script.parent))

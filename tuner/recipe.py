@@ -23,7 +23,7 @@ from tuner.errors import RecipeError
 from tuner.task import Task, load_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-ADAPT_MODES = ("accelerate",)
+ADAPT_MODES = ("accelerate", "deepspeed")
 """Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
 
 
