@@ -5,9 +5,15 @@ pays for building the dataset, loader, model and engine, and for tearing them do
 A fresh process per trial (what DeepSpeed's autotuner does) also pays the interpreter,
 ``import torch``/``deepspeed`` and the process group, every time.
 
-Both are measured side by side, in alternating rounds, on the same recipe and config;
-the overhead of a trial = its wall time - warm-up - measured steps - the stall-free
-ceiling's steps (all reported by the trial itself). Prints medians and the ratio.
+A script-mode trial (the user's own script, ``recipes/script_plain.yaml`` by default)
+is a fresh ``torchrun`` of the script each time, ended by the tuner once its probe has
+reported: its overhead = launch to the end of its process tree - warm-up - measured steps
+(both at the measured step rate: slow first steps count as overhead here, where the
+in-process rows leave the whole warm-up out).
+
+All three are measured side by side, in alternating rounds; the overhead of a trial =
+its wall time - warm-up - measured steps - the stall-free ceiling's steps (all reported
+by the trial itself). Prints medians and the ratios to in-process.
 
     python scripts/bench_trial_overhead.py                       # quick start, 1 rank
     python scripts/bench_trial_overhead.py --nproc 2 --set zero_stage=1
@@ -59,6 +65,30 @@ def fresh_process_round(args: argparse.Namespace) -> list[float]:
     return overheads
 
 
+def script_round(args: argparse.Namespace) -> list[float]:
+    """``--trials`` script-mode trials of ``--script-recipe``, launched as the search does."""
+    from tuner.api import measured_config
+    from tuner.launcher import ScriptTrials
+    from tuner.recipe import load_recipe
+    from tuner.space import Machine
+    from tuner.trial import warmup_steps
+
+    recipe = load_recipe(args.script_recipe)
+    config, _ = measured_config(recipe, Machine.detect())
+    overheads = []
+    with tempfile.TemporaryDirectory() as out:
+        trials = ScriptTrials(recipe, Path(out))
+        for _ in range(args.trials):
+            start = time.perf_counter()
+            result = trials.run(config)  # launch, wait for the report, end the process tree
+            wall = time.perf_counter() - start
+            assert result.ok, result.reason
+            per_step = recipe.global_batch_size / result.metrics["samples_per_s"]
+            steps = warmup_steps(recipe.steps.warmup, config) + recipe.steps.measure
+            overheads.append(wall - steps * per_step)
+    return overheads
+
+
 def worker(args: argparse.Namespace) -> None:
     """Inside the long-lived process: trials one after another, timed from outside."""
     from tuner import distributed, engines
@@ -90,27 +120,34 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="knob or recipe override, as tuner.measure --set")
     parser.add_argument("--nproc", type=int, default=1, help="ranks per trial (torchrun when > 1)")
     parser.add_argument("--trials", type=int, default=3, help="trials per round and mode")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of both modes")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of all modes")
+    parser.add_argument("--script-recipe", default=str(ROOT / "recipes" / "script_plain.yaml"),
+                        help="the script-mode recipe for the script row ('' skips it)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
 
-    inproc: list[float] = []
-    fresh: list[float] = []
+    rows: dict[str, list[float]] = {"in-process": [], "fresh process": []}
+    if args.script_recipe:
+        rows["script mode"] = []
     for r in range(args.rounds):
-        inproc += in_process_round(args)
-        fresh += fresh_process_round(args)
-        print(f"round {r + 1}/{args.rounds}: in-process {statistics.median(inproc):.2f} s, "
-              f"fresh process {statistics.median(fresh):.2f} s", file=sys.stderr)
-    a, b = statistics.median(inproc), statistics.median(fresh)
+        rows["in-process"] += in_process_round(args)
+        rows["fresh process"] += fresh_process_round(args)
+        if args.script_recipe:
+            rows["script mode"] += script_round(args)
+        medians = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in rows.items())
+        print(f"round {r + 1}/{args.rounds}: {medians}", file=sys.stderr)
+    base = statistics.median(rows["in-process"])
     print(f"recipe: {Path(args.recipe).name}  set: {' '.join(args.set) or '-'}  ranks: {args.nproc}  "
-          f"trials: {len(inproc)} per mode")
-    print(f"{'mode':<16}{'median s':>10}{'min s':>10}{'max s':>10}")
-    for name, xs in (("in-process", inproc), ("fresh process", fresh)):
-        print(f"{name:<16}{statistics.median(xs):>10.3f}{min(xs):>10.3f}{max(xs):>10.3f}")
-    print(f"fresh / in-process overhead: {b / a:.1f}x")
+          f"trials: {len(rows['in-process'])} per mode")
+    if args.script_recipe:
+        print(f"script mode: {Path(args.script_recipe).name} (its own ranks and knobs)")
+    print(f"{'mode':<16}{'median s':>10}{'min s':>10}{'max s':>10}{'x in-process':>14}")
+    for name, xs in rows.items():
+        m = statistics.median(xs)
+        print(f"{name:<16}{m:>10.3f}{min(xs):>10.3f}{max(xs):>10.3f}{m / base:>14.1f}")
 
 
 if __name__ == "__main__":

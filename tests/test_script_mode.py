@@ -7,6 +7,7 @@ import json
 import sys
 
 import psutil
+import pytest
 
 import tuner
 from conftest import ROOT, TESTS, run, write_recipe
@@ -67,3 +68,51 @@ def test_script_recipe_errors_are_one_line(tmp_path):
     both = write_recipe(tmp_path, {"name": "x", "task": "t.py", "args": ["--x"], "global_batch_size": 8}, "b.yaml")
     proc = run([sys.executable, "-m", "tuner.measure", str(both)])
     assert proc.returncode == 2 and "args: only for script: recipes" in proc.stderr
+
+
+def test_two_nodes_meet_through_the_agent(tmp_path):
+    """nnodes: 2 on one machine: the search's side and an agent's side of every trial meet
+    at the rendezvous; the agent ends its side with the trial and leaves nothing behind."""
+    import signal
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    recipe = write_recipe(tmp_path, {
+        "name": "two-nodes", "script": str(ROOT / "recipes" / "scripts" / "train_plain.py"),
+        "args": ["--steps", "1000000", "--latency-ms", "0.5"], "nproc_per_node": 1, "nnodes": 2,
+        "rdzv_endpoint": f"127.0.0.1:{port}", "global_batch_size": 32, "steps": {"warmup": 2, "measure": 6},
+        "timeout_s": 90, "out": str(tmp_path / "run")})
+    agent = subprocess.Popen([sys.executable, "-m", "tuner.agent", str(recipe), "--idle-exit", "120"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = tuner.measure(recipe, num_workers=1)
+        second = tuner.measure(recipe, micro_batch_size=8)  # the same trial folder, a new rendezvous
+    finally:
+        agent.send_signal(signal.SIGINT)
+        _, err = agent.communicate(timeout=60)
+    assert first.state == "ok" and second.state == "ok", (first.reason, second.reason, err[-2000:])
+    # The probe's step check passed: 16 samples per step per rank = 32 / 2 ranks, one per node.
+    assert first.environment["world_size"] == 2
+    folder = tmp_path / "run" / "measure" / "trials" / "001"
+    assert [p.name for p in folder.glob("output-*.log")] == [f"output-{socket.gethostname()}.log"]
+    assert agent.returncode == 0 and "Traceback" not in err
+    assert psutil.Process().children(recursive=True) == [] and _no_script_processes()
+
+
+def test_several_node_settings_are_checked(tmp_path, capsys):
+    from tuner.agent import main as agent_main
+
+    script = str(TESTS / "helpers" / "script_modes.py")
+    with pytest.raises(tuner.RecipeError, match="rdzv_endpoint: required with nnodes: 2"):
+        tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": script, "nnodes": 2, "global_batch_size": 8}))
+    with pytest.raises(tuner.RecipeError, match="rdzv_endpoint: expected host:port"):
+        tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": script, "nnodes": 2,
+                                                  "rdzv_endpoint": "node0", "global_batch_size": 8}))
+    two = tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": script, "nnodes": 2, "nproc_per_node": 4,
+                                                    "rdzv_endpoint": "node0:29500", "global_batch_size": 16}))
+    assert two.world_size == 8
+    assert agent_main([str(_modes_recipe(tmp_path))]) == 2
+    assert "the agent is for script recipes with nnodes >= 2" in capsys.readouterr().err

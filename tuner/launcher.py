@@ -56,6 +56,33 @@ class Limits:
         return min(self.timeout_s, max(30.0, 2 * self.startup_s + 5 * steps * self.step_s))
 
 
+ENDED = "ended"
+"""Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.agent`)."""
+
+
+def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """One node's ``torchrun`` command and environment for a trial: the search's own, and
+    each agent's on the other nodes (:mod:`tuner.agent`), built alike from the recipe and
+    the trial file."""
+    script = recipe.script
+    assert script is not None
+    if script.nnodes > 1:
+        rendezvous = [f"--nnodes={script.nnodes}", f"--rdzv-backend={script.rdzv_backend}",
+                      f"--rdzv-endpoint={script.rdzv_endpoint}", f"--rdzv-id={trial['rdzv_id']}",
+                      f"--rdzv-conf=join_timeout={int(script.timeout_s)}"]
+    else:
+        rendezvous = ["--standalone"]
+    target = ["-m", "tuner.adapt", str(script.path)] if script.adapt else [str(script.path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={script.nproc_per_node}",
+           *target, *script.args]
+    env = {**os.environ, **script.env, "TUNER_TRIAL": str(folder / "trial.json"), "PYTHONUNBUFFERED": "1"}
+    if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.adapt)
+        env.update(adapt.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # torchrun sets its own
+    return cmd, env
+
+
 def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits) -> TrialResult:
     """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``."""
     script = recipe.script
@@ -65,24 +92,17 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     result_path, log_path = folder / "result.json", folder / "output.log"
     result_path.unlink(missing_ok=True)
     warmup = warmup_steps(recipe.steps.warmup, config)
-    knobs = {k: getattr(config, k) for k in KNOBS}
-    trial = {"knobs": knobs, "global_batch_size": recipe.global_batch_size, "adapt": script.adapt,
-             "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path)}
+    trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
+             "adapt": script.adapt, "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
+             "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}"}
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
-    target = ["-m", "tuner.adapt", str(script.path)] if script.adapt else [str(script.path)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={script.nproc_per_node}",
-           *target, *script.args]
-    env = {**os.environ, **script.env, "TUNER_TRIAL": str(folder / "trial.json"), "PYTHONUNBUFFERED": "1"}
-    if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.adapt)
-        env.update(adapt.environment(script.adapt, knobs, recipe.global_batch_size, script.nproc_per_node))
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)  # torchrun sets its own
+    (folder / ENDED).unlink(missing_ok=True)
+    cmd, env = launch(recipe, folder, trial)
     limit = limits.limit(warmup + recipe.steps.measure)
     start = time.monotonic()
     state, reason, metrics = OK, None, None
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=script.path.parent,
-                                start_new_session=True)
+        proc = start_tree(cmd, env, script.path.parent, log)
         try:
             while True:
                 if result_path.exists():
@@ -101,11 +121,17 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                     break
                 time.sleep(0.05)
         finally:
-            _end(proc)
+            end_tree(proc)
+            (folder / ENDED).touch()  # other nodes' agents end their part of the trial
     elapsed = time.monotonic() - start
     if metrics is not None:
         limits.learn(elapsed, warmup + recipe.steps.measure, metrics)
     return TrialResult(config.params(), state, reason, metrics, {"total": elapsed})
+
+
+def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:
+    """A trial's torchrun in its own session, so that :func:`end` reaches every process."""
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
 
 
 _ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
@@ -145,7 +171,7 @@ def _tail(log: Path) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())[-TAIL_CHARS:]
 
 
-def _end(proc: subprocess.Popen) -> None:
+def end_tree(proc: subprocess.Popen) -> None:
     """End the trial's whole process tree: torchrun, its ranks, their loader workers."""
     for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
         try:

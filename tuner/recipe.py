@@ -66,6 +66,12 @@ class Script:
     timeout_s: float = 600.0
     """Longest a trial may run before its first report (start-up, warm-up, window); later
     trials get a limit from the measured step times when that is shorter."""
+    nnodes: int = 1
+    """Nodes per trial; above 1, every other node runs ``python -m tuner.agent RECIPE``
+    (:mod:`tuner.agent`), which launches its part of each trial."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the rendezvous (required when ``nnodes`` > 1), as torchrun's."""
+    rdzv_backend: str = "c10d"
     adapt: str | None = None
     """``accelerate``: the script has no tuner code; the knobs are applied and the loop
     measured through Accelerate (:mod:`tuner.adapt`). ``None``: the script calls
@@ -205,9 +211,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 _TOP_KEYS = (
     "name", "task", "script", "task_args", "global_batch_size", "steps", "budget", "target",
     "baseline", "space", "engine", "seed", "out", "storage", "precision",
-    "args", "nproc_per_node", "env", "timeout_s", "adapt",
+    "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint", "rdzv_backend",
 )
-_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s", "adapt")
+_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint", "rdzv_backend")
 
 
 def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str, Any]) -> Recipe:
@@ -219,7 +225,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     if script is not None:
         if "task" in raw:
             raise RecipeError("task: a recipe names a task or a script, not both")
-        world_size = script.nproc_per_node  # the search is one process; each trial is a torchrun
+        world_size = script.nproc_per_node * script.nnodes  # the search is one process; each trial a torchrun
     elif [k for k in _SCRIPT_KEYS if k in raw]:
         key = next(k for k in _SCRIPT_KEYS if k in raw)
         raise RecipeError(f"{key}: only for script: recipes (this one names a task)")
@@ -321,8 +327,18 @@ def _script(raw: dict[str, Any], path: Path) -> Script:
     if adapt is not None and adapt not in ADAPT_MODES:
         raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
                           f"tuner.config and tuner.Probe itself), got {adapt!r}")
+    nnodes = _int(raw.get("nnodes", 1), "nnodes", minimum=1)
+    endpoint = raw.get("rdzv_endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):
+        raise RecipeError(f"rdzv_endpoint: expected host:port (where torchrun's nodes meet), got {endpoint!r}")
+    if nnodes > 1 and endpoint is None:
+        raise RecipeError(f"rdzv_endpoint: required with nnodes: {nnodes}; give host:port of the first node "
+                          "(e.g. node0:29500), reachable from every node")
+    backend = raw.get("rdzv_backend", "c10d")
+    if not isinstance(backend, str) or not backend:
+        raise RecipeError(f"rdzv_backend: expected a torchrun rendezvous backend name (c10d), got {backend!r}")
     return Script(script_path, tuple(str(a) for a in args), nproc, {k: str(v) for k, v in env.items()}, timeout,
-                  adapt)
+                  nnodes, endpoint, backend, adapt)
 
 
 def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) -> dict[str, Any]:
