@@ -66,8 +66,10 @@ def test_bad_defaults_say_what_is_wrong(monkeypatch):
 def test_probe_under_the_tuner_uses_the_trials_window_and_reports(monkeypatch, tmp_path):
     result = tmp_path / "result.json"
     trial = tmp_path / "trial.json"
-    trial.write_text(json.dumps({"knobs": {}, "warmup": 2, "measure": 5, "result": str(result)}))
+    trial.write_text(json.dumps({"knobs": {"micro_batch_size": 4}, "global_batch_size": 4, "warmup": 2,
+                                 "measure": 5, "result": str(result)}))
     monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
     probe = tuner.Probe(warmup=100, measure=1000)  # the script's own window: the tuner's wins
     steps = 0
     for batch in probe.loader([torch.zeros(4, 3)] * 50):
@@ -78,3 +80,23 @@ def test_probe_under_the_tuner_uses_the_trials_window_and_reports(monkeypatch, t
     assert steps == 7
     reported = json.loads(result.read_text())
     assert list(reported) == list(METRIC_NAMES) and reported["samples_per_s"] > 0
+
+
+def test_a_script_that_does_not_apply_the_accumulation_is_stopped(monkeypatch, tmp_path):
+    """Global batch 16 with micro-batch 4 means 4 micro-batches per optimizer step; a
+    script stepping on every batch reports another configuration: it stops, saying so."""
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({"knobs": {"micro_batch_size": 4}, "global_batch_size": 16, "warmup": 2,
+                                 "measure": 5, "result": str(tmp_path / "result.json")}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    probe = tuner.Probe()
+    batches = probe.loader([torch.zeros(4, 3)] * 50)
+    next(batches)
+    probe.step()
+    next(batches)
+    with pytest.raises(RuntimeError, match=r"second optimizer step took 4 samples on this rank, but its "
+                                           r"configuration needs 16 \(global batch 16 / 1 rank\(s\) = micro-batch 4 x 4"):
+        probe.step()
+    assert not (tmp_path / "result.json").exists()
+

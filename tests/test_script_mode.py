@@ -27,7 +27,7 @@ def _no_script_processes() -> bool:
 
 
 def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
-    result = tuner.search(ROOT / "recipes" / "script_plain.yaml", trials=3, confirm=0, attribute=0, quiet=True,
+    result = tuner.search(ROOT / "recipes" / "script_plain.yaml", trials=2, confirm=0, attribute=0, quiet=True,
                           out=tmp_path / "run", overrides=["steps.measure=12"])
     assert result.best["params"]["num_workers"] > 0  # the slow reads want workers
     assert result.speedup > 1.3, result.speedup
@@ -37,9 +37,7 @@ def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
 
 
 def test_a_crash_a_silent_script_and_a_hang_are_recorded_with_their_reasons(tmp_path):
-    recipe = _modes_recipe(tmp_path)
-    ok = tuner.measure(recipe)
-    assert ok.state == "ok" and ok.metrics["samples_per_s"] > 0
+    recipe = _modes_recipe(tmp_path, timeout_s=10)  # the hang waits this long (a normal run: the search test)
     crash = tuner.measure(recipe, micro_batch_size=4)
     assert crash.state == "error" and "exited with status 1" in crash.reason and "boom at micro-batch 4" in crash.reason
     silent = tuner.measure(recipe, num_workers=1)

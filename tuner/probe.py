@@ -177,7 +177,7 @@ class Probe:
         now = time.perf_counter()
         self.steps_done += 1
         n = samples if samples is not None else self._samples
-        if self._trial is not None and self.steps_done == 2:
+        if self._trial is not None and self.steps_done == 2 and "global_batch_size" in self._trial:
             _check_step_samples(n, self._trial)
         elapsed = now - self._last
         if self.measuring_step:

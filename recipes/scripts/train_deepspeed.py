@@ -45,7 +45,8 @@ def main() -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
-    engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine, _, _, _ = deepspeed.initialize(args=args, model=model, optimizer=optimizer)
     print(f"zero stage {engine.zero_optimization_stage()}, bf16 {engine.bfloat16_enabled()}, micro-batch "
           f"{engine.train_micro_batch_size_per_gpu()}, accumulation {engine.gradient_accumulation_steps()}", flush=True)
     data = SlowReads(4096, args.latency_ms)
