@@ -11,7 +11,14 @@ reported: its overhead = launch to the end of its process tree - warm-up - measu
 (both at the measured step rate: slow first steps count as overhead here, where the
 in-process rows leave the whole warm-up out).
 
-All three are measured side by side, in alternating rounds; the overhead of a trial =
+``--ds-autotuner`` adds DeepSpeed's autotuner's launch of one experiment, made by its
+own ``run_experiment`` (the ``deepspeed`` launcher with a hostfile, the config passed
+base64-encoded, the engine exiting itself after ``end_profile_step``) on
+``recipes/scripts/train_deepspeed.py`` with reads that cost nothing and 4 steps, so its
+wall time is launch, start-up and exit. Its clean-up step (``pkill`` over ``pdsh``) is
+skipped: pdsh is not installed here, and leaving it out only flatters the autotuner.
+
+All are measured side by side, in alternating rounds; the overhead of a trial =
 its wall time - warm-up - measured steps - the stall-free ceiling's steps (all reported
 by the trial itself). Prints medians and the ratios to in-process.
 
@@ -89,6 +96,42 @@ def script_round(args: argparse.Namespace) -> list[float]:
     return overheads
 
 
+def ds_autotuner_round(args: argparse.Namespace) -> list[float]:
+    """``--trials`` experiments launched the way DeepSpeed's autotuner launches each one."""
+    import os
+    import socket
+
+    from deepspeed.autotuning import scheduler
+
+    scheduler.clean_up = lambda exp, reservations: None  # pdsh + pkill: not on this machine
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `deepspeed`
+    script = ROOT / "recipes" / "scripts" / "train_deepspeed.py"
+    base = json.loads((script.parent / "ds_config.json").read_text())
+    overheads = []
+    for i in range(args.trials):
+        with tempfile.TemporaryDirectory() as folder:
+            d = Path(folder)
+            (d / "hostfile").write_text("localhost slots=2\n")
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            config = {**base, "autotuning": {"enabled": True, "start_profile_step": 1, "end_profile_step": 3,
+                                             "metric_path": str(d / "metrics.json")}}
+            exp = {"exp_id": i, "name": f"bench_ds_autotuner_{i}", "master_port": port,
+                   "hostfile": str(d / "hostfile"), "result_dir": str(d / "exp"), "ds_config": config}
+            node = scheduler.Node("localhost", 2)
+            reservation = scheduler.Reservation(node, node.reserve_slots(2))
+            start = time.perf_counter()
+            scheduler.run_experiment(exp, [reservation], str(script),
+                                     ["--deepspeed_config", "ds_config.json", "--latency-ms", "0"])
+            wall = time.perf_counter() - start
+            if not (d / "metrics.json").exists():
+                err = (d / "exp" / "stderr.log").read_text()[-2000:]
+                raise SystemExit(f"the DeepSpeed experiment wrote no metrics; its stderr ends:\n{err}")
+            overheads.append(wall)  # 4 steps of a 0.5 MB model: milliseconds
+    return overheads
+
+
 def worker(args: argparse.Namespace) -> None:
     """Inside the long-lived process: trials one after another, timed from outside."""
     from tuner import distributed, engines
@@ -123,6 +166,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of all modes")
     parser.add_argument("--script-recipe", default=str(ROOT / "recipes" / "script_plain.yaml"),
                         help="the script-mode recipe for the script row ('' skips it)")
+    parser.add_argument("--ds-autotuner", action="store_true",
+                        help="add DeepSpeed's autotuner's launch of one experiment (2 ranks)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -132,11 +177,15 @@ def main() -> None:
     rows: dict[str, list[float]] = {"in-process": [], "fresh process": []}
     if args.script_recipe:
         rows["script mode"] = []
+    if args.ds_autotuner:
+        rows["DS autotuner"] = []
     for r in range(args.rounds):
         rows["in-process"] += in_process_round(args)
         rows["fresh process"] += fresh_process_round(args)
         if args.script_recipe:
             rows["script mode"] += script_round(args)
+        if args.ds_autotuner:
+            rows["DS autotuner"] += ds_autotuner_round(args)
         medians = ", ".join(f"{k} {statistics.median(v):.2f} s" for k, v in rows.items())
         print(f"round {r + 1}/{args.rounds}: {medians}", file=sys.stderr)
     base = statistics.median(rows["in-process"])

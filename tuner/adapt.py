@@ -89,8 +89,8 @@ def install_accelerate(cfg: TrialConfig) -> None:
                 f"(ACCELERATE_GRADIENT_ACCUMULATION_STEPS), but the script's Accelerator has "
                 f"{self.gradient_accumulation_steps}: it passes a GradientAccumulationPlugin itself. Pass "
                 "gradient_accumulation_steps through the environment instead, or fix micro_batch_size")
-        if state["probe"] is None:
-            state["probe"] = Probe()
+        if state["probe"] is None:  # on the device Accelerate chose: CUDA events, peak memory, MFU there
+            state["probe"] = Probe(device=self.device, amp_dtype=cfg.amp_dtype)
 
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         probe = state["probe"]
@@ -136,7 +136,7 @@ def install_deepspeed(cfg: TrialConfig) -> None:
         out = original_initialize(*args, **kwargs)
         engine = out[0]
         if state["probe"] is None:
-            state["probe"] = Probe()
+            state["probe"] = Probe(device=engine.device, amp_dtype=cfg.amp_dtype)
             state["probe"].watch(engine)
             _patch_method(engine, "step", step)
         return out
