@@ -11,27 +11,13 @@ keys are set into its config, its loader is rebuilt with the trial's loader knob
 """
 
 import argparse
-import time
 
 import deepspeed
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-
-class SlowReads(Dataset):
-    """Samples read from "storage" with a fixed latency each."""
-
-    def __init__(self, size: int, latency_ms: float) -> None:
-        self.size, self.latency = size, latency_ms / 1000
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, i: int):
-        time.sleep(self.latency)
-        g = torch.Generator().manual_seed(i)
-        return torch.randn(64, generator=g), i % 10
+from slow_data import SlowReads  # beside this script
 
 
 def main() -> None:
