@@ -44,9 +44,9 @@ class Limits:
         self.startup_s = 0.0
         self.step_s = 0.0
 
-    def learn(self, elapsed_s: float, steps: int, metrics: dict[str, Any]) -> None:
+    def learn(self, elapsed_s: float, steps: int, global_batch: int, metrics: dict[str, Any]) -> None:
         p99 = metrics.get("step_time_p99_s") or 0.0
-        mean = 1.0 / metrics["samples_per_s"] if metrics.get("samples_per_s") else 0.0
+        mean = global_batch / metrics["samples_per_s"] if metrics.get("samples_per_s") else 0.0  # s per step
         self.step_s = max(self.step_s, p99)
         self.startup_s = max(self.startup_s, elapsed_s - steps * mean)
 
@@ -125,7 +125,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
             (folder / ENDED).touch()  # other nodes' agents end their part of the trial
     elapsed = time.monotonic() - start
     if metrics is not None:
-        limits.learn(elapsed, warmup + recipe.steps.measure, metrics)
+        limits.learn(elapsed, warmup + recipe.steps.measure, recipe.global_batch_size, metrics)
     return TrialResult(config.params(), state, reason, metrics, {"total": elapsed})
 
 
