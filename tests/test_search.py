@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -138,13 +139,12 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
     proc = subprocess.Popen(cmd, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     storage = f"sqlite:///{out / 'study.db'}"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    finished = re.compile(r"^\S+ \S+ +\d+ +\d+ ")  # a trial's row in search.log
+    while time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.3)
-        try:
-            study = optuna.load_study(study_name="toy", storage=storage)
-        except Exception:  # noqa: BLE001 - not created yet
-            continue
-        if len([t for t in study.trials if t.state.is_finished()]) >= 2:
+        # The log, not the study: opening a new SQLite study while the search creates it races.
+        log = out / "search.log"
+        if log.exists() and sum(bool(finished.match(line)) for line in log.read_text().splitlines()) >= 2:
             break
     proc.send_signal(sig)
     proc.communicate(timeout=60)

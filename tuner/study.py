@@ -13,6 +13,7 @@ a killed search loses at most the trial it was running. Outcomes map onto Optuna
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,6 +163,29 @@ def set_constraint(trial: optuna.Trial, value: float) -> None:
         trial.set_constraint("memory", value)
 
 
+OPEN_ATTEMPTS = 5
+"""Tries at opening the storage while another process is creating the same one."""
+
+
+def _racing(exc: BaseException) -> bool:
+    """Another process opening the same new storage at the same moment (a dashboard, a
+    script polling the study) makes the schema creation collide: "table ... already
+    exists", "database is locked", two inserts of Alembic's version row (seen: 7 of 40
+    simultaneous opens of a new SQLite file failed so, one in CI). Worth another try, as
+    the schema is then complete; any other error is not."""
+    import sqlalchemy
+
+    cause: BaseException | None = exc
+    while cause is not None:
+        text = str(cause).lower()
+        if isinstance(cause, sqlalchemy.exc.OperationalError):
+            return "already exists" in text or "locked" in text
+        if isinstance(cause, sqlalchemy.exc.IntegrityError):
+            return "alembic_version" in text
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study, int]:
     """Create or resume the study; returns it and how many trials a killed run left RUNNING
     (now marked FAIL so they never count as results)."""
@@ -174,15 +198,21 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
             seed=seed, n_startup_trials=4, multivariate=True, group=True,
             constraints_func=None if _SET_CONSTRAINT else constraints,
         )
-    try:
-        study = optuna.create_study(
-            study_name=recipe.name, storage=storage, direction="maximize", sampler=sampler, load_if_exists=True
-        )
-    except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver, an unreachable server
-        raise RecipeError(
-            f"storage: cannot open {storage!r}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}; "
-            "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
-        ) from None
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            study = optuna.create_study(
+                study_name=recipe.name, storage=storage, direction="maximize", sampler=sampler, load_if_exists=True
+            )
+            break
+        except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver, an unreachable server
+            if _racing(exc) and attempt + 1 < OPEN_ATTEMPTS:
+                time.sleep(0.5)
+                continue
+            raise RecipeError(
+                f"storage: cannot open {storage!r}: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; "
+                "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
+            ) from None
     stale = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "state", "error")
