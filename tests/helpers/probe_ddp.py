@@ -4,6 +4,7 @@ Writes OUT_DIR/rank<N>.json per rank (argv[1]): the probe's summary and the step
 measured on this rank.
 """
 
+import gc
 import json
 import sys
 import time
@@ -43,5 +44,10 @@ summary = probe.summary()  # a collective: every rank calls it
 record = {"summary": summary, "step_times": probe.window.step_times, "samples": probe.window.samples}
 Path(sys.argv[1], f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
 probe.close()
+# The DDP model (its reducer, with the probe's comm hook) goes before the process group it
+# uses: left to interpreter exit, it was once destroyed after the group and rank 1 aborted
+# ("terminate called without an active exception", seen in CI).
+del model, optimizer, probe
+gc.collect()
 dist.barrier()
 dist.destroy_process_group()
