@@ -37,16 +37,14 @@ to do; the trial is recorded as an error with that reason.
 
 from __future__ import annotations
 
-import os
 import runpy
 import sys
 from pathlib import Path
 from typing import Any
 
+from tuner.export import ACCELERATE_MIXED_PRECISION
 from tuner.recipe import ADAPT_MODES
 from tuner.script import TrialConfig, config, read_trial
-
-_MIXED = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 
 
 class AdaptError(RuntimeError):
@@ -58,7 +56,7 @@ def environment(mode: str, knobs: dict[str, Any], global_batch: int, world: int)
     if mode != "accelerate":
         return {}
     accum = global_batch // (int(knobs["micro_batch_size"]) * world)
-    return {"ACCELERATE_MIXED_PRECISION": _MIXED[knobs["amp_dtype"]],
+    return {"ACCELERATE_MIXED_PRECISION": ACCELERATE_MIXED_PRECISION[knobs["amp_dtype"]],
             "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(accum)}
 
 
@@ -76,10 +74,11 @@ def install_accelerate(cfg: TrialConfig) -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        if self.mixed_precision != _MIXED[cfg.amp_dtype]:
+        if self.mixed_precision != ACCELERATE_MIXED_PRECISION[cfg.amp_dtype]:
             raise AdaptError(
                 f"tuner (adapt: accelerate): the trial runs amp_dtype={cfg.amp_dtype} (mixed_precision="
-                f"{_MIXED[cfg.amp_dtype]!r} through ACCELERATE_MIXED_PRECISION), but the script's Accelerator has "
+                f"{ACCELERATE_MIXED_PRECISION[cfg.amp_dtype]!r} through ACCELERATE_MIXED_PRECISION), "
+                "but the script's Accelerator has "
                 f"mixed_precision={self.mixed_precision!r}: it passes mixed_precision itself, which wins over the "
                 "environment. Drop that argument (accelerate launch sets it the same way), or fix amp_dtype "
                 "in the recipe's space")
@@ -250,5 +249,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     sys.exit(main())

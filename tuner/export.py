@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tuner.space import Config
 
+ACCELERATE_MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+"""Accelerate's ``mixed_precision`` for each ``amp_dtype`` (config file, kwargs, environment)."""
+
 
 def ds_config(config: "Config", world_size: int) -> dict[str, Any]:
     """A DeepSpeed config: batch sizes, ZeRO stage and precision.
@@ -34,7 +37,7 @@ def dataloader_kwargs(config: "Config") -> dict[str, Any]:
 
 def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
     """An ``accelerate launch --config_file`` YAML (comments say what Accelerate cannot hold)."""
-    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[config.amp_dtype]
+    mixed = ACCELERATE_MIXED_PRECISION[config.amp_dtype]
     if config.engine == "deepspeed":
         kind = "DEEPSPEED"
     elif world_size > 1:

@@ -86,7 +86,7 @@ class TrialConfig:
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """``Accelerator(**cfg.accelerate_kwargs())``."""
-        return {"mixed_precision": {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[self.amp_dtype],
+        return {"mixed_precision": export.ACCELERATE_MIXED_PRECISION[self.amp_dtype],
                 "gradient_accumulation_steps": self.grad_accum_steps}
 
     def hf_training_args(self) -> dict[str, Any]:
