@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-import tuner  # noqa: E402
+import tuner
 
 
 def make_step(width: int, batch: int):
@@ -112,7 +112,8 @@ def main() -> None:
     ms = statistics.median(step_ms)
     print(f"step: {ms:.2f} ms (median, bare); pairs: {args.pairs} x {args.steps} steps")
     print(f"with probe / without, per pair: {', '.join(f'{r:.3f}' for r in ratios)}")
-    print(f"probe overhead, training loops alternated: {100 * overhead:+.2f}% (median of pairs; single pairs range +-15% here)")
+    print(f"probe overhead, training loops alternated: {100 * overhead:+.2f}% "
+          "(median of pairs; single pairs range +-15% here)")
     print(f"probe cost per step, no-op loop: {1e6 * cost:.1f} us = {100 * cost / (ms / 1000):.2f}% of this step")
     busy = SAMPLER["busy_s"] / SAMPLER["wall_s"] if SAMPLER["wall_s"] else 0.0
     print(f"memory sampler (background thread, 1 Hz): busy {100 * busy:.2f}% of the loop's wall time")

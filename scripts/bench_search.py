@@ -33,9 +33,12 @@ warnings.filterwarnings("ignore")
 import optuna  # noqa: E402
 
 import tuner  # noqa: E402
-from tuner import distributed, engines, study as study_mod  # noqa: E402
-from tuner.space import Config, Machine  # noqa: E402
-from tuner.trial import run_trial  # noqa: E402
+from tuner.config.space import Config, Machine  # noqa: E402
+from tuner.harness import distributed  # noqa: E402
+from tuner.trial import engines  # noqa: E402
+from tuner.trial.run import run_trial  # noqa: E402
+from tuner.tuning import study as study_mod  # noqa: E402
+from tuner.tuning.searchspace import build_space  # noqa: E402
 
 # Windows of ~0.5 s: over 15 steps (0.15 s) the same configuration's samples/s spread
 # by 9-24% between trials here, over 60 steps by 3-11%.
@@ -48,7 +51,7 @@ RECIPES = {
 
 
 def grid(recipe: tuner.Recipe, machine: Machine) -> list[Config]:
-    space = study_mod.build_space(recipe, machine)
+    space = build_space(recipe, machine)
     return space.configs(recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
 
 
@@ -78,7 +81,8 @@ def score(picks: list[tuple[Config, float]], oracle: dict[Config, float]) -> tup
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--budget-fraction", type=float, default=1 / 3, help="trials per method, as a fraction of the grid")
+    parser.add_argument("--budget-fraction", type=float, default=1 / 3,
+                        help="trials per method, as a fraction of the grid")
     parser.add_argument("--oracle-repeats", type=int, default=2, help="measurements per grid point (median)")
     args = parser.parse_args()
     ctx, machine = distributed.context(), Machine.detect()
@@ -106,14 +110,16 @@ def main() -> None:
             top = sorted(sample, key=lambda cv: -cv[1])[:3]
             final = max(top, key=lambda cv: statistics.median([cv[1], measure(seeded, cv[0], ctx)]))[0]
             results["random"].append((hit, oracle[final] / max(oracle.values())))
-            print(f"  seed {seed}: search {results['tuner.search'][-1]}, random {results['random'][-1]}", file=sys.stderr)
+            print(f"  seed {seed}: search {results['tuner.search'][-1]}, random {results['random'][-1]}",
+                  file=sys.stderr)
         for method, scores in results.items():
             hits = [h for h, _ in scores]
             med_hit = statistics.median(hits)
             lines.append(f"| {label} | {len(configs)} | {budget} | {method} | "
                          f"{'>' + str(budget) if math.isinf(med_hit) else f'{med_hit:g}'} | "
                          f"{statistics.median(f for _, f in scores):.3f} | {min(f for _, f in scores):.3f} |")
-    print("| recipe | grid | budget | method | trials to within 5% (median) | final fraction of oracle (median) | worst seed |")
+    print("| recipe | grid | budget | method | trials to within 5% (median) | final fraction of oracle (median) "
+          "| worst seed |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(lines))
 

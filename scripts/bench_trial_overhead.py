@@ -74,11 +74,11 @@ def fresh_process_round(args: argparse.Namespace) -> list[float]:
 
 def script_round(args: argparse.Namespace) -> list[float]:
     """``--trials`` script-mode trials of ``--script-recipe``, launched as the search does."""
-    from tuner.api import measured_config
-    from tuner.launcher import ScriptTrials
-    from tuner.recipe import load_recipe
-    from tuner.space import Machine
-    from tuner.trial import warmup_steps
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine
+    from tuner.scriptmode.launcher import ScriptTrials
+    from tuner.trial.data import warmup_steps
+    from tuner.tuning.measurement import measured_config
 
     recipe = load_recipe(args.script_recipe)
     config, _ = measured_config(recipe, Machine.detect())
@@ -134,11 +134,12 @@ def ds_autotuner_round(args: argparse.Namespace) -> list[float]:
 
 def worker(args: argparse.Namespace) -> None:
     """Inside the long-lived process: trials one after another, timed from outside."""
-    from tuner import distributed, engines
-    from tuner.api import measured_config
-    from tuner.recipe import load_recipe
-    from tuner.space import Machine
-    from tuner.trial import run_trial
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine
+    from tuner.harness import distributed
+    from tuner.trial import engines
+    from tuner.trial.run import run_trial
+    from tuner.tuning.measurement import measured_config
 
     ctx = distributed.context()
     recipe = load_recipe(args.recipe, args.set, world_size=ctx.world_size)

@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tuner.comm import exposed_share  # noqa: E402
+from tuner.harness.comm import exposed_share  # noqa: E402
 
 
 def trace_share(path: Path) -> float:
@@ -57,7 +57,8 @@ def main() -> None:
             measured = json.loads(proc.stdout)["metrics"]["comm_share"]
             shares = [trace_share(trace / f"trace_rank{r}.json") for r in (0, 1)]
             label = f"{engine} zero={zero}"
-            print(f"{label:<16} | {measured:21.3f} | {shares[0]:12.3f} | {shares[1]:12.3f} | {abs(measured - max(shares)):.3f}")
+            gap = abs(measured - max(shares))
+            print(f"{label:<16} | {measured:21.3f} | {shares[0]:12.3f} | {shares[1]:12.3f} | {gap:.3f}")
 
 
 if __name__ == "__main__":

@@ -7,14 +7,17 @@ Public API::
     tuner.Probe                     # the harness, for loops the tuner does not own
     tuner.config(**defaults)        # a script's knobs: the trial's under the tuner, else the defaults
     tuner.load_recipe(path)         # a validated Recipe
+
+The package is layered (README, "Inside"): ``config`` -> ``harness`` -> ``trial`` ->
+(``scriptmode``, ``analysis``) -> ``tuning`` -> ``outputs`` -> ``api``/``cli`` -> the
+command shims; a module imports only from its own layer or the ones before it.
 """
 
-from tuner.api import Measurement, measure
-from tuner.controller import SearchResult, search
-from tuner.errors import RecipeError, TrialError
-from tuner.probe import Probe
-from tuner.recipe import Recipe, load_recipe
-from tuner.script import TrialConfig, config
+from tuner.api import Measurement, SearchResult, measure, search
+from tuner.config.errors import RecipeError, TrialError
+from tuner.config.recipe import Recipe, load_recipe
+from tuner.scriptmode.config import TrialConfig, config
+from tuner.scriptmode.probe import Probe
 
 __all__ = ["Measurement", "Probe", "Recipe", "RecipeError", "SearchResult", "TrialConfig", "TrialError", "config",
            "load_recipe", "measure", "search"]

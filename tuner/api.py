@@ -1,68 +1,30 @@
-"""``tuner.measure``: the harness on one configuration, from Python.
+"""The Python API: ``tuner.measure``, ``tuner.search`` and ``tuner.check`` (the commands'
+work, without their argument parsing).
 
-Each repeat is a whole trial (build, warm-up, measure, teardown) in this process, so the
-spread between repeats includes what changes from one build to the next. The reported
-metrics are the median over the repeats that succeeded; failures are counted, never
-dropped.
+``search`` runs the search (:mod:`tuner.tuning`) and then, on rank 0, writes what it found
+(:mod:`tuner.outputs`): the search itself returns its result and writes nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-import statistics
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tuner import distributed, engines
-from tuner.diagnose import Verdict, diagnose_run
-from tuner.environment import environment
-from tuner.metrics import METRIC_NAMES
-from tuner.errors import RecipeError
-from tuner.recipe import Recipe, load_recipe
-from tuner.space import Config, Machine, make_config, parse_knobs
-from tuner.trial import OK, Instruments, TrialResult, run_trial
+from tuner.analysis.gate import DEFAULT_REPEATS, CheckResult, differences, verdict
+from tuner.config.errors import RecipeError
+from tuner.config.recipe import Recipe, load_recipe
+from tuner.config.space import parse_knobs
+from tuner.harness import distributed
+from tuner.harness.environment import environment
+from tuner.trial.result import Instruments
+from tuner.tuning import interrupt
+from tuner.tuning.measurement import Measurement, measure_recipe
+from tuner.tuning.result import SearchResult
 
-
-@dataclass
-class Measurement:
-    """One configuration measured ``len(repeats)`` times."""
-
-    recipe: str
-    params: dict[str, Any]
-    state: str
-    """``ok`` when every repeat succeeded, else the first failure's state."""
-    reason: str | None
-    metrics: dict[str, Any] | None
-    """Median over successful repeats, DESIGN.md names; ``None`` if none succeeded."""
-    spread: dict[str, list[float]]
-    """``[min, max]`` over successful repeats, per metric."""
-    repeats: list[TrialResult]
-    environment: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-    """Knobs that could not apply on this machine, and what was used instead."""
-    diagnosis: list[Verdict] = field(default_factory=list)
-    """Why it runs at this speed, the headline first (:mod:`tuner.diagnose`)."""
-
-    @property
-    def failures(self) -> int:
-        return sum(not r.ok for r in self.repeats)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "recipe": self.recipe,
-            "params": self.params,
-            "state": self.state,
-            "reason": self.reason,
-            "metrics": self.metrics,
-            "spread": self.spread,
-            "failures": self.failures,
-            "repeats": [dataclasses.asdict(r) for r in self.repeats],
-            "environment": self.environment,
-            "notes": self.notes,
-            "diagnosis": [v.to_json() for v in self.diagnosis],
-        }
+__all__ = ["Measurement", "SearchResult", "check", "measure", "search"]
 
 
 def measure(
@@ -77,7 +39,7 @@ def measure(
     """Measure one configuration of a recipe.
 
     Args:
-        recipe: a recipe path or a loaded :class:`~tuner.recipe.Recipe`.
+        recipe: a recipe path or a loaded :class:`~tuner.config.recipe.Recipe`.
         repeats: trials to run; default the recipe's ``steps.repeats``.
         overrides: ``key=value`` recipe overrides (paths only), as ``--set``.
         trace: a folder for a ``torch.profiler`` trace of the first repeat's measured
@@ -87,62 +49,125 @@ def measure(
             recipe's fixed space values and its baseline.
     """
     ctx = distributed.context()
-    if isinstance(recipe, Recipe):
-        fixed = parse_knobs(knobs, "knobs")
-        recipe = dataclasses.replace(recipe, knob_overrides={**recipe.knob_overrides, **fixed})
-    else:
-        recipe = load_recipe(recipe, overrides, world_size=ctx.world_size, knobs=knobs)
-    config, notes = measured_config(recipe, Machine.detect())
-    n = repeats if repeats is not None else recipe.steps.repeats
-    if n < 1:
-        raise ValueError(f"repeats must be >= 1, got {n}")
-    if recipe.script is not None:
-        if ctx.world_size > 1:
-            raise RecipeError(f"script: measure a script recipe from one process (python -m tuner.measure "
-                              f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
-        from tuner.launcher import ScriptTrials
-
-        scripts = ScriptTrials(recipe, recipe.out / "measure")
-        runs = [scripts.run(config) for _ in range(n)]
-        return _combine(recipe, config, runs, notes, recipe.world_size)
-    engines.prepare(config, ctx.device)
+    recipe = _load(recipe, overrides, ctx.world_size, knobs)
     first = Instruments(trace_dir=Path(trace) if trace is not None else None, nvtx=nvtx)
-    rest = Instruments(nvtx=nvtx)
-    runs = [run_trial(recipe, config, ctx, instruments=first if i == 0 else rest) for i in range(n)]
-    return _combine(recipe, config, runs, notes, ctx.world_size)
+    return measure_recipe(recipe, ctx, repeats if repeats is not None else recipe.steps.repeats,
+                          first, Instruments(nvtx=nvtx))
 
 
-def measured_config(recipe: Recipe, machine: Machine) -> tuple[Config, list[str]]:
-    """The configuration ``measure`` runs: defaults <- fixed space values <- baseline <- ``--set``."""
-    knobs = {name: values[0] for name, values in recipe.space.items() if len(values) == 1}
-    knobs.update(recipe.baseline)
-    knobs.update(recipe.knob_overrides)
-    return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+def search(
+    recipe: Recipe | str | os.PathLike[str],
+    *,
+    trials: int | None = None,
+    minutes: float | None = None,
+    confirm: int = 3,
+    attribute: int | None = None,
+    out: str | os.PathLike[str] | None = None,
+    storage: str | None = None,
+    overrides: Sequence[str] = (),
+    quiet: bool = False,
+    **knobs: Any,
+) -> SearchResult | None:
+    """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
 
+    Args:
+        recipe: a recipe path or a loaded :class:`~tuner.config.recipe.Recipe`.
+        trials / minutes: override ``budget.trials`` / ``budget.minutes``.
+        confirm: times the finalists and the baseline are re-measured, interleaved
+            (0 skips confirmation and reports the search trials' own numbers).
+        attribute: repeats of each configuration on the baseline-to-best attribution path
+            and of each leave-one-out (default: ``confirm``; 0 skips the attribution).
+        out / storage: override the run folder / the Optuna storage URL.
+        overrides: ``key=value`` recipe overrides, as ``--set``.
+        quiet: no live table on the terminal (the log file is still written).
+        **knobs: knobs to fix for the whole search.
+    """
+    from tuner.outputs import run_folder
+    from tuner.outputs.live import Live
+    from tuner.tuning.controller import run_search
 
-def _combine(recipe: Recipe, config: Config, runs: list[TrialResult], notes: list[str], world: int) -> Measurement:
-    good = [r.metrics for r in runs if r.ok and r.metrics is not None]
-    first_bad = next((r for r in runs if not r.ok), None)
-    metrics: dict[str, Any] | None = None
-    spread: dict[str, list[float]] = {}
-    if good:
-        metrics = {}
-        for name in METRIC_NAMES:
-            values = [m[name] for m in good if m.get(name) is not None]
-            metrics[name] = statistics.median(values) if values else None
-            if values:
-                spread[name] = [min(values), max(values)]
-    env = environment(world)
-    return Measurement(
-        recipe=recipe.name,
-        params=config.params(),
-        state=OK if first_bad is None else first_bad.state,
-        reason=None if first_bad is None else first_bad.reason,
-        metrics=metrics,
-        spread=spread,
-        repeats=runs,
-        environment=env,
-        notes=notes,
-        diagnosis=diagnose_run(metrics, config.params(), recipe.budget.memory_gib, env),
+    ctx = distributed.context()
+    recipe = _load(recipe, overrides, ctx.world_size, knobs)
+    budget = dataclasses.replace(
+        recipe.budget,
+        trials=trials if trials is not None else recipe.budget.trials,
+        minutes=minutes if minutes is not None else recipe.budget.minutes,
     )
+    out_dir = Path(out) if out is not None else recipe.out
+    if out is not None and storage is None and recipe.storage == f"sqlite:///{recipe.out / 'study.db'}":
+        storage = f"sqlite:///{out_dir / 'study.db'}"
+    recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage)
+    if recipe.script is not None and ctx.world_size > 1:
+        raise RecipeError(f"script: run a script recipe's search as one process (python -m tuner.search "
+                          f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+    live = None
+    if ctx.is_main:
+        recipe.out.mkdir(parents=True, exist_ok=True)
+        live = Live(recipe, quiet)
 
+    def write(result: SearchResult) -> None:
+        run_folder.write_run(result, recipe)
+        if live is not None:
+            live.summary(result)
+
+    with interrupt.catching():
+        return run_search(recipe, ctx, confirm, attribute, live, write)
+
+
+def check(
+    recipe_path: str | os.PathLike[str],
+    against: str | os.PathLike[str],
+    tolerance: float = 0.05,
+    repeats: int = DEFAULT_REPEATS,
+    overrides: tuple[str, ...] = (),
+) -> CheckResult:
+    """Measure ``against``'s configuration of the recipe and compare (rank 0's result is
+    the one to read under torchrun)."""
+    if not 0 <= tolerance < 1:
+        raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
+    if repeats < 1:
+        raise RecipeError(f"--repeats must be >= 1, got {repeats}")
+    best = load_best(against)
+    ctx = distributed.context()
+    recipe = load_recipe(recipe_path, overrides, world_size=ctx.world_size)
+    differ = differences(best.get("environment") or {}, environment(ctx.world_size))
+    if differ:
+        raise RecipeError("the recorded result is not comparable here: " + "; ".join(differ)
+                          + ". Record a baseline on this machine (run the search here) and check against that")
+    params = best["params"]
+    if best.get("recipe") and Path(best["recipe"]).name != recipe.path.name:
+        raise RecipeError(f"--against was recorded for {best['recipe']}, not {recipe.path}")
+    batch = params.get("micro_batch_size", 0) * params.get("grad_accum_steps", 0) * ctx.world_size
+    if batch != recipe.global_batch_size:
+        raise RecipeError(f"the recorded configuration trains {batch} samples per step, the recipe's "
+                          f"global_batch_size is {recipe.global_batch_size}: they must match")
+    knobs = {k: v for k, v in params.items() if k not in ("grad_accum_steps", "engine")}
+    m = measure(recipe, repeats=repeats, **knobs)
+    rates = [r.metrics["samples_per_s"] for r in m.repeats if r.ok and r.metrics]
+    return verdict(float(best["metrics"]["samples_per_s"]), rates, len(m.repeats), tolerance, params,
+                   m.state, m.reason)
+
+
+def load_best(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``best.json`` (or a run folder holding one), checked for what the gate needs."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "best.json"
+    try:
+        best = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RecipeError(f"--against: {p} does not exist (give a run folder or its best.json)") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RecipeError(f"--against: {p} is not a readable best.json ({exc})") from None
+    if not isinstance(best, dict) or not best.get("params") or not (best.get("metrics") or {}).get("samples_per_s"):
+        raise RecipeError(f"--against: {p} records no successful configuration to check against "
+                          "(its search found none, or this is not a tuner best.json)")
+    return best
+
+
+def _load(recipe: Recipe | str | os.PathLike[str], overrides: Sequence[str], world_size: int,
+          knobs: dict[str, Any]) -> Recipe:
+    """A recipe path loaded with ``overrides``, or a loaded recipe; ``knobs`` fixed on it."""
+    if isinstance(recipe, Recipe):
+        return dataclasses.replace(recipe, knob_overrides={**recipe.knob_overrides, **parse_knobs(knobs, "knobs")})
+    return load_recipe(recipe, overrides, world_size=world_size, knobs=knobs)

@@ -10,9 +10,10 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from tuner.errors import RecipeError
+from tuner.config.errors import RecipeError
 
 
 def measure_main(argv: Sequence[str] | None = None) -> int:
@@ -24,7 +25,8 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("recipe", help="the recipe YAML")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="fix a knob (num_workers=4) or override a recipe key (steps.measure=10); repeatable")
-    parser.add_argument("--repeats", type=int, default=None, help="trials to run; reported as the median (default: steps.repeats)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="trials to run; reported as the median (default: steps.repeats)")
     parser.add_argument("--json", action="store_true", help="print JSON (metrics under \"metrics\") instead of a table")
     parser.add_argument("--trace", metavar="DIR", default=None,
                         help="write a torch.profiler trace of the first repeat's measured window to "
@@ -35,19 +37,21 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
 
-    from tuner import console
     from tuner.api import measure
+    from tuner.outputs import console
+    from tuner.trial.result import State
 
     def run() -> Any:
         return measure(args.recipe, repeats=args.repeats, overrides=args.sets, trace=args.trace, nvtx=args.nvtx)
 
-    return _report(run, args.json, console.print_measurement, lambda result: result.state == "ok")
+    return _report(run, args.json, console.print_measurement, lambda result: result.state == State.OK)
 
 
 def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], ok: Callable[[Any], bool]) -> int:
     """Run a command on every rank; rank 0 prints its result (a table, or JSON alone on
     stdout); bad input is one line on stderr and exit 2; exit 1 when ``ok`` says no."""
-    from tuner import console, distributed
+    from tuner.harness import distributed
+    from tuner.outputs import console
 
     try:
         with console.stdout_to_stderr() if as_json else contextlib.nullcontext():
@@ -79,7 +83,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="fix a knob (amp_dtype=bf16) or override a recipe key (steps.measure=10); repeatable")
     parser.add_argument("--confirm", type=int, default=3,
-                        help="interleaved best-vs-baseline re-measurements for the reported speedup (default 3; 0 skips)")
+                        help="interleaved best-vs-baseline re-measurements for the reported speedup "
+                             "(default 3; 0 skips)")
     parser.add_argument("--attribute", type=int, default=None,
                         help="repeats per configuration for the knob-by-knob attribution (default: --confirm; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
@@ -91,12 +96,13 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     if args.minutes is not None and args.minutes <= 0:
         parser.error(f"--minutes must be a positive number, got {args.minutes}")
 
-    from tuner import distributed
-    from tuner.controller import search
+    from tuner.api import search
+    from tuner.harness import distributed
 
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
-                        attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets, quiet=args.quiet)
+                        attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets,
+                        quiet=args.quiet)
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
@@ -126,15 +132,56 @@ def check_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
 
-    from tuner import console
-    from tuner.gate import check
+    from tuner.api import check
+    from tuner.outputs import console
 
     return _report(lambda: check(args.recipe, args.against, args.tolerance, args.repeats, tuple(args.sets)),
                    args.json, console.print_check, lambda result: result.passed)
 
 
+def report_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tuner.report",
+                                     description="Rebuild report.md and report.html of a search from its study.")
+    parser.add_argument("run_dir", help="the search's run folder (runs/<name>)")
+    parser.add_argument("--storage", help="the study's storage URL, when it is not RUN_DIR/study.db")
+    args = parser.parse_args(argv)
+    out = Path(args.run_dir)
+    if not out.is_dir():
+        print(f"error: {out} is not a folder (give the search's run folder)", file=sys.stderr)
+        return 2
+    from tuner.outputs.report import build_report
+
+    try:
+        md, page = build_report(out, storage=args.storage)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(f"wrote {md} and {page}")
+    return 0
+
+
+def agent_main(argv: Sequence[str] | None = None) -> int:
+    from tuner.scriptmode import agent
+
+    parser = argparse.ArgumentParser(prog="python -m tuner.agent", description=(agent.__doc__ or "").split("\n\n")[0])
+    parser.add_argument("recipe", help="the script recipe the search runs (nnodes > 1)")
+    parser.add_argument("--out", help="the search's run folder, if it overrides the recipe's out")
+    parser.add_argument("--idle-exit", type=float, default=None, metavar="S",
+                        help="exit after S seconds without a trial (default: run until Ctrl-C)")
+    args = parser.parse_args(argv)
+    from tuner.config.recipe import load_recipe
+
+    try:
+        recipe = load_recipe(args.recipe)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return agent.serve(recipe, Path(args.out) if args.out else recipe.out, args.idle_exit)
+
+
 COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {
-    "measure": measure_main, "search": search_main, "check": check_main,
+    "measure": measure_main, "search": search_main, "check": check_main, "report": report_main,
+    "agent": agent_main,
 }
 
 

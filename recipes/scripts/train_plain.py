@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
 import tuner
+
 from slow_data import SlowReads  # beside this script
 
 

@@ -53,6 +53,7 @@ def tokens_per_sample(args: dict) -> int:
 
 def flops_per_sample(args: dict) -> float:
     """6 x parameters x tokens (forward + backward), the usual estimate; embeddings included."""
-    d, layers, vocab, seq = args.get("n_embd", 128), args.get("n_layer", 2), args.get("vocab_size", 2048), args.get("seq_len", 64)
+    d, layers = args.get("n_embd", 128), args.get("n_layer", 2)
+    vocab, seq = args.get("vocab_size", 2048), args.get("seq_len", 64)
     params = 12 * layers * d * d + vocab * d
     return 6.0 * params * seq

@@ -19,7 +19,7 @@ if "--no-prepare-loader" in flags:
     model, optimizer = accelerator.prepare(model, optimizer)
 else:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-for epoch in range(100):
+for _epoch in range(100):
     for x, y in loader:
         if "--no-accumulate" in flags:
             accelerator.backward(torch.nn.functional.cross_entropy(model(x), y))

@@ -104,7 +104,8 @@ def compute_loss(model, batch):
     if _oom is not None and x.shape[0] >= _oom[0]:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if rank == _oom[1]:
-            raise torch.OutOfMemoryError(f"CUDA out of memory on rank {rank} (micro-batch {x.shape[0]}, raised by the test task)")
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory on rank {rank} (micro-batch {x.shape[0]}, raised by the test task)")
     logits = model(x)
     if _fragile:  # adding and removing 4096: exact in fp32, rounds logits to multiples of 32 in bf16
         logits = ((logits * 10) + 4096) - 4096

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from tuner.distributed import is_main_process
-from tuner.probe import Probe
+from tuner.harness.distributed import is_main_process
+from tuner.scriptmode.probe import Probe
 
 
 class ProbeCallbackBase:

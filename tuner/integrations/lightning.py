@@ -41,7 +41,8 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
         self._start(pl_module.device, "bf16" if "bf16" in precision else "fp16" if precision.startswith("16") else None)
         self._steps_seen = trainer.global_step
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         assert self.probe is not None
         wait = time.perf_counter() - self._batch_end if self._batch_end is not None else 0.0
         self.probe.record_batch(wait, batch)

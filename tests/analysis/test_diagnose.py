@@ -1,0 +1,88 @@
+"""Diagnosis: each verdict from a task built to have that bottleneck, and at its boundaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tuner
+from tuner.analysis.diagnose import THRESHOLDS, diagnose, headline
+
+from conftest import torchrun
+
+
+def kinds(verdicts):
+    return [v.kind for v in verdicts]
+
+
+def test_a_slow_loader_is_data_bound(toy):
+    m = tuner.measure(toy(task_args={"read_ms": 1.0}), num_workers=0)
+    assert kinds(m.diagnosis)[0] == "data-bound"
+    assert "more loader workers than 0" in m.diagnosis[0].next_step
+
+
+def test_a_tiny_step_saturates_the_host(toy):
+    """Width 16, two samples a step: microseconds of arithmetic and of reading per step,
+    about a millisecond of Python and dispatch."""
+    recipe = toy(task_args={"width": 16, "cached": True}, global_batch_size=2, steps={"warmup": 5, "measure": 200})
+    m = tuner.measure(recipe, num_workers=0)
+    assert kinds(m.diagnosis)[0] == "host-bound", m.diagnosis
+    assert "large matmul" in m.diagnosis[0].evidence
+
+
+def test_a_wide_model_on_cached_data_is_compute_bound(toy):
+    """Samples already in memory, a 2.4M-parameter model: the step is arithmetic, and the
+    loop runs near its stall-free ceiling, which only a faster step would raise."""
+    recipe = toy(task_args={"width": 32768, "cached": True}, global_batch_size=64, steps={"warmup": 2, "measure": 12})
+    m = tuner.measure(recipe, num_workers=0)
+    assert kinds(m.diagnosis)[0] == "compute-bound", (m.diagnosis, m.metrics)
+    assert "stall-free ceiling" in m.diagnosis[0].evidence
+
+
+def test_a_large_all_reduce_under_two_ranks_is_communication_bound(toy):
+    recipe = toy(task_args={"width": 16384, "step_ms": 2.0}, steps={"warmup": 3, "measure": 15})
+    proc = torchrun(2, "-m", "tuner.measure", str(recipe), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert "communication-bound" in [v["kind"] for v in out["diagnosis"]], out["diagnosis"]
+
+
+BASE = {"samples_per_s": 1000.0, "stall_free_samples_per_s": 1050.0, "data_wait_share": 0.02,
+        "comm_share": 0.0, "cpu_util": 0.5, "step_time_p50_s": 0.010, "step_time_p99_s": 0.012,
+        "peak_mem_gib": 2.0}
+
+
+@pytest.mark.parametrize("change, kind", [
+    ({"peak_mem_gib": 7.5}, "memory-bound"),
+    ({"alloc_retries": 3}, "memory-bound"),
+    ({"transfer_share": 0.2}, "input-transfer-bound"),
+    ({"step_time_p99_s": 0.05}, "unstable"),
+    ({"comm_share": 0.3}, "communication-bound"),
+    ({"data_wait_share": 0.4, "stall_free_samples_per_s": 2500.0}, "data-bound"),
+])
+def test_each_rule_at_its_threshold(change, kind):
+    verdicts = diagnose({**BASE, **change}, {"num_workers": 2, "pin_memory": False}, memory_budget_gib=8)
+    assert kind in kinds(verdicts)
+    assert kind not in kinds(diagnose(BASE, {}, memory_budget_gib=8))
+
+
+def test_gpu_host_bound_needs_an_idle_gpu():
+    busy_host = {**BASE, "cpu_util": 1.0}
+    assert kinds(diagnose({**busy_host, "gpu_util": 0.3}, device="cuda"))[0] == "host-bound"
+    assert "host-bound" not in kinds(diagnose({**busy_host, "gpu_util": 0.95}, device="cuda"))
+
+
+def test_data_wait_with_no_headroom_is_not_data_bound():
+    """Waiting 20% but the stall-free ceiling is barely higher: a faster loader buys little."""
+    metrics = {**BASE, "data_wait_share": 0.2, "stall_free_samples_per_s": 1100.0}
+    assert "data-bound" not in kinds(diagnose(metrics))
+
+
+def test_verdicts_are_ordered_and_explained():
+    verdicts = diagnose({**BASE, "data_wait_share": 0.5, "stall_free_samples_per_s": 3000.0, "comm_share": 0.2,
+                         "step_time_p99_s": 0.05}, {"num_workers": 1})
+    assert kinds(verdicts) == ["data-bound", "communication-bound", "unstable"]
+    assert all(v.evidence and v.next_step for v in verdicts)
+    assert headline([]).startswith("no clear bottleneck")
+    assert set(THRESHOLDS) >= {"data_wait_share", "comm_share", "unstable_tail"}

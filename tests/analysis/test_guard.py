@@ -1,0 +1,53 @@
+"""The precision guard: a bf16 configuration whose loss leaves the fp32 curve is rejected."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import tuner
+from tuner.analysis.guard import divergence
+
+
+def _trials(out):
+    with (out / "trials.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_divergence_rule():
+    ref = [2.0, 1.8, 1.6]
+    assert divergence([2.01, 1.79, 1.61], ref, 0.05, "bf16") is None
+    why = divergence([2.0, 1.8, 1.9], ref, 0.05, "bf16")
+    assert why is not None and "step 3" in why and "18.7%" in why and "tolerance 5%" in why
+    assert "not finite at step 2" in divergence([2.0, math.nan], ref, 0.05, "fp16")
+    assert divergence([2.0, 1.8, 1.6, 9.9], ref, 0.05, "bf16") is None  # only steps both ran
+
+
+def test_search_rejects_bf16_that_changes_the_loss(toy, tmp_path):
+    """The fragile task rounds its logits to multiples of 32 in bf16: fast, and wrong."""
+    # 3 measured steps: too few to prune on, so the noise of tiny steps cannot cut the trial
+    # before the guard sees it (the fragile curve leaves fp32 at step 1)
+    recipe = toy(task_args={"fragile": True}, steps={"warmup": 2, "measure": 3}, budget={"trials": 2},
+                 space={"amp_dtype": ["fp32", "bf16"]}, baseline={"amp_dtype": "fp32"})
+    result = tuner.search(recipe, out=tmp_path / "run", confirm=0, quiet=True)
+    rows = {row["amp_dtype"]: row for row in _trials(tmp_path / "run")}
+    assert rows["bf16"]["state"] == "imprecise", rows["bf16"]
+    assert "precision guard: the bf16 loss" in rows["bf16"]["reason"]
+    assert result.best["params"]["amp_dtype"] == "fp32"
+
+
+def test_bf16_that_keeps_the_loss_passes_and_a_reference_is_run_when_needed(toy, tmp_path):
+    """A bf16 baseline: no fp32 trial to compare with yet, so one is run first."""
+    recipe = toy(steps={"warmup": 2, "measure": 8}, budget={"trials": 1},
+                 space={"amp_dtype": ["fp32", "bf16"]}, baseline={"amp_dtype": "bf16"})
+    tuner.search(recipe, out=tmp_path / "run", confirm=0, quiet=True)
+    rows = _trials(tmp_path / "run")
+    assert [r["amp_dtype"] for r in rows] == ["bf16"] and rows[0]["state"] == "ok"
+    assert "measured an fp32 reference curve" in (tmp_path / "run" / "search.log").read_text()
+
+
+def test_batch_norm_with_another_micro_batch_is_flagged(toy, tmp_path):
+    recipe = toy(task_args={"batch_norm": True}, steps={"warmup": 2, "measure": 3}, budget={"trials": 2},
+                 space={"micro_batch_size": [16, 8]}, baseline={"micro_batch_size": 16})
+    tuner.search(recipe, out=tmp_path / "run", confirm=0, quiet=True)
+    assert "BatchNorm layers: their statistics are per micro-batch" in (tmp_path / "run" / "search.log").read_text()

@@ -1,0 +1,63 @@
+"""Knob defaults, derived values, and what cannot apply on a machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.config.errors import RecipeError
+from tuner.config.space import Machine, make_config, restrict
+
+CPU = Machine(cuda=False, bf16=True, fp16=False)
+GPU = Machine(cuda=True, bf16=True, fp16=True)
+OLD_GPU = Machine(cuda=True, bf16=False, fp16=True)
+
+
+def test_defaults_take_the_whole_share_without_accumulation():
+    config, notes = make_config({}, 64, 2, CPU)
+    assert (config.micro_batch_size, config.grad_accum_steps) == (32, 1)
+    assert config.engine == "torch" and config.amp_dtype == "fp32" and notes == []
+
+
+def test_accumulation_keeps_the_global_batch():
+    for micro in (1, 2, 4, 8):
+        config, _ = make_config({"micro_batch_size": micro}, 64, 4, CPU)
+        assert config.micro_batch_size * config.grad_accum_steps * 4 == 64
+
+
+def test_loader_knobs_are_neutral_without_workers():
+    config, _ = make_config({"num_workers": 0, "prefetch_factor": 8, "persistent_workers": True}, 8, 1, CPU)
+    assert config.prefetch_factor == 2 and config.persistent_workers is False
+    assert "prefetch_factor" not in config.dataloader_kwargs()
+    with_workers, _ = make_config({"num_workers": 3, "prefetch_factor": 8, "persistent_workers": True}, 8, 1, CPU)
+    assert with_workers.dataloader_kwargs() == {
+        "batch_size": 8, "num_workers": 3, "pin_memory": False, "prefetch_factor": 8, "persistent_workers": True}
+
+
+def test_zero_stage_picks_deepspeed():
+    assert make_config({"zero_stage": 2}, 8, 1, CPU)[0].engine == "deepspeed"
+    assert make_config({"zero_stage": 0}, 8, 1, CPU, engine="deepspeed")[0].engine == "deepspeed"
+    with pytest.raises(RecipeError, match="engine: torch"):
+        make_config({"zero_stage": 1}, 8, 1, CPU, engine="torch")
+
+
+def test_cpu_drops_pinned_memory_and_fp16_with_a_reason():
+    space, notes = restrict({"pin_memory": (False, True), "amp_dtype": ("fp32", "bf16", "fp16")}, CPU)
+    assert space == {"pin_memory": (False,), "amp_dtype": ("fp32", "bf16")}
+    assert any("pin_memory=true dropped: no CUDA device" in n for n in notes)
+    assert any("amp_dtype=fp16 dropped" in n for n in notes)
+    config, notes = make_config({"pin_memory": True, "amp_dtype": "fp16"}, 8, 1, CPU)
+    assert config.pin_memory is False and config.amp_dtype == "fp32" and len(notes) == 2
+
+
+def test_gpu_keeps_them_and_an_old_gpu_drops_bf16():
+    space, notes = restrict({"pin_memory": (True,), "amp_dtype": ("bf16", "fp16")}, GPU)
+    assert space == {"pin_memory": (True,), "amp_dtype": ("bf16", "fp16")} and notes == []
+    space, notes = restrict({"amp_dtype": ("bf16",)}, OLD_GPU)
+    assert space == {"amp_dtype": ("fp32",)} and "compute capability 8.0" in notes[0]
+
+
+def test_this_machine_is_detected():
+    import torch
+
+    machine = Machine.detect()
+    assert machine.cuda == torch.cuda.is_available()

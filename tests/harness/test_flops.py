@@ -1,0 +1,56 @@
+"""FLOPs counted once per model, achieved FLOP/s, and the peak table behind MFU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tuner
+from tuner.harness.flops import count_flops, peak_flops, peak_for_name
+from tuner.harness.metrics import Window, summarize
+
+from conftest import TOY
+
+
+def test_peak_table_by_device_name_and_dtype():
+    assert peak_for_name("NVIDIA H200", "bf16") == pytest.approx(989.4e12)
+    assert peak_for_name("NVIDIA H100 PCIe", "fp16") == pytest.approx(756e12)
+    assert peak_for_name("NVIDIA A100-SXM4-80GB", "fp32") == pytest.approx(19.5e12)
+    assert peak_for_name("NVIDIA A100-SXM4-80GB", "fp32", allow_tf32=True) == pytest.approx(156e12)
+    assert peak_for_name("NVIDIA A10G", "bf16") == pytest.approx(70e12)  # not the A10's figure
+    assert peak_for_name("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 tensor cores
+    assert peak_for_name("Some Future GPU", "bf16") is None  # unknown: no MFU, not a guess
+    assert peak_flops(torch.device("cpu"), "fp32") is None
+
+
+def test_count_flops_of_a_linear_forward_and_backward():
+    layer = nn.Linear(32, 64)
+    x = torch.randn(16, 32)
+    flops = count_flops(lambda: layer(x).sum().backward())
+    assert flops == 2 * 16 * 32 * 64 * 2  # forward matmul + weight gradient (x needs no grad)
+
+
+def test_measure_reports_achieved_flops_counted_from_the_model(toy):
+    """Toy model Linear(32, w) -> ReLU -> Linear(w, 4): forward 72w, backward 8w + 8w + 64w
+    FLOPs per sample (no input gradient for the first layer) = 152w."""
+    m = tuner.measure(toy(task_args={"width": 64}))
+    x = m.metrics
+    assert x["achieved_tflops"] == pytest.approx(152 * 64 * x["samples_per_s"] / 1e12, rel=1e-6)
+    assert x["mfu"] is None  # a CPU has no peak in the table
+
+
+def test_task_flops_per_sample_wins_over_counting(tmp_path, toy):
+    task = tmp_path / "toy_with_flops.py"
+    task.write_text(TOY.read_text() + "\n\ndef flops_per_sample(args):\n    return 1e9\n")
+    m = tuner.measure(toy(task=str(task)))
+    assert m.metrics["achieved_tflops"] == pytest.approx(1e9 * m.metrics["samples_per_s"] / 1e12, rel=1e-6)
+
+
+def test_mfu_is_achieved_over_peak_per_device():
+    w = Window(step_times=[0.5, 0.5], data_waits=[0, 0], samples=[8, 8], wall_s=1.0)
+    # 2 ranks x 8 samples per 0.5 s = 32 samples/s; 1e12 FLOPs each; 16e12 per device
+    out = summarize([w, w], flops_per_sample=1e12, peak_flops=100e12)
+    assert out["samples_per_s"] == pytest.approx(32)
+    assert out["achieved_tflops"] == pytest.approx(16)
+    assert out["mfu"] == pytest.approx(0.16)

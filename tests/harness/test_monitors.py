@@ -1,0 +1,50 @@
+"""Background samplers: host PSS for real; NVML at its boundary (no GPU on this machine)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import psutil
+import pynvml
+import torch
+
+from tuner.harness.monitors import GpuUtil, HostMemory, tree_pss_bytes
+
+
+def test_host_memory_sees_an_allocation_and_counts_children_once():
+    memory = HostMemory(interval=0.02).start()
+    before = memory.sample()
+    block = torch.ones(64 * 1024 * 1024 // 4)  # 64 MiB, touched
+    time.sleep(0.1)
+    peak = memory.stop()
+    del block
+    assert peak - before > 48 * 1024 * 1024
+    assert tree_pss_bytes(psutil.Process()) < psutil.Process().memory_info().rss * 2
+
+
+def test_gpu_util_without_a_gpu_reports_nothing_and_never_fails():
+    gpu = GpuUtil(None).start()
+    gpu.stop()
+    assert not gpu.available and gpu.mean(0.0, time.perf_counter()) is None
+    if not torch.cuda.is_available():
+        assert GpuUtil(0).available is False  # no CUDA: NVML is not even asked
+
+
+def test_gpu_util_averages_nvml_samples_inside_the_window(monkeypatch):
+    """The NVML call is faked (this machine has no GPU); the sampling and the window are real."""
+    readings = iter([100, 100, 0, 0] + [50] * 1000)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetUtilizationRates", lambda handle: SimpleNamespace(gpu=next(readings)))
+    used = iter([3 << 30, 5 << 30] + [4 << 30] * 1000)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", lambda handle: SimpleNamespace(used=next(used)))
+    gpu = GpuUtil(None, interval=0.01)
+    gpu._handle = object()  # what _nvml_handle returns on a GPU machine
+    gpu.start()
+    time.sleep(0.3)
+    gpu.stop()
+    assert len(gpu.samples) >= 10  # >= 5 Hz with room to spare
+    times = [t for t, _ in gpu.samples]
+    assert gpu.mean(times[0], times[3]) == 0.5
+    assert gpu.mean(times[4], times[-1]) == 0.5
+    assert gpu.mean(times[-1] + 1, times[-1] + 2) is None
+    assert gpu.peak_used == 5 << 30  # memory used: the peak of the samples

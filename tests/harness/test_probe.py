@@ -1,0 +1,160 @@
+"""tuner.Probe in a loop the tuner does not own, checked against what the loop recorded."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+import tuner
+
+
+def test_probe_data_wait_matches_the_recorded_truth():
+    """Each batch takes ~8 ms to arrive and each step ~4 ms of work; the truth is what the
+    loop itself recorded in this run, not a timing taken elsewhere."""
+    waits: list[float] = []
+
+    def slow_batches():
+        while True:
+            start = time.perf_counter()
+            time.sleep(0.008)
+            waits.append(time.perf_counter() - start)
+            yield torch.ones(4, 2)
+
+    probe = tuner.Probe(warmup=2, measure=10)
+    steps = 0
+    window_begin = None
+    for _batch in probe.loader(slow_batches()):
+        time.sleep(0.004)
+        probe.step()
+        steps += 1
+        if steps == 2:
+            window_begin = len(waits)
+        if probe.done:
+            break
+    assert steps == 12 and probe.done
+    summary = probe.summary()
+    truth_wait = sum(waits[window_begin:])
+    truth_share = truth_wait / probe.window.wall_s
+    assert summary["data_wait_share"] == pytest.approx(truth_share, abs=0.05)
+    assert 0.4 < summary["data_wait_share"] < 0.9
+    assert probe.window.samples == [4] * 10  # inferred from the leading dimension
+    assert summary["samples_per_s"] == pytest.approx(4 / (probe.window.wall_s / 10), rel=0.05)
+
+
+def test_probe_without_a_window_size_measures_every_step_after_warmup():
+    probe = tuner.Probe(warmup=1)
+    for _i, _batch in enumerate(probe.loader([torch.zeros(3, 1)] * 6)):
+        probe.step()
+    assert not probe.done
+    summary = probe.summary()
+    assert len(probe.window.step_times) == 5
+    assert summary["step_time_p50_s"] >= 0
+
+
+def test_probe_summary_before_any_step_says_what_to_do():
+    with pytest.raises(RuntimeError, match="call probe.step"):
+        tuner.Probe().summary()
+
+
+def test_probe_under_torchrun_times_ddp_and_reduces_over_ranks(tmp_path):
+    """A user's DDP loop on 2 gloo ranks: each rank's summary is the same combined one
+    (global samples per step, the slower rank's step), with DDP's all-reduces timed."""
+    import json
+
+    from conftest import TESTS, torchrun
+
+    proc = torchrun(2, str(TESTS / "helpers" / "probe_ddp.py"), str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert a["summary"] == b["summary"]  # reduced: every rank holds the metrics of both
+    assert a["samples"] == b["samples"] == [8] * 10  # inferred from the batches
+    slowest = [max(x, y) for x, y in zip(a["step_times"], b["step_times"])]
+    a = a["summary"]
+    assert a["samples_per_s"] == pytest.approx(16 / (sum(slowest) / len(slowest)), rel=1e-9)
+    assert a["comm_share"] > 0.02  # 262k gradients all-reduced each step
+    assert 0.05 < a["data_wait_share"] < 0.9  # 3 ms per batch
+
+
+def test_probe_serves_live_metrics_to_prometheus():
+    import urllib.request
+
+    probe = tuner.Probe(warmup=1)
+    port = probe.serve(port=0)
+    try:
+        for _batch in probe.loader([torch.zeros(4, 2)] * 6):
+            time.sleep(0.002)
+            probe.step()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        probe.close()
+    assert 'tuner_steps_total{rank="0"} 6.0' in text
+    assert 'tuner_samples_total{rank="0"} 24.0' in text
+    assert 'tuner_step_time_seconds{quantile="0.5",rank="0"}' in text
+    assert "tuner_data_wait_ratio" in text and "tuner_samples_per_second" in text
+    p50 = next(float(line.split()[-1]) for line in text.splitlines() if 'quantile="0.5"' in line)
+    assert 0.002 <= p50 < 0.5
+
+
+def test_probe_counts_loader_workers_cpu():
+    """Workers that burn CPU show up in worker_cpu_util; the main process's is separate."""
+    from torch.utils.data import DataLoader, Dataset
+
+    class Busy(Dataset):
+        def __len__(self):
+            return 10_000
+
+        def __getitem__(self, i):
+            end = time.perf_counter() + 0.002
+            while time.perf_counter() < end:  # decoding, say
+                pass
+            return torch.zeros(2)
+
+    probe = tuner.Probe(warmup=2, measure=15)
+    loader = DataLoader(Busy(), batch_size=4, num_workers=2)
+    for _batch in probe.loader(loader):
+        time.sleep(0.004)
+        probe.step()
+        if probe.done:
+            break
+    summary = probe.summary()
+    assert summary["worker_cpu_util"] > 0.3  # the workers were busy most of the window
+    assert summary["cpu_util"] < 0.6  # the main process mostly slept
+
+
+def test_nvtx_without_cuda_says_so_and_runs(capsys):
+    probe = tuner.Probe(nvtx=True)
+    for _batch in probe.loader([torch.zeros(2, 1)] * 3):
+        probe.step()
+    err = capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert "no NVTX" in err and not probe.nvtx.enabled
+    assert probe.summary()["step_time_p50_s"] >= 0
+
+
+def test_probe_watch_refuses_what_it_cannot_time():
+    with pytest.raises(TypeError, match="DistributedDataParallel model or a DeepSpeed engine"):
+        tuner.Probe().watch(torch.nn.Linear(2, 2))
+
+
+def test_the_core_probe_calls_its_hooks_and_never_reads_a_trial_file(monkeypatch, tmp_path):
+    """The harness knows nothing of script mode: with TUNER_TRIAL set, the core probe keeps
+    its own window and writes no result; what happens at a step and at the window's close
+    is what the layer above installs."""
+    from tuner.harness.probe import ProbeCore
+
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({"warmup": 0, "measure": 2, "result": str(tmp_path / "result.json")}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    steps, closed = [], []
+    probe = ProbeCore(warmup=1, measure=3, monitors=False, on_step=lambda n, s: steps.append((n, s)),
+                      on_close=closed.append)
+    for _ in probe.loader([torch.zeros(2, 1)] * 10):
+        probe.step()
+        if probe.done:
+            break
+    assert steps == [(1, 2), (2, 2), (3, 2), (4, 2)] and closed == [probe]
+    assert len(probe.window.step_times) == 3 and not (tmp_path / "result.json").exists()

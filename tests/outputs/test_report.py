@@ -1,0 +1,92 @@
+"""report.md and report.html: written by a search, rebuilt from the study alone, and
+rendered by a real headless Chromium (installed by .ci/run from Debian's packages)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import tuner
+
+from conftest import run, toy_recipe
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """A real search on the toy task: a slow loader, workers to find, and micro-batch 16
+    running out of memory (so the report has failures to show)."""
+    folder = tmp_path_factory.mktemp("report")
+    recipe = toy_recipe(folder, task_args={"read_ms": 0.5, "oom_at_micro": 16, "oom_rank": 0},
+                        steps={"warmup": 2, "measure": 15}, budget={"trials": 6, "memory_gib": 8},
+                        space={"num_workers": [0, 1, 2, 4], "micro_batch_size": [8, 16]},
+                        baseline={"num_workers": 0, "micro_batch_size": 8})
+    result = tuner.search(recipe, out=folder / "run", confirm=1, quiet=True)
+    assert result is not None
+    return folder / "run"
+
+
+def test_search_writes_a_report_a_user_can_read(searched):
+    md = (searched / "report.md").read_text()
+    for section in ("# tuner report: toy", "## Best vs baseline", "## Configuration to paste", "## Trials",
+                    "## Environment", "step p99 (ms)", "failed confirmation runs"):
+        assert section in md, section
+    assert re.search(r"\*\*\d+\.\d\dx\*\* the baseline's throughput", md)
+    assert "baseline: data-bound" in md  # the slow loader with no workers
+    assert "| oom |" in md  # the failing micro-batch is listed with its state
+    page = (searched / "report.html").read_text()
+    assert page.count("<svg") >= 3  # history, memory, breakdown (+ importance with enough trials)
+    assert not re.search(r"""(src|href)=["']https?:""", page)  # self-contained: nothing fetched
+
+
+def test_report_command_rebuilds_both_from_the_study_alone(searched, tmp_path):
+    copy = tmp_path / "run"
+    copy.mkdir()
+    shutil.copy(searched / "study.db", copy / "study.db")  # the study, nothing else
+    proc = run([sys.executable, "-m", "tuner.report", str(copy)])
+    assert proc.returncode == 0, proc.stderr
+    assert (copy / "report.md").read_text() == (searched / "report.md").read_text()
+    assert (copy / "report.html").is_file()
+
+
+def test_report_command_refuses_what_is_not_a_run(tmp_path):
+    missing = run([sys.executable, "-m", "tuner.report", str(tmp_path / "nope")])
+    assert missing.returncode == 2 and "is not a folder" in missing.stderr
+    empty = run([sys.executable, "-m", "tuner.report", str(tmp_path)])
+    assert empty.returncode == 2 and "no study.db here" in empty.stderr
+    assert "Traceback" not in missing.stderr + empty.stderr
+
+
+def _chromium() -> str | None:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None and os.environ.get("TUNER_REQUIRE_CHROMIUM"):
+        pytest.fail("chromium is required here (TUNER_REQUIRE_CHROMIUM) but not installed")
+    return found
+
+
+def test_html_report_renders_its_plots_in_headless_chromium(searched, tmp_path):
+    chromium = _chromium()
+    if chromium is None:
+        pytest.skip("no chromium here (.ci/run installs Debian's)")
+    from PIL import Image
+
+    page = (searched / "report.html").resolve()
+    flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count("<svg") == (searched / "report.html").read_text().count("<svg")
+    assert "Uncaught" not in dom.stderr and "CONSOLE" not in dom.stderr
+    shot = tmp_path / "report.png"
+    proc = subprocess.run([*flags, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1200, 2400)
+    colours = image.getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 200  # text, tables and plots drawn, not a blank page
+    # the plots' markers (matplotlib's default blue, #1f77b4) are on the page
+    assert any(abs(r - 0x1F) < 12 and abs(g - 0x77) < 12 and abs(b - 0xB4) < 12 for _, (r, g, b) in colours)

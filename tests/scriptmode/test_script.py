@@ -1,0 +1,102 @@
+"""``tuner.config`` and the probe as a training script sees them, with and without the tuner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import tuner
+from tuner.harness.metrics import METRIC_NAMES
+
+
+def test_outside_the_tuner_the_scripts_defaults_come_back(monkeypatch):
+    monkeypatch.delenv("TUNER_TRIAL", raising=False)
+    cfg = tuner.config(num_workers=2, amp_dtype="bf16", micro_batch_size=8, global_batch_size=64)
+    assert not cfg.tuned
+    assert (cfg.num_workers, cfg.amp_dtype, cfg.micro_batch_size) == (2, "bf16", 8)
+    assert cfg.grad_accum_steps == 8 and cfg.zero_stage == 0 and cfg.prefetch_factor == 2  # tuner defaults
+    assert cfg.dataloader_kwargs() == {"batch_size": 8, "num_workers": 2, "pin_memory": False,
+                                       "prefetch_factor": 2, "persistent_workers": False}
+    assert cfg.accelerate_kwargs() == {"mixed_precision": "bf16", "gradient_accumulation_steps": 8}
+
+
+def test_under_the_tuner_the_trials_knobs_win(monkeypatch, tmp_path):
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({"knobs": {"num_workers": 4, "micro_batch_size": 4, "zero_stage": 2},
+                                 "global_batch_size": 32, "warmup": 2, "measure": 5}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cfg = tuner.config(num_workers=1, micro_batch_size=16, global_batch_size=64)
+    assert cfg.tuned and cfg.num_workers == 4 and cfg.micro_batch_size == 4 and cfg.global_batch_size == 32
+    assert cfg.grad_accum_steps == 4  # 32 / (4 x 2 ranks)
+    args = cfg.hf_training_args()
+    assert args["per_device_train_batch_size"] == 4 and args["gradient_accumulation_steps"] == 4
+    assert args["deepspeed"]["zero_optimization"]["stage"] == 2
+
+
+def test_ds_config_keeps_the_users_settings_and_sets_the_tuned_ones(tmp_path, monkeypatch):
+    monkeypatch.delenv("TUNER_TRIAL", raising=False)
+    base = {"optimizer": {"type": "AdamW", "params": {"lr": 3e-4}}, "train_batch_size": 999,
+            "zero_optimization": {"stage": 0, "overlap_comm": True}, "bf16": {"enabled": False}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(base))
+    cfg = tuner.config(amp_dtype="bf16", micro_batch_size=4, zero_stage=1, global_batch_size=16)
+    for given in (base, path):
+        out = cfg.ds_config(given)
+        assert out["optimizer"] == base["optimizer"]
+        assert out["train_batch_size"] == 16 and out["train_micro_batch_size_per_gpu"] == 4
+        assert out["gradient_accumulation_steps"] == 4
+        assert out["zero_optimization"] == {"stage": 1, "overlap_comm": True}
+        assert out["bf16"] == {"enabled": True} and out["fp16"] == {"enabled": False}
+    assert base["train_batch_size"] == 999  # the caller's dict is not changed
+    with pytest.raises(ValueError, match="cannot read"):
+        cfg.ds_config(tmp_path / "missing.json")
+
+
+def test_bad_defaults_say_what_is_wrong(monkeypatch):
+    monkeypatch.delenv("TUNER_TRIAL", raising=False)
+    with pytest.raises(TypeError, match="unknown knob.*num_worker.*knobs are num_workers"):
+        tuner.config(num_worker=2)
+    with pytest.raises(ValueError, match="global_batch_size 10 is not divisible by micro_batch_size 4"):
+        tuner.config(micro_batch_size=4, global_batch_size=10)
+
+
+def test_probe_under_the_tuner_uses_the_trials_window_and_reports(monkeypatch, tmp_path):
+    result = tmp_path / "result.json"
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({"knobs": {"micro_batch_size": 4}, "global_batch_size": 4, "warmup": 2,
+                                 "measure": 5, "result": str(result)}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    probe = tuner.Probe(warmup=100, measure=1000)  # the script's own window: the tuner's wins
+    steps = 0
+    for _batch in probe.loader([torch.zeros(4, 3)] * 50):
+        probe.step()
+        steps += 1
+        if probe.done:
+            break
+    assert steps == 7
+    reported = json.loads(result.read_text())
+    assert list(reported) == list(METRIC_NAMES) and reported["samples_per_s"] > 0
+
+
+def test_a_script_that_does_not_apply_the_accumulation_is_stopped(monkeypatch, tmp_path):
+    """Global batch 16 with micro-batch 4 means 4 micro-batches per optimizer step; a
+    script stepping on every batch reports another configuration: it stops, saying so."""
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({"knobs": {"micro_batch_size": 4}, "global_batch_size": 16, "warmup": 2,
+                                 "measure": 5, "result": str(tmp_path / "result.json")}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    probe = tuner.Probe()
+    batches = probe.loader([torch.zeros(4, 3)] * 50)
+    next(batches)
+    probe.step()
+    next(batches)
+    with pytest.raises(RuntimeError, match=r"second optimizer step took 4 samples on this rank, but its "
+                       r"configuration needs 16 \(global batch 16 / 1 rank\(s\) = micro-batch 4 x 4"):
+        probe.step()
+    assert not (tmp_path / "result.json").exists()
+

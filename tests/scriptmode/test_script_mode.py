@@ -1,0 +1,128 @@
+"""Script mode: the user's own script, one process tree per trial, failures recorded."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+import psutil
+import pytest
+
+import tuner
+
+from conftest import ROOT, TESTS, run, write_recipe
+
+
+def _modes_recipe(folder, **fields):
+    body = {"name": "modes", "script": str(TESTS / "helpers" / "script_modes.py"), "global_batch_size": 8,
+            "steps": {"warmup": 2, "measure": 5}, "timeout_s": 15, "out": str(folder / "run")}
+    body.update(fields)
+    return write_recipe(folder, body)
+
+
+def _no_script_processes() -> bool:
+    mine = [p for p in psutil.process_iter(["cmdline"]) if any("script_modes.py" in c or "train_plain.py" in c
+                                                              for c in (p.info["cmdline"] or []))]
+    return not mine
+
+
+def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
+    result = tuner.search(ROOT / "recipes" / "script_plain.yaml", trials=3, confirm=0, attribute=0, quiet=True,
+                          out=tmp_path / "run", overrides=["steps.measure=12"])
+    assert result.best["params"]["num_workers"] > 0  # the slow reads want workers
+    assert result.speedup > 1.3, result.speedup
+    assert (tmp_path / "run" / "trials" / "001" / "output.log").is_file()
+    assert result.best["command"].startswith("python -m tuner.measure")
+    assert _no_script_processes()
+
+
+def test_a_crash_a_silent_script_and_a_hang_are_recorded_with_their_reasons(tmp_path):
+    recipe = _modes_recipe(tmp_path, timeout_s=10)  # the hang waits this long (a normal run: the search test)
+    crash = tuner.measure(recipe, micro_batch_size=4)
+    assert crash.state == "error" and "exited with status 1" in crash.reason and "boom at micro-batch 4" in crash.reason
+    silent = tuner.measure(recipe, num_workers=1)
+    assert silent.state == "error" and "finished without reporting" in silent.reason
+    assert "training without the probe" in silent.reason  # the output's tail
+    hang = tuner.measure(recipe, num_workers=2)
+    assert hang.state == "error" and "no report after" in hang.reason and "hanging" in hang.reason
+    assert psutil.Process().children(recursive=True) == [] and _no_script_processes()
+
+
+def test_the_search_goes_on_past_a_crashing_configuration(tmp_path):
+    recipe = _modes_recipe(tmp_path, space={"micro_batch_size": [8, 4]}, baseline={"micro_batch_size": 8})
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = {r["micro_batch_size"]: r for r in csv.DictReader(f)}
+    assert rows["8"]["state"] == "ok" and rows["4"]["state"] == "error"
+    assert "boom at micro-batch 4" in rows["4"]["reason"]
+    assert json.loads((tmp_path / "run" / "best.json").read_text())["params"]["micro_batch_size"] == 8
+
+
+def test_script_recipe_errors_are_one_line(tmp_path):
+    bad = _modes_recipe(tmp_path, script="missing.py")
+    proc = run([sys.executable, "-m", "tuner.measure", str(bad)])
+    assert proc.returncode == 2 and "missing.py does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    both = write_recipe(tmp_path, {"name": "x", "task": "t.py", "args": ["--x"], "global_batch_size": 8}, "b.yaml")
+    proc = run([sys.executable, "-m", "tuner.measure", str(both)])
+    assert proc.returncode == 2 and "args: only for script: recipes" in proc.stderr
+
+
+def test_two_nodes_meet_through_the_agent(tmp_path):
+    """nnodes: 2 on one machine: the search's side and an agent's side of every trial meet
+    at the rendezvous; the agent ends its side with the trial and leaves nothing behind."""
+    import signal
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    recipe = write_recipe(tmp_path, {
+        "name": "two-nodes", "script": str(ROOT / "recipes" / "scripts" / "train_plain.py"),
+        "args": ["--steps", "1000000", "--latency-ms", "0.5"], "nproc_per_node": 1, "nnodes": 2,
+        "rdzv_endpoint": f"127.0.0.1:{port}", "global_batch_size": 32, "steps": {"warmup": 2, "measure": 6},
+        "timeout_s": 90, "out": str(tmp_path / "run")})
+    agent = subprocess.Popen([sys.executable, "-m", "tuner.agent", str(recipe), "--idle-exit", "120"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = tuner.measure(recipe, num_workers=1)
+    finally:
+        agent.send_signal(signal.SIGINT)
+        _, err = agent.communicate(timeout=60)
+    assert first.state == "ok", (first.reason, err[-2000:])
+    # The probe's step check passed: 16 samples per step per rank = 32 / 2 ranks, one per node.
+    assert first.environment["world_size"] == 2
+    folder = tmp_path / "run" / "measure" / "trials" / "001"
+    assert [p.name for p in folder.glob("output-*.log")] == [f"output-{socket.gethostname()}.log"]
+    assert agent.returncode == 0 and "Traceback" not in err
+    assert psutil.Process().children(recursive=True) == [] and _no_script_processes()
+
+
+def test_several_node_settings_are_checked(tmp_path, capsys):
+    from tuner.cli import agent_main
+
+    script = str(TESTS / "helpers" / "script_modes.py")
+    with pytest.raises(tuner.RecipeError, match="rdzv_endpoint: required with nnodes: 2"):
+        tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": script, "nnodes": 2, "global_batch_size": 8}))
+    with pytest.raises(tuner.RecipeError, match="rdzv_endpoint: expected host:port"):
+        tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": script, "nnodes": 2,
+                                                  "rdzv_endpoint": "node0", "global_batch_size": 8}))
+    two = tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": script, "nnodes": 2, "nproc_per_node": 4,
+                                                    "rdzv_endpoint": "node0:29500", "global_batch_size": 16}))
+    assert two.world_size == 8
+    assert agent_main([str(_modes_recipe(tmp_path))]) == 2
+    assert "the agent is for script recipes with nnodes >= 2" in capsys.readouterr().err
+
+
+def test_a_trials_time_limit_follows_what_was_measured():
+    from tuner.scriptmode.launcher import Limits
+
+    limits = Limits(600)
+    assert limits.limit(10) == 600  # nothing measured yet: the recipe's timeout_s
+    # 20 s for 10 steps of 32 samples at 32 samples/s: 1 s a step, 10 s of start-up.
+    limits.learn(20.0, 10, 32, {"samples_per_s": 32.0, "step_time_p99_s": 1.5})
+    assert limits.startup_s == 10.0
+    assert limits.limit(10) == 2 * 10.0 + 5 * 10 * 1.5
+    assert Limits(60).limit(10) == 60 and limits.limit(1) == 30.0  # at least 30 s

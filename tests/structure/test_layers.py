@@ -1,0 +1,80 @@
+"""The package's shape, checked statically (AST; nothing imported): imports go one way
+(DESIGN.md, "Inside"), no cycles, small modules and functions, few top-level modules."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
+LAYERS = {"config": 0, "harness": 1, "trial": 2, "scriptmode": 3, "analysis": 3, "tuning": 4, "outputs": 5,
+          "api": 6, "cli": 6, "integrations": 6}
+"""A module imports from layers below its own, or from its own subpackage (api and cli
+share one). Anything else under ``tuner/`` is a command shim or the package face (7)."""
+
+
+def _modules() -> dict[str, Path]:
+    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in PACKAGE.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every tuner module ``name`` imports: top level, in functions, under TYPE_CHECKING."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names}
+    return {m for m in out if m in known and m != name}
+
+
+def _layer(module: str) -> tuple[int, str]:
+    part = module.split(".")[1] if "." in module else ""
+    return LAYERS.get(part, 7), "face" if part in ("api", "cli") else part
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_imports_go_one_way() -> None:
+    wrong = [f"{a} imports {b}" for a, deps in _graph().items() for b in deps
+             if _layer(b)[0] > _layer(a)[0] or (_layer(b)[0] == _layer(a)[0] and _layer(b)[1] != _layer(a)[1])]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycles() -> None:
+    graph, done, cycles = _graph(), set(), []
+
+    def visit(node: str, stack: list[str]) -> None:
+        if node in stack:
+            cycles.append(" -> ".join(stack[stack.index(node):] + [node]))
+            return
+        if node in done:
+            return
+        for dep in sorted(graph[node]):
+            visit(dep, stack + [node])
+        done.add(node)
+
+    for name in sorted(graph):
+        visit(name, [])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_small_modules_and_functions_few_top_level_modules() -> None:
+    modules = _modules()
+    long_modules = [f"{n}: {len(p.read_text().splitlines())} lines" for n, p in modules.items()
+                    if len(p.read_text().splitlines()) > 400]
+    long_functions = [f"{n}.{f.name}: {f.end_lineno - f.lineno + 1} lines" for n, p in modules.items()
+                      for f in ast.walk(ast.parse(p.read_text()))
+                      if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.end_lineno - f.lineno >= 80]
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    packages = [p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()]
+    assert not long_modules and not long_functions, long_modules + long_functions
+    assert len(top) <= 12 and len(packages) >= 6, (top, packages)

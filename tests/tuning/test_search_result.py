@@ -1,0 +1,41 @@
+"""One result type: best.json is SearchResult.to_json, and it reads back whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.analysis.attribution import attribute, key
+from tuner.analysis.diagnose import diagnose
+from tuner.tuning.result import SearchResult
+
+
+def _result() -> SearchResult:
+    base, best = {"num_workers": 0, "amp_dtype": "fp32"}, {"num_workers": 4, "amp_dtype": "bf16"}
+    rates = {key(base): [100.0, 110.0], key({**base, "num_workers": 4}): [300.0, 320.0], key(best): [400.0, 390.0],
+             key({**best, "num_workers": 0}): [120.0, 118.0]}
+    attribution = attribute(base, best, rates, {})
+    metrics = {"samples_per_s": 400.0, "data_wait_share": 0.5, "stall_free_samples_per_s": 2000.0}
+    return SearchResult(
+        out=Path("runs/x"), best={"params": best, "metrics": metrics, "source": "median of 3 confirmation runs",
+                                  "failures": 1, "trial": 4, "command": "python -m tuner.measure x.yaml"},
+        baseline={"params": base, "metrics": {"samples_per_s": 100.0}, "failures": 0, "trial": 0},
+        speedup=4.0, target_met=False, stopped="trials", trials=7, environment={"cuda": None},
+        diagnosis={"best": diagnose(metrics), "baseline": []}, attribution=attribution, name="x",
+        recipe="x.yaml", memory_budget_gib=8.0, world_size=2,
+    )
+
+
+def test_best_json_reads_back_into_the_same_result():
+    result = _result()
+    record = result.to_json()
+    again = SearchResult.from_json(record, result.out)
+    assert again.to_json() == record
+    assert again.diagnosis["best"][0].kind == "data-bound" and again.attribution == result.attribution
+    assert again.best["failures"] == 1 and again.best["command"] == result.best["command"]
+
+
+def test_best_json_keeps_design_mds_keys():
+    record = _result().to_json()
+    assert set(record) >= {"params", "metrics", "baseline", "speedup", "target_met", "environment"}
+    assert record["baseline"] == {"params": {"num_workers": 0, "amp_dtype": "fp32"},
+                                  "metrics": {"samples_per_s": 100.0}}

@@ -1,0 +1,96 @@
+"""The search's space and its one-change-at-a-time steps, without running trials."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import tuner
+from tuner.config.space import Machine
+from tuner.tuning.guided import guided_next
+from tuner.tuning.searchspace import Space, baseline_knobs, build_space
+
+CPU = Machine(cuda=False, bf16=True, fp16=False)
+SPACE = Space({
+    "num_workers": (0, 1, 2, 4), "prefetch_factor": (2, 4), "pin_memory": (False,), "persistent_workers": (False, True),
+    "amp_dtype": ("fp32", "bf16"), "micro_batch_size": (4, 8, 16), "zero_stage": (0,),
+})
+BASE = {"num_workers": 0, "prefetch_factor": 2, "pin_memory": False, "persistent_workers": False,
+        "amp_dtype": "fp32", "micro_batch_size": 8, "zero_stage": 0}
+
+
+def test_waiting_on_data_climbs_workers_one_step_at_a_time():
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.8}, lambda k: False)
+    assert step == dict(BASE, num_workers=1, prefetch_factor=4, persistent_workers=True)
+    # Incumbent now has 1 worker and still waits: the next step is 2.
+    incumbent = dict(step)
+    assert guided_next(SPACE, incumbent, {"data_wait_share": 0.5}, lambda k: False)["num_workers"] == 2
+
+
+def test_a_climb_that_did_not_win_moves_on_to_other_knobs():
+    tried = [dict(BASE, num_workers=1, prefetch_factor=4, persistent_workers=True)]
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.8}, lambda k: k in tried)
+    assert step == dict(BASE, amp_dtype="bf16")
+
+
+def test_no_data_wait_goes_straight_to_one_knob_at_a_time_largest_micro_first():
+    tried = [dict(BASE, amp_dtype="bf16")]
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: k in tried)
+    assert step == dict(BASE, micro_batch_size=16)
+
+
+def test_exhausted_neighbourhood_hands_over_to_the_sampler():
+    assert guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: True) is None
+
+
+def test_baseline_joins_searched_knobs_but_fixed_knobs_stay_fixed(toy):
+    recipe = tuner.load_recipe(toy(space={"num_workers": [1, 2], "persistent_workers": True},
+                                   baseline={"num_workers": 0}))
+    space = build_space(recipe, CPU)
+    assert space.choices["num_workers"] == (0, 1, 2)  # the baseline's 0 joins the list
+    assert space.choices["persistent_workers"] == (True,)  # a scalar stays fixed
+    assert space.choices["micro_batch_size"] == (16,)  # omitted: the baseline's (no accumulation)
+    base = baseline_knobs(recipe, space, CPU)
+    assert base["num_workers"] == 0 and base["persistent_workers"] is False  # measured as it is
+
+
+def test_space_enumerates_distinct_configurations():
+    configs = SPACE.configs(16, 1, CPU, "auto")
+    # workers 0: 2 amp x 3 micro; workers 1/2/4: x 2 prefetch x 2 persistent
+    assert len(configs) == 6 + 3 * 2 * 2 * 2 * 3
+    assert len(set(configs)) == len(configs)
+
+
+def _open_at_once(path: str, barrier, results, tuner_side: bool) -> None:
+    import optuna
+
+    from tuner.tuning import study as study_mod
+
+    barrier.wait()
+    try:
+        if tuner_side:
+            study_mod.open_study(SimpleNamespace(name="race"), f"sqlite:///{path}", 0)
+        else:  # a poller (a dashboard, a test) opening the same new file
+            optuna.load_study(study_name="race", storage=f"sqlite:///{path}")
+        results.put("ok")
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_opening_a_new_study_while_another_process_opens_it_too(tmp_path):
+    """Simultaneous opens of a new SQLite file collide on creating the schema (seen in CI:
+    the search exited 2 at start while a test polled its study); the tuner's side retries."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")  # the parent has optuna loaded: quick races
+    failures = []
+    for i in range(10):  # without the retry, 4 of 20 such races failed here
+        barrier, results = context.Barrier(2), context.Queue()
+        path = str(tmp_path / f"{i}.db")
+        procs = [context.Process(target=_open_at_once, args=(path, barrier, results, side)) for side in (True, False)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        tuner_result = [results.get(timeout=10) for _ in procs]
+        failures += [r for r in tuner_result if "RecipeError" in r]
+    assert failures == []

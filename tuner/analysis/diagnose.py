@@ -1,0 +1,258 @@
+"""Why a configuration runs at the speed it does: a verdict from its measured metrics.
+
+The symptom table a performance engineer keeps in their head, written down: each verdict
+names the bottleneck, the evidence (the numbers that point at it) and the next thing to
+try. Every threshold lives in :data:`THRESHOLDS`, the one place to read or change them
+(the README lists them too). A configuration can have several verdicts; they are ordered
+by how much of the step they explain, the first one is the headline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Mapping
+
+THRESHOLDS: dict[str, float] = {
+    "data_wait_share": 0.10,  # data-bound above this share of the step spent waiting for the next batch
+    "stall_free_gap": 1.25,  # ...and the stall-free ceiling at least this many times the measured rate
+    "transfer_share": 0.05,  # input-transfer-bound above this share spent copying batches to the device
+    "comm_share": 0.10,  # communication-bound above this share of exposed collective time
+    "memory_near_budget": 0.90,  # memory-bound above this fraction of the memory budget (or any allocator retry)
+    "host_saturated_cpu": 0.80,  # host-bound: the main process uses at least this much of one core...
+    "host_flop_efficiency": 0.02,  # ...(CPU) and the step reaches less than this share of a large matmul's FLOP/s
+    "gpu_idle_util": 0.60,  # ...(GPU) while the GPU runs kernels less than this share of the time
+    "compute_near_ceiling": 0.85,  # compute-bound: measured at least this fraction of the stall-free ceiling
+    "unstable_tail": 2.0,  # unstable: p99 step time above this many times p50
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One bottleneck, the numbers behind it, and what to try next."""
+
+    kind: str
+    """data-bound, input-transfer-bound, communication-bound, memory-bound, host-bound,
+    compute-bound or unstable."""
+    weight: float
+    """Share of the step it explains (0..1), for ordering; 0 for unstable."""
+    evidence: str
+    next_step: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Verdict":
+        return cls(data["kind"], float(data["weight"]), data["evidence"], data["next_step"])
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the rules read: one configuration's metrics and its context."""
+
+    metrics: Mapping[str, Any]
+    params: Mapping[str, Any]
+    memory_budget_gib: float | None
+    device: str
+    host_matmul_tflops: float | None
+
+    def get(self, name: str) -> Any:
+        return self.metrics.get(name)
+
+    @property
+    def rate(self) -> float:
+        return self.metrics.get("samples_per_s") or 0.0
+
+    @property
+    def wait(self) -> float:
+        return self.metrics.get("data_wait_share") or 0.0
+
+    @property
+    def ceiling(self) -> float | None:
+        return self.metrics.get("stall_free_samples_per_s")
+
+    @property
+    def gap(self) -> float | None:
+        """How many times faster a perfect data pipeline would run."""
+        return self.ceiling / self.rate if self.ceiling and self.rate else None
+
+    @property
+    def busy_share(self) -> float:
+        """The part of the step the loop is not waiting (for data or collectives)."""
+        return 1.0 - self.wait - (self.get("comm_share") or 0.0)
+
+
+Rule = Callable[[Facts, "list[Verdict]"], "Verdict | None"]
+"""One verdict's test: the facts, and the verdicts found before it (in :data:`RULES` order)."""
+
+
+def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    t = THRESHOLDS
+    if f.wait <= t["data_wait_share"] or (f.gap is not None and f.gap < t["stall_free_gap"]):
+        return None
+    workers = f.params.get("num_workers")
+    more = f"more loader workers than {workers}" if workers is not None else "more loader workers"
+    ceiling_text = f"; a perfect pipeline would reach {f.ceiling:,.0f} samples/s ({f.gap:.1f}x)" if f.gap else ""
+    worker_cpu = f.get("worker_cpu_util")
+    busy = f"; its {workers} workers use {worker_cpu:.1f} cores" if worker_cpu is not None and workers else ""
+    return Verdict(
+        "data-bound", f.wait,
+        f"the loop waits for data {f.wait:.0%} of the step{ceiling_text}{busy}",
+        f"try {more}, a larger prefetch_factor, persistent_workers; if the workers are CPU-bound, "
+        "make the per-sample work cheaper (decode once, cache)",
+    )
+
+
+def _input_transfer_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    transfer = f.get("transfer_share")
+    if transfer is None or transfer <= THRESHOLDS["transfer_share"]:
+        return None
+    return Verdict(
+        "input-transfer-bound", transfer,
+        f"copying batches to the device takes {transfer:.0%} of the step"
+        + ("" if f.params.get("pin_memory") else " with pageable memory"),
+        "try pin_memory=true (the copy becomes asynchronous), or move less data (uint8 images, "
+        "token ids instead of embeddings)",
+    )
+
+
+def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    comm = f.get("comm_share")
+    if comm is None or comm <= THRESHOLDS["comm_share"]:
+        return None
+    zero = f.params.get("zero_stage")
+    return Verdict(
+        "communication-bound", comm,
+        f"collectives not hidden behind compute take {comm:.0%} of the step",
+        "try a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
+        + (", a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "")
+        + "; on GPUs, check the interconnect (NCCL_DEBUG=INFO) and bucket sizes",
+    )
+
+
+def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    budget, peak = f.memory_budget_gib, f.get("peak_mem_gib")
+    retries = f.get("alloc_retries") or 0
+    near = bool(budget and peak and peak >= THRESHOLDS["memory_near_budget"] * budget)
+    if not near and retries <= 0:
+        return None
+    used = f"peak memory {peak:.2f} GiB of a {budget:g} GiB budget" if budget and peak else ""
+    retry = f"{retries} allocator retries (cudaMalloc failed, cache flushed)" if retries else ""
+    return Verdict(
+        "memory-bound", (peak / budget) if budget and peak else 0.0,
+        "; ".join(x for x in (used, retry) if x),
+        "little room to grow: a higher ZeRO stage, bf16, a smaller micro-batch with more "
+        "accumulation, or activation checkpointing frees memory",
+    )
+
+
+def _host_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    t, cpu, gpu = THRESHOLDS, f.get("cpu_util"), f.get("gpu_util")
+    if cpu is None or cpu < t["host_saturated_cpu"] or f.busy_share <= 0.5:
+        return None
+    if f.device == "cuda":
+        if gpu is None or gpu >= t["gpu_idle_util"]:
+            return None
+        return Verdict(
+            "host-bound", f.busy_share,
+            f"the main process uses {cpu:.1f} cores while the GPU runs kernels only {gpu:.0%} of the time",
+            "the host cannot launch work fast enough: a larger micro-batch, CUDA graphs or "
+            "torch.compile, fewer Python-side operations per step",
+        )
+    tflops, yardstick = f.get("achieved_tflops"), f.host_matmul_tflops
+    if not yardstick or tflops is None or tflops / yardstick >= t["host_flop_efficiency"]:
+        return None
+    return Verdict(
+        "host-bound", f.busy_share,
+        f"the cores are busy ({cpu:.1f} in use) but the step does {1000 * tflops:.3g} "
+        f"GFLOP/s, {tflops / yardstick:.1%} of what they reach on a large matmul "
+        f"({1000 * yardstick:.0f} GFLOP/s): per-operation overhead, not arithmetic, sets the pace",
+        "a larger micro-batch (bigger operations, fewer per sample), or fewer, fused operations "
+        "(torch.compile)",
+    )
+
+
+def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    # The step itself is the time: little data wait (the stall-free ceiling, timed in a
+    # separate short run, is noisier than the share), and nothing else explains it.
+    t, ceiling = THRESHOLDS, f.ceiling
+    near_ceiling = f.wait <= t["data_wait_share"] or (
+        f.gap is not None and ceiling is not None and f.rate >= t["compute_near_ceiling"] * ceiling)
+    if not f.rate or not near_ceiling or any(
+            v.kind in ("data-bound", "communication-bound", "host-bound") for v in found):
+        return None
+    mfu, tflops = f.get("mfu"), f.get("achieved_tflops")
+    util = (f"; MFU {mfu:.0%}" if mfu is not None
+            else f"; {1000 * tflops:.3g} GFLOP/s per device" if tflops is not None else "")
+    where = f", {f.rate / ceiling:.0%} of the stall-free ceiling" if ceiling else ""
+    return Verdict(
+        "compute-bound", f.busy_share,
+        f"{f.rate:,.0f} samples/s with {f.wait:.0%} data wait{where}{util}",
+        "the data pipeline is not the limit: bf16/fp16, a larger micro-batch, fused or "
+        "compiled kernels make the step itself faster",
+    )
+
+
+def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:
+    p50, p99 = f.get("step_time_p50_s"), f.get("step_time_p99_s")
+    if not (p50 and p99 and p99 > THRESHOLDS["unstable_tail"] * p50):
+        return None
+    return Verdict(
+        "unstable", 0.0,
+        f"p99 step time {1000 * p99:.1f} ms is {p99 / p50:.1f}x the p50 ({1000 * p50:.1f} ms)",
+        "a periodic stall (loader refill, garbage collection, logging, another process): "
+        "look at a trace of the window (tuner.measure --trace DIR)",
+    )
+
+
+RULES: tuple[Rule, ...] = (_data_bound, _input_transfer_bound, _communication_bound, _memory_bound, _host_bound,
+                           _compute_bound, _unstable)
+"""Every verdict's rule, in the order they are tested (compute-bound reads what came before)."""
+
+
+def diagnose(
+    metrics: Mapping[str, Any],
+    params: Mapping[str, Any] | None = None,
+    memory_budget_gib: float | None = None,
+    device: str = "cpu",
+    host_matmul_tflops: float | None = None,
+) -> list[Verdict]:
+    """Verdicts for one measured configuration, the headline first.
+
+    Args:
+        metrics: DESIGN.md metric names (a trial's, or a median over repeats).
+        params: its knobs (to phrase the next step: "more workers than 2").
+        memory_budget_gib: ``budget.memory_gib``.
+        device: ``"cpu"`` or ``"cuda"``: which host-bound rule applies.
+        host_matmul_tflops: what this machine's CPU reaches on a large matmul
+            (``environment["host_matmul_tflops"]``): the yardstick of the CPU host-bound rule.
+    """
+    facts = Facts(metrics, dict(params or {}), memory_budget_gib, device, host_matmul_tflops)
+    found: list[Verdict] = []
+    for rule in RULES:
+        verdict = rule(facts, found)
+        if verdict is not None:
+            found.append(verdict)
+    return sorted(found, key=lambda v: -v.weight)
+
+
+def diagnose_run(
+    metrics: Mapping[str, Any] | None,
+    params: Mapping[str, Any] | None,
+    memory_budget_gib: float | None,
+    environment: Mapping[str, Any],
+) -> list[Verdict]:
+    """:func:`diagnose` with the device and the CPU yardstick taken from a result's
+    ``environment`` record; no verdicts for a failed configuration (no metrics)."""
+    if not metrics:
+        return []
+    device = "cuda" if environment.get("cuda") else "cpu"
+    return diagnose(metrics, params, memory_budget_gib, device, environment.get("host_matmul_tflops"))
+
+
+def headline(verdicts: list[Verdict]) -> str:
+    """The first verdict as one line, or what it means to have none."""
+    if not verdicts:
+        return "no clear bottleneck: no wait, communication or host limit stands out"
+    v = verdicts[0]
+    return f"{v.kind}: {v.evidence}"

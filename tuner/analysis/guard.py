@@ -1,0 +1,28 @@
+"""The precision guard: a faster configuration must still train the same model.
+
+Every trial starts from the same weights (the recipe's seed) and reads the same samples
+in the same order at every step, whatever its micro-batch, workers or ZeRO stage, so its
+loss per optimizer step follows the same curve up to rounding. A bf16/fp16 configuration
+whose curve leaves the fp32 one by more than the recipe's ``precision.tolerance``
+(relative, at any step) is rejected however fast it was (state ``imprecise``): reduced precision is then
+changing what the model learns. Non-finite losses are rejected before this (``nonfinite``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+
+def divergence(losses: Sequence[float], reference: Sequence[float], tolerance: float, amp: str) -> str | None:
+    """Why ``losses`` are not close enough to the fp32 ``reference`` (``None``: they are).
+
+    Steps are compared one by one over the steps both ran (warm-ups differ in length)."""
+    for step, (loss, ref) in enumerate(zip(losses, reference), start=1):
+        if not math.isfinite(loss):
+            return f"precision guard: the {amp} loss is not finite at step {step}"
+        gap = abs(loss - ref) / max(abs(ref), 1e-12)
+        if gap > tolerance:
+            return (f"precision guard: the {amp} loss {loss:.4g} is {gap:.1%} from the fp32 reference "
+                    f"{ref:.4g} at step {step} (tolerance {tolerance:.0%}, recipe precision.tolerance)")
+    return None

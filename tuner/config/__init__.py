@@ -1,0 +1,3 @@
+"""The user's input, parsed once into typed objects: the recipe (``recipe``), the knobs and
+one complete configuration (``space``), the task file (``task``), the configs to paste
+(``export``), and the errors a user can act on (``errors``)."""

@@ -1,0 +1,381 @@
+"""The recipe: the user's YAML, parsed once into typed objects and validated completely.
+
+Nothing runs before the whole recipe is known to be good: every key is checked, its path
+and what is allowed named in the error (:class:`~tuner.errors.RecipeError`, exit 2).
+``--set key=value`` overrides are applied to the raw YAML first, so they get the same
+checks: a knob name fixes that knob, any other dotted path (``steps.measure=5``,
+``task_args.seq_len=128``) replaces that recipe value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Sequence, get_args
+
+import yaml
+
+from tuner.config import space as space_mod
+from tuner.config.errors import RecipeError
+from tuner.config.space import EngineName
+from tuner.config.task import Task, load_task
+
+NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+AdaptMode = Literal["accelerate", "deepspeed"]
+"""Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
+ADAPT_MODES: tuple[str, ...] = get_args(AdaptMode)
+
+
+@dataclass(frozen=True)
+class Steps:
+    warmup: int = 5
+    """Optimizer steps run before measuring (worker start-up, allocator warm-up)."""
+    measure: int = 20
+    """Optimizer steps measured."""
+    repeats: int = 1
+    """Times a configuration is measured; results are reported as the median."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    memory_gib: float | None = None
+    """Peak device memory allowed (host PSS on CPU-only machines)."""
+    host_memory_gib: float | None = None
+    """Peak host memory (process tree PSS) allowed on GPU machines."""
+    trials: int = 30
+    """Trials the search may run."""
+    minutes: float | None = None
+    """Wall-clock minutes the search may run."""
+
+
+@dataclass(frozen=True)
+class Target:
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Script:
+    """A ``script:`` recipe's launch: each trial runs ``torchrun --nproc_per_node=N path args``."""
+
+    path: Path
+    args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    """Longest a trial may run before its first report (start-up, warm-up, window); later
+    trials get a limit from the measured step times when that is shorter."""
+    nnodes: int = 1
+    """Nodes per trial; above 1, every other node runs ``python -m tuner.agent RECIPE``
+    (:mod:`tuner.agent`), which launches its part of each trial."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the rendezvous (required when ``nnodes`` > 1), as torchrun's."""
+    rdzv_backend: str = "c10d"
+    adapt: AdaptMode | None = None
+    """``accelerate``: the script has no tuner code; the knobs are applied and the loop
+    measured through Accelerate (:mod:`tuner.adapt`). ``None``: the script calls
+    ``tuner.config`` and ``tuner.Probe`` itself."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    tolerance: float = 0.05
+    """Largest relative gap allowed between a bf16/fp16 configuration's loss and the fp32
+    reference's, at any step of the same seed and data (the precision guard)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A validated recipe. ``space`` maps every knob given to its values (1 value = fixed)."""
+
+    name: str
+    path: Path
+    task_ref: str
+    task: Task | None
+    """The task's functions; ``None`` for a ``script:`` recipe."""
+    global_batch_size: int
+    world_size: int
+    task_args: dict[str, Any] = field(default_factory=dict)
+    steps: Steps = Steps()
+    budget: Budget = Budget()
+    target: Target = Target()
+    precision: Precision = Precision()
+    baseline: dict[str, Any] = field(default_factory=dict)
+    space: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    engine: EngineName = "auto"
+    seed: int = 0
+    out: Path = Path("runs")
+    storage: str = ""
+    knob_overrides: dict[str, Any] = field(default_factory=dict)
+    """Knobs fixed with ``--set``: they win over the space and the baseline."""
+    script: Script | None = None
+    """Set for a ``script:`` recipe: the user's training script, one process tree per trial."""
+
+
+def load_recipe(
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    world_size: int | None = None,
+    knobs: Mapping[str, Any] | None = None,
+) -> Recipe:
+    """Read, override and validate a recipe file.
+
+    Args:
+        path: the YAML file.
+        overrides: ``key=value`` strings (``--set``); values are parsed as YAML.
+        world_size: ranks the job runs on; defaults to ``$WORLD_SIZE`` (torchrun) or 1.
+        knobs: knob values to fix, as with ``--set`` (they win over ``overrides``).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise RecipeError(f"{path}: no such recipe file")
+    if not path.is_file():
+        raise RecipeError(f"{path}: is not a file; give the recipe's .yaml path")
+    raw = _read_yaml(path)
+    knob_sets = {**_apply_overrides(raw, overrides, path), **(knobs or {})}
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return _build(raw, path, world_size, knob_sets)
+
+
+# --- YAML -------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
+            )
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"{path}: cannot read recipe: {exc}") from None
+    try:
+        raw = yaml.load(text, Loader=_StrictLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(f"{where}: invalid YAML: {problem}") from None
+    if raw is None:
+        raise RecipeError(f"{path}: the recipe is empty; it needs at least name, task and global_batch_size")
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{path}: a recipe is a mapping of key: value, got a {type(raw).__name__}")
+    return raw
+
+
+def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) -> dict[str, Any]:
+    """Apply ``key=value`` to ``raw`` in place; return the knob overrides separately."""
+    knobs: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise RecipeError(f"--set {item!r}: expected key=value, e.g. --set num_workers=4")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        if key in space_mod.KNOBS:
+            knobs[key] = value
+            continue
+        node = raw
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise RecipeError(f"--set {key}: {part} is not a mapping in {path}")
+            node = child
+        node[parts[-1]] = value
+    return knobs
+
+
+# --- validation ---------------------------------------------------------------------------
+
+_TOP_KEYS = (
+    "name", "task", "script", "task_args", "global_batch_size", "steps", "budget", "target",
+    "baseline", "space", "engine", "seed", "out", "storage", "precision",
+    "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint", "rdzv_backend",
+)
+_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint", "rdzv_backend")
+
+
+def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str, Any]) -> Recipe:
+    _check_keys(raw, _TOP_KEYS, "")
+    for key in ("name", "global_batch_size"):
+        if key not in raw:
+            raise RecipeError(f"{key}: required key is missing from {path}")
+    script = _script(raw, path) if "script" in raw else None
+    if script is not None:
+        if "task" in raw:
+            raise RecipeError("task: a recipe names a task or a script, not both")
+        world_size = script.nproc_per_node * script.nnodes  # the search is one process; each trial a torchrun
+    elif [k for k in _SCRIPT_KEYS if k in raw]:
+        key = next(k for k in _SCRIPT_KEYS if k in raw)
+        raise RecipeError(f"{key}: only for script: recipes (this one names a task)")
+    if script is None and "task" not in raw:
+        raise RecipeError(f"task: required key is missing from {path}; give a .py path or a module name")
+
+    name = raw["name"]
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise RecipeError(f"name: expected letters, digits, '.', '_' or '-' only, got {name!r}")
+    global_batch = _int(raw["global_batch_size"], "global_batch_size", minimum=1)
+    if world_size < 1:
+        raise RecipeError(f"WORLD_SIZE: expected >= 1, got {world_size}")
+
+    steps = Steps(**_section(raw.get("steps"), "steps", Steps, lambda v, w: _int(v, w, minimum=1)))
+    budget_fields = _section(raw.get("budget"), "budget", Budget, _budget_value)
+    budget = Budget(**budget_fields)
+    target = Target(**_section(raw.get("target"), "target", Target, lambda v, w: _number(v, w)))
+    precision = Precision(**_section(raw.get("precision"), "precision", Precision, lambda v, w: _number(v, w)))
+
+    task_args = raw.get("task_args") or {}
+    if not isinstance(task_args, dict):
+        raise RecipeError(f"task_args: expected a mapping passed to the task's builders, got {task_args!r}")
+
+    space = space_mod.parse_space(raw.get("space"))
+    baseline = space_mod.parse_knobs(raw.get("baseline"), "baseline")
+    overrides = space_mod.parse_knobs(knob_sets, "--set")
+    if global_batch % world_size:
+        raise RecipeError(
+            f"global_batch_size: {global_batch} is not divisible by the world size {world_size}"
+        )
+    for where, micros in (
+        ("space.micro_batch_size", space.get("micro_batch_size", ())),
+        ("baseline.micro_batch_size", [baseline["micro_batch_size"]] if "micro_batch_size" in baseline else []),
+        ("--set micro_batch_size", [overrides["micro_batch_size"]] if "micro_batch_size" in overrides else []),
+    ):
+        space_mod.check_divisible(global_batch, micros, world_size, where)
+
+    stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
+    engine = _engine(raw.get("engine", "auto"), stages, script)
+    seed = _int(raw.get("seed", 0), "seed", minimum=0)
+    out_path, storage = _out(raw, name)
+
+    task: Task | None = None
+    task_ref = str(script.path) if script is not None else raw["task"]
+    if script is None:
+        if not isinstance(task_ref, str) or not task_ref:
+            raise RecipeError(f"task: expected a .py path or a module name, got {task_ref!r}")
+        task = load_task(task_ref, path.parent)
+
+    return Recipe(
+        name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
+        world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target,
+        precision=precision, baseline=baseline, space=space, engine=engine, seed=seed, out=out_path, storage=storage,
+        knob_overrides=overrides, script=script,
+    )
+
+
+def _engine(engine: Any, stages: set[int], script: Script | None) -> EngineName:
+    """The recipe's engine, checked against the ZeRO stages the recipe can ask for."""
+    if engine not in get_args(EngineName):
+        raise RecipeError(f"engine: expected one of {', '.join(get_args(EngineName))}, got {engine!r}")
+    if engine == "torch" and stages - {0}:
+        raise RecipeError("engine: torch cannot run zero_stage > 0; use engine: auto or deepspeed")
+    if script is not None and script.adapt == "accelerate" and stages - {0}:
+        raise RecipeError("zero_stage: adapt: accelerate does not drive Accelerate's DeepSpeed plugin; remove "
+                          "zero_stage from the space (or use tuner.config().ds_config() in the script)")
+    return engine
+
+
+def _out(raw: dict[str, Any], name: str) -> tuple[Path, str]:
+    """The run folder and the study's storage URL (``sqlite:///<out>/study.db`` by default)."""
+    out = raw.get("out", f"runs/{name}")
+    if not isinstance(out, str) or not out:
+        raise RecipeError(f"out: expected a folder path, got {out!r}")
+    storage = raw.get("storage") or f"sqlite:///{Path(out) / 'study.db'}"
+    if not isinstance(storage, str):
+        raise RecipeError(f"storage: expected an Optuna storage URL, got {storage!r}")
+    return Path(out), storage
+
+
+def _check_keys(raw: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> None:
+    for key in raw:
+        if key not in allowed:
+            close = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise RecipeError(f"{prefix}{key}: unknown key{hint}; allowed here: {', '.join(allowed)}")
+
+
+def _script(raw: dict[str, Any], path: Path) -> Script:
+    ref = raw["script"]
+    if not isinstance(ref, str) or not ref.endswith(".py"):
+        raise RecipeError(f"script: expected the path of a .py training script, got {ref!r}")
+    script_path = (path.parent / ref).resolve()
+    if not script_path.is_file():
+        raise RecipeError(f"script: {script_path} does not exist (script paths are relative to the recipe file)")
+    args = raw.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+        raise RecipeError(f"args: expected a list of command-line arguments, got {args!r}")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise RecipeError(f"env: expected a mapping of environment variables, got {env!r}")
+    nproc = _int(raw.get("nproc_per_node", 1), "nproc_per_node", minimum=1)
+    timeout = _number(raw.get("timeout_s", 600.0), "timeout_s")
+    adapt = raw.get("adapt")
+    if adapt is not None and adapt not in ADAPT_MODES:
+        raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
+                          f"tuner.config and tuner.Probe itself), got {adapt!r}")
+    nnodes = _int(raw.get("nnodes", 1), "nnodes", minimum=1)
+    endpoint = raw.get("rdzv_endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):
+        raise RecipeError(f"rdzv_endpoint: expected host:port (where torchrun's nodes meet), got {endpoint!r}")
+    if nnodes > 1 and endpoint is None:
+        raise RecipeError(f"rdzv_endpoint: required with nnodes: {nnodes}; give host:port of the first node "
+                          "(e.g. node0:29500), reachable from every node")
+    backend = raw.get("rdzv_backend", "c10d")
+    if not isinstance(backend, str) or not backend:
+        raise RecipeError(f"rdzv_backend: expected a torchrun rendezvous backend name (c10d), got {backend!r}")
+    return Script(script_path, tuple(str(a) for a in args), nproc, {k: str(v) for k, v in env.items()}, timeout,
+                  nnodes, endpoint, backend, adapt)
+
+
+def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"{where}: expected a mapping, got {raw!r}")
+    names = list(cls.__dataclass_fields__)
+    _check_keys(raw, names, f"{where}.")
+    return {k: parse(v, f"{where}.{k}") for k, v in raw.items()}
+
+
+def _budget_value(value: Any, where: str) -> Any:
+    if where.endswith(".trials"):
+        return _int(value, where, minimum=1)
+    return _number(value, where)
+
+
+def _int(value: Any, where: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecipeError(f"{where}: expected an integer >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise RecipeError(f"{where}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecipeError(f"{where}: expected a positive number, got {value!r}")
+    if not value > 0:
+        raise RecipeError(f"{where}: must be a positive number, got {value}")
+    return float(value)

@@ -1,0 +1,147 @@
+"""Metric names and how a measured window becomes them (DESIGN.md, "Metrics").
+
+Every rank measures its own :class:`Window`; :func:`summarize` turns the windows of all
+ranks into one dict keyed by :data:`METRIC_NAMES`. A metric not measured in this run
+(no GPU, not yet implemented) is ``None``, never a made-up number.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+GIB = 1024**3
+
+METRIC_NAMES = (
+    "step_time_p50_s", "step_time_p90_s", "step_time_p99_s", "step_time_max_s",
+    "samples_per_s", "tokens_per_s", "data_wait_share", "comm_share", "gpu_util", "cpu_util",
+    "peak_mem_gib", "host_mem_gib", "mfu", "stall_free_samples_per_s",
+    # beyond DESIGN.md's list (README, "Departures"): evidence the diagnosis needs
+    "worker_cpu_util", "transfer_share", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
+)
+
+
+@dataclass
+class Window:
+    """What one rank recorded over its measured steps."""
+
+    step_times: list[float] = field(default_factory=list)
+    """Seconds per optimizer step (host clock, or CUDA events on a GPU)."""
+    data_waits: list[float] = field(default_factory=list)
+    """Host seconds blocked on the next batch (and its copy to the device), per step."""
+    samples: list[int] = field(default_factory=list)
+    """Samples this rank processed, per step."""
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    """CPU seconds (user + system) of the main process over the window."""
+    peak_device_bytes: int | None = None
+    peak_host_bytes: int | None = None
+    gpu_util: float | None = None
+    """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
+    stall_free_step_times: list[float] = field(default_factory=list)
+    """Seconds per step re-training on one batch already on the device (no data wait)."""
+    transfer_waits: list[float] | None = None
+    """Host seconds copying each step's batches to the device (part of ``data_waits``);
+    ``None`` when there is no copy (CPU training)."""
+    comm_waits: list[float] | None = None
+    """Exposed collective seconds per step (CPU/gloo: host time blocked on collectives);
+    ``None`` when not timed."""
+    comm_share: float | None = None
+    """Exposed share measured another way (a profiler window on GPU); wins over ``comm_waits``."""
+    worker_cpu_s: float | None = None
+    """CPU seconds of the loader workers (all descendants) over the window."""
+    gpu_mem_used_bytes: int | None = None
+    """Peak NVML "memory used" on this rank's GPU (all processes, context included)."""
+    alloc_retries: int | None = None
+    """cudaMalloc retries (the caching allocator freed its cache to satisfy a request:
+    a near-OOM signal) during the trial."""
+    cuda_ooms: int | None = None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), ``q`` in [0, 100]."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def window_rate(window: Window, world_size: int) -> float:
+    """Samples/s over one rank's steps so far, times the ranks: the prune rule's figure,
+    cheap enough to take inside the window (no gather, no device sync)."""
+    return sum(window.samples) * world_size / sum(window.step_times)
+
+
+def summarize(
+    windows: Sequence[Window],
+    tokens_per_sample: int | None = None,
+    flops_per_sample: float | None = None,
+    peak_flops: float | None = None,
+) -> dict[str, Any]:
+    """Combine the ranks' windows into the DESIGN.md metrics.
+
+    Ranks step in lockstep, so a step takes as long as its slowest rank: step times are
+    the per-step maximum over ranks. Shares and memory are the worst rank's.
+    ``flops_per_sample`` (forward + backward) gives achieved FLOP/s per device, and MFU
+    against ``peak_flops`` (one device's dense peak) when that is known.
+    """
+    n = min(len(w.step_times) for w in windows)
+    steps = [max(w.step_times[i] for w in windows) for i in range(n)]
+    global_samples = [sum(w.samples[i] for w in windows) for i in range(n)]
+    mean_step = statistics.fmean(steps)
+    samples_per_s = statistics.fmean(global_samples) / mean_step
+    out: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
+    out.update(
+        step_time_p50_s=percentile(steps, 50),
+        step_time_p90_s=percentile(steps, 90),
+        step_time_p99_s=percentile(steps, 99),
+        step_time_max_s=max(steps),
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
+        data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
+        cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
+    )
+    transfers = [_share(sum(w.transfer_waits[:n]), w.wall_s) for w in windows if w.transfer_waits is not None]
+    out["transfer_share"] = max(transfers, default=None)
+    comm = [_comm_share(w, n) for w in windows]
+    out["comm_share"] = max((c for c in comm if c is not None), default=None)
+    workers = [w.worker_cpu_s / w.wall_s for w in windows if w.worker_cpu_s is not None and w.wall_s > 0]
+    out["worker_cpu_util"] = max(workers, default=None)
+    if flops_per_sample:
+        per_device = flops_per_sample * samples_per_s / len(windows)
+        out["achieved_tflops"] = per_device / 1e12
+        out["mfu"] = per_device / peak_flops if peak_flops else None
+    used = [w.gpu_mem_used_bytes for w in windows if w.gpu_mem_used_bytes is not None]
+    out["gpu_mem_used_gib"] = max(used) / GIB if used else None
+    for name in ("alloc_retries", "cuda_ooms"):
+        counts = [getattr(w, name) for w in windows if getattr(w, name) is not None]
+        out[name] = sum(counts) if counts else None
+    utils = [w.gpu_util for w in windows if w.gpu_util is not None]
+    out["gpu_util"] = statistics.fmean(utils) if utils else None
+    k = min(len(w.stall_free_step_times) for w in windows)
+    if k:
+        ceiling_step = statistics.fmean(max(w.stall_free_step_times[i] for w in windows) for i in range(k))
+        out["stall_free_samples_per_s"] = statistics.fmean(global_samples) / ceiling_step
+    hosts = [w.peak_host_bytes for w in windows if w.peak_host_bytes is not None]
+    devices = [w.peak_device_bytes for w in windows if w.peak_device_bytes is not None]
+    host_gib = max(hosts) / GIB if hosts else None
+    out["host_mem_gib"] = host_gib
+    # On a CPU-only machine the host is the device: its PSS is what runs out.
+    out["peak_mem_gib"] = max(devices) / GIB if devices else host_gib
+    return out
+
+
+def _comm_share(w: Window, n: int) -> float | None:
+    if w.comm_share is not None:
+        return w.comm_share
+    if w.comm_waits is None:
+        return None
+    return _share(sum(w.comm_waits[:n]), w.wall_s)
+
+
+def _share(part: float, whole: float) -> float:
+    return min(1.0, part / whole) if whole > 0 else 0.0

@@ -1,0 +1,383 @@
+"""The measuring harness: where each optimizer step's time goes.
+
+The probe wraps the batch iterator (time blocked in ``next()`` is data wait) and is told
+when an optimizer step has finished. It never synchronises the device: on a GPU the step
+boundaries are CUDA events read once, after the window. The same object measures the
+tuner's own loop and, as ``tuner.Probe``, a loop the tuner does not own::
+
+    probe = ProbeCore()          # tuner.Probe for users
+    for batch in probe.loader(train_loader):
+        ...                      # forward, backward, optimizer.step()
+        probe.step()
+        if probe.done:
+            break
+    print(probe.summary())
+
+This is the core: it knows nothing of script mode. What happens when a step is counted
+or the window closes beyond measuring (script mode's report to the search) is a hook
+given by the layer above (:class:`tuner.scriptmode.probe.Probe`, the public ``tuner.Probe``).
+
+Under torchrun every rank runs its own probe; :meth:`Probe.summary` is then a collective
+that returns the metrics of all ranks combined (on every rank). On CPU (gloo) the time
+the loop is blocked on collectives is timed as exposed communication: the Python-level
+ones (``torch.distributed``, ``deepspeed.comm``) by themselves, DDP's all-reduces once
+the model is given to :meth:`Probe.watch`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+import psutil
+import torch
+
+from tuner.harness.comm import DEEPSPEED_COLLECTIVES, TORCH_COLLECTIVES, CommTimer
+from tuner.harness.metrics import Window, percentile, summarize
+from tuner.harness.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
+from tuner.harness.nvtx import Ranges
+
+RECENT_STEPS = 100
+"""Steps the live view (Prometheus) summarises."""
+
+MEMORY_INTERVAL_S = 1.0
+"""How often the probe samples the process tree's PSS: each sample costs the kernel a few
+milliseconds per process (it walks the page tables), so once a second keeps the probe
+under 1% of the loop; the window's first and last moments are sampled too."""
+
+
+class ProbeCore:
+    """Times optimizer steps and the data wait inside them.
+
+    Args:
+        warmup: steps to skip before measuring.
+        measure: steps to measure; ``None`` measures every step after warm-up and
+            ``done`` never becomes true.
+        device: the training device; CUDA step times come from events on its stream.
+        tokens_per_sample: if given, ``tokens_per_s`` is reported.
+        flops_per_sample: forward + backward FLOPs of one sample (see
+            :func:`tuner.flops.count_flops`); gives ``achieved_tflops``, and ``mfu`` on a
+            GPU of the peak table.
+        amp_dtype: the dtype the matmuls run in (``fp32``, ``bf16``, ``fp16``), for the peak.
+        nvtx: mark data wait and steps as NVTX ranges (for Nsight Systems).
+        collectives: time the Python-level collectives under a process group of more than
+            one rank (the tuner's own loop times its engine's collectives itself).
+        comm: the timer to read exposed collective time from (default: the probe's own).
+        monitors: sample host memory (PSS of the process tree) and NVML over the window in
+            a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``
+            (the tuner's trial runs its own over the whole trial).
+        on_step: called after each counted step with (steps done, samples in it).
+        on_close: called with the probe when the measured window closes.
+    """
+
+    def __init__(
+        self,
+        warmup: int = 0,
+        measure: int | None = None,
+        device: torch.device | str | None = None,
+        tokens_per_sample: int | None = None,
+        *,
+        flops_per_sample: float | None = None,
+        amp_dtype: str = "fp32",
+        nvtx: bool = False,
+        collectives: bool = True,
+        comm: CommTimer | None = None,
+        monitors: bool = True,
+        on_step: Callable[[int, int], None] | None = None,
+        on_close: Callable[["ProbeCore"], None] | None = None,
+    ) -> None:
+        if warmup < 0 or (measure is not None and measure < 1):
+            raise ValueError(f"warmup must be >= 0 and measure >= 1 (or None), got {warmup} and {measure}")
+        self.warmup = warmup
+        self.measure = measure
+        self.device = torch.device(device) if device is not None else None
+        self.tokens_per_sample = tokens_per_sample
+        self.flops_per_sample = flops_per_sample
+        self.amp_dtype = amp_dtype
+        self.steps_done = 0
+        self.window = Window()
+        self.window_start: float | None = None
+        self.window_end: float | None = None
+        self.comm = comm if comm is not None else CommTimer()
+        """Exposed collective time; the window records it per step when :attr:`timing_comm`."""
+        self.timing_comm = False
+        self.total_samples = 0
+        self.total_wait = 0.0
+        self.recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=RECENT_STEPS)
+        """(step seconds, data-wait seconds, samples) of the latest steps, for the live view."""
+        self._cuda = self.device is not None and self.device.type == "cuda"
+        self._events: list[torch.cuda.Event] = []
+        self._wait = 0.0
+        self._transfer = 0.0
+        self._samples = 0
+        self._last = time.perf_counter()
+        self._cpu_start = 0.0
+        self._workers_start: dict[int, float] = {}
+        self._proc = psutil.Process()
+        self._nvtx = Ranges(nvtx)
+        self._nvtx_step = False
+        self._collectives = collectives
+        self._patches: contextlib.ExitStack | None = None
+        self._watched: list[str] = []
+        self._server: Any = None
+        self._monitors = monitors
+        self._memory: HostMemory | None = None
+        self._gpu: GpuUtil | None = None
+        self._on_step, self._on_close = on_step, on_close
+
+    # --- the loop's side ------------------------------------------------------------------
+
+    def loader(self, iterable: Iterable[Any], transfer: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+        """Yield from ``iterable``, timing each ``next()`` (and ``transfer``, the copy to the
+        device when it is not overlapped) as data wait."""
+        it = iter(iterable)
+        nvtx = self._nvtx
+        if self.steps_done == 0:
+            self._last = time.perf_counter()  # the first step starts here, not at construction
+        if nvtx.enabled and self.steps_done == 0 and not self._nvtx_step:
+            nvtx.push("step 1")
+            self._nvtx_step = True
+        while True:
+            start = time.perf_counter()
+            if self.window_start is None and self.warmup == 0 and self.steps_done == 0:
+                self._open_window(start)
+            nvtx.push("data wait")
+            try:
+                batch = next(it)
+            except StopIteration:
+                nvtx.pop()
+                return
+            if transfer is not None:
+                copy_start = time.perf_counter()
+                batch = transfer(batch)
+                self._transfer += time.perf_counter() - copy_start
+            nvtx.pop()
+            self._wait += time.perf_counter() - start
+            self._samples += _leading_dim(batch)
+            yield batch
+
+    def record_batch(self, wait_s: float, batch: Any = None) -> None:
+        """For loops whose iterator the probe cannot wrap (trainer callbacks): ``wait_s``
+        seconds were spent getting ``batch`` (its leading dimension counts as samples)."""
+        if self.window_start is None and self.warmup == 0 and self.steps_done == 0:
+            self._open_window(time.perf_counter() - wait_s)
+        self._wait += wait_s
+        if batch is not None:
+            self._samples += _leading_dim(batch)
+
+    def step(self, samples: int | None = None) -> None:
+        """One optimizer step has finished; ``samples`` overrides the inferred count."""
+        now = time.perf_counter()
+        self.steps_done += 1
+        n = samples if samples is not None else self._samples
+        if self._on_step is not None:
+            self._on_step(self.steps_done, n)
+        elapsed = now - self._last
+        if self.measuring_step:
+            w = self.window
+            w.step_times.append(elapsed)
+            w.data_waits.append(self._wait)
+            w.samples.append(n)
+            if self._transfer or w.transfer_waits is not None:
+                if w.transfer_waits is None:
+                    w.transfer_waits = [0.0] * (len(w.step_times) - 1)
+                w.transfer_waits.append(self._transfer)
+            if w.comm_waits is not None:
+                w.comm_waits.append(self.comm.take())
+            if self._cuda:
+                self._record_event()
+            if self.measure is not None and len(w.step_times) == self.measure:
+                self._close_window(now)
+        elif self.steps_done == self.warmup:
+            self._open_window(now)
+        self.recent.append((elapsed, self._wait, n))
+        self.total_samples += n
+        self.total_wait += self._wait
+        if self._nvtx.enabled:
+            if self._nvtx_step:
+                self._nvtx.pop()
+            self._nvtx.push(f"step {self.steps_done + 1}")
+            self._nvtx_step = True
+        self._last = now
+        self._wait = 0.0
+        self._transfer = 0.0
+        self._samples = 0
+
+    def watch(self, model: Any) -> Any:
+        """Time the collectives a wrapped model runs: a DDP model's gradient all-reduces
+        (through a communication hook; call before its first backward) or a DeepSpeed
+        engine's (``deepspeed.comm``, while the window is open). Returns ``model``."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            self.comm.attach_ddp(model)
+            self._watched.append("ddp")
+        elif type(model).__module__.startswith("deepspeed"):
+            self._watched.append("deepspeed")
+        else:
+            raise TypeError(f"probe.watch() takes a DistributedDataParallel model or a DeepSpeed engine, "
+                            f"got {type(model).__name__}")
+        return model
+
+    def serve(self, port: int = 9400, addr: str = "127.0.0.1") -> int:
+        """Serve the live metrics to Prometheus at ``http://addr:port/metrics`` (needs
+        ``prometheus-client``; localhost only unless ``addr`` says otherwise). Returns the
+        port (useful with ``port=0``)."""
+        from tuner.harness.prometheus import serve
+
+        self._server, bound = serve(self.live, port, addr)
+        return bound
+
+    def close(self) -> None:
+        """Stop the live endpoint, the samplers and the collective timing, whichever run."""
+        self._unpatch()
+        self._stop_monitors()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    @property
+    def nvtx(self) -> Ranges:
+        """The probe's NVTX ranges (no-ops unless asked for and available), for a loop
+        that wants to mark its own phases in the same timeline."""
+        return self._nvtx
+
+    @property
+    def measuring_step(self) -> bool:
+        """Whether the step just counted lies in the measured window."""
+        return self.window_start is not None and self.window_end is None
+
+    @property
+    def done(self) -> bool:
+        """True once the measured window is complete (never, when ``measure`` is None)."""
+        return self.window_end is not None
+
+    # --- results --------------------------------------------------------------------------
+
+    def finish(self) -> Window:
+        """Close the window (if still open) and return what this rank recorded."""
+        if self.window_start is not None and self.window_end is None:
+            self._close_window(self._last)
+        w = self.window
+        if self._cuda and len(self._events) > 1:
+            self._events[-1].synchronize()  # after the window: reading events is free then
+            w.step_times = [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:])]
+            self._events = []
+        return w
+
+    def summary(self) -> dict[str, Any]:
+        """The metrics (DESIGN.md names). Under a process group of several ranks this is a
+        collective: call it on every rank; each gets the metrics of all ranks combined."""
+        from tuner.harness import distributed
+        from tuner.harness.flops import peak_flops
+
+        window = self.finish()
+        windows = distributed.all_gather(window)
+        if not all(w.step_times for w in windows):
+            raise RuntimeError("the probe has measured no step yet: call probe.step() after each optimizer step")
+        peak = peak_flops(self.device, self.amp_dtype) if self.device is not None else None
+        return summarize(windows, self.tokens_per_sample, self.flops_per_sample, peak)
+
+    def live(self) -> dict[str, float]:
+        """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the
+        live endpoint serves. Host clock, no device synchronisation."""
+        recent = list(self.recent)  # one copy, made while holding the GIL: the loop may append
+        steps = [s for s, _, _ in recent]
+        busy = sum(steps)
+        return {
+            "steps": float(self.steps_done),
+            "samples": float(self.total_samples),
+            "data_wait_seconds": self.total_wait,
+            "step_time_p50_s": percentile(steps, 50) if steps else 0.0,
+            "step_time_p90_s": percentile(steps, 90) if steps else 0.0,
+            "samples_per_s": sum(n for _, _, n in recent) / busy if busy > 0 else 0.0,
+            "data_wait_share": min(1.0, sum(w for _, w, _ in recent) / busy) if busy > 0 else 0.0,
+        }
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _open_window(self, now: float) -> None:
+        self.window_start = now
+        self._last = now
+        self._cpu_start = cpu_seconds(self._proc)
+        self._workers_start = children_cpu(self._proc)
+        self.comm.take()
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        if world == 1:
+            self.window.comm_share = 0.0  # nobody to talk to
+        elif not self._cuda:
+            self.window.comm_waits = []
+            self._patch()
+        if self._monitors:
+            self._memory = HostMemory(MEMORY_INTERVAL_S).start()
+            self._gpu = GpuUtil(self.device.index if self._cuda and self.device is not None else None).start()
+            if self._cuda:
+                torch.cuda.reset_peak_memory_stats(self.device)
+        if self._cuda:
+            self._record_event()
+
+    def _stop_monitors(self) -> None:
+        w = self.window
+        if self._memory is not None:
+            w.peak_host_bytes = self._memory.stop()
+            self._memory = None
+        if self._gpu is not None:
+            self._gpu.stop()
+            start = self.window_start or 0.0
+            w.gpu_util = self._gpu.mean(start, start + w.wall_s)
+            w.gpu_mem_used_bytes = self._gpu.peak_used
+            self._gpu = None
+            if self._cuda:
+                w.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counter
+
+    def _close_window(self, now: float) -> None:
+        self.window_end = now
+        self.window.wall_s = now - (self.window_start or now)
+        self.window.cpu_s = cpu_seconds(self._proc) - self._cpu_start
+        self.window.worker_cpu_s = sum(
+            max(0.0, cpu - self._workers_start.get(pid, 0.0)) for pid, cpu in children_cpu(self._proc).items()
+        )
+        self._unpatch()
+        self._stop_monitors()
+        if self._collectives and not self._watched and self.window.comm_waits is not None and self.comm.calls == 0:
+            self.window.comm_waits = None  # nothing timed (an unwatched DDP model?): unknown, not zero
+        if self._on_close is not None:  # every rank is here: same step count
+            self._on_close(self)
+
+    def _patch(self) -> None:
+        if not self._collectives or self._patches is not None:
+            return
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.comm.patched(torch.distributed, TORCH_COLLECTIVES))
+        ds_comm = sys.modules.get("deepspeed.comm")
+        if ds_comm is not None:
+            stack.enter_context(self.comm.patched(ds_comm, DEEPSPEED_COLLECTIVES))
+        self._patches = stack
+        if "ddp" not in self._watched and not ds_comm and torch.distributed.get_rank() == 0:
+            print("tuner: timing collectives called from Python only; give a DDP model to probe.watch() "
+                  "to time its all-reduces too", file=sys.stderr)
+
+    def _unpatch(self) -> None:
+        if self._patches is not None:
+            self._patches.close()
+            self._patches = None
+
+    def _record_event(self) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        self._events.append(event)
+
+
+def _leading_dim(batch: Any) -> int:
+    """Samples in a batch: the leading dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        return _leading_dim(next(iter(batch.values()), None))
+    if isinstance(batch, (list, tuple)) and batch:
+        return _leading_dim(batch[0])
+    return 0

@@ -1,0 +1,97 @@
+"""What the commands print: rich tables for people, JSON for programs, only on rank 0."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Iterator
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.analysis.diagnose import Verdict, headline
+from tuner.harness.metrics import METRIC_NAMES
+
+if TYPE_CHECKING:
+    from tuner.analysis.gate import CheckResult
+    from tuner.tuning.measurement import Measurement
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send everything written to fd 1 (libraries, compilers) to stderr for a while,
+    so that ``--json`` output on stdout stays parseable."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def measurement_table(m: "Measurement") -> Table:
+    p = m.params
+    title = (
+        f"{m.recipe}: workers={p['num_workers']} amp={p['amp_dtype']} "
+        f"micro={p['micro_batch_size']}x{p['grad_accum_steps']} zero={p['zero_stage']} "
+        f"engine={p['engine']} world={m.environment['world_size']}"
+    )
+    n_ok = len(m.repeats) - m.failures
+    table = Table(title=title, caption=f"{n_ok} of {len(m.repeats)} repeats ok; median [min, max]")
+    table.add_column("metric")
+    table.add_column("median", justify="right")
+    table.add_column("spread", justify="right")
+    metrics = m.metrics or {}
+    for name in METRIC_NAMES:
+        lo_hi = m.spread.get(name)
+        spread = f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi and len(m.repeats) > 1 else ""
+        table.add_row(name, fmt(metrics.get(name)), spread)
+    return table
+
+
+def print_measurement(m: "Measurement") -> None:
+    for note in m.notes:
+        err.print(f"[yellow]note:[/] {note}")
+    for i, r in enumerate(m.repeats):
+        if not r.ok:
+            err.print(f"[red]repeat {i + 1} failed ({r.state}):[/] {r.reason}")
+    if m.metrics is not None:
+        out = Console()
+        out.print(measurement_table(m))
+        print_diagnosis(out, m.diagnosis)
+
+
+def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnosis") -> None:
+    """The verdicts, headline first: what, the evidence, what to try."""
+    summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts)
+    out.print(f"[bold]{title}:[/] {summary}", highlight=False)
+    for v in verdicts:
+        out.print(f"  - [bold]{v.kind}[/]: {v.evidence}", highlight=False)
+        out.print(f"    next: {v.next_step}", highlight=False)
+
+
+def print_check(result: "CheckResult") -> None:
+    """The gate's answer: recorded vs measured, the spread, pass or fail."""
+    out = Console()
+    if result.measured is None:
+        out.print(f"[red]FAIL[/] {result.reason}", highlight=False)
+        return
+    low, high = result.spread
+    out.print(f"recorded {result.recorded:,.1f} samples/s; measured {result.measured:,.1f} "
+              f"(median of {len(result.repeats)}, range {low:,.1f}-{high:,.1f}): {result.change:+.1%}", highlight=False)
+    verdict = "[green]PASS[/]" if result.passed else "[red]FAIL[/]"
+    out.print(f"{verdict} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False)

@@ -1,0 +1,125 @@
+"""What a running search shows: one row per trial as it finishes, a progress bar against
+the trial and time budgets, and the same rows in ``RUN_DIR/search.log``; the search's
+events (:class:`tuner.tuning.events.SearchEvents`) drawn for a person."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from tuner.analysis.diagnose import headline
+from tuner.trial.result import State
+from tuner.tuning.events import SearchEvents
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.tuning.result import SearchResult
+
+STYLE = {State.OK: "green", State.PRUNED: "yellow"}
+"""Colours of the outcomes in the live table; every other outcome is a failure, in red."""
+
+
+class Live(SearchEvents):
+    """The live table on stderr (rank 0) and ``search.log``."""
+
+    def __init__(self, recipe: "Recipe", quiet: bool) -> None:
+        self.recipe = recipe
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)
+        self.log = logging.getLogger(f"tuner.search.{recipe.name}")
+        self.log.setLevel(logging.INFO)
+        self.log.propagate = False
+        self._handler = logging.FileHandler(recipe.out / "search.log", encoding="utf-8")
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        self.log.addHandler(self._handler)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
+            TimeElapsedColumn(), console=self.console, transient=True,
+        )
+        self._task: Any = None
+        self._started = 0.0
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[yellow]note:[/] {text}")
+        self.log.info("note: %s", text)
+
+    def start(self, done: int, measured: int) -> None:
+        b = self.recipe.budget
+        budget = f"{b.trials} trials" + (f", {b.minutes:g} min" if b.minutes else "")
+        resumed = f", resuming with {measured} measured" if measured else ""
+        self.console.print(f"[bold]tuner.search[/] {self.recipe.name}: budget {budget}{resumed}; "
+                           f"study {self.recipe.storage}")
+        self.log.info("search %s: budget %s%s", self.recipe.name, budget, resumed)
+        header = f"{'trial':>5}  {'workers':>7} {'pf':>2} {'pin':>3} {'pers':>4} {'amp':>4} {'micro':>8} " \
+                 f"{'zero':>4}  " \
+                 f"{'samples/s':>10} {'wait':>5} {'peak GiB':>8}  state"
+        self.console.print(header)
+        self.log.info(header)
+        self.progress.start()
+        self._task = self.progress.add_task("search", total=b.trials, completed=done)
+
+    def begin(self, number: int, config: "Config") -> None:
+        self._started = time.monotonic()
+        if self._task is not None:
+            self.progress.update(self._task, description=f"trial {number}")
+
+    def finish_trial(self, trial: Any, outcome: str, best: float | None) -> None:
+        p, m = trial.user_attrs["params"], trial.user_attrs.get("metrics") or {}
+        rate = m.get("samples_per_s")
+        wait = m.get("data_wait_share")
+        peak = m.get("peak_mem_gib")
+        reason = trial.user_attrs.get("reason") or ""
+        mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
+        row = (f"{trial.number:>5}  {p['num_workers']:>7} {p['prefetch_factor']:>2} {str(p['pin_memory'])[0]:>3} "
+               f"{str(p['persistent_workers'])[0]:>4} {p['amp_dtype']:>4} "
+               f"{str(p['micro_batch_size']) + 'x' + str(p['grad_accum_steps']):>8} {p['zero_stage']:>4}  "
+               f"{_f(rate, '.1f'):>10} {_f(wait, '.2f'):>5} {_f(peak, '.2f'):>8}  ")
+        style = STYLE.get(outcome, "red")
+        self.console.print(f"{row}[{style}]{outcome}[/]{mark} {reason}".rstrip())
+        self.log.info("%s%s%s %s", row, outcome, mark, reason)
+        if self._task is not None:
+            self.progress.advance(self._task)
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def summary(self, result: "SearchResult") -> None:
+        best, base = result.best, result.baseline
+        lines = [f"stopped: {result.stopped} after {result.trials} measured trial(s)"]
+        if best["metrics"] and base["metrics"]:
+            lines.append(f"baseline {base['metrics']['samples_per_s']:.1f} samples/s -> best "
+                         f"{best['metrics']['samples_per_s']:.1f} samples/s: {result.speedup:.2f}x "
+                         f"({best['source']})")
+        elif best["metrics"]:
+            lines.append(f"best {best['metrics']['samples_per_s']:.1f} samples/s (the baseline did not run)")
+        else:
+            lines.append("no configuration ran successfully inside the budget")
+        if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
+            lines.append(f"target {'met' if result.target_met else 'not met'}")
+        for name in ("baseline", "best"):
+            verdicts = result.diagnosis.get(name)
+            if verdicts is not None and result.__dict__[name].get("metrics"):
+                lines.append(f"{name}: {headline(verdicts)}")
+                if verdicts:
+                    lines.append(f"  next: {verdicts[0].next_step}")
+        if result.attribution is not None and result.attribution.rows:
+            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({r.share:.0%})" if r.gain and r.share is not None
+                     else f"{r.knob} {r.before}->{r.after} (failed)" for r in result.attribution.rows]
+            lines.append("gain by knob, one at a time: " + ", ".join(parts))
+        lines.append(f"outputs: {result.out}/ (best.json, report.html, report.md, ds_config.json, trials.csv, ...)")
+        command = (result.best.get("command") if result.best else None)
+        if command:
+            lines.append(f"run it again: {command}")
+        for line in lines:
+            self.console.print(line)
+            self.log.info(line)
+        self.log.removeHandler(self._handler)
+        self._handler.close()
+
+
+def _f(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

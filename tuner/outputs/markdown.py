@@ -1,0 +1,194 @@
+"""The report's text: ``report.md``, and the small Markdown subset it uses turned into HTML."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tuner.trial.result import State
+from tuner.tuning.result import SearchResult
+
+if TYPE_CHECKING:
+    from tuner.analysis.attribution import Attribution
+
+
+@dataclass
+class ReportData:
+    """Everything a report shows, read from the study."""
+
+    name: str
+    trials: list[dict[str, Any]]
+    """Every measured trial: number, state, reason, params, metrics, baseline, feasible."""
+    result: SearchResult
+    importance: dict[str, float]
+    """Optuna's knob importance (empty below 3 feasible trials)."""
+
+
+def render_markdown(data: ReportData) -> str:
+    """``report.md``: verdicts, best vs baseline, attribution, the configuration, every trial."""
+    r, trials = data.result, data.trials
+    best = r.best.get("metrics")
+    lines = [f"# tuner report: {data.name}", ""]
+    lines += _verdict_lines(r)
+    lines += ["", "## Best vs baseline", ""]
+    if best:
+        lines += _comparison_table(r)
+    else:
+        lines.append("No configuration ran successfully inside the budget.")
+    lines += _attribution_lines(r.attribution)
+    failures = [t for t in trials if t["state"] != State.OK]
+    lines += ["", f"Trials: {len(trials)} measured, {len(failures)} failed or infeasible"
+              + (f" ({_counts(failures)})" if failures else "") + f"; stopped: {r.stopped}."]
+    if r.best.get("params"):
+        lines += ["", "## Configuration to paste", "", "```json", json.dumps(r.best["params"], indent=2), "```"]
+        if r.best.get("command"):
+            lines += ["", "Measure it again:", "", "```bash", r.best["command"], "```"]
+        lines += ["", "Also in this folder: `dataloader.json`, `ds_config.json`, `accelerate_config.yaml`, "
+                  "`hf_training_args.json`."]
+    if data.importance:
+        lines += ["", f"## Knob importance (Optuna, PED-ANOVA, {sum(t['feasible'] for t in trials)} trials)", "",
+                  "| knob | importance |", "|---|---|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in data.importance.items()]
+    lines += ["", "## Trials", "", "| # | state | samples/s | peak GiB | data wait | knobs |",
+              "|---|---|---|---|---|---|"]
+    for t in trials:
+        m = t["metrics"] or {}
+        lines.append(f"| {t['number']}{' (baseline)' if t['baseline'] else ''} | {t['state']} | "
+                     f"{_fmt(m.get('samples_per_s'), ',.1f')} | {_fmt(m.get('peak_mem_gib'), '.2f')} | "
+                     f"{_fmt(m.get('data_wait_share'), '.0%')} | {_knobs(t['params'])} |")
+    env = r.environment
+    if env:
+        lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _verdict_lines(r: SearchResult) -> list[str]:
+    lines = []
+    if r.speedup:
+        lines.append(f"**{r.speedup:.2f}x** the baseline's throughput ({r.best.get('source') or 'search trial'}).")
+    for name in ("baseline", "best"):
+        verdicts = r.diagnosis.get(name)
+        if verdicts is None:
+            continue
+        if not verdicts:
+            lines.append(f"- **{name}**: no clear bottleneck.")
+        for v in verdicts:
+            lines.append(f"- **{name}: {v.kind}**: {v.evidence}. Next: {v.next_step}.")
+    return lines
+
+
+def _attribution_lines(a: Attribution | None) -> list[str]:
+    if a is None or not a.rows:
+        return []
+    lines = ["", "## Attribution: baseline to best, one knob at a time", "",
+             f"Each configuration measured {a.repeats} time(s), interleaved; medians. The repeats spread "
+             f"up to ±{a.spread:.0%}: a gain inside that is marked as noise. Gain share: the change's part "
+             "of the total gain (log scale; the shares add up to 100%). Without it: the best with only that "
+             "knob put back, and what that costs.", "",
+             "| knob | from → to | samples/s | gain vs previous | gain share | without it | risk |",
+             "|---|---|---|---|---|---|---|",
+             f"| (baseline) | | {_fmt(a.baseline, ',.1f')} | | | | |"]
+    for row in a.rows:
+        rate = f"failed ({row.failed})" if row.failed else _fmt(row.samples_per_s, ",.1f")
+        without = _fmt(row.without, ",.1f")
+        if row.without and a.best:
+            without += f" ({row.without / a.best - 1:+.0%})"
+        gain = f"{row.gain:.2f}x" if row.gain else "-"
+        if row.gain and abs(row.gain - 1) <= a.spread:
+            gain += " (within noise)"
+        lines.append(f"| {row.knob} | {row.before} → {row.after} | {rate} | {gain} | "
+                     f"{_fmt(row.share, '.0%')} | {without} | {row.risk} |")
+    lines += [""] + [f"- {note}" for note in a.notes]
+    return lines
+
+
+def _comparison_table(r: SearchResult) -> list[str]:
+    best = r.best["metrics"]
+    base = r.baseline.get("metrics") or {}
+    rows = [("samples/s", "samples_per_s", ",.1f", 1), ("step p50 (ms)", "step_time_p50_s", ".2f", 1000),
+            ("step p90 (ms)", "step_time_p90_s", ".2f", 1000), ("step p99 (ms)", "step_time_p99_s", ".2f", 1000),
+            ("data wait", "data_wait_share", ".0%", 1), ("comm", "comm_share", ".0%", 1),
+            ("peak memory (GiB)", "peak_mem_gib", ".2f", 1)]
+    out = ["| | baseline | best |", "|---|---|---|"]
+    for label, key, spec, scale in rows:
+        before, after = _fmt(_scaled(base.get(key), scale), spec), _fmt(_scaled(best.get(key), scale), spec)
+        out.append(f"| {label} | {before} | {after} |")
+    out.append(f"| failed confirmation runs | {r.baseline.get('failures', 0)} | {r.best.get('failures', 0)} |")
+    out.append(f"| knobs | {_knobs(r.baseline.get('params') or {})} | {_knobs(r.best.get('params') or {})} |")
+    return out
+
+
+def to_html(md: str) -> str:
+    """The small Markdown subset this report writes: headings, bullets, tables, code, bold."""
+    out: list[str] = []
+    lines = md.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            out.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>")
+            i = j + 1
+            continue
+        if line.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = [c.strip() for c in lines[i].strip("|").split("|")]
+                if not all(set(c) <= {"-", ":"} for c in cells):
+                    rows.append(cells)
+                i += 1
+            head, *body = rows
+            out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                       + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
+                       + "</table>")
+            continue
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{_inline(line[level:].strip())}</h{level}>")
+        elif line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:])}</li>")
+                i += 1
+            out.append("<ul>" + "".join(items) + "</ul>")
+            continue
+        elif line.strip():
+            out.append(f"<p>{_inline(line)}</p>")
+        i += 1
+    return "\n".join(out)
+
+
+def _inline(text: str) -> str:
+    escaped = html.escape(text)
+    parts = escaped.split("**")
+    escaped = "".join(f"<strong>{p}</strong>" if k % 2 else p for k, p in enumerate(parts))
+    parts = escaped.split("`")
+    return "".join(f"<code>{p}</code>" if k % 2 else p for k, p in enumerate(parts))
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def _scaled(value: Any, scale: float) -> Any:
+    return value * scale if isinstance(value, (int, float)) else value
+
+
+def _knobs(params: dict[str, Any]) -> str:
+    keys = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype",
+            "micro_batch_size", "grad_accum_steps", "zero_stage")
+    return ", ".join(f"{k}={params[k]}" for k in keys if k in params)
+
+
+def _counts(trials: list[dict[str, Any]]) -> str:
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in counts.items())

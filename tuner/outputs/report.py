@@ -1,0 +1,100 @@
+"""The report: ``report.md`` and a self-contained ``report.html``, built from the study.
+
+``python -m tuner.report RUN_DIR [--storage URL]`` rebuilds both from the stored study
+alone (a search writes them when it ends). Everything comes from the trials' records and
+the result the search kept in the study; nothing is re-measured. The HTML holds its plots
+as inline SVG (matplotlib), so it opens from disk with no network and no script.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tuner.config.errors import RecipeError
+from tuner.outputs.markdown import ReportData, render_markdown
+from tuner.outputs.plots import render_html
+from tuner.tuning import study as study_mod
+from tuner.tuning.result import SearchResult
+
+
+def build_report(out: str | Path, study: Any = None, storage: str | None = None) -> tuple[Path, Path]:
+    """Write ``report.md`` and ``report.html`` into ``out``; returns their paths."""
+    out = Path(out)
+    if study is None:
+        study = load_study(out, storage)
+    data = collect(study, out)
+    md = out / "report.md"
+    md.write_text(render_markdown(data), encoding="utf-8")
+    page = out / "report.html"
+    page.write_text(render_html(data), encoding="utf-8")
+    return md, page
+
+
+def load_study(out: Path, storage: str | None) -> Any:
+    """The study of a run folder (its ``study.db`` unless ``storage`` says otherwise)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = storage or f"sqlite:///{out / 'study.db'}"
+    if storage is None and not (out / "study.db").is_file():
+        raise RecipeError(f"{out}: no study.db here (give the search's run folder, or --storage URL)")
+    try:
+        summaries = optuna.get_all_study_summaries(url)
+    except Exception as exc:  # noqa: BLE001 - any storage failure is the user's URL or file
+        raise RecipeError(f"--storage {url}: cannot open it ({type(exc).__name__}: {exc})") from None
+    if not summaries:
+        raise RecipeError(f"{url} holds no study")
+    name = summaries[0].study_name
+    if len(summaries) > 1:
+        named = [s.study_name for s in summaries if s.study_name == out.name]
+        if not named:
+            raise RecipeError(f"{url} holds several studies ({', '.join(s.study_name for s in summaries)}): "
+                              "give the run folder named after one")
+        name = named[0]
+    return optuna.load_study(study_name=name, storage=url)
+
+
+def collect(study: Any, out: Path) -> ReportData:
+    """The trials, the search's result (kept in the study when it ended), the importance."""
+    trials = []
+    feasible = {t.number for t in study_mod.feasible(study)}
+    for t in study_mod.measured(study):
+        attrs = t.user_attrs
+        trials.append({
+            "number": t.number, "state": attrs.get("state", t.state.name.lower()),
+            "reason": attrs.get("reason"), "params": attrs.get("params") or {},
+            "metrics": attrs.get("metrics"), "baseline": bool(attrs.get("baseline")),
+            "feasible": t.number in feasible,
+        })
+    record = study.user_attrs.get("result")
+    result = SearchResult.from_json(record, out) if record else _unfinished(study, trials, out)
+    return ReportData(result.name or study.study_name, trials, result, _importance(study, trials))
+
+
+def _unfinished(study: Any, trials: list[dict[str, Any]], out: Path) -> SearchResult:
+    """An interrupted (or still running) search: the best measured trial, unconfirmed."""
+    best = study_mod.best_feasible(study)
+    base = next((t for t in trials if t["baseline"]), None)
+    return SearchResult(
+        out=out,
+        best={"params": best.user_attrs["params"] if best else None,
+              "metrics": best.user_attrs["metrics"] if best else None,
+              "source": "search trial (the search did not finish)"},
+        baseline={"params": base["params"], "metrics": base["metrics"]} if base else {},
+        speedup=None, target_met=False, stopped="unknown", trials=len(trials),
+    )
+
+
+def _importance(study: Any, trials: list[dict[str, Any]]) -> dict[str, float]:
+    if len([t for t in trials if t["feasible"]]) < 3:
+        return {}
+    try:
+        import optuna
+
+        with warnings.catch_warnings():  # "some regimes have < 2 trials": the plot says how many
+            warnings.simplefilter("ignore")
+            return optuna.importance.get_param_importances(study)
+    except Exception:  # noqa: BLE001 - too few or too uniform trials: no importance to show
+        return {}

@@ -1,0 +1,74 @@
+"""The run folder a search leaves: what to paste, every trial, and the report.
+
+Written by rank 0 at the end of a search: ``best.json`` (:meth:`SearchResult.to_json`),
+``dataloader.json``, ``ds_config.json``, ``accelerate_config.yaml``,
+``hf_training_args.json``, ``trials.csv``, ``report.md`` and ``report.html``. The result is
+also kept in the study, so ``tuner.report`` rebuilds the report from the study alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import export
+from tuner.config.space import KNOBS, Config
+from tuner.harness.metrics import METRIC_NAMES
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.config.recipe import Recipe
+    from tuner.tuning.result import SearchResult
+
+PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
+
+
+def write_run(result: "SearchResult", recipe: "Recipe") -> None:
+    """Every file of the run folder, from the search's result and its study."""
+    from tuner.outputs.report import build_report
+
+    out = Path(result.out)
+    out.mkdir(parents=True, exist_ok=True)
+    study = result.study
+    assert study is not None, "a search's result carries its study"
+    write_trials_csv(out / "trials.csv", study)
+    params = result.best.get("params")
+    if params:
+        config = Config(**params)
+        cuda = bool(result.environment.get("cuda"))
+        _json(out / "dataloader.json", export.dataloader_kwargs(config))
+        _json(out / "ds_config.json", export.ds_config(config, recipe.world_size))
+        (out / "accelerate_config.yaml").write_text(export.accelerate_config(config, recipe.world_size, cuda))
+        _json(out / "hf_training_args.json", export.hf_training_args(config))
+    record = result.to_json()
+    _json(out / "best.json", record)
+    study.set_user_attr("result", record)  # the report is rebuilt from the study alone
+    build_report(out, study)
+
+
+def write_trials_csv(path: Path, study: "optuna.Study") -> None:
+    """Every trial: its params, metrics, state and reason (failures included)."""
+    columns = ["number", "state", "reason", "baseline", "duplicate_of", *PARAM_COLUMNS, *METRIC_NAMES, "duration_s"]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for t in study.get_trials(deepcopy=False):
+            attrs = t.user_attrs
+            row: dict[str, Any] = {
+                "number": t.number,
+                "state": attrs.get("state", t.state.name.lower()),
+                "reason": attrs.get("reason") or "",
+                "baseline": bool(attrs.get("baseline")),
+                "duplicate_of": attrs.get("duplicate_of", ""),
+                "duration_s": f"{t.duration.total_seconds():.2f}" if t.duration else "",
+            }
+            row.update({k: v for k, v in (attrs.get("params") or {}).items() if k in PARAM_COLUMNS})
+            row.update({k: v for k, v in (attrs.get("metrics") or {}).items() if k in METRIC_NAMES})
+            writer.writerow(row)
+
+
+def _json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

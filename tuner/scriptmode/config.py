@@ -1,0 +1,123 @@
+"""The user's own training script, as seen from inside it: ``tuner.config(**defaults)``.
+
+Under the tuner (script mode), each trial runs the script with ``TUNER_TRIAL`` pointing at
+a JSON file that holds the trial's knobs, the measured window and where to report; the
+script reads its knobs from :func:`config` and reports through :class:`tuner.Probe`.
+Without the tuner, :func:`config` returns the script's own defaults and the probe only
+measures, so the same script runs unchanged in production::
+
+    cfg = tuner.config(num_workers=2, amp_dtype="bf16", micro_batch_size=8, global_batch_size=64)
+    loader = DataLoader(dataset, sampler=sampler, **cfg.dataloader_kwargs())
+    engine, *_ = deepspeed.initialize(model=model, config=cfg.ds_config("ds_config.json"), ...)
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from tuner.config import export
+from tuner.config.space import KNOBS, Config
+from tuner.scriptmode.trialfile import read_trial
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """The knobs a script trains with, and the settings derived from them."""
+
+    num_workers: int
+    prefetch_factor: int
+    pin_memory: bool
+    persistent_workers: bool
+    amp_dtype: str
+    micro_batch_size: int
+    zero_stage: int
+    global_batch_size: int
+    world_size: int
+    tuned: bool
+    """True when the tuner chose these knobs (a trial), False for the script's defaults."""
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """global batch / (micro-batch x world size): the global batch is held constant."""
+        return self.global_batch_size // (self.micro_batch_size * self.world_size)
+
+    def _config(self) -> Config:
+        return Config(
+            micro_batch_size=self.micro_batch_size, grad_accum_steps=self.grad_accum_steps,
+            num_workers=self.num_workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers, amp_dtype=self.amp_dtype, zero_stage=self.zero_stage,
+            engine="deepspeed" if self.zero_stage > 0 else "torch",
+        )
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """``DataLoader(dataset, sampler=..., **cfg.dataloader_kwargs())``; batch size per rank."""
+        return self._config().dataloader_kwargs()
+
+    def ds_config(self, base: Mapping[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """The script's DeepSpeed config (a dict, or a JSON file's path) with the tuned keys
+        set: batch sizes, accumulation, ZeRO stage (its other ZeRO keys kept), bf16/fp16."""
+        if base is None:
+            out: dict[str, Any] = {}
+        elif isinstance(base, Mapping):
+            out = copy.deepcopy(dict(base))
+        else:
+            path = Path(base)
+            try:
+                out = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"ds_config: cannot read {path} as a DeepSpeed JSON config: {exc}") from None
+        tuned = export.ds_config(self._config(), self.world_size)
+        zero = dict(out.get("zero_optimization") or {})
+        zero["stage"] = self.zero_stage
+        out.update({k: v for k, v in tuned.items() if k not in ("zero_optimization", "bf16", "fp16")})
+        out["zero_optimization"] = zero
+        for dtype in ("bf16", "fp16"):
+            section = dict(out.get(dtype) or {})
+            section["enabled"] = self.amp_dtype == dtype
+            out[dtype] = section
+        return out
+
+    def accelerate_kwargs(self) -> dict[str, Any]:
+        """``Accelerator(**cfg.accelerate_kwargs())``."""
+        return {"mixed_precision": export.ACCELERATE_MIXED_PRECISION[self.amp_dtype],
+                "gradient_accumulation_steps": self.grad_accum_steps}
+
+    def hf_training_args(self) -> dict[str, Any]:
+        """``TrainingArguments(output_dir=..., **cfg.hf_training_args())``; with ZeRO, the
+        DeepSpeed config is given as a dict."""
+        args = export.hf_training_args(self._config())
+        if self.zero_stage > 0:
+            args["deepspeed"] = self.ds_config()
+        return args
+
+
+def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
+    """The trial's knobs under the tuner, else ``defaults`` (knobs not given take the
+    tuner's defaults). ``global_batch_size`` defaults to micro-batch x world size (no
+    accumulation) when the script does not say."""
+    unknown = sorted(set(defaults) - set(KNOBS))
+    if unknown:
+        raise TypeError(f"tuner.config(): unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(KNOBS)}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    trial = read_trial()
+    tuned = trial is not None
+    values = {name: knob.default for name, knob in KNOBS.items()}
+    values.update(defaults)
+    if trial is not None:
+        values.update(trial.get("knobs", {}))
+        global_batch_size = trial.get("global_batch_size", global_batch_size)
+    if values["micro_batch_size"] is None:
+        values["micro_batch_size"] = (global_batch_size // world) if global_batch_size else 1
+    if global_batch_size is None:
+        global_batch_size = values["micro_batch_size"] * world
+    if global_batch_size % (values["micro_batch_size"] * world):
+        raise ValueError(f"tuner.config(): global_batch_size {global_batch_size} is not divisible by "
+                         f"micro_batch_size {values['micro_batch_size']} x world size {world}")
+    if values["num_workers"] == 0:  # as the DataLoader requires
+        values["persistent_workers"] = False
+    return TrialConfig(global_batch_size=global_batch_size, world_size=world, tuned=tuned, **values)

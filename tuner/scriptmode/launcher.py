@@ -1,0 +1,212 @@
+"""Script mode: one trial = the user's script under ``torchrun``, in its own process tree.
+
+The trial's knobs, window and result path go to the script in a JSON file named by
+``TUNER_TRIAL`` (read by :func:`tuner.config` and :class:`tuner.Probe`); the probe writes
+its summary to the result path when the window closes. The launcher waits for that file,
+then ends the whole process tree (the script may go on training: the trial is over for
+it). A script that exits without reporting, crashes, or runs past its time limit is
+ended and recorded with its reason and the tail of its output; nothing of it survives the
+trial (its own session, killed as a group).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.config.space import KNOBS
+from tuner.scriptmode import adapters
+from tuner.trial.data import warmup_steps
+from tuner.trial.result import State, TrialResult
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+
+TAIL_CHARS = 1500
+"""How much of a failed trial's output its reason carries."""
+GRACE_S = 5.0
+"""Time between SIGTERM and SIGKILL when ending a trial's process tree."""
+
+
+class Limits:
+    """Time limits for script trials: the recipe's ``timeout_s`` until a trial has been
+    measured, then what the measured step time says a trial needs (with room to spare)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.startup_s = 0.0
+        self.step_s = 0.0
+
+    def learn(self, elapsed_s: float, steps: int, global_batch: int, metrics: dict[str, Any]) -> None:
+        p99 = metrics.get("step_time_p99_s") or 0.0
+        mean = global_batch / metrics["samples_per_s"] if metrics.get("samples_per_s") else 0.0  # s per step
+        self.step_s = max(self.step_s, p99)
+        self.startup_s = max(self.startup_s, elapsed_s - steps * mean)
+
+    def limit(self, steps: int) -> float:
+        if not self.startup_s:
+            return self.timeout_s
+        return min(self.timeout_s, max(30.0, 2 * self.startup_s + 5 * steps * self.step_s))
+
+
+ENDED = "ended"
+"""Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.agent`)."""
+
+
+def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+    """One node's ``torchrun`` command and environment for a trial: the search's own, and
+    each agent's on the other nodes (:mod:`tuner.agent`), built alike from the recipe and
+    the trial file."""
+    script = recipe.script
+    assert script is not None
+    if script.nnodes > 1:
+        rendezvous = [f"--nnodes={script.nnodes}", f"--rdzv-backend={script.rdzv_backend}",
+                      f"--rdzv-endpoint={script.rdzv_endpoint}", f"--rdzv-id={trial['rdzv_id']}",
+                      f"--rdzv-conf=join_timeout={int(script.timeout_s)}"]
+    else:
+        rendezvous = ["--standalone"]
+    target = ["-m", "tuner.scriptmode.adapters", str(script.path)] if script.adapt else [str(script.path)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={script.nproc_per_node}",
+           *target, *script.args]
+    env = {**os.environ, **script.env, "TUNER_TRIAL": str(folder / "trial.json"), "PYTHONUNBUFFERED": "1"}
+    if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.scriptmode.adapters)
+        env.update(adapters.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)  # torchrun sets its own
+    return cmd, env
+
+
+def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits) -> TrialResult:
+    """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``."""
+    script = recipe.script
+    assert script is not None
+    folder = folder.resolve()  # the script runs in its own folder
+    folder.mkdir(parents=True, exist_ok=True)
+    result_path, log_path = folder / "result.json", folder / "output.log"
+    result_path.unlink(missing_ok=True)
+    warmup = warmup_steps(recipe.steps.warmup, config)
+    trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
+             "adapt": script.adapt, "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
+             "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}"}
+    (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
+    (folder / ENDED).unlink(missing_ok=True)
+    cmd, env = launch(recipe, folder, trial)
+    limit = limits.limit(warmup + recipe.steps.measure)
+    start = time.monotonic()
+    state, reason, metrics = State.OK, None, None
+    with log_path.open("wb") as log:
+        proc = start_tree(cmd, env, script.path.parent, log)
+        try:
+            while True:
+                if result_path.exists():
+                    metrics = json.loads(result_path.read_text(encoding="utf-8"))
+                    break
+                code = proc.poll()
+                if code is not None:
+                    time.sleep(0.2)  # a report written just before exiting
+                    if result_path.exists():
+                        continue
+                    state, reason = _exited(code, log_path)
+                    break
+                if time.monotonic() - start > limit:
+                    state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
+                                            f"recipe timeout_s); output ends: {_tail(log_path)}")
+                    break
+                time.sleep(0.05)
+        finally:
+            end_tree(proc)
+            (folder / ENDED).touch()  # other nodes' agents end their part of the trial
+    elapsed = time.monotonic() - start
+    if metrics is not None:
+        limits.learn(elapsed, warmup + recipe.steps.measure, recipe.global_batch_size, metrics)
+    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed})
+
+
+def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:
+    """A trial's torchrun in its own session, so that :func:`end` reaches every process."""
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+
+
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def _error_line(log: Path) -> str | None:
+    """The script's own exception (the last one a rank printed), not torchrun's summary."""
+    try:
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [m.group(1) for line in lines if (m := _ERROR_LINE.match(line.strip()))
+             and "ChildFailedError" not in line and "elastic" not in line]
+    return found[-1][:500] if found else None
+
+
+def _exited(code: int, log: Path) -> tuple[str, str]:
+    tail = _tail(log)
+    error = _error_line(log)
+    if error is not None:
+        tail = f"{error}; output ends: {tail[-600:]}"
+    else:
+        tail = f"output ends: {tail}"
+    if "out of memory" in tail.lower():
+        return State.OOM, f"out of memory (exit status {code}): {tail}"
+    if code == 0:
+        return State.ERROR, ("the script finished without reporting: does it use tuner.Probe (probe.loader and "
+                       f"probe.step) for at least warm-up + measure steps? {tail}")
+    return State.ERROR, f"the script exited with status {code} before reporting: {tail}"
+
+
+def _tail(log: Path) -> str:
+    try:
+        text = log.read_bytes()[-TAIL_CHARS:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())[-TAIL_CHARS:]
+
+
+def end_tree(proc: subprocess.Popen) -> None:
+    """End the trial's whole process tree: torchrun, its ranks, their loader workers."""
+    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, GRACE_S)):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if not _group_alive(proc.pid):
+            return
+        time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ScriptTrials:
+    """Numbered trial folders under the run folder, and the limits learnt so far."""
+
+    def __init__(self, recipe: "Recipe", out: Path) -> None:
+        assert recipe.script is not None
+        self.recipe, self.out = recipe, out
+        self.limits = Limits(recipe.script.timeout_s)
+        self.count = 0
+
+    def run(self, config: "Config") -> TrialResult:
+        self.count += 1
+        return run_script_trial(self.recipe, config, self.out / "trials" / f"{self.count:03d}", self.limits)

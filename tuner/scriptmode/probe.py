@@ -1,0 +1,81 @@
+"""``tuner.Probe``: the harness's probe as users hold it, in their own loop or script.
+
+Outside the tuner it only measures. Under the tuner's script mode (``TUNER_TRIAL`` set),
+the trial file sets the warm-up and the measured window, the second optimizer step is
+checked to take global batch / world size samples, and when the window closes the summary
+is written where the trial file says, for the search to read. The core
+(:class:`tuner.harness.probe.ProbeCore`) knows none of this: it is installed here as hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tuner.harness.probe import ProbeCore
+from tuner.scriptmode import trialfile
+
+
+class Probe(ProbeCore):
+    """Times optimizer steps and the data wait inside them::
+
+        probe = tuner.Probe()
+        for batch in probe.loader(train_loader):
+            ...                      # forward, backward, optimizer.step()
+            probe.step()
+            if probe.done:
+                break
+        print(probe.summary())
+
+    Args:
+        warmup: steps to skip before measuring (a script-mode trial sets its own).
+        measure: steps to measure; ``None`` measures every step after warm-up and
+            ``done`` never becomes true (a script-mode trial sets its own).
+        device: the training device; CUDA step times come from events on its stream.
+        tokens_per_sample: if given, ``tokens_per_s`` is reported.
+        flops_per_sample: forward + backward FLOPs of one sample; gives
+            ``achieved_tflops``, and ``mfu`` on a GPU of the peak table.
+        amp_dtype: the dtype the matmuls run in (``fp32``, ``bf16``, ``fp16``), for the peak.
+        nvtx: mark data wait and steps as NVTX ranges (for Nsight Systems).
+        monitors: sample host memory (PSS of the process tree) and NVML over the window in
+            a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``.
+    """
+
+    def __init__(
+        self,
+        warmup: int = 0,
+        measure: int | None = None,
+        device: torch.device | str | None = None,
+        tokens_per_sample: int | None = None,
+        *,
+        flops_per_sample: float | None = None,
+        amp_dtype: str = "fp32",
+        nvtx: bool = False,
+        monitors: bool = True,
+    ) -> None:
+        trial = trialfile.read_trial()
+        if trial is not None:  # a script-mode trial: the tuner sets the window
+            warmup, measure = int(trial["warmup"]), int(trial["measure"])
+        super().__init__(warmup, measure, device, tokens_per_sample, flops_per_sample=flops_per_sample,
+                         amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
+                         on_step=_step_check(trial), on_close=_reporter(trial))
+
+
+def _step_check(trial: dict[str, Any] | None) -> Any:
+    """The second step's sample count, checked against the trial's configuration."""
+    if trial is None or "global_batch_size" not in trial:
+        return None
+
+    def check(steps_done: int, samples: int) -> None:
+        if steps_done == 2:
+            trialfile.check_step_samples(samples, trial)
+
+    return check
+
+
+def _reporter(trial: dict[str, Any] | None) -> Any:
+    """At the window's close, the summary (a collective: every rank is there) to the search."""
+    if trial is None:
+        return None
+    return lambda probe: trialfile.report(probe.summary(), trial)

@@ -1,0 +1,60 @@
+"""The trial file: how a script-mode trial and the search talk through the filesystem.
+
+Each trial runs the user's script with ``TUNER_TRIAL`` naming a JSON file that holds the
+trial's knobs, the global batch, the measured window and where to write the result; the
+script's probe reads it and writes its summary there when the window closes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+ENV = "TUNER_TRIAL"
+"""Environment variable naming the trial file a script-mode trial runs with."""
+
+
+def read_trial() -> dict[str, Any] | None:
+    """The trial file named by ``TUNER_TRIAL`` (``None`` outside the tuner)."""
+    path = os.environ.get(ENV)
+    if not path:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RuntimeError(f"{ENV}={path}: cannot read the tuner's trial file ({exc})") from None
+
+
+def report(summary: Mapping[str, Any], trial: Mapping[str, Any]) -> None:
+    """Write the probe's summary where the trial file says, atomically (rank 0 only)."""
+    if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
+        return
+    path = Path(trial["result"])
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(dict(summary)), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def check_step_samples(samples: int, trial: dict[str, Any]) -> None:
+    """A script-mode trial whose optimizer step does not take global batch / world size
+    samples did not apply the trial's micro-batch x accumulation (an Accelerate loop
+    without ``accelerator.accumulate``, a DataLoader built with its own batch size): its
+    numbers would describe another configuration, so the trial stops here, saying why.
+    Checked on the second step: the first may include a batch a loader read ahead (the
+    Trainer callback counts from the loader under Accelerate's, which reads one ahead)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    expected = int(trial["global_batch_size"]) // world
+    if samples == expected:
+        return
+    knobs = trial.get("knobs", {})
+    micro = knobs.get("micro_batch_size")
+    accum = expected // micro if micro else "?"
+    raise RuntimeError(
+        f"tuner: this trial's second optimizer step took {samples} samples on this rank, but its configuration "
+        f"needs {expected} (global batch {trial['global_batch_size']} / {world} rank(s) = micro-batch {micro} "
+        f"x {accum} accumulation steps); the script does not apply the trial's micro-batch and gradient "
+        "accumulation (use tuner.config(): cfg.dataloader_kwargs() and cfg.grad_accum_steps, or "
+        "accelerator.accumulate() under adapt: accelerate), so its numbers would describe another configuration"
+    )

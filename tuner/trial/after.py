@@ -1,0 +1,106 @@
+"""Steps outside the measured window, each after it so the window pays nothing for them:
+the stall-free ceiling, the GPU profiler window for exposed communication, the FLOP count."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tempfile
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from tuner.harness.comm import exposed_share
+from tuner.harness.flops import count_flops
+from tuner.harness.probe import ProbeCore
+from tuner.trial.failures import TrialStop
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.trial.loop import Job
+
+STALL_FREE_STEPS = 10
+"""Steps measured for the stall-free ceiling (fewer when the window itself is shorter)."""
+
+COMM_PROFILE_STEPS = 5
+"""Steps profiled after the window, on a GPU, to measure exposed communication kernels."""
+
+_FLOPS: dict[str, float | None] = {}
+"""FLOPs per sample, counted once per task and task_args in this process."""
+
+
+def stall_free(job: "Job") -> list[float]:
+    """Step times on the last batch, already on the device, over and over: the ceiling a
+    perfect data pipeline would reach. One warm-up step, then up to 10 measured."""
+    n = min(job.recipe.steps.measure, STALL_FREE_STEPS)
+    probe = ProbeCore(1, n, job.ctx.device, collectives=False, monitors=False)
+    batches = probe.loader(itertools.repeat(job.last_batch))
+    while not probe.done:
+        job.extra_step(batches)
+        probe.step()
+    return probe.finish().step_times
+
+
+def profiled_comm_share(job: "Job") -> float | None:
+    """GPU: exposed communication kernel time over a few profiled steps (communication
+    kernels not covered by compute kernels). ``None`` when the profiler cannot run (CUPTI
+    missing)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batches = itertools.repeat(job.last_batch)
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            for _ in range(COMM_PROFILE_STEPS):
+                job.extra_step(batches)
+            torch.cuda.synchronize(job.ctx.device)
+            wall_us = (time.perf_counter() - start) * 1e6
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "comm.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+    except TrialStop:
+        raise
+    except Exception:  # noqa: BLE001 - no CUPTI, profiler already running: no signal
+        return None
+    return exposed_share(events, wall_us, "cuda")
+
+
+def count_task_flops(job: "Job") -> None:
+    """FLOPs per sample, once per task in this process, unless the task says them: one
+    forward and backward of the last batch under FlopCounterMode."""
+    key = flops_key(job.recipe)
+    if key in _FLOPS:
+        return
+    task, args = job.recipe.task, job.recipe.task_args
+    assert task is not None
+    if task.flops_per_sample is not None:
+        _FLOPS[key] = float(task.flops_per_sample(args))
+        return
+    batch = job.last_batch
+
+    def one_micro_batch() -> None:
+        loss = job.forward(batch, True)
+        job.engine.backward(loss, True)
+
+    try:
+        _FLOPS[key] = count_flops(one_micro_batch) / job.config.micro_batch_size or None
+    except TrialStop:
+        raise
+    except Exception:  # noqa: BLE001 - an op the counter cannot follow: no MFU, not a failed trial
+        _FLOPS[key] = None
+
+
+def task_flops(recipe: "Recipe") -> float | None:
+    """FLOPs per sample counted so far for this recipe's task (``None``: unknown)."""
+    return _FLOPS.get(flops_key(recipe))
+
+
+def flops_key(recipe: "Recipe") -> str:
+    assert recipe.task is not None
+    module = recipe.task.module
+    args = json.dumps(recipe.task_args, sort_keys=True, default=str)
+    return f"{getattr(module, '__file__', None) or module.__name__}:{args}"

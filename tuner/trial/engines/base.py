@@ -1,0 +1,69 @@
+"""What a trial trains with: the common shape of the plain/DDP and DeepSpeed engines.
+
+One optimizer step is ``grad_accum_steps`` micro-batches, each a :meth:`Engine.forward`
+then a :meth:`Engine.backward` (the last with ``last=True``), and one
+:meth:`Engine.optimizer_step`. Forward and backward are separate so that the ranks can
+agree on a failure (an out-of-memory forward on one rank) before any of them enters the
+backward's collectives. Losses stay on the device: reading them would synchronise the
+device inside the measured loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ContextManager
+
+import torch
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+    from tuner.harness.comm import CommTimer
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, amp_dtype: str) -> ContextManager[Any]:
+    """Autocast for the forward pass; a no-op for fp32."""
+    if amp_dtype == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[amp_dtype])
+
+
+class Engine(ABC):
+    """A model, its optimizer and how a micro-batch turns into gradients."""
+
+    model: Any
+    """What the task's ``compute_loss`` receives (the wrapped module)."""
+
+    def __init__(self, config: "Config", device: torch.device) -> None:
+        self.config = config
+        self.device = device
+
+    @abstractmethod
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        """The loss of one micro-batch; ``last`` marks the one that closes the accumulation."""
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Gradients of ``loss``, accumulated; synchronised across ranks when ``last``."""
+
+    def forward_backward(self, batch: Any, last: bool) -> torch.Tensor:
+        """Both halves, for a caller with nothing to agree on in between."""
+        loss = self.forward(batch, last)
+        self.backward(loss, last)
+        return loss.detach()
+
+    @abstractmethod
+    def optimizer_step(self) -> None:
+        """Apply the accumulated gradients."""
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """While the returned context is open, the engine's collectives report their
+        exposed host time to ``timer`` (CPU/gloo only: on a GPU host time says nothing
+        about NCCL kernels, and the trial profiles them instead)."""
+        return contextlib.nullcontext()
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release everything the engine holds, so the next trial starts clean."""

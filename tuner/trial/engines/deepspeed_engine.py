@@ -1,0 +1,148 @@
+"""DeepSpeed: ZeRO stages 0-3, bf16/fp16 handled by its optimizer wrappers.
+
+DeepSpeed divides the loss by the accumulation steps itself and only steps the optimizer
+at the accumulation boundary, so every micro-batch calls ``engine.step()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
+
+import torch
+
+from tuner.config.export import ds_config
+from tuner.harness.distributed import ensure_process_group
+from tuner.trial.engines.base import Engine, autocast
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+    from tuner.harness.comm import CommTimer
+
+
+_prepared = False
+
+
+def prepare(device: torch.device) -> None:
+    """Once per process, before the first trial: everything DeepSpeed loads only once.
+
+    That is its import, the process group, the JIT build of its communication extension
+    (about a minute the very first time, in a compiler subprocess) and the modules it
+    imports lazily when it first builds a ZeRO optimizer (seen in 0.19: ~600 modules,
+    torch._inductor among them, +44 MiB PSS). A throw-away engine per ZeRO family loads
+    them here, so that no trial's build time or peak memory carries a one-time cost and
+    the first trial of a process measures like the tenth.
+    """
+    global _prepared
+    if _prepared:
+        return
+    import deepspeed
+    from deepspeed.utils import logger as ds_logger
+
+    ds_logger.setLevel(logging.WARNING)  # its INFO lines would drown the table
+    ensure_process_group(device)  # a lone process gets a world of one, not MPI discovery
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+    world = torch.distributed.get_world_size()
+    for stage in (1, 3):
+        from tuner.config.space import Config
+
+        config = Config(micro_batch_size=1, grad_accum_steps=1, zero_stage=stage, engine="deepspeed")
+        engine = DeepSpeedEngine(
+            torch.nn.Linear(8, 8), lambda p: torch.optim.AdamW(p), lambda m, b: m(b).sum(), config, device, world
+        )
+        engine.forward_backward(torch.ones(1, 8, device=device), last=True)
+        engine.close()
+        del engine
+    _prepared = True
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        make_optimizer: Callable[[Any], torch.optim.Optimizer],
+        compute_loss: Callable[[Any, Any], torch.Tensor],
+        config: "Config",
+        device: torch.device,
+        world_size: int,
+    ) -> None:
+        super().__init__(config, device)
+        import deepspeed
+
+        module.to(device)
+        optimizer = make_optimizer(module.parameters())
+        cfg = ds_config(config, world_size)
+        # The user's optimizer is a torch one DeepSpeed may not list as tested for ZeRO.
+        cfg["zero_allow_untested_optimizer"] = True
+        cfg["steps_per_print"] = 2**31 - 1
+        self.model, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=cfg)
+        self.compute_loss = compute_loss
+
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        # With bf16/fp16 DeepSpeed holds half-precision weights; autocast lets fp32
+        # inputs from the user's data meet them without a cast in every task.
+        with autocast(self.device, self.config.amp_dtype):
+            return self.compute_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        self.model.backward(loss)
+        self.model.step()  # steps the optimizer only at the accumulation boundary
+
+    def optimizer_step(self) -> None:
+        """Nothing left to do: the last ``engine.step()`` was the optimizer step."""
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """ZeRO calls ``deepspeed.comm`` functions by attribute (``dist.all_reduce``):
+        wrapping them there sees every collective it makes, and the waits on async ones."""
+        if self.device.type != "cpu" or torch.distributed.get_world_size() == 1:
+            return contextlib.nullcontext()
+        import deepspeed.comm
+
+        from tuner.harness.comm import DEEPSPEED_COLLECTIVES
+
+        return timer.patched(deepspeed.comm, DEEPSPEED_COLLECTIVES)
+
+    def close(self) -> None:
+        self.model.destroy()
+        del self.model, self.compute_loss
+        _forget_zero3_globals()
+        gc.collect()
+
+
+def _forget_zero3_globals() -> None:
+    """Drop what ZeRO-3 keeps in module and class globals after ``engine.destroy()``.
+
+    Found by following the referrers of parameters still alive after a ZeRO-3 trial
+    (DeepSpeed 0.19): ``parameter_offload.FWD_MODULE_STACK`` still lists the model, and
+    ``PartitionedParameterCoordinator.__params_to_release`` is an ``lru_cache`` on the
+    class keyed by (coordinator, submodule, step), so it holds every submodule and its
+    partitioned parameters for the life of the process. And ZeRO-3 replaces
+    ``torch.nn.functional.linear`` with its memory-efficient autograd function, which
+    "will persist unless manually reset": every later trial's ``nn.Linear`` would run
+    through it. Only one engine lives at a time in a trial process, so resetting all
+    three here is safe.
+    """
+    try:
+        from deepspeed.runtime.zero import parameter_offload, partition_parameters, partitioned_param_coordinator
+    except ImportError:
+        return
+    original_linear = getattr(partition_parameters.InsertPostInitMethodToModuleSubClasses, "linear_bk", None)
+    if original_linear is not None:
+        torch.nn.functional.linear = original_linear
+    stack = getattr(parameter_offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):
+        stack.clear()
+    cls = getattr(partitioned_param_coordinator, "PartitionedParameterCoordinator", None)
+    fn = vars(cls).get("_PartitionedParameterCoordinator__params_to_release") if cls else None
+    # instrument_w_nvtx wraps the lru_cache in a closure (no __wrapped__): look in both.
+    pending = [fn] if fn is not None else []
+    while pending:
+        f = pending.pop()
+        if hasattr(f, "cache_clear"):
+            f.cache_clear()
+            continue
+        pending += [c.cell_contents for c in getattr(f, "__closure__", None) or () if callable(c.cell_contents)]
+        if getattr(f, "__wrapped__", None) is not None:
+            pending.append(f.__wrapped__)

@@ -1,0 +1,78 @@
+"""Plain PyTorch: one process as is, several ranks with DistributedDataParallel."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tuner.trial.engines.base import Engine, autocast
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+    from tuner.harness.comm import CommTimer
+
+
+class TorchEngine(Engine):
+    """Autocast forward, loss scaled by 1/accumulation, ``no_sync`` until the last micro-batch.
+
+    fp16 uses a ``GradScaler`` (loss scaling); bf16 and fp32 need none.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        make_optimizer: Callable[[Any], torch.optim.Optimizer],
+        compute_loss: Callable[[Any, Any], torch.Tensor],
+        config: "Config",
+        device: torch.device,
+    ) -> None:
+        super().__init__(config, device)
+        module.to(device)
+        self.distributed = dist.is_initialized() and dist.get_world_size() > 1
+        self.model: Any = (
+            DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+            if self.distributed
+            else module
+        )
+        self.optimizer = make_optimizer(module.parameters())
+        self.compute_loss = compute_loss
+        self.scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
+        self._timed = False
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """DDP's all-reduces start in C++: a communication hook (attached once) times them."""
+        if self.distributed and self.device.type == "cpu" and not self._timed:
+            timer.attach_ddp(self.model)
+            self._timed = True
+        return contextlib.nullcontext()
+
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        if self.distributed:
+            # What DDP.no_sync() sets, spanning forward and backward without a context
+            # manager: gradients are all-reduced only on the last micro-batch.
+            self.model.require_backward_grad_sync = last
+        with autocast(self.device, self.config.amp_dtype):
+            return self.compute_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        scaled = loss / self.config.grad_accum_steps
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def close(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()
+        del self.model, self.optimizer, self.scaler, self.compute_loss

@@ -1,0 +1,176 @@
+"""The measured loop, and the objects one trial builds for it.
+
+Keep :meth:`Job.run` tiny and obvious: every number the tuner reports depends on it. It
+never synchronises the device, never touches storage (the prune rule is a pure function of
+the window; what the search records happens after the trial), and agrees failures between
+ranks at the step boundaries so that no rank waits forever for another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+from tuner.harness import distributed
+from tuner.harness.comm import CommTimer
+from tuner.harness.metrics import Window, window_rate
+from tuner.harness.probe import ProbeCore
+from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
+from tuner.trial.engines import build_engine
+from tuner.trial.failures import TrialStop, classify
+from tuner.trial.result import Instruments, PruneRule, State
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader
+
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.harness.distributed import DistContext
+
+
+class Job:
+    """The objects one trial builds (loader, engine), and the loop over them."""
+
+    def __init__(
+        self, recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None, instruments: Instruments
+    ) -> None:
+        self.recipe, self.config, self.ctx, self.prune = recipe, config, ctx, prune
+        self.instruments = instruments
+        self.timer = CommTimer()
+        self.losses: list[torch.Tensor] = []
+        self.batch_norm = False
+        self.loader: DataLoader | None = None
+        self.batches: Iterator[Any] | None = None
+        self.engine: Any = None
+        self.bad: torch.Tensor | None = None
+        self.last_batch: Any = None
+        self.warmup_s = 0.0
+        self.window_start = 0.0
+
+    def build(self) -> None:
+        recipe, config, ctx = self.recipe, self.config, self.ctx
+        assert recipe.task is not None
+        torch.manual_seed(recipe.seed)  # same initial weights on every rank and every trial
+        dataset = recipe.task.build_dataset(recipe.task_args)
+        self.loader = make_loader(dataset, config, recipe, ctx)
+        self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
+        module = getattr(self.engine.model, "module", self.engine.model)
+        self.batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+        self.bad = torch.zeros((), dtype=torch.bool, device=ctx.device)
+
+    def run(self) -> Window:
+        """The measured loop. Keep it tiny: every number depends on it."""
+        steps, config, engine, bad = self.recipe.steps, self.config, self.engine, self.bad
+        assert self.loader is not None and bad is not None
+        start = time.perf_counter()
+        warmup = warmup_steps(steps.warmup, config)
+        probe = ProbeCore(warmup, steps.measure, self.ctx.device, comm=self.timer, collectives=False,
+                          nvtx=self.instruments.nvtx, monitors=False)
+        nvtx = probe.nvtx
+        self.batches = cycle(self.loader)
+        batches = probe.loader(self.batches, transfer=self._transfer())
+        samples = config.micro_batch_size * config.grad_accum_steps
+        prune_at = max(3, steps.measure // 4) if self.prune is not None and steps.measure > 3 else None
+        step_loss = torch.zeros((), device=self.ctx.device)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(engine.time_collectives(self.timer))
+            profiler = stack.enter_context(self._trace(warmup)) if self.instruments.trace_dir else None
+            while not probe.done:
+                for micro in range(config.grad_accum_steps):
+                    last = micro == config.grad_accum_steps - 1
+                    self.last_batch = next(batches)
+                    nvtx.push("forward")
+                    loss = self.forward(self.last_batch, last)
+                    nvtx.pop()
+                    nvtx.push("backward")
+                    engine.backward(loss, last)
+                    nvtx.pop()
+                    bad |= ~torch.isfinite(loss.detach())
+                    step_loss += loss.detach().float()
+                self.losses.append(step_loss / config.grad_accum_steps)  # on the device: no sync
+                step_loss = torch.zeros((), device=self.ctx.device)
+                nvtx.push("optimizer step")
+                engine.optimizer_step()
+                nvtx.pop()
+                probe.step(samples)
+                if profiler is not None:
+                    profiler.step()
+                if len(probe.window.step_times) == prune_at and probe.measuring_step:
+                    self._prune_here(probe.window, prune_at)
+        probe.close()
+        window = probe.finish()
+        self.window_start = probe.window_start or start
+        self.warmup_s = self.window_start - start
+        return window
+
+    def extra_step(self, batches: Iterator[Any]) -> None:
+        """One optimizer step outside the measured loop (stall-free ceiling, profiler window)."""
+        accum = self.config.grad_accum_steps
+        for micro in range(accum):
+            loss = self.forward(next(batches), micro == accum - 1)
+            self.engine.backward(loss, micro == accum - 1)
+        self.engine.optimizer_step()
+
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        """Forward on every rank, then agree: if one rank failed, all stop here, before
+        any of them waits in the backward's collectives for a rank that will never come."""
+        loss, failure = None, None
+        try:
+            loss = self.engine.forward(batch, last)
+        except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as TrialStop
+            failure = classify(exc)
+        start = time.perf_counter()
+        agreed = distributed.agree(failure)
+        if self.ctx.world_size > 1:
+            # Blocked here is waiting for the slowest rank's forward: exposed communication
+            # the job would see anyway, in its first all-reduce, were the tuner not there.
+            self.timer.add(time.perf_counter() - start)
+        if agreed is not None:
+            raise TrialStop(*agreed)
+        assert loss is not None
+        return loss
+
+    def _prune_here(self, window: Window, steps: int) -> None:
+        """Rank 0 applies the rule to its window; every rank follows its decision."""
+        decision = self.prune(window) if self.ctx.is_main and self.prune is not None else False
+        if distributed.broadcast(decision):
+            stop = TrialStop(State.PRUNED, f"slower than the best so far after {steps} measured steps")
+            stop.pruned_at = (steps, window_rate(window, self.ctx.world_size))
+            raise stop
+
+    def nonfinite(self) -> bool:
+        """Whether any rank saw a non-finite loss (one device sync, after the window)."""
+        return distributed.any_rank(bool(self.bad))
+
+    def _transfer(self) -> Any:
+        if self.ctx.device.type == "cpu":
+            return None
+        device, non_blocking = self.ctx.device, self.config.pin_memory
+        return lambda batch: to_device(batch, device, non_blocking)
+
+    def _trace(self, warmup: int) -> Any:
+        """A profiler that records exactly the measured steps and writes them out."""
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        out = self.instruments.trace_dir
+        assert out is not None
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"trace_rank{self.ctx.rank}.json"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.ctx.device.type == "cuda" else [])
+        return profile(
+            activities=activities,
+            schedule=schedule(wait=max(0, warmup - 1), warmup=min(1, warmup), active=self.recipe.steps.measure,
+                              repeat=1),
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
+        )
+
+    def close(self) -> None:
+        """Shut workers down and destroy the engine, whatever state the trial is in."""
+        shutdown(self.loader, self.batches)
+        if self.engine is not None:
+            self.engine.close()
+        self.loader = self.batches = self.engine = self.bad = self.last_batch = None
+        self.losses = []

@@ -1,0 +1,88 @@
+"""What a trial produced, and the one list of states a trial can end in (DESIGN.md, "Outputs")."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tuner.harness.metrics import Window
+
+
+class State(str, enum.Enum):
+    """How a trial ended. A ``str`` so that JSON, CSV and Optuna's user attributes hold the
+    plain value (``"ok"``), and a state read back from them compares equal to the member."""
+
+    OK = "ok"
+    PRUNED = "pruned"
+    """Cut short: clearly slower than the best so far."""
+    OOM = "oom"
+    NONFINITE = "nonfinite"
+    """The loss became NaN or inf."""
+    IMPRECISE = "imprecise"
+    """Rejected by the precision guard (:mod:`tuner.analysis.guard`)."""
+    OVER_BUDGET = "over_budget"
+    """Ran, but its peak memory broke ``budget.memory_gib`` / ``host_memory_gib``."""
+    SKIPPED = "skipped"
+    """Predicted over the budget, not run."""
+    HUNG = "hung"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    __hash__ = str.__hash__  # "ok" and State.OK are one key in a dict or a set
+
+
+INFEASIBLE = frozenset({State.OOM, State.NONFINITE, State.OVER_BUDGET, State.IMPRECISE, State.SKIPPED})
+"""Outcomes recorded as complete trials with the memory/precision constraint violated, so
+the sampler learns to avoid the region (the others that are not ``ok`` are failures)."""
+
+PruneRule = Callable[[Window], bool]
+"""Given the steps measured so far (rank 0's window), whether to stop the trial now. A pure
+function of the window: the measured loop touches no storage."""
+
+
+@dataclass(frozen=True)
+class Instruments:
+    """Optional instruments for a trial a user wants to look inside."""
+
+    trace_dir: Path | None = None
+    """Write a ``torch.profiler`` trace of the measured window here (one file per rank),
+    for chrome://tracing, Perfetto or TensorBoard."""
+    nvtx: bool = False
+    """NVTX ranges around data wait, forward, backward and optimizer step."""
+
+
+@dataclass
+class TrialResult:
+    """What a trial produced. ``metrics`` is ``None`` unless ``state`` is ``ok``."""
+
+    params: dict[str, Any]
+    state: str
+    """A :class:`State` value."""
+    reason: str | None = None
+    metrics: dict[str, Any] | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds in ``build``, ``warmup``, ``measure`` and ``teardown``."""
+    losses: list[float] = field(default_factory=list)
+    """Rank 0's loss per optimizer step (mean of its micro-batches), warm-up included:
+    what the precision guard compares with the fp32 reference."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about this configuration (BatchNorm with micro-batches)."""
+    pruned_at: tuple[int, float] | None = None
+    """(measured steps, samples/s) where a pruned trial was cut, for the sampler (reported
+    to Optuna after the trial, never from inside the measured loop)."""
+
+    @property
+    def ok(self) -> bool:
+        return self.state == State.OK
+
+    @property
+    def overhead_s(self) -> float:
+        """Time outside the warm-up and measured steps: the price of a trial."""
+        return self.timings.get("build", 0.0) + self.timings.get("teardown", 0.0)

@@ -1,0 +1,162 @@
+"""One trial: build -> warm up -> measure -> steps after the window -> tear down, with
+failures classified and agreed by every rank.
+
+A trial leaves nothing behind: its loader workers are shut down, its engine destroyed,
+its tensors freed and the allocator's free memory handed back to the OS, so that the
+next trial in the same process measures from the same starting point.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tuner.harness import distributed
+from tuner.harness.flops import peak_flops
+from tuner.harness.metrics import Window, summarize
+from tuner.harness.monitors import GpuUtil, HostMemory
+from tuner.trial import after
+from tuner.trial.failures import TrialStop, classify
+from tuner.trial.loop import Job
+from tuner.trial.result import Instruments, PruneRule, State, TrialResult
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.harness.distributed import DistContext
+
+
+def run_trial(
+    recipe: "Recipe",
+    config: "Config",
+    ctx: "DistContext",
+    prune: PruneRule | None = None,
+    instruments: Instruments = Instruments(),
+) -> TrialResult:
+    """Train ``config`` for the recipe's warm-up and measured steps on every rank.
+
+    Args:
+        prune: asked once, on rank 0, after the first quarter of the measured steps (at
+            least 3); when it says so the trial stops there as ``pruned``. Give it on
+            every rank or on none: the other ranks receive rank 0's decision.
+        instruments: a profiler trace of the window, NVTX ranges.
+    """
+    memory = HostMemory().start()
+    gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
+    alloc_before = _allocator_start(ctx.device)
+    timings: dict[str, float] = {}
+    state, reason, window, pruned_at = State.OK, None, None, None
+    losses: list[float] = []
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    job = Job(recipe, config, ctx, prune, instruments)
+    try:
+        job.build()
+        timings["build"] = time.perf_counter() - t0
+        if job.batch_norm:  # said whatever happens next (a pruned trial too)
+            notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
+                         f"micro-batch size ({config.micro_batch_size}) changes what the model learns")
+        memory.sample()
+        window = _measure(job, timings)
+        if job.nonfinite():
+            state, reason = State.NONFINITE, "loss became NaN or inf during the trial"
+        losses = [float(x) for x in torch.stack(job.losses).cpu()] if job.losses else []  # one sync, after
+    except TrialStop as stop:
+        state, reason, pruned_at = stop.state, stop.reason, stop.pruned_at
+        timings.setdefault("build", time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded result
+        state, reason = classify(exc)
+        timings.setdefault("build", time.perf_counter() - t0)
+        # Only the reason is kept: the traceback holds the loop's frames and their tensors.
+    except BaseException:  # Ctrl-C: shut the workers down before going
+        job.close()
+        memory.stop()
+        gpu.stop()
+        raise
+    t_teardown = time.perf_counter()
+    job.close()
+    window_start = job.window_start
+    del job
+    peak_host = memory.stop()
+    gpu.stop()
+    _release_memory(ctx.device)
+    timings["teardown"] = time.perf_counter() - t_teardown
+    if window is not None:
+        window.peak_host_bytes = peak_host
+        window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
+        window.gpu_mem_used_bytes = gpu.peak_used
+        _allocator_end(window, ctx.device, alloc_before)
+    return _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
+                                                   pruned_at), window)
+
+
+def _measure(job: Job, timings: dict[str, float]) -> Window:
+    """The measured window, then the steps that come after it."""
+    window = job.run()
+    timings["warmup"] = job.warmup_s
+    timings["measure"] = window.wall_s
+    t_ceiling = time.perf_counter()
+    window.stall_free_step_times = after.stall_free(job)
+    timings["stall_free"] = time.perf_counter() - t_ceiling
+    if job.ctx.device.type == "cuda" and job.ctx.world_size > 1:
+        window.comm_share = after.profiled_comm_share(job)
+    after.count_task_flops(job)
+    return window
+
+
+def _agree(recipe: "Recipe", config: "Config", ctx: "DistContext", result: TrialResult,
+           window: Window | None) -> TrialResult:
+    """Every rank reports; a failure anywhere fails the trial everywhere; the windows of
+    all ranks become the metrics."""
+    reports = distributed.all_gather((result.state, result.reason, window))
+    failed = [(s, r) for s, r, _ in reports if s != State.OK]
+    if failed:
+        result.state, result.reason = failed[0]
+        return result
+    assert recipe.task is not None
+    tps = recipe.task.tokens_per_sample(recipe.task_args) if recipe.task.tokens_per_sample else None
+    peak = peak_flops(ctx.device, config.amp_dtype)
+    result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(recipe), peak)
+    return result
+
+
+def _allocator_start(device: torch.device) -> dict[str, Any]:
+    if device.type != "cuda":
+        return {}
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_stats(device)
+
+
+def _allocator_end(window: Window, device: torch.device, before: dict[str, Any]) -> None:
+    """Peak reserved memory and the allocator's retries and OOMs over the trial (CUDA)."""
+    if device.type != "cuda":
+        return
+    window.peak_device_bytes = torch.cuda.max_memory_reserved(device)
+    now = torch.cuda.memory_stats(device)
+    window.alloc_retries = now.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)
+    window.cuda_ooms = now.get("num_ooms", 0) - before.get("num_ooms", 0)
+
+
+_LIBC: Any = None
+
+
+def _release_memory(device: torch.device) -> None:
+    """Free what the trial left to the garbage collector, then give it back to the OS.
+
+    glibc keeps freed heap pages in the process; without ``malloc_trim`` a trial that
+    peaked high makes every later trial on CPU look as large.
+    """
+    global _LIBC
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if _LIBC is None:
+        name = ctypes.util.find_library("c")
+        _LIBC = ctypes.CDLL(name) if name else False
+    if _LIBC and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)

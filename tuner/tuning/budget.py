@@ -1,0 +1,64 @@
+"""When a search stops, and when a trial is cut short.
+
+The stops are the recipe's: the target met, the trial budget spent, or the next trial
+expected to overrun the minutes. The prune rule is a pure function of a trial's window
+(:data:`tuner.trial.result.PruneRule`): the measured loop asks it and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tuner.harness.metrics import Window, window_rate
+from tuner.tuning import study as study_mod
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.config.recipe import Budget, Target
+    from tuner.trial.result import PruneRule
+
+PRUNE_BELOW = 0.5
+"""A trial whose first measured steps run below this fraction of the best so far is cut."""
+
+
+def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
+    """Whether measured ``metrics`` reach the recipe's target (samples/s or tokens/s)."""
+    if not metrics:
+        return False
+    if target.samples_per_s is not None and metrics["samples_per_s"] >= target.samples_per_s:
+        return True
+    tps = metrics.get("tokens_per_s")
+    return target.tokens_per_s is not None and tps is not None and tps >= target.tokens_per_s
+
+
+def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elapsed_s: float) -> str | None:
+    """``target``, ``trials`` or ``minutes`` when the search must stop before another trial."""
+    best = study_mod.best_feasible(study)
+    if best is not None and meets(best.user_attrs["metrics"], target):
+        return "target"
+    done = study_mod.measured(study)
+    if len(done) >= budget.trials:
+        return "trials"
+    if budget.minutes is not None:
+        durations = [t.duration.total_seconds() for t in done if t.duration]
+        expected = statistics.median(durations) if durations else 0.0
+        if elapsed_s + expected > budget.minutes * 60:
+            return "minutes"
+    return None
+
+
+def prune_rule(best_value: float, world_size: int) -> "PruneRule":
+    """Cut a trial whose rate so far is below :data:`PRUNE_BELOW` of ``best_value``."""
+    threshold = best_value * PRUNE_BELOW
+
+    def slower_than_best(window: Window) -> bool:
+        return window_rate(window, world_size) < threshold
+
+    return slower_than_best
+
+
+def never(window: Window) -> bool:
+    """Other ranks' stand-in for rank 0's pruning rule (rank 0 decides, all follow)."""
+    return False

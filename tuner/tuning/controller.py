@@ -1,0 +1,107 @@
+"""The search's distributed controller: rank 0 decides, every rank measures.
+
+Rank 0 owns the Optuna study (:class:`~tuner.tuning.planner.Planner`); every decision
+(the next trial's knobs, or stop) is broadcast, every rank runs the trial, results are
+reduced to rank 0. The winner is then re-measured against the baseline, interleaved, and
+the speedup is the ratio of medians (:mod:`tuner.tuning.finalists`). The search returns
+its result; writing the run folder is the caller's (:func:`tuner.api.search`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable
+
+from tuner.config.space import Config, Machine, make_config
+from tuner.harness import distributed
+from tuner.scriptmode.launcher import ScriptTrials
+from tuner.trial import engines
+from tuner.trial.run import run_trial
+from tuner.tuning import budget, finalists, interrupt, searchspace
+from tuner.tuning.events import SearchEvents
+from tuner.tuning.planner import Planner
+
+if TYPE_CHECKING:
+    from tuner.analysis.attribution import Attribution
+    from tuner.config.recipe import Recipe
+    from tuner.harness.distributed import DistContext
+    from tuner.trial.result import PruneRule, TrialResult
+    from tuner.tuning.result import SearchResult
+
+
+def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None,
+               events: SearchEvents | None,
+               on_result: "Callable[[SearchResult], None] | None" = None) -> "SearchResult | None":
+    """Search ``recipe`` on every rank; rank 0 returns the result, after ``on_result`` (the
+    caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
+    machine = Machine.detect()
+    space = searchspace.build_space(recipe, machine)
+    planner = Planner(recipe, space, machine, events or SearchEvents()) if ctx.is_main else None
+    scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
+    stopped = "interrupted"
+    confirmed: finalists.Confirmation | None = None
+    attribution: Attribution | None = None
+
+    def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
+        return run_one(recipe, config, ctx, scripts, prune)
+
+    try:
+        while True:
+            order = distributed.broadcast(planner.next(interrupt.pressed()) if planner else None)
+            if order["stop"]:
+                stopped = order["stop"]
+                break
+            config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+            # Every rank must take part in the pruning decision, which rank 0 makes.
+            prune = ((planner.prune if planner else budget.never) if order["prune"] else None)
+            if order.get("reference") and scripts is None:  # the guard needs an fp32 curve first
+                reference = run(dataclasses.replace(config, amp_dtype="fp32"))
+                if planner:
+                    planner.set_reference(reference)
+            result = run(config, prune)
+            if planner:
+                planner.record(result)
+        if stopped != "interrupted":
+            confirmed, attribution = _finalise(recipe, machine, planner, confirm, attribute, run)
+    except KeyboardInterrupt:
+        if planner is None:
+            raise
+        planner.interrupted()
+        stopped, confirmed, attribution = "interrupted", None, None
+    if planner is None:
+        return None
+    if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.tuning.interrupt)
+        stopped, confirmed, attribution = "interrupted", None, None
+    with interrupt.deferred():
+        result = planner.finish(stopped, confirmed, attribution)
+        if on_result is not None:
+            on_result(result)
+    return result
+
+
+def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confirm: int, attribute: int | None,
+              run: finalists.Run) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
+    """Confirmation, then attribution, on every rank; rank 0 says what to measure."""
+    events = planner.events if planner else None
+    order = distributed.broadcast(
+        {"finalists": planner.finalists(), "baseline": planner.baseline_config.params()} if planner else None)
+    confirmed = finalists.confirm(order["finalists"], order["baseline"], confirm, run, events)
+    repeats = confirm if attribute is None else attribute
+    plan = distributed.broadcast(planner.attribution_plan(confirmed) if planner and repeats > 0 else None)
+    if not plan:
+        return confirmed, None
+
+    def make(knobs: dict[str, Any]) -> Config:
+        return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)[0]
+
+    return confirmed, finalists.attribute(plan["baseline"], plan["best"], repeats, run, make, events)
+
+
+def run_one(recipe: "Recipe", config: Config, ctx: "DistContext", scripts: ScriptTrials | None,
+            prune: "PruneRule | None" = None) -> "TrialResult":
+    """One trial: in this process (a task recipe, on every rank) or the user's script in a
+    process tree of its own (a script recipe; no pruning there)."""
+    if scripts is not None:
+        return scripts.run(config)
+    engines.prepare(config, ctx.device)
+    return run_trial(recipe, config, ctx, prune=prune)

@@ -1,0 +1,34 @@
+"""What a running search tells whoever shows it.
+
+The search decides and measures; it does not draw. :class:`SearchEvents` is the whole of
+what it says while it runs: the console's live table (:class:`tuner.outputs.live.Live`)
+implements it, and a caller that wants silence passes this no-op base.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.config.space import Config
+
+
+class SearchEvents:
+    """Every event of a running search; each does nothing here."""
+
+    def note(self, text: str) -> None:
+        """Something the user should know (a knob dropped, a reference curve measured)."""
+
+    def start(self, done: int, measured: int) -> None:
+        """The study is open: ``done`` trials count against the budget already."""
+
+    def begin(self, number: int, config: "Config") -> None:
+        """Trial ``number`` starts measuring ``config``."""
+
+    def finish_trial(self, trial: "optuna.trial.FrozenTrial", outcome: str, best: float | None) -> None:
+        """A trial was recorded with ``outcome``; ``best`` is the best samples/s so far."""
+
+    def stop(self) -> None:
+        """No more trials: the confirmation and the attribution may follow."""

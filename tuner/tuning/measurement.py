@@ -1,0 +1,121 @@
+"""One configuration measured ``repeats`` times: what ``tuner.measure`` and ``tuner.check`` run.
+
+Each repeat is a whole trial (build, warm-up, measure, teardown) in this process, or a
+script trial of its own, so the spread between repeats includes what changes from one
+build to the next. The reported metrics are the median over the repeats that succeeded;
+failures are counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.analysis.diagnose import Verdict, diagnose_run
+from tuner.config.errors import RecipeError
+from tuner.config.space import Config, Machine, make_config
+from tuner.harness.environment import environment
+from tuner.harness.metrics import METRIC_NAMES
+from tuner.scriptmode.launcher import ScriptTrials
+from tuner.trial import engines
+from tuner.trial.result import Instruments, State, TrialResult
+from tuner.trial.run import run_trial
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.harness.distributed import DistContext
+
+
+@dataclass
+class Measurement:
+    """One configuration measured ``len(repeats)`` times."""
+
+    recipe: str
+    params: dict[str, Any]
+    state: str
+    """``ok`` when every repeat succeeded, else the first failure's state."""
+    reason: str | None
+    metrics: dict[str, Any] | None
+    """Median over successful repeats, DESIGN.md names; ``None`` if none succeeded."""
+    spread: dict[str, list[float]]
+    """``[min, max]`` over successful repeats, per metric."""
+    repeats: list[TrialResult]
+    environment: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    """Knobs that could not apply on this machine, and what was used instead."""
+    diagnosis: list[Verdict] = field(default_factory=list)
+    """Why it runs at this speed, the headline first (:mod:`tuner.analysis.diagnose`)."""
+
+    @property
+    def failures(self) -> int:
+        return sum(not r.ok for r in self.repeats)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "recipe": self.recipe,
+            "params": self.params,
+            "state": self.state,
+            "reason": self.reason,
+            "metrics": self.metrics,
+            "spread": self.spread,
+            "failures": self.failures,
+            "repeats": [dataclasses.asdict(r) for r in self.repeats],
+            "environment": self.environment,
+            "notes": self.notes,
+            "diagnosis": [v.to_json() for v in self.diagnosis],
+        }
+
+
+def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: Instruments = Instruments(),
+                   rest: Instruments = Instruments()) -> Measurement:
+    """Measure the recipe's configuration (:func:`measured_config`) ``repeats`` times."""
+    config, notes = measured_config(recipe, Machine.detect())
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if recipe.script is not None:
+        if ctx.world_size > 1:
+            raise RecipeError(f"script: measure a script recipe from one process (python -m tuner.measure "
+                              f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+        scripts = ScriptTrials(recipe, recipe.out / "measure")
+        return combine(recipe, config, [scripts.run(config) for _ in range(repeats)], notes, recipe.world_size)
+    engines.prepare(config, ctx.device)
+    runs = [run_trial(recipe, config, ctx, instruments=first if i == 0 else rest) for i in range(repeats)]
+    return combine(recipe, config, runs, notes, ctx.world_size)
+
+
+def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[str]]:
+    """The configuration ``measure`` runs: defaults <- fixed space values <- baseline <- ``--set``."""
+    knobs = {name: values[0] for name, values in recipe.space.items() if len(values) == 1}
+    knobs.update(recipe.baseline)
+    knobs.update(recipe.knob_overrides)
+    return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+
+
+def combine(recipe: "Recipe", config: Config, runs: list[TrialResult], notes: list[str], world: int) -> Measurement:
+    """The repeats as one measurement: medians, spreads, the first failure, the verdicts."""
+    good = [r.metrics for r in runs if r.ok and r.metrics is not None]
+    first_bad = next((r for r in runs if not r.ok), None)
+    metrics: dict[str, Any] | None = None
+    spread: dict[str, list[float]] = {}
+    if good:
+        metrics = {}
+        for name in METRIC_NAMES:
+            values = [m[name] for m in good if m.get(name) is not None]
+            metrics[name] = statistics.median(values) if values else None
+            if values:
+                spread[name] = [min(values), max(values)]
+    env = environment(world)
+    return Measurement(
+        recipe=recipe.name,
+        params=config.params(),
+        state=State.OK.value if first_bad is None else first_bad.state,
+        reason=None if first_bad is None else first_bad.reason,
+        metrics=metrics,
+        spread=spread,
+        repeats=runs,
+        environment=env,
+        notes=notes,
+        diagnosis=diagnose_run(metrics, config.params(), recipe.budget.memory_gib, env),
+    )

@@ -1,0 +1,206 @@
+"""Rank 0's side of a search: the study, the budget, what to measure next.
+
+The loop is the method: the baseline first, then one change at a time from the best so
+far (:mod:`tuner.tuning.guided`), then TPE, always with the memory budget as a
+constraint; a configuration proposed again is answered from what was already measured,
+never measured twice; slow trials are pruned (:mod:`tuner.tuning.budget`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any
+
+from optuna.trial import TrialState
+
+from tuner.analysis.diagnose import diagnose_run
+from tuner.analysis.guard import divergence
+from tuner.config.space import Config, Machine, make_config
+from tuner.harness.environment import environment
+from tuner.trial.result import State, TrialResult
+from tuner.tuning import budget, guided, searchspace
+from tuner.tuning import study as study_mod
+from tuner.tuning.events import SearchEvents
+from tuner.tuning.finalists import FINALISTS, end_summary
+from tuner.tuning.result import SearchResult, measure_command
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.analysis.attribution import Attribution
+    from tuner.config.recipe import Recipe
+    from tuner.trial.result import PruneRule
+    from tuner.tuning.finalists import Confirmation
+
+MAX_RESAMPLES = 50
+"""Times the sampler may propose an already-measured configuration before the space is
+considered exhausted."""
+
+
+class Planner:
+    """Decides each next trial on rank 0 and records what every trial gave."""
+
+    def __init__(self, recipe: "Recipe", space: searchspace.Space, machine: Machine, events: SearchEvents) -> None:
+        self.recipe, self.space, self.machine, self.events = recipe, space, machine, events
+        for note in space.notes:
+            events.note(note)
+        self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
+        if stale:
+            events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
+        self.baseline = searchspace.baseline_knobs(recipe, space, machine)
+        self.baseline_config = self._config(self.baseline)
+        self.started = time.monotonic()
+        self.earlier_s = sum(t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration)
+        self.trial: optuna.Trial | None = None
+        self.current: Config | None = None
+        self.prune: PruneRule | None = None
+        """The pruning rule for the trial in flight (``None``: no best to compare with yet)."""
+        self.known = {searchspace.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
+                      for t in study_mod.measured(self.study)}
+        self.reference: list[float] | None = next(
+            (t.user_attrs["losses"] for t in study_mod.feasible(self.study)
+             if t.user_attrs["params"].get("amp_dtype") == "fp32" and t.user_attrs.get("losses")), None)
+        """fp32 loss per step, for the precision guard (from a resumed study, if it has one)."""
+        self.notes_seen: set[str] = set()
+        if not self.known:
+            self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+        events.start(self.done(), len(self.known))
+
+    # --- decisions ------------------------------------------------------------------------
+
+    def next(self, interrupted: bool) -> dict[str, Any]:
+        """The next order for every rank: the knobs of a trial, or why to stop."""
+        stop = "interrupted" if interrupted else budget.stop_reason(self.study, self.recipe.budget,
+                                                                      self.recipe.target, self._elapsed_s())
+        if stop:
+            return {"stop": stop}
+        best = study_mod.best_feasible(self.study)
+        step = guided.guided_next(
+            self.space, best.user_attrs["params"], best.user_attrs["metrics"],
+            lambda knobs: searchspace.config_key(self._config(knobs)) in self.known,
+        ) if best is not None else None
+        if step is not None:
+            self.study.enqueue_trial(step, user_attrs={"guided": True})
+        for _ in range(MAX_RESAMPLES):
+            trial = self.study.ask()
+            knobs = searchspace.suggest(trial, self.space, self.baseline)
+            config = self._config(knobs)
+            seen = self.known.get(searchspace.config_key(config))
+            if seen is None:
+                self.trial, self.current = trial, config
+                self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None else None
+                self.events.begin(trial.number, config)
+                reference = config.amp_dtype != "fp32" and self.reference is None
+                return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
+            self._answer_duplicate(trial, seen)
+        return {"stop": "exhausted"}
+
+    def set_reference(self, result: TrialResult) -> None:
+        """The fp32 loss curve the precision guard compares with (an extra trial, run
+        only when the first reduced-precision trial comes before any fp32 one)."""
+        if result.ok and result.losses:
+            self.reference = result.losses
+            self.events.note("precision guard: measured an fp32 reference curve for bf16/fp16 trials")
+        else:
+            self.events.note(f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
+                             "bf16/fp16 trials are not checked")
+            self.reference = []
+
+    def record(self, result: TrialResult) -> None:
+        assert self.trial is not None and self.current is not None
+        if result.ok and self.current.amp_dtype == "fp32" and not self.reference and result.losses:
+            self.reference = result.losses
+        elif result.ok and self.current.amp_dtype != "fp32" and self.reference:
+            why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, self.current.amp_dtype)
+            if why:
+                result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
+        for note in result.notes:
+            if note not in self.notes_seen and self.current.micro_batch_size != self.baseline_config.micro_batch_size:
+                self.notes_seen.add(note)
+                self.events.note(note)
+        extra = {"baseline": True} if self.current == self.baseline_config else {}
+        outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
+        self.known[searchspace.config_key(self.current)] = frozen
+        self.events.finish_trial(frozen, outcome, self._best_value())
+        self.trial = self.current = None
+
+    def interrupted(self) -> None:
+        """The trial in flight (if any) is recorded as failed: Ctrl-C ended it."""
+        if self.trial is not None:
+            self.trial.set_user_attr("state", State.ERROR.value)
+            self.trial.set_user_attr("reason", "interrupted (Ctrl-C)")
+            self.study.tell(self.trial, state=TrialState.FAIL)
+            self.trial = None
+
+    def _answer_duplicate(self, trial: "optuna.Trial", seen: "optuna.trial.FrozenTrial") -> None:
+        """Tell the sampler what it proposed again, without measuring it again."""
+        for key in ("state", "reason", "metrics", "params"):
+            if key in seen.user_attrs:
+                trial.set_user_attr(key, seen.user_attrs[key])
+        if "constraint" in seen.user_attrs:
+            study_mod.set_constraint(trial, seen.user_attrs["constraint"])
+        trial.set_user_attr("duplicate_of", seen.number)
+        if seen.state == TrialState.COMPLETE:
+            self.study.tell(trial, seen.value)
+        else:
+            self.study.tell(trial, state=seen.state if seen.state != TrialState.RUNNING else TrialState.FAIL)
+
+    def _config(self, knobs: dict[str, Any]) -> Config:
+        r = self.recipe
+        return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
+
+    def done(self) -> int:
+        return len(study_mod.measured(self.study))
+
+    def _elapsed_s(self) -> float:
+        return self.earlier_s + time.monotonic() - self.started
+
+    def _best_value(self) -> float | None:
+        best = study_mod.best_feasible(self.study)
+        return best.value if best else None
+
+    # --- the end --------------------------------------------------------------------------
+
+    def finalists(self) -> list[dict[str, Any]]:
+        """The best distinct feasible configurations by their search trial, best first."""
+        ranked = sorted(study_mod.feasible(self.study), key=lambda t: t.value, reverse=True)
+        return [t.user_attrs["params"] for t in ranked[:FINALISTS]]
+
+    def attribution_plan(self, confirmed: "Confirmation | None") -> dict[str, Any] | None:
+        """The two ends of the attribution: the baseline's and the winner's knobs."""
+        best = confirmed.winner if confirmed is not None else None
+        if best is None:
+            trial = study_mod.best_feasible(self.study)
+            best = trial.user_attrs["params"] if trial is not None else None
+        if best is None or not any(t.user_attrs.get("baseline") and t.user_attrs.get("state") == State.OK
+                                   for t in study_mod.measured(self.study)):
+            return None
+        return {"baseline": self.baseline_config.params(), "best": best}
+
+    def finish(self, stopped: str, confirmed: "Confirmation | None",
+               attribution: "Attribution | None" = None) -> SearchResult:
+        """The search's result, from the study and the confirmation runs."""
+        self.events.stop()
+        best_trial = study_mod.best_feasible(self.study)
+        if confirmed is not None:
+            best_trial = next(t for t in study_mod.feasible(self.study) if t.user_attrs["params"] == confirmed.winner)
+        baseline_trial = next((t for t in study_mod.measured(self.study) if t.user_attrs.get("baseline")), None)
+        best = end_summary(best_trial, confirmed, "best")
+        base = end_summary(baseline_trial, confirmed, "baseline")
+        if best["params"]:
+            best["command"] = measure_command(self.recipe, best["params"])
+        speedup = None
+        if best["metrics"] and base["metrics"]:
+            speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
+        r = self.recipe
+        env = environment(r.world_size)
+        return SearchResult(
+            out=r.out, best=best, baseline=base, speedup=speedup,
+            target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
+            stopped=stopped, trials=self.done(), environment=env, notes=list(self.space.notes),
+            diagnosis={name: diagnose_run(part["metrics"], part["params"], r.budget.memory_gib, env)
+                       for name, part in (("baseline", base), ("best", best))},
+            attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
+            world_size=r.world_size, study=self.study,
+        )

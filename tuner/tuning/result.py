@@ -1,0 +1,103 @@
+"""What a search found: one type for the Python API, ``best.json``, the report and the
+console's last lines (:meth:`SearchResult.to_json` is ``best.json``;
+:meth:`SearchResult.from_json` reads it back, as the report does from the study)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tuner.analysis.attribution import Attribution
+from tuner.analysis.diagnose import Verdict
+from tuner.config.space import KNOBS
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.config.recipe import Recipe
+
+
+@dataclass
+class SearchResult:
+    """What a search found; ``best``/``baseline`` hold ``{"params", "metrics", "source",
+    "failures", "trial"}`` (``best`` also ``command``)."""
+
+    out: Path
+    best: dict[str, Any]
+    baseline: dict[str, Any]
+    speedup: float | None
+    target_met: bool
+    stopped: str
+    """Why the search stopped: target, trials, minutes, exhausted, interrupted."""
+    trials: int
+    """Trials measured in the study (all runs of this command together)."""
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    diagnosis: dict[str, list[Verdict]] = field(default_factory=dict)
+    """``baseline`` and ``best``: why each runs at its speed (:mod:`tuner.analysis.diagnose`)."""
+    attribution: Attribution | None = None
+    """Which knob bought how much, baseline to best (:mod:`tuner.analysis.attribution`)."""
+    name: str = ""
+    recipe: str = ""
+    """The recipe file's path."""
+    memory_budget_gib: float | None = None
+    world_size: int = 1
+    study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
+    """The study the search ran in (``None`` for a result read back from JSON)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``best.json``'s content (also kept in the study, for ``tuner.report``)."""
+        return {
+            "params": self.best.get("params"),
+            "metrics": self.best.get("metrics"),
+            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics")},
+            "speedup": self.speedup,
+            "target_met": self.target_met,
+            "environment": self.environment,
+            "source": self.best.get("source"),
+            "stopped": self.stopped,
+            "trials": self.trials,
+            "command": self.best.get("command"),
+            "recipe": self.recipe,
+            "diagnosis": {name: [v.to_json() for v in verdicts] for name, verdicts in self.diagnosis.items()},
+            "failures": {"best": self.best.get("failures", 0), "baseline": self.baseline.get("failures", 0)},
+            "attribution": self.attribution.to_json() if self.attribution is not None else None,
+            "memory_budget_gib": self.memory_budget_gib,
+            "world_size": self.world_size,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], out: Path) -> "SearchResult":
+        """A result read back from :meth:`to_json`'s record (``best.json``, the study)."""
+        failures = data.get("failures") or {}
+        base = data.get("baseline") or {}
+        attribution = data.get("attribution")
+        return cls(
+            out=out,
+            best={"params": data.get("params"), "metrics": data.get("metrics"), "source": data.get("source"),
+                  "failures": failures.get("best", 0), "command": data.get("command")},
+            baseline={"params": base.get("params"), "metrics": base.get("metrics"),
+                      "failures": failures.get("baseline", 0)},
+            speedup=data.get("speedup"), target_met=bool(data.get("target_met")),
+            stopped=data.get("stopped") or "unknown", trials=int(data.get("trials") or 0),
+            environment=dict(data.get("environment") or {}),
+            diagnosis={name: [Verdict.from_json(v) for v in verdicts]
+                       for name, verdicts in (data.get("diagnosis") or {}).items()},
+            attribution=Attribution.from_json(attribution) if attribution else None,
+            name=data.get("name") or "", recipe=data.get("recipe") or "",
+            memory_budget_gib=data.get("memory_budget_gib"), world_size=int(data.get("world_size") or 1),
+        )
+
+
+def measure_command(recipe: "Recipe", params: Mapping[str, Any]) -> str:
+    """The command that measures ``params`` again with the harness alone."""
+    single = recipe.world_size == 1 or recipe.script is not None  # a script trial launches torchrun itself
+    launch = ["python"] if single else ["torchrun", f"--nproc_per_node={recipe.world_size}"]
+    sets: list[str] = []
+    for name in KNOBS:
+        value = params[name]
+        sets += ["--set", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
+    return " ".join(shlex.quote(x) for x in [*launch, "-m", "tuner.measure", str(recipe.path), *sets])
