@@ -79,7 +79,8 @@ def test_probe_under_the_tuner_uses_the_trials_window_and_reports(monkeypatch, t
             break
     assert steps == 7
     reported = json.loads(result.read_text())
-    assert list(reported) == list(METRIC_NAMES) and reported["samples_per_s"] > 0
+    assert list(reported["metrics"]) == list(METRIC_NAMES) and reported["metrics"]["samples_per_s"] > 0
+    assert reported["notes"] == []
 
 
 def test_a_script_that_does_not_apply_the_accumulation_is_stopped(monkeypatch, tmp_path):

@@ -14,19 +14,17 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence, get_args
+from typing import Any, Callable, Mapping, Sequence, get_args
 
 import yaml
 
 from tuner.config import space as space_mod
 from tuner.config.errors import RecipeError
+from tuner.config.script import SCRIPT_KEYS, Script, check_routes, parse_script
 from tuner.config.space import EngineName
 from tuner.config.task import Task, load_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-AdaptMode = Literal["accelerate", "deepspeed"]
-"""Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
-ADAPT_MODES: tuple[str, ...] = get_args(AdaptMode)
 
 
 @dataclass(frozen=True)
@@ -55,29 +53,6 @@ class Budget:
 class Target:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Script:
-    """A ``script:`` recipe's launch: each trial runs ``torchrun --nproc_per_node=N path args``."""
-
-    path: Path
-    args: tuple[str, ...] = ()
-    nproc_per_node: int = 1
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
-    """Longest a trial may run before its first report (start-up, warm-up, window); later
-    trials get a limit from the measured step times when that is shorter."""
-    nnodes: int = 1
-    """Nodes per trial; above 1, every other node runs ``python -m tuner.agent RECIPE``
-    (:mod:`tuner.agent`), which launches its part of each trial."""
-    rdzv_endpoint: str | None = None
-    """``host:port`` of the rendezvous (required when ``nnodes`` > 1), as torchrun's."""
-    rdzv_backend: str = "c10d"
-    adapt: AdaptMode | None = None
-    """``accelerate``: the script has no tuner code; the knobs are applied and the loop
-    measured through Accelerate (:mod:`tuner.adapt`). ``None``: the script calls
-    ``tuner.config`` and ``tuner.Probe`` itself."""
 
 
 @dataclass(frozen=True)
@@ -211,11 +186,9 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 # --- validation ---------------------------------------------------------------------------
 
 _TOP_KEYS = (
-    "name", "task", "script", "task_args", "global_batch_size", "steps", "budget", "target",
-    "baseline", "space", "engine", "seed", "out", "storage", "precision",
-    "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint", "rdzv_backend",
+    "name", "task", "task_args", "global_batch_size", "steps", "budget", "target",
+    "baseline", "space", "engine", "seed", "out", "storage", "precision", *SCRIPT_KEYS,
 )
-_SCRIPT_KEYS = ("args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint", "rdzv_backend")
 
 
 def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str, Any]) -> Recipe:
@@ -223,13 +196,13 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     for key in ("name", "global_batch_size"):
         if key not in raw:
             raise RecipeError(f"{key}: required key is missing from {path}")
-    script = _script(raw, path) if "script" in raw else None
+    script = parse_script(raw, path) if "script" in raw or "module" in raw else None
     if script is not None:
         if "task" in raw:
             raise RecipeError("task: a recipe names a task or a script, not both")
         world_size = script.nproc_per_node * script.nnodes  # the search is one process; each trial a torchrun
-    elif [k for k in _SCRIPT_KEYS if k in raw]:
-        key = next(k for k in _SCRIPT_KEYS if k in raw)
+    elif [k for k in SCRIPT_KEYS if k in raw]:
+        key = next(k for k in SCRIPT_KEYS if k in raw)
         raise RecipeError(f"{key}: only for script: recipes (this one names a task)")
     if script is None and "task" not in raw:
         raise RecipeError(f"task: required key is missing from {path}; give a .py path or a module name")
@@ -265,13 +238,17 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     ):
         space_mod.check_divisible(global_batch, micros, world_size, where)
 
+    if script is not None:
+        values = _values_set(space, baseline, overrides)
+        micros = values.get("micro_batch_size", (global_batch // world_size,))
+        check_routes(script, values, {global_batch // (m * world_size) for m in micros})
     stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
     engine = _engine(raw.get("engine", "auto"), stages, script)
     seed = _int(raw.get("seed", 0), "seed", minimum=0)
     out_path, storage = _out(raw, name)
 
     task: Task | None = None
-    task_ref = str(script.path) if script is not None else raw["task"]
+    task_ref = (str(script.path or script.module)) if script is not None else raw["task"]
     if script is None:
         if not isinstance(task_ref, str) or not task_ref:
             raise RecipeError(f"task: expected a .py path or a module name, got {task_ref!r}")
@@ -283,6 +260,19 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
         precision=precision, baseline=baseline, space=space, engine=engine, seed=seed, out=out_path, storage=storage,
         knob_overrides=overrides, script=script,
     )
+
+
+def _values_set(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[str, Any],
+                overrides: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """Every value the recipe gives each knob it sets (space, baseline, ``--set``)."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for name in space_mod.KNOBS:
+        if name in overrides:
+            out[name] = (overrides[name],)
+        elif name in space or name in baseline:
+            given = (*space.get(name, ()), *([baseline[name]] if name in baseline else []))
+            out[name] = tuple(dict.fromkeys(given))
+    return out
 
 
 def _engine(engine: Any, stages: set[int], script: Script | None) -> EngineName:
@@ -314,39 +304,6 @@ def _check_keys(raw: Mapping[str, Any], allowed: Sequence[str], prefix: str) -> 
             close = difflib.get_close_matches(str(key), allowed, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise RecipeError(f"{prefix}{key}: unknown key{hint}; allowed here: {', '.join(allowed)}")
-
-
-def _script(raw: dict[str, Any], path: Path) -> Script:
-    ref = raw["script"]
-    if not isinstance(ref, str) or not ref.endswith(".py"):
-        raise RecipeError(f"script: expected the path of a .py training script, got {ref!r}")
-    script_path = (path.parent / ref).resolve()
-    if not script_path.is_file():
-        raise RecipeError(f"script: {script_path} does not exist (script paths are relative to the recipe file)")
-    args = raw.get("args") or []
-    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
-        raise RecipeError(f"args: expected a list of command-line arguments, got {args!r}")
-    env = raw.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
-        raise RecipeError(f"env: expected a mapping of environment variables, got {env!r}")
-    nproc = _int(raw.get("nproc_per_node", 1), "nproc_per_node", minimum=1)
-    timeout = _number(raw.get("timeout_s", 600.0), "timeout_s")
-    adapt = raw.get("adapt")
-    if adapt is not None and adapt not in ADAPT_MODES:
-        raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
-                          f"tuner.config and tuner.Probe itself), got {adapt!r}")
-    nnodes = _int(raw.get("nnodes", 1), "nnodes", minimum=1)
-    endpoint = raw.get("rdzv_endpoint")
-    if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):
-        raise RecipeError(f"rdzv_endpoint: expected host:port (where torchrun's nodes meet), got {endpoint!r}")
-    if nnodes > 1 and endpoint is None:
-        raise RecipeError(f"rdzv_endpoint: required with nnodes: {nnodes}; give host:port of the first node "
-                          "(e.g. node0:29500), reachable from every node")
-    backend = raw.get("rdzv_backend", "c10d")
-    if not isinstance(backend, str) or not backend:
-        raise RecipeError(f"rdzv_backend: expected a torchrun rendezvous backend name (c10d), got {backend!r}")
-    return Script(script_path, tuple(str(a) for a in args), nproc, {k: str(v) for k, v in env.items()}, timeout,
-                  nnodes, endpoint, backend, adapt)
 
 
 def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) -> dict[str, Any]:

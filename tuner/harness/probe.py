@@ -240,6 +240,14 @@ class ProbeCore:
             self._server.server_close()
             self._server = None
 
+    def use_device(self, device: torch.device | str) -> None:
+        """The training device, for a probe made before it was known (an adapter that
+        learns it from the first optimizer step); only before the window opens."""
+        if self.window_start is not None:
+            raise RuntimeError("use_device() must come before the measured window opens")
+        self.device = torch.device(device)
+        self._cuda = self.device.type == "cuda"
+
     @property
     def nvtx(self) -> Ranges:
         """The probe's NVTX ranges (no-ops unless asked for and available), for a loop

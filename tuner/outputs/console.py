@@ -64,7 +64,7 @@ def measurement_table(m: "Measurement") -> Table:
 
 
 def print_measurement(m: "Measurement") -> None:
-    for note in m.notes:
+    for note in dict.fromkeys([*m.notes, *(n for r in m.repeats for n in r.notes)]):
         err.print(f"[yellow]note:[/] {note}")
     for i, r in enumerate(m.repeats):
         if not r.ok:

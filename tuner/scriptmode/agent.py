@@ -61,7 +61,7 @@ class Agent:
                 continue  # left by an earlier search: its rendezvous has long timed out
             cmd, env = launcher.launch(self.recipe, folder, trial)
             log = (folder / f"output-{self.host}.log").open("wb")
-            proc = launcher.start_tree(cmd, env, self.recipe.script.path.parent, log)
+            proc = launcher.start_tree(cmd, env, self.recipe.script.folder, log)
             self.running[folder] = (trial["rdzv_id"], proc, log)
             busy = True
         return busy

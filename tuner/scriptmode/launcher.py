@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,13 +22,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tuner.config.script import LOADER_KNOBS, placeholders
 from tuner.config.space import KNOBS
 from tuner.scriptmode import adapters
+from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
 from tuner.trial.result import State, TrialResult
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
+    from tuner.config.script import Script
     from tuner.config.space import Config
 
 TAIL_CHARS = 1500
@@ -73,10 +77,14 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[
                       f"--rdzv-conf=join_timeout={int(script.timeout_s)}"]
     else:
         rendezvous = ["--standalone"]
-    target = ["-m", "tuner.scriptmode.adapters", str(script.path)] if script.adapt else [str(script.path)]
+    target = ["-m", "tuner.scriptmode.adapters", *script.target()] if script.adapt else script.target()
+    values = {**trial["knobs"], "grad_accum_steps": trial["grad_accum_steps"]}
     cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={script.nproc_per_node}",
-           *target, *script.args]
-    env = {**os.environ, **script.env, "TUNER_TRIAL": str(folder / "trial.json"), "PYTHONUNBUFFERED": "1"}
+           *target, *script.args, *script.knob_words(values)]
+    env = {**os.environ, **script.trial_env(values), "TUNER_TRIAL": str(folder / "trial.json"),
+           "PYTHONUNBUFFERED": "1"}
+    if script.module:  # python -m finds the module from the recipe's folder
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(script.folder), env.get("PYTHONPATH")) if p)
     if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.scriptmode.adapters)
         env.update(adapters.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -94,20 +102,23 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     result_path.unlink(missing_ok=True)
     warmup = warmup_steps(recipe.steps.warmup, config)
     trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
-             "adapt": script.adapt, "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
+             "grad_accum_steps": config.grad_accum_steps, "adapt": script.adapt, "rebuild": rebuilt_knobs(script),
+             "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
              "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}"}
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
     (folder / ENDED).unlink(missing_ok=True)
     cmd, env = launch(recipe, folder, trial)
     limit = limits.limit(warmup + recipe.steps.measure)
     start = time.monotonic()
-    state, reason, metrics = State.OK, None, None
+    state, reason, metrics, notes = State.OK, None, None, []
     with log_path.open("wb") as log:
-        proc = start_tree(cmd, env, script.path.parent, log)
+        log.write(f"tuner: {shlex.join(cmd)}\n".encode())  # the trial's command, first
+        log.flush()
+        proc = start_tree(cmd, env, script.folder, log)
         try:
             while True:
                 if result_path.exists():
-                    metrics = json.loads(result_path.read_text(encoding="utf-8"))
+                    metrics, notes = read_result(result_path)
                     break
                 code = proc.poll()
                 if code is not None:
@@ -127,7 +138,16 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     elapsed = time.monotonic() - start
     if metrics is not None:
         limits.learn(elapsed, warmup + recipe.steps.measure, recipe.global_batch_size, metrics)
-    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed})
+    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes)
+
+
+def rebuilt_knobs(script: "Script") -> list[str]:
+    """The loader knobs ``adapt: torch`` applies by rebuilding the training DataLoader: those
+    the script does not take itself (through ``knobs:`` or an ``env:`` placeholder)."""
+    if script.adapt != "torch":
+        return []
+    taken = {*script.knobs, *(n for v in script.env.values() for n in placeholders(v))}
+    return [k for k in LOADER_KNOBS if k not in taken]
 
 
 def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:

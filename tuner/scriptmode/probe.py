@@ -60,6 +60,15 @@ class Probe(ProbeCore):
         super().__init__(warmup, measure, device, tokens_per_sample, flops_per_sample=flops_per_sample,
                          amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
                          on_step=_step_check(trial), on_close=_reporter(trial))
+        self.notes: list[str] = []
+        """What the search should know about this trial's numbers (reported with them)."""
+        self.unmeasured: set[str] = set()
+        """Metrics this loop cannot give (no DataLoader: no data wait): ``None``, never a made-up 0."""
+
+    def summary(self) -> dict[str, Any]:
+        out = super().summary()
+        out.update(dict.fromkeys(self.unmeasured))
+        return out
 
 
 def _step_check(trial: dict[str, Any] | None) -> Any:
@@ -78,4 +87,4 @@ def _reporter(trial: dict[str, Any] | None) -> Any:
     """At the window's close, the summary (a collective: every rank is there) to the search."""
     if trial is None:
         return None
-    return lambda probe: trialfile.report(probe.summary(), trial)
+    return lambda probe: trialfile.report(probe.summary(), trial, probe.notes)

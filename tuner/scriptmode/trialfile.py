@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 ENV = "TUNER_TRIAL"
 """Environment variable naming the trial file a script-mode trial runs with."""
@@ -27,14 +27,21 @@ def read_trial() -> dict[str, Any] | None:
         raise RuntimeError(f"{ENV}={path}: cannot read the tuner's trial file ({exc})") from None
 
 
-def report(summary: Mapping[str, Any], trial: Mapping[str, Any]) -> None:
-    """Write the probe's summary where the trial file says, atomically (rank 0 only)."""
+def report(summary: Mapping[str, Any], trial: Mapping[str, Any], notes: Sequence[str] = ()) -> None:
+    """Write the probe's summary (and notes on it) where the trial file says, atomically
+    (rank 0 only): ``{"metrics": {...}, "notes": [...]}``."""
     if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
         return
     path = Path(trial["result"])
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(dict(summary)), encoding="utf-8")
+    tmp.write_text(json.dumps({"metrics": dict(summary), "notes": list(notes)}), encoding="utf-8")
     os.replace(tmp, path)
+
+
+def read_result(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """A trial's reported metrics and notes (what :func:`report` wrote)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data["metrics"], list(data.get("notes", []))
 
 
 def check_step_samples(samples: int, trial: dict[str, Any]) -> None:

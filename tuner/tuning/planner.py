@@ -115,8 +115,9 @@ class Planner:
             why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, self.current.amp_dtype)
             if why:
                 result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
-        for note in result.notes:
-            if note not in self.notes_seen and self.current.micro_batch_size != self.baseline_config.micro_batch_size:
+        changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size
+        for note in result.notes:  # each once; BatchNorm's only where the micro-batch changed
+            if note not in self.notes_seen and (changed_micro or "BatchNorm" not in note):
                 self.notes_seen.add(note)
                 self.events.note(note)
         extra = {"baseline": True} if self.current == self.baseline_config else {}

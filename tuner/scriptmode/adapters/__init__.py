@@ -1,38 +1,19 @@
-"""Zero-change script mode: tune an Accelerate or DeepSpeed script with no tuner code in it.
+"""Zero-change script mode: tune a script with no tuner code in it.
 
-``adapt: accelerate`` or ``adapt: deepspeed`` in a script recipe launches each trial as
-``torchrun ... -m tuner.scriptmode.adapters SCRIPT ARGS``. This module applies the trial's knobs the way
-the library itself takes them, measures the loop through the library's own objects, then
-runs the script unchanged (as ``__main__``).
+``adapt: torch | accelerate | deepspeed`` in a script recipe launches each trial as
+``torchrun ... -m tuner.scriptmode.adapters SCRIPT ARGS`` (or ``-m MODULE ARGS``). This
+package applies the trial's knobs the way the script's library takes them, measures the
+loop through that library's own objects, then runs the script unchanged (as ``__main__``):
+``torch.py`` for any PyTorch loop (optimizer steps from PyTorch's global step hook, the
+training DataLoader found by what feeds the first step), ``accelerate.py`` and
+``deepspeed.py`` through those libraries' objects. Knobs a library does not carry reach
+the script through the recipe's ``knobs:`` (command-line words) or ``env:`` placeholders.
 
-Accelerate:
-- mixed precision and gradient accumulation: ``ACCELERATE_MIXED_PRECISION`` and
-  ``ACCELERATE_GRADIENT_ACCUMULATION_STEPS`` (set by the launcher, as ``accelerate launch``
-  sets them);
-- the loader knobs and the micro-batch: the first ``DataLoader`` passed to
-  ``accelerator.prepare`` is rebuilt with the trial's ``batch_size``, ``num_workers``,
-  ``prefetch_factor``, ``pin_memory``, ``persistent_workers`` (its dataset, sampling order,
-  collate function and ``drop_last`` kept);
-- measurement: a :class:`tuner.Probe` times that loader's ``next()`` as data wait and counts
-  an optimizer step when Accelerate really stepped (``sync_gradients``); it watches the
-  DDP model ``prepare`` returns (exposed all-reduce time).
-
-DeepSpeed:
-- the config the script gives ``deepspeed.initialize`` (``config=``, ``config_params=`` or
-  ``args.deepspeed_config``) gets the trial's keys set, the rest kept
-  (:meth:`tuner.TrialConfig.ds_config`): batch sizes, accumulation, ZeRO stage, bf16/fp16;
-- the first torch ``DataLoader`` the script iterates after ``initialize`` is the training
-  loader: it is rebuilt with the trial's loader knobs (its sampler kept) and measured;
-- an optimizer step is counted at each accumulation boundary of ``engine.step()``; the
-  engine's collectives are timed (``Probe.watch``).
-
-Never silently half-applied: a script that passes ``mixed_precision`` or a gradient
-accumulation plugin to ``Accelerator`` itself (those win over the environment), that
-never passes a DataLoader through ``prepare`` (or, under DeepSpeed, iterates none), whose
-loader has no plain ``batch_size``, or whose optimizer steps do not take global batch /
-world size samples (no ``accelerator.accumulate``; a DeepSpeed loader with its own batch
-size: the probe's check on the second step) stops with a message saying which and what
-to do; the trial is recorded as an error with that reason.
+Never silently half-applied: a script that keeps a knob from applying (an explicit
+``mixed_precision`` given to ``Accelerator``, a loader with a ``batch_sampler``, optimizer
+steps that do not take global batch / world size samples: the probe's check on the second
+step) stops with a message saying which and what to do; the trial is recorded as an error
+with that reason.
 """
 
 from __future__ import annotations
@@ -42,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.config.recipe import ADAPT_MODES
+from tuner.config.script import ADAPT_MODES
 from tuner.scriptmode.adapters.common import AdaptError
 from tuner.scriptmode.config import TrialConfig, config
 from tuner.scriptmode.trialfile import read_trial
@@ -59,11 +40,13 @@ def environment(mode: str, knobs: dict[str, Any], global_batch: int, world: int)
     return accelerate.environment(knobs, global_batch, world)
 
 
-def _installer(mode: str) -> Callable[[TrialConfig], None]:
+def _installer(mode: str) -> Callable[[TrialConfig, dict[str, Any]], None]:
     if mode == "accelerate":
         from tuner.scriptmode.adapters.accelerate import install
-    else:
+    elif mode == "deepspeed":
         from tuner.scriptmode.adapters.deepspeed import install
+    else:
+        from tuner.scriptmode.adapters.torch import install
     return install
 
 
@@ -78,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if mode not in ADAPT_MODES:
         print(f"tuner adapt: unknown mode {mode!r}; expected one of {', '.join(ADAPT_MODES)}", file=sys.stderr)
         return 2
-    _installer(mode)(config())
+    _installer(mode)(config(), trial)
+    if argv[0] == "-m" and len(argv) > 1:  # a module: python -m pkg.train
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return 0
     script = Path(argv[0]).resolve()
     sys.argv = [str(script), *argv[1:]]
     sys.path.insert(0, str(script.parent))

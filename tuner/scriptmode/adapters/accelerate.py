@@ -25,7 +25,7 @@ def environment(knobs: dict[str, Any], global_batch: int, world: int) -> dict[st
             "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": str(accum)}
 
 
-def install(cfg: TrialConfig) -> None:
+def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
     """Wrap ``Accelerator.__init__`` (check what it took) and ``Accelerator.prepare``
     (rebuild and measure the loader, count real optimizer steps)."""
     import accelerate

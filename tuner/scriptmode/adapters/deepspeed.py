@@ -17,7 +17,7 @@ from tuner.scriptmode.adapters.common import AdaptError, patch_method, rebuild_l
 from tuner.scriptmode.config import TrialConfig
 
 
-def install(cfg: TrialConfig) -> None:
+def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
     """Wrap ``deepspeed.initialize`` (the trial's keys set into the script's config) and,
     after it, the first DataLoader the script iterates (rebuilt with the trial's loader
     knobs, measured); count an optimizer step at each accumulation boundary."""

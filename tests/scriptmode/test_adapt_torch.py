@@ -1,0 +1,104 @@
+"""adapt: torch and knobs: a plain PyTorch script with flags, tuned without one changed line."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import pytest
+
+import tuner
+from tuner.config.errors import RecipeError
+
+from conftest import TESTS, write_recipe
+
+FLAGS = {"micro_batch_size": "--batch-size {}", "grad_accum_steps": "--grad-accum-steps {}"}
+
+
+def _recipe(folder, **fields):
+    body = {"name": "flags", "script": str(TESTS / "helpers" / "flags_train.py"), "adapt": "torch",
+            "args": ["--latency-ms", "1"], "global_batch_size": 16, "knobs": FLAGS,
+            "steps": {"warmup": 2, "measure": 8}, "timeout_s": 120, "out": str(folder / "run"),
+            "space": {"micro_batch_size": [16, 8]}}
+    body.update(fields)
+    return write_recipe(folder, body)
+
+
+def test_a_flag_script_is_searched_and_the_knobs_really_reach_it(tmp_path):
+    """Loader workers by rebuilding the training loader, micro-batch and accumulation by flags:
+    the search beats the script's defaults, worker CPU shows exactly when workers run, and
+    every trial's second step took the global batch (the launcher's check)."""
+    recipe = _recipe(tmp_path, nproc_per_node=2, args=["--latency-ms", "3", "--eval-first"],
+                     space={"num_workers": [0, 2], "micro_batch_size": [8, 4]},
+                     baseline={"num_workers": 0, "micro_batch_size": 8})
+    result = tuner.search(recipe, trials=3, confirm=0, attribute=0, quiet=True)
+    assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+    assert len(rows) == 3 and all(r["state"] == "ok" for r in rows), rows
+    for r in rows:
+        assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
+    commands = [(tmp_path / "run" / "trials" / f"{i:03d}" / "output.log").read_text().splitlines()[0]
+                for i in (1, 2, 3)]
+    for row, command in zip(rows, commands):  # trial folders and rows in the same order
+        micro = int(row["micro_batch_size"])
+        assert command.endswith(f"--batch-size {micro} --grad-accum-steps {16 // (micro * 2)}"), command
+
+
+def test_a_loop_without_a_dataloader_reports_null_data_wait_as_a_module(tmp_path):
+    """python -m pkg.train, batches sliced from memory: step time and samples/s are measured,
+    data wait is null with a note, and micro-batch x accumulation still reaches the script."""
+    package = tmp_path / "flagjob"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    shutil.copy(TESTS / "helpers" / "flags_train.py", package / "train.py")
+    recipe = _recipe(tmp_path, script=None, module="flagjob.train", args=["--no-loader"])
+    recipe.write_text(recipe.read_text().replace("script: null\n", ""))
+    m = tuner.measure(recipe, micro_batch_size=8)
+    assert m.state == "ok", m.reason
+    assert m.params["grad_accum_steps"] == 2 and m.metrics["samples_per_s"] > 0
+    assert m.metrics["data_wait_share"] is None and m.metrics["stall_free_samples_per_s"] is None
+    assert any("no torch DataLoader" in n for n in m.repeats[0].notes)
+
+
+def test_a_mapping_that_does_not_reach_the_script_is_caught(tmp_path):
+    """A template the script ignores leaves its own batch size in place: the second step
+    takes another number of samples than the configuration needs, and the trial says so."""
+    recipe = _recipe(tmp_path, knobs={"micro_batch_size": "--latency-ms 1 --epochs {}",
+                                      "grad_accum_steps": "--grad-accum-steps {}"})
+    m = tuner.measure(recipe, micro_batch_size=8)
+    assert m.state == "error" and "second optimizer step took 32 samples" in m.reason, m.reason
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"knobs": {"micro_batch_size": "--batch-size"}}, "knobs.micro_batch_size: the template '--batch-size' has no {}"),
+    ({"knobs": {**FLAGS, "amp_dtype": {"fp32": ""}}}, "knobs.amp_dtype: amp_dtype is not set by this recipe"),
+    ({"knobs": {**FLAGS, "amp_dtype": {"fp32": ""}}, "space": {"micro_batch_size": [16, 8], "amp_dtype":
+      ["fp32", "bf16"]}}, "knobs.amp_dtype: no words for bf16, a value the recipe gives amp_dtype"),
+    ({"knobs": {**FLAGS, "workers": "--workers {}"}}, "knobs.workers: not a knob; knobs are num_workers"),
+    ({"knobs": {"micro_batch_size": "--batch-size {}"}},
+     "knobs.grad_accum_steps: grad_accum_steps is searched but reaches the script by no route under adapt: torch"),
+    ({"space": {"micro_batch_size": [16, 8], "amp_dtype": ["fp32", "bf16"]}},
+     "knobs.amp_dtype: amp_dtype is searched but reaches the script by no route"),
+    ({"module": "pkg.train"}, "module: a recipe names a script or a module, not both"),
+    ({"env": {"WORKERS": "{num_worker}"}}, "env.WORKERS: {num_worker} is not a knob"),
+    ({"adapt": "keras"}, "adapt: expected one of torch, accelerate, deepspeed"),
+])
+def test_bad_routes_are_refused_before_anything_runs(tmp_path, fields, message):
+    with pytest.raises(RecipeError, match="^" + message.replace("(", r"\(").replace("{", r"\{")):
+        tuner.load_recipe(_recipe(tmp_path, **fields))
+
+
+def test_words_and_environment_a_trial_gets(tmp_path):
+    recipe = tuner.load_recipe(_recipe(
+        tmp_path, knobs={**FLAGS, "amp_dtype": {"fp32": "", "bf16": "--amp-dtype bfloat16"},
+                         "pin_memory": {True: "--pin-mem", False: None}},
+        env={"OMP_NUM_THREADS": "1", "LOADER_WORKERS": "{num_workers}", "LITERAL": "{{x}}"},
+        space={"micro_batch_size": [16, 8], "amp_dtype": ["fp32", "bf16"], "num_workers": [0, 2],
+               "pin_memory": [False, True]}))
+    values = {"micro_batch_size": 8, "grad_accum_steps": 2, "amp_dtype": "bf16", "num_workers": 2,
+              "pin_memory": False}
+    assert recipe.script.knob_words(values) == ["--batch-size", "8", "--grad-accum-steps", "2", "--amp-dtype",
+                                                "bfloat16"]
+    env = recipe.script.trial_env({**values, "prefetch_factor": 2, "persistent_workers": False, "zero_stage": 0})
+    assert env == {"OMP_NUM_THREADS": "1", "LOADER_WORKERS": "2", "LITERAL": "{x}"}

@@ -1,0 +1,222 @@
+"""A script recipe: how each trial launches the user's own training script, and the routes
+by which the trial's knobs reach it.
+
+A knob reaches a script by one of: ``tuner.config()`` inside the script (no ``adapt:``);
+the adapter of the library it uses (``adapt:``, which sets what that library takes); words
+appended to its command line (``knobs:``: a template, ``"--batch-size {}"``, or a map from
+value to words, ``{fp32: "", bf16: "--amp"}``); or an ``env:`` value with a ``{knob}``
+placeholder. A searched knob with no route is refused before anything runs: its trials
+would all measure the same configuration under different names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping, get_args
+
+from tuner.config.errors import RecipeError
+from tuner.config.space import KNOBS
+
+AdaptMode = Literal["torch", "accelerate", "deepspeed"]
+"""Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
+ADAPT_MODES: tuple[str, ...] = get_args(AdaptMode)
+DERIVED = ("grad_accum_steps",)
+"""Values a script may need that the tuner derives: accumulation = global / (micro x world)."""
+LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+ADAPTER_ROUTES: dict[str, tuple[str, ...]] = {
+    "torch": LOADER_KNOBS,  # by rebuilding the training DataLoader
+    "accelerate": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps"),
+    "deepspeed": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),
+}
+"""What each adapter delivers by itself; any other searched knob needs ``knobs:`` or ``env:``."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A ``script:`` (or ``module:``) recipe's launch: each trial runs
+    ``torchrun --nproc_per_node=N path args [knob words]``."""
+
+    path: Path | None
+    """The script file (``None`` for a ``module:`` recipe)."""
+    args: tuple[str, ...] = ()
+    nproc_per_node: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to each trial's environment; ``{knob}`` placeholders take the trial's values."""
+    timeout_s: float = 600.0
+    """Longest a trial may run before its first report (start-up, warm-up, window); later
+    trials get a limit from the measured step times when that is shorter."""
+    nnodes: int = 1
+    """Nodes per trial; above 1, every other node runs ``python -m tuner.agent RECIPE``."""
+    rdzv_endpoint: str | None = None
+    """``host:port`` of the rendezvous (required when ``nnodes`` > 1), as torchrun's."""
+    rdzv_backend: str = "c10d"
+    adapt: AdaptMode | None = None
+    """How a script with no tuner code gets its knobs and is measured
+    (:mod:`tuner.scriptmode.adapters`); ``None``: it calls ``tuner.config``/``tuner.Probe``."""
+    module: str | None = None
+    """``python -m module`` instead of a script file (run from the recipe's folder)."""
+    knobs: dict[str, str | dict[Any, str]] = field(default_factory=dict)
+    """Knob -> command-line words: a template with ``{}``, or a map from value to words."""
+    folder: Path = Path(".")
+    """Where the trial runs: the script's folder, or the recipe's for a module."""
+
+    def target(self) -> list[str]:
+        """What torchrun runs: the script's path, or ``-m module``."""
+        return ["-m", self.module] if self.module else [str(self.path)]
+
+    def knob_words(self, values: Mapping[str, Any]) -> list[str]:
+        """The words ``knobs:`` appends for a trial's values (knobs and ``grad_accum_steps``)."""
+        words: list[str] = []
+        for name, route in self.knobs.items():
+            value = values[name]
+            text = route.get(value, "") if isinstance(route, dict) else route.replace("{}", _text(value))
+            words += shlex.split(text)
+        return words
+
+    def trial_env(self, values: Mapping[str, Any]) -> dict[str, str]:
+        """``env:`` with the trial's values in its ``{knob}`` placeholders."""
+        return {k: v.format(**{n: _text(x) for n, x in values.items()}) for k, v in self.env.items()}
+
+    def routes(self) -> set[str]:
+        """The knobs that reach this script by ``knobs:``, ``env:``, ``tuner.config`` or its adapter."""
+        if self.adapt is None:
+            return {*KNOBS, *DERIVED}  # the script reads them all with tuner.config()
+        placed = {name for value in self.env.values() for name in placeholders(value)}
+        return {*self.knobs, *placed, *ADAPTER_ROUTES[self.adapt]}
+
+
+SCRIPT_KEYS = ("script", "module", "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint",
+               "rdzv_backend", "knobs")
+
+
+def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
+    """The launch part of a script recipe, checked key by key (its routes are checked
+    against the space by :func:`check_routes` once the space is known)."""
+    if "script" in raw and "module" in raw:
+        raise RecipeError("module: a recipe names a script or a module, not both")
+    path, module, folder = _target(raw, recipe_path)
+    args = raw.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+        raise RecipeError(f"args: expected a list of command-line arguments, got {args!r}")
+    env = raw.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) for k in env):
+        raise RecipeError(f"env: expected a mapping of environment variables, got {env!r}")
+    env = {k: str(v) for k, v in env.items()}
+    for key, value in env.items():
+        unknown = [n for n in placeholders(value, f"env.{key}") if n not in KNOBS and n not in DERIVED]
+        if unknown:
+            raise RecipeError(f"env.{key}: {{{unknown[0]}}} is not a knob; placeholders are "
+                              f"{', '.join('{' + n + '}' for n in (*KNOBS, *DERIVED))}")
+    adapt = raw.get("adapt")
+    if adapt is not None and adapt not in ADAPT_MODES:
+        raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
+                          f"tuner.config and tuner.Probe itself), got {adapt!r}")
+    if adapt in ("accelerate", "deepspeed") and importlib.util.find_spec(adapt) is None:
+        raise RecipeError(f"adapt: {adapt} needs the {adapt} package, which is not installed here "
+                          f"(pip install {adapt}), or a script that calls tuner.config and tuner.Probe itself")
+    nnodes = _int(raw.get("nnodes", 1), "nnodes")
+    endpoint = raw.get("rdzv_endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):
+        raise RecipeError(f"rdzv_endpoint: expected host:port (where torchrun's nodes meet), got {endpoint!r}")
+    if nnodes > 1 and endpoint is None:
+        raise RecipeError(f"rdzv_endpoint: required with nnodes: {nnodes}; give host:port of the first node "
+                          "(e.g. node0:29500), reachable from every node")
+    backend = raw.get("rdzv_backend", "c10d")
+    if not isinstance(backend, str) or not backend:
+        raise RecipeError(f"rdzv_backend: expected a torchrun rendezvous backend name (c10d), got {backend!r}")
+    timeout = raw.get("timeout_s", 600.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise RecipeError(f"timeout_s: expected a positive number of seconds, got {timeout!r}")
+    return Script(path, tuple(str(a) for a in args), _int(raw.get("nproc_per_node", 1), "nproc_per_node"), env,
+                  float(timeout), nnodes, endpoint, backend, adapt, module, _knobs(raw.get("knobs")), folder)
+
+
+def check_routes(script: Script, searched: Mapping[str, tuple[Any, ...]], accumulations: set[int]) -> None:
+    """Every knob mapping is for a knob the recipe sets, covers every value it can take, and
+    every searched knob (and accumulation, when it varies) reaches the script by some route.
+
+    Args:
+        searched: every knob the recipe sets (space, baseline, ``--set``), with all its values.
+        accumulations: the gradient accumulation steps the space's micro-batches imply.
+    """
+    for name, route in script.knobs.items():
+        values = tuple(accumulations) if name == "grad_accum_steps" else searched.get(name)
+        if values is None:
+            raise RecipeError(f"knobs.{name}: {name} is not set by this recipe (not in space, baseline or --set); "
+                              "remove the mapping, or add the knob to the space")
+        if isinstance(route, dict):
+            missing = [v for v in values if v not in route]
+            if missing:
+                raise RecipeError(f"knobs.{name}: no words for {_text(missing[0])}, a value the recipe gives "
+                                  f"{name}; map every value ({', '.join(_text(v) for v in values)})")
+    routes = script.routes()
+    needs = [n for n, values in searched.items() if len(values) > 1 and n not in routes]
+    if len(accumulations) > 1 and "grad_accum_steps" not in routes:
+        needs.append("grad_accum_steps")
+    if needs:
+        name = needs[0]
+        raise RecipeError(
+            f"knobs.{name}: {name} is searched but reaches the script by no route under "
+            f"adapt: {script.adapt}; give it a command-line mapping (knobs: {{{name}: \"--{name.replace('_', '-')} "
+            f"{{}}\"}}) or an environment variable (env: {{{name.upper()}: \"{{{name}}}\"}})")
+
+
+def _target(raw: Mapping[str, Any], recipe_path: Path) -> tuple[Path | None, str | None, Path]:
+    if "module" in raw:
+        module = raw["module"]
+        if not isinstance(module, str) or not re.match(r"^[A-Za-z_][\w.]*$", module):
+            raise RecipeError(f"module: expected a dotted module name run as python -m (pkg.train), got {module!r}")
+        return None, module, recipe_path.parent.resolve()
+    ref = raw["script"]
+    if not isinstance(ref, str) or not ref.endswith(".py"):
+        raise RecipeError(f"script: expected the path of a .py training script, got {ref!r}")
+    path = (recipe_path.parent / ref).resolve()
+    if not path.is_file():
+        raise RecipeError(f"script: {path} does not exist (script paths are relative to the recipe file)")
+    return path, None, path.parent
+
+
+def _knobs(raw: Any) -> dict[str, str | dict[Any, str]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"knobs: expected a mapping of knob: \"--flag {{}}\", got {raw!r}")
+    out: dict[str, str | dict[Any, str]] = {}
+    for name, route in raw.items():
+        if name not in KNOBS and name not in DERIVED:
+            raise RecipeError(f"knobs.{name}: not a knob; knobs are {', '.join((*KNOBS, *DERIVED))}")
+        if isinstance(route, str):
+            if "{}" not in route:
+                raise RecipeError(f"knobs.{name}: the template {route!r} has no {{}} for the value; write it as "
+                                  f"\"--{name.replace('_', '-')} {{}}\", or map each value to its words")
+            out[name] = route
+        elif isinstance(route, dict) and all(isinstance(w, str) or w is None for w in route.values()):
+            out[name] = {k: w or "" for k, w in route.items()}
+        else:
+            raise RecipeError(f"knobs.{name}: expected a template with {{}} or a map from value to words, "
+                              f"got {route!r}")
+    return out
+
+
+def placeholders(text: str, where: str = "env") -> list[str]:
+    """The ``{knob}`` names in an ``env:`` value."""
+    try:
+        return [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+    except ValueError as exc:
+        raise RecipeError(f"{where}: {exc} in {text!r}; write a literal brace as {{{{ or }}}}") from None
+
+
+def _int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RecipeError(f"{where}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _text(value: Any) -> str:
+    """A knob's value as a script's command line spells it (booleans in lower case)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,0 +1,115 @@
+"""``adapt: torch``: any PyTorch training loop, unchanged, measured through PyTorch itself.
+
+- A step is an optimizer step: PyTorch's global post-step hook
+  (``torch.optim.optimizer.register_optimizer_step_post_hook``) fires after every
+  ``optimizer.step()``; the first optimizer that steps is the training one (a second one,
+  a GAN's, is not counted again). Gradient accumulation is the script's: its micro-batches
+  between two steps make one step.
+- The training DataLoader is the one that fed the first optimizer step: every DataLoader's
+  iterator is watched, and the one whose batch came last before that step is it. An eval
+  loader run before training (no optimizer step follows its batches) is never taken for
+  it, nor one iterated inside training (only the training loader's ``next()`` is data wait).
+- Loader knobs the script does not take itself (no ``knobs:`` or ``env:`` route) are applied
+  by rebuilding that loader (dataset, sampler or shuffling, collate function, ``drop_last``
+  and batch size kept) from the step after the first one on: the warm-up absorbs the switch.
+- No DataLoader at all (batches sliced from an array): step times and samples/s (from the
+  trial's global batch) are measured; ``data_wait_share`` is ``null`` with a note, never 0.
+- DDP's all-reduces are timed through a communication hook on every
+  ``DistributedDataParallel`` the script builds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+from tuner.scriptmode.adapters.common import rebuild_loader
+from tuner.scriptmode.config import TrialConfig
+
+
+class _Watch:
+    """The adapter's state inside the script's process: the probe, the loaders seen, the
+    training loader and optimizer once the first step names them."""
+
+    def __init__(self, cfg: TrialConfig, rebuild: list[str]) -> None:
+        from tuner.scriptmode.probe import Probe
+
+        self.cfg, self.rebuild = cfg, rebuild
+        self.probe = Probe()
+        self.optimizer: Any = None
+        self.last_loader: Any = None
+        """The loader whose batch came last (before the first step: the training one)."""
+        self.training: Any = None
+        self.rebuilt: Any = None
+
+    def batches(self, loader: Any, source: Iterator[Any], original_iter: Any) -> Iterator[Any]:
+        """``loader``'s batches, each ``next()`` timed; the training loader's switch to its
+        rebuilt twin happens here, between two batches."""
+        switched = False
+        while True:
+            if self.rebuilt is not None and loader is self.training and not switched:
+                _shutdown(source)
+                source, switched = original_iter(self.rebuilt), True
+            start = time.perf_counter()
+            try:
+                batch = next(source)
+            except StopIteration:
+                return
+            wait = time.perf_counter() - start
+            self.last_loader = loader
+            if loader is self.training:
+                self.probe.record_batch(wait, batch)
+            yield batch
+
+    def stepped(self, optimizer: Any) -> None:
+        """After an ``optimizer.step()``: the first names the training optimizer and loader."""
+        if self.optimizer is None:
+            self.optimizer = optimizer
+            self._first_step(optimizer)
+        if optimizer is not self.optimizer:
+            return
+        per_rank = self.cfg.global_batch_size // self.cfg.world_size
+        self.probe.step(None if self.training is not None else per_rank)
+
+    def _first_step(self, optimizer: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if params:
+            self.probe.use_device(params[0].device)
+        self.training = self.last_loader
+        if self.training is None:
+            self.probe.unmeasured.update({"data_wait_share", "transfer_share", "stall_free_samples_per_s"})
+            self.probe.notes.append(
+                "adapt: torch: the script iterated no torch DataLoader before its first optimizer step, so data "
+                "wait is not measured (null); samples/s counts the trial's global batch per step")
+        elif self.rebuild:
+            self.rebuilt = rebuild_loader(self.training, self.cfg, "torch", only=self.rebuild)
+
+
+def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
+    """Watch every DataLoader's iterator, every optimizer step and every DDP model."""
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils.data import DataLoader
+
+    watch = _Watch(cfg, list(trial.get("rebuild") or []))
+    original_iter, original_ddp_init = DataLoader.__iter__, DistributedDataParallel.__init__
+
+    def __iter__(self: Any) -> Any:
+        if self is watch.training and watch.rebuilt is not None:
+            return watch.batches(self, original_iter(watch.rebuilt), original_iter)
+        return watch.batches(self, original_iter(self), original_iter)
+
+    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_ddp_init(self, *args, **kwargs)
+        watch.probe.watch(self)  # the comm hook must be there before the first backward
+
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: watch.stepped(optimizer))
+
+
+def _shutdown(iterator: Any) -> None:
+    """End a replaced iterator's workers now rather than at garbage collection."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
