@@ -8,6 +8,7 @@ ratios (with / without), and, since that ratio is as noisy as the machine (pairs
 else, and how busy its memory sampler thread was.
 
     python scripts/bench_probe_overhead.py            # 15 pairs of 1000 steps
+    python scripts/bench_probe_overhead.py --pairs 3  # quicker; the adapter's cost is measured either way
 """
 
 from __future__ import annotations
@@ -92,6 +93,36 @@ def probe_cost_s(n: int = 20000) -> float:
     return statistics.median(diffs) / n
 
 
+def adapter_cost_s(n: int = 20000) -> float:
+    """Seconds ``adapt: torch`` adds per step, probe included, measured like the probe's: a
+    loop that does nothing else, through the adapter's timed iterator and the function
+    PyTorch's global optimizer-step hook calls, minus the bare loop. (Timing real
+    ``optimizer.step()`` calls instead drowns the difference: a 40 us no-op step varies by
+    +-20% from one loop to the next here.)"""
+    from tuner.scriptmode.adapters.torch import _Watch
+
+    item = torch.zeros(64, 1)
+    optimizer = object()  # only its identity matters to the adapter
+
+    def loop(with_adapter: bool) -> float:
+        source = (item for _ in range(n))
+        start = time.perf_counter()
+        if with_adapter:
+            watch = _Watch(tuner.config(micro_batch_size=64, global_batch_size=64), [])
+            watch.probe = tuner.Probe(monitors=False)  # the sampler is reported apart
+            watch.optimizer = optimizer  # what the first step sets (its device lookup aside)
+            watch.training = "loader"
+            for _ in watch.batches("loader", source, iter):
+                watch.stepped(optimizer)
+        else:
+            for _ in source:
+                pass
+        return time.perf_counter() - start
+
+    diffs = [loop(True) - loop(False) for _ in range(5)]
+    return statistics.median(diffs) / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=15)
@@ -115,6 +146,9 @@ def main() -> None:
     print(f"probe overhead, training loops alternated: {100 * overhead:+.2f}% "
           "(median of pairs; single pairs range +-15% here)")
     print(f"probe cost per step, no-op loop: {1e6 * cost:.1f} us = {100 * cost / (ms / 1000):.2f}% of this step")
+    adapter = adapter_cost_s()
+    print(f"adapt: torch cost per step (probe included), no-op loop: {1e6 * adapter:.1f} us = "
+          f"{100 * adapter / (ms / 1000):.2f}% of this step")
     busy = SAMPLER["busy_s"] / SAMPLER["wall_s"] if SAMPLER["wall_s"] else 0.0
     print(f"memory sampler (background thread, 1 Hz): busy {100 * busy:.2f}% of the loop's wall time")
 

@@ -53,9 +53,9 @@ def test_knobs_a_script_keeps_from_accelerate_are_refused_never_half_applied(tmp
 
 
 def test_adapt_recipe_errors_are_one_line(tmp_path):
-    with pytest.raises(tuner.RecipeError, match="adapt: expected one of accelerate"):
+    with pytest.raises(tuner.RecipeError, match="adapt: expected one of torch, hf, lightning, accelerate, deepspeed"):
         tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": str(TESTS / "helpers" / "accelerate_modes.py"),
-                                                  "adapt": "lightning", "global_batch_size": 8}))
+                                                  "adapt": "keras", "global_batch_size": 8}))
     with pytest.raises(tuner.RecipeError, match="zero_stage: adapt: accelerate does not drive"):
         tuner.load_recipe(write_recipe(tmp_path, {"name": "x", "script": str(TESTS / "helpers" / "accelerate_modes.py"),
                                                   "adapt": "accelerate", "global_batch_size": 8,

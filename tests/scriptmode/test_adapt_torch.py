@@ -82,7 +82,7 @@ def test_a_mapping_that_does_not_reach_the_script_is_caught(tmp_path):
      "knobs.amp_dtype: amp_dtype is searched but reaches the script by no route"),
     ({"module": "pkg.train"}, "module: a recipe names a script or a module, not both"),
     ({"env": {"WORKERS": "{num_worker}"}}, "env.WORKERS: {num_worker} is not a knob"),
-    ({"adapt": "keras"}, "adapt: expected one of torch, accelerate, deepspeed"),
+    ({"adapt": "keras"}, "adapt: expected one of torch, hf, lightning, accelerate, deepspeed"),
 ])
 def test_bad_routes_are_refused_before_anything_runs(tmp_path, fields, message):
     with pytest.raises(RecipeError, match="^" + message.replace("(", r"\(").replace("{", r"\{")):
@@ -102,3 +102,43 @@ def test_words_and_environment_a_trial_gets(tmp_path):
                                                 "bfloat16"]
     env = recipe.script.trial_env({**values, "prefetch_factor": 2, "persistent_workers": False, "zero_stage": 0})
     assert env == {"OMP_NUM_THREADS": "1", "LOADER_WORKERS": "2", "LITERAL": "{x}"}
+
+
+def test_a_trainer_script_with_hf_argument_parser_is_tuned_unchanged(tmp_path):
+    """adapt: hf sets the trial's TrainingArguments fields (batch, accumulation, loader
+    workers) on what HfArgumentParser built, and measures through the Trainer."""
+    recipe = write_recipe(tmp_path, {
+        "name": "hf", "script": str(TESTS / "helpers" / "hf_train.py"), "adapt": "hf",
+        "args": ["--output_dir", str(tmp_path / "out"), "--max_steps", "100000", "--use_cpu", "--report_to", "none",
+                 "--save_strategy", "no", "--logging_strategy", "no", "--disable_tqdm", "true", "--latency_ms", "3"],
+        "global_batch_size": 16, "steps": {"warmup": 2, "measure": 8}, "timeout_s": 120, "out": str(tmp_path / "run"),
+        "baseline": {"num_workers": 0, "micro_batch_size": 16},
+        "space": {"num_workers": [0, 2], "micro_batch_size": [16, 8]},
+    })
+    result = tuner.search(recipe, trials=3, confirm=0, attribute=0, quiet=True)
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+    assert len(rows) == 3 and all(r["state"] == "ok" for r in rows), rows
+    for r in rows:
+        assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
+    assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
+
+
+def test_a_lightning_script_is_tuned_unchanged(tmp_path):
+    """adapt: lightning: precision and accumulation through the Trainer's arguments, the
+    training loader rebuilt with the trial's micro-batch and workers; the sanity check's
+    validation batches (of 5) are never taken for training."""
+    recipe = write_recipe(tmp_path, {
+        "name": "lit", "script": str(TESTS / "helpers" / "lightning_train.py"), "adapt": "lightning",
+        "args": ["--latency-ms", "3"], "global_batch_size": 16, "steps": {"warmup": 2, "measure": 8},
+        "timeout_s": 120, "out": str(tmp_path / "run"),
+        "baseline": {"num_workers": 0, "micro_batch_size": 16, "amp_dtype": "fp32"},
+        "space": {"num_workers": [0, 2], "micro_batch_size": [16, 8], "amp_dtype": ["fp32", "bf16"]},
+    })
+    result = tuner.search(recipe, trials=3, confirm=0, attribute=0, quiet=True)
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+    assert len(rows) == 3 and all(r["state"] == "ok" for r in rows), [r["reason"] for r in rows]
+    for r in rows:
+        assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
+    assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup

@@ -238,12 +238,12 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     ):
         space_mod.check_divisible(global_batch, micros, world_size, where)
 
+    stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
+    engine = _engine(raw.get("engine", "auto"), stages, script)
     if script is not None:
         values = _values_set(space, baseline, overrides)
         micros = values.get("micro_batch_size", (global_batch // world_size,))
         check_routes(script, values, {global_batch // (m * world_size) for m in micros})
-    stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
-    engine = _engine(raw.get("engine", "auto"), stages, script)
     seed = _int(raw.get("seed", 0), "seed", minimum=0)
     out_path, storage = _out(raw, name)
 

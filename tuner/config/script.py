@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping, get_args
 from tuner.config.errors import RecipeError
 from tuner.config.space import KNOBS
 
-AdaptMode = Literal["torch", "accelerate", "deepspeed"]
+AdaptMode = Literal["torch", "hf", "lightning", "accelerate", "deepspeed"]
 """Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
 ADAPT_MODES: tuple[str, ...] = get_args(AdaptMode)
 DERIVED = ("grad_accum_steps",)
@@ -30,10 +30,15 @@ DERIVED = ("grad_accum_steps",)
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 ADAPTER_ROUTES: dict[str, tuple[str, ...]] = {
     "torch": LOADER_KNOBS,  # by rebuilding the training DataLoader
+    "hf": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),  # TrainingArguments
+    "lightning": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),  # Trainer(...)
     "accelerate": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps"),
     "deepspeed": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),
 }
 """What each adapter delivers by itself; any other searched knob needs ``knobs:`` or ``env:``."""
+ADAPTER_PACKAGES = {"hf": "transformers", "lightning": "lightning", "accelerate": "accelerate",
+                    "deepspeed": "deepspeed"}
+"""The library each adapter drives, refused before anything runs when it is not installed."""
 
 
 @dataclass(frozen=True)
@@ -116,9 +121,10 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     if adapt is not None and adapt not in ADAPT_MODES:
         raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
                           f"tuner.config and tuner.Probe itself), got {adapt!r}")
-    if adapt in ("accelerate", "deepspeed") and importlib.util.find_spec(adapt) is None:
-        raise RecipeError(f"adapt: {adapt} needs the {adapt} package, which is not installed here "
-                          f"(pip install {adapt}), or a script that calls tuner.config and tuner.Probe itself")
+    package = ADAPTER_PACKAGES.get(adapt)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise RecipeError(f"adapt: {adapt} needs the {package} package, which is not installed here "
+                          f"(pip install {package}), or a script that calls tuner.config and tuner.Probe itself")
     nnodes = _int(raw.get("nnodes", 1), "nnodes")
     endpoint = raw.get("rdzv_endpoint")
     if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):

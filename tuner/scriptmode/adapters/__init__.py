@@ -1,12 +1,14 @@
 """Zero-change script mode: tune a script with no tuner code in it.
 
-``adapt: torch | accelerate | deepspeed`` in a script recipe launches each trial as
+``adapt: torch | hf | lightning | accelerate | deepspeed`` in a script recipe launches each trial as
 ``torchrun ... -m tuner.scriptmode.adapters SCRIPT ARGS`` (or ``-m MODULE ARGS``). This
 package applies the trial's knobs the way the script's library takes them, measures the
 loop through that library's own objects, then runs the script unchanged (as ``__main__``):
 ``torch.py`` for any PyTorch loop (optimizer steps from PyTorch's global step hook, the
-training DataLoader found by what feeds the first step), ``accelerate.py`` and
-``deepspeed.py`` through those libraries' objects. Knobs a library does not carry reach
+training DataLoader found by what feeds the first step), ``hf.py`` through
+``TrainingArguments`` and a Trainer callback, ``lightning.py`` through the Trainer's
+arguments and the torch adapter's measurement, ``accelerate.py`` and ``deepspeed.py``
+through those libraries' objects. Knobs a library does not carry reach
 the script through the recipe's ``knobs:`` (command-line words) or ``env:`` placeholders.
 
 Never silently half-applied: a script that keeps a knob from applying (an explicit
@@ -45,6 +47,10 @@ def _installer(mode: str) -> Callable[[TrialConfig, dict[str, Any]], None]:
         from tuner.scriptmode.adapters.accelerate import install
     elif mode == "deepspeed":
         from tuner.scriptmode.adapters.deepspeed import install
+    elif mode == "hf":
+        from tuner.scriptmode.adapters.hf import install
+    elif mode == "lightning":
+        from tuner.scriptmode.adapters.lightning import install
     else:
         from tuner.scriptmode.adapters.torch import install
     return install

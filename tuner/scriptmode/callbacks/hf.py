@@ -1,0 +1,72 @@
+"""``tuner.Probe`` in a Hugging Face ``Trainer``::
+
+    from tuner.integrations.hf import ProbeCallback
+
+    probe = ProbeCallback(warmup=10, measure=50)
+    trainer = Trainer(..., callbacks=[probe])
+    trainer.train()
+    probe.summary          # DESIGN.md metric names; also printed on rank 0
+
+Data wait is timed where it happens: the callback wraps the iterator of the Trainer's own
+training DataLoader (the Trainer fetches a step's micro-batches up front, before
+``on_step_begin``), so logging, evaluation and checkpointing between steps never count as
+waiting for data. A step is an optimizer step (``on_step_end``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback
+
+from tuner.scriptmode.callbacks.common import ProbeCallbackBase
+
+
+class ProbeCallback(ProbeCallbackBase, TrainerCallback):
+    """Measures the Trainer's steps with a :class:`tuner.Probe` (arguments: see
+    :class:`~tuner.scriptmode.callbacks.common.ProbeCallbackBase`)."""
+
+    trainer_name = "transformers.Trainer"
+
+    def __init__(self, warmup: int = 5, measure: int | None = None, **kwargs: Any) -> None:
+        super().__init__(warmup, measure, **kwargs)
+        self._loader: Any = None
+        self._loader_class: type | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
+        self._start(args.device, "bf16" if args.bf16 else "fp16" if args.fp16 else None)
+        if train_dataloader is None:
+            raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
+                               "this transformers version is not supported by tuner's callback")
+        self._wrap(train_dataloader)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        assert self.probe is not None
+        self.probe.step()
+        if self.stop_when_done and self.probe.done:
+            control.should_training_stop = True
+        return control
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._unwrap()
+        self._finish()
+
+    def _wrap(self, loader: Any) -> None:
+        """Time every ``next()`` on the Trainer's loader: its ``__iter__`` goes through the
+        probe (the loader's class is swapped for a subclass, and swapped back at the end).
+        Accelerate's ``DataLoaderShard`` forbids that (``__class__`` is a property) and
+        iterates the plain DataLoader it holds as ``base_dataloader``: that one is wrapped."""
+        loader = getattr(loader, "base_dataloader", loader)
+        probe, cls = self.probe, type(loader)
+        assert probe is not None
+
+        def __iter__(self_: Any) -> Any:
+            return probe.loader(cls.__iter__(self_))
+
+        loader.__class__ = type(cls.__name__, (cls,), {"__iter__": __iter__, "__module__": cls.__module__})
+        self._loader, self._loader_class = loader, cls
+
+    def _unwrap(self) -> None:
+        if self._loader is not None and self._loader_class is not None:
+            self._loader.__class__ = self._loader_class
+        self._loader = self._loader_class = None
