@@ -1,0 +1,62 @@
+"""Local data for the public training scripts tuned by the recipes beside this file, so
+that nothing is downloaded: nanoGPT's token files, minGPT's chargpt text, and a text file
+with a tokenizer for transformers' run_clm.py.
+
+    git clone https://github.com/karpathy/nanoGPT ../nanoGPT     # beside this repository
+    git clone https://github.com/karpathy/minGPT ../minGPT
+    mkdir ../run_clm && cp TRANSFORMERS/examples/pytorch/language-modeling/run_clm.py ../run_clm/
+    python recipes/public/prepare.py ../nanoGPT ../minGPT ../run_clm
+
+nanoGPT reads ``data/<dataset>/train.bin`` / ``val.bin`` (uint16 tokens) and ``meta.pkl``
+(its vocabulary size); chargpt reads ``input.txt`` in its own folder; run_clm.py reads
+``--train_file`` and ``--tokenizer_name`` (a byte-level BPE trained here on the same text).
+All get seeded random text: the tuner measures speed, not what the model learns.
+"""
+
+import argparse
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout")
+    parser.add_argument("mingpt", type=Path, help="a minGPT checkout")
+    parser.add_argument("run_clm", type=Path, nargs="?", help="the folder holding transformers' run_clm.py")
+    args = parser.parse_args()
+    data = args.nanogpt / "data" / "tuner_random"
+    data.mkdir(parents=True, exist_ok=True)
+    tokens = np.random.default_rng(0).integers(0, 65, size=1_000_000, dtype=np.uint16)
+    tokens[:900_000].tofile(data / "train.bin")
+    tokens[900_000:].tofile(data / "val.bin")
+    (data / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": 65}))
+    rng = random.Random(0)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(500)]
+    # chargpt samples from the prompt "O God, O God!" as it trains: its letters must be in the text
+    text = "O God, O God! " + " ".join(rng.choice(words) for _ in range(200_000))
+    (args.mingpt / "projects" / "chargpt" / "input.txt").write_text(text)
+    print(f"wrote {data} and {args.mingpt / 'projects' / 'chargpt' / 'input.txt'}")
+    if args.run_clm is not None:
+        lines = [" ".join(rng.choice(words) for _ in range(60)) for _ in range(4000)]
+        (args.run_clm / "train.txt").write_text("\n".join(lines) + "\n")
+        _tokenizer(lines, args.run_clm / "tokenizer")
+        print(f"wrote {args.run_clm / 'train.txt'} and {args.run_clm / 'tokenizer'}")
+
+
+def _tokenizer(lines: list[str], folder: Path) -> None:
+    """A 512-token byte-level BPE, saved the way AutoTokenizer.from_pretrained reads it."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(lines, vocab_size=512, special_tokens=["<|endoftext|>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>",
+                                   eos_token="<|endoftext|>", model_max_length=1024)
+    fast.save_pretrained(folder)
+
+
+if __name__ == "__main__":
+    main()
