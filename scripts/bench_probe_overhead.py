@@ -89,6 +89,11 @@ def probe_cost_s(n: int = 20000) -> float:
                 pass
         return time.perf_counter() - start
 
+    return _cost_per_step(loop, n)
+
+
+def _cost_per_step(loop, n: int) -> float:
+    """Median over 5 pairs of (the loop with the instrument - without), per step."""
     diffs = [loop(True) - loop(False) for _ in range(5)]
     return statistics.median(diffs) / n
 
@@ -119,8 +124,7 @@ def adapter_cost_s(n: int = 20000) -> float:
                 pass
         return time.perf_counter() - start
 
-    diffs = [loop(True) - loop(False) for _ in range(5)]
-    return statistics.median(diffs) / n
+    return _cost_per_step(loop, n)
 
 
 def main() -> None:

@@ -5,25 +5,12 @@ workers and precision in the code, a validation loader (the sanity check runs it
 """
 
 import argparse
-import time
 
 import lightning.pytorch as pl
 import torch
+from flags_train import Reads  # beside this script: the same slow reads
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
-
-
-class Reads(Dataset):
-    def __init__(self, size: int, latency_ms: float) -> None:
-        self.size, self.latency = size, latency_ms / 1000
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, i: int):
-        time.sleep(self.latency)
-        sum(range(20_000))  # ~0.5 ms of decoding work: loader workers show CPU time
-        return torch.full((32,), float(i % 7)), i % 10
+from torch.utils.data import DataLoader
 
 
 class Classifier(pl.LightningModule):
