@@ -52,13 +52,18 @@ def test_a_loop_without_a_dataloader_reports_null_data_wait_as_a_module(tmp_path
     package.mkdir()
     (package / "__init__.py").write_text("")
     shutil.copy(TESTS / "helpers" / "flags_train.py", package / "train.py")
-    recipe = _recipe(tmp_path, script=None, module="flagjob.train", args=["--no-loader"])
+    recipe = _recipe(tmp_path, script=None, module="flagjob.train", args=["--no-loader"],
+                     baseline={"micro_batch_size": 16})
     recipe.write_text(recipe.read_text().replace("script: null\n", ""))
-    m = tuner.measure(recipe, micro_batch_size=8)
-    assert m.state == "ok", m.reason
-    assert m.params["grad_accum_steps"] == 2 and m.metrics["samples_per_s"] > 0
-    assert m.metrics["data_wait_share"] is None and m.metrics["stall_free_samples_per_s"] is None
-    assert any("no torch DataLoader" in n for n in m.repeats[0].notes)
+    result = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = {r["micro_batch_size"]: r for r in csv.DictReader(f) if not r["duplicate_of"]}
+    assert set(rows) == {"16", "8"} and all(r["state"] == "ok" for r in rows.values()), rows
+    assert rows["8"]["grad_accum_steps"] == "2" and float(rows["8"]["samples_per_s"]) > 0
+    assert all(r["data_wait_share"] == "" and r["stall_free_samples_per_s"] == "" for r in rows.values())
+    assert "no torch DataLoader" in (tmp_path / "run" / "search.log").read_text()
+    assert "--batch-size 8 --grad-accum-steps 2" in (tmp_path / "run" / "trials" / "002" / "output.log").read_text()
+    assert result.best["metrics"]["data_wait_share"] is None
 
 
 def test_a_mapping_that_does_not_reach_the_script_is_caught(tmp_path):
@@ -142,3 +147,20 @@ def test_a_lightning_script_is_tuned_unchanged(tmp_path):
     for r in rows:
         assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
     assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
+
+
+def test_a_lightning_cli_script_gets_the_trial_through_its_trainer(tmp_path):
+    """LightningCLI builds its command line from Trainer.__init__'s signature: the adapter's
+    patch keeps it, and the trial's precision, accumulation and rebuilt loader reach the run."""
+    recipe = write_recipe(tmp_path, {
+        "name": "litcli", "script": str(TESTS / "helpers" / "lightning_cli_train.py"), "adapt": "lightning",
+        "args": ["fit", "--trainer.max_epochs=100", "--trainer.accelerator=cpu", "--trainer.logger=false",
+                 "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+                 "--trainer.enable_model_summary=false", "--data.batch_size=16"],
+        "global_batch_size": 16, "steps": {"warmup": 2, "measure": 8}, "timeout_s": 120,
+        "out": str(tmp_path / "run"), "space": {"num_workers": [0, 2], "micro_batch_size": [16, 8],
+                                                "amp_dtype": ["fp32", "bf16"]},
+    })
+    m = tuner.measure(recipe, num_workers=2, micro_batch_size=8, amp_dtype="bf16")
+    assert m.state == "ok", m.reason
+    assert m.params["grad_accum_steps"] == 2 and m.metrics["worker_cpu_util"] > 0

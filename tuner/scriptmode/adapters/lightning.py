@@ -1,5 +1,5 @@
 """``adapt: lightning``: a script that builds a Lightning ``Trainer`` (plain, or through
-``LightningCLI``), with no tuner code.
+``LightningCLI``: the patched ``__init__`` keeps its signature), with no tuner code.
 
 - The Trainer's own arguments carry the trial: ``precision`` (``32-true``, ``bf16-mixed``,
   ``16-mixed``), ``accumulate_grad_batches``, and with a ZeRO stage
@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import Any
@@ -51,9 +52,15 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
         if importlib.util.find_spec(name.split(".")[0]) is None:
             continue
         trainer_cls = importlib.import_module(name).Trainer
-        original = trainer_cls.__init__
+        trainer_cls.__init__ = _with_trial(trainer_cls.__init__, cfg, zero_searched)
 
-        def __init__(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> None:
-            _original(self, *args, **trainer_arguments(cfg, kwargs, zero_searched))
 
-        trainer_cls.__init__ = __init__
+def _with_trial(original: Any, cfg: TrialConfig, zero_searched: bool) -> Any:
+    """``Trainer.__init__`` with the trial's arguments; its signature kept (``LightningCLI``
+    builds its command line from it)."""
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **trainer_arguments(cfg, kwargs, zero_searched))
+
+    return __init__
