@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--amp-dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--latency-ms", type=float, default=1.0)
     parser.add_argument("--epochs", type=int, default=1000)
+    parser.add_argument("--size", type=int, default=2048, help="samples per epoch")
     parser.add_argument("--eval-first", action="store_true")
     parser.add_argument("--no-loader", action="store_true")
     args = parser.parse_args()
@@ -60,7 +61,7 @@ def main() -> None:
         batches = ((xs[i:i + args.batch_size], ys[i:i + args.batch_size])
                    for _ in range(args.epochs) for i in range(0, 4096 - args.batch_size, args.batch_size))
     else:
-        data = Reads(2048, args.latency_ms)
+        data = Reads(args.size, args.latency_ms)
         sampler = DistributedSampler(data) if distributed else None
         loader = DataLoader(data, batch_size=args.batch_size, shuffle=sampler is None, sampler=sampler,
                             num_workers=args.workers, drop_last=True)

@@ -66,6 +66,16 @@ def test_a_loop_without_a_dataloader_reports_null_data_wait_as_a_module(tmp_path
     assert result.best["metrics"]["data_wait_share"] is None
 
 
+def test_the_rebuilt_loader_serves_every_later_epoch_with_persistent_workers(tmp_path):
+    """Epochs of 6 batches: the window spans several, each a new iter() of the script's
+    loader, served by the rebuilt one (its persistent workers reused, never shut down)."""
+    recipe = _recipe(tmp_path, args=["--latency-ms", "1", "--size", "96"], knobs={},
+                     space={"num_workers": [0, 2], "persistent_workers": [False, True]})
+    m = tuner.measure(recipe, num_workers=2, persistent_workers=True, overrides=["steps.measure=14"])
+    assert m.state == "ok", m.reason
+    assert m.metrics["worker_cpu_util"] > 0
+
+
 def test_a_mapping_that_does_not_reach_the_script_is_caught(tmp_path):
     """A template the script ignores leaves its own batch size in place: the second step
     takes another number of samples than the configuration needs, and the trial says so."""

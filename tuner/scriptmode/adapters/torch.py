@@ -42,10 +42,11 @@ class _Watch:
         self.training: Any = None
         self.rebuilt: Any = None
 
-    def batches(self, loader: Any, source: Iterator[Any], original_iter: Any) -> Iterator[Any]:
+    def batches(self, loader: Any, source: Iterator[Any], original_iter: Any,
+                switched: bool = False) -> Iterator[Any]:
         """``loader``'s batches, each ``next()`` timed; the training loader's switch to its
-        rebuilt twin happens here, between two batches."""
-        switched = False
+        rebuilt twin happens here, between two batches (``switched``: ``source`` already is
+        the rebuilt loader's, a later epoch)."""
         while True:
             if self.rebuilt is not None and loader is self.training and not switched:
                 _shutdown(source)
@@ -95,8 +96,8 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
     original_iter, original_ddp_init = DataLoader.__iter__, DistributedDataParallel.__init__
 
     def __iter__(self: Any) -> Any:
-        if self is watch.training and watch.rebuilt is not None:
-            return watch.batches(self, original_iter(watch.rebuilt), original_iter)
+        if self is watch.training and watch.rebuilt is not None:  # a later epoch: straight to the rebuilt one
+            return watch.batches(self, original_iter(watch.rebuilt), original_iter, switched=True)
         return watch.batches(self, original_iter(self), original_iter)
 
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
