@@ -48,3 +48,17 @@ def test_gpu_util_averages_nvml_samples_inside_the_window(monkeypatch):
     assert gpu.mean(times[4], times[-1]) == 0.5
     assert gpu.mean(times[-1] + 1, times[-1] + 2) is None
     assert gpu.peak_used == 5 << 30  # memory used: the peak of the samples
+
+
+def test_host_memory_reads_pss_only_when_resident_memory_reaches_a_new_high():
+    """A steady process costs the sampler RSS readings only; a growing one is followed."""
+    memory = HostMemory(interval=0.01).start()
+    time.sleep(0.3)  # ~30 ticks, nothing allocated
+    steady = memory.pss_reads
+    block = torch.ones(96 * 1024 * 1024 // 4)  # 96 MiB, touched: a new high
+    time.sleep(0.1)
+    grown = memory.pss_reads
+    peak = memory.stop()
+    del block
+    assert steady <= 3, steady  # the start's reading, and at most a couple of allocator wobbles
+    assert grown > steady and peak - tree_pss_bytes(psutil.Process()) > 64 * 1024 * 1024
