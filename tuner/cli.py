@@ -1,6 +1,6 @@
 """Command lines: ``tuner <command>`` and ``python -m tuner.<command>``.
 
-Input errors (:class:`~tuner.errors.RecipeError`) print one line and exit 2; nothing here
+Input errors (:class:`~tuner.config.errors.RecipeError`) print one line and exit 2; nothing here
 lets a traceback reach the user for bad input.
 """
 

@@ -1,4 +1,4 @@
-"""Configs to paste, built from a :class:`~tuner.space.Config`.
+"""Configs to paste, built from a :class:`~tuner.config.space.Config`.
 
 The DeepSpeed engine trains with exactly :func:`ds_config`, so what is measured is what
 is exported.

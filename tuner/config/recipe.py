@@ -1,7 +1,7 @@
 """The recipe: the user's YAML, parsed once into typed objects and validated completely.
 
 Nothing runs before the whole recipe is known to be good: every key is checked, its path
-and what is allowed named in the error (:class:`~tuner.errors.RecipeError`, exit 2).
+and what is allowed named in the error (:class:`~tuner.config.errors.RecipeError`, exit 2).
 ``--set key=value`` overrides are applied to the raw YAML first, so they get the same
 checks: a knob name fixes that knob, any other dotted path (``steps.measure=5``,
 ``task_args.seq_len=128``) replaces that recipe value.

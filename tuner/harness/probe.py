@@ -59,7 +59,7 @@ class ProbeCore:
         device: the training device; CUDA step times come from events on its stream.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.
         flops_per_sample: forward + backward FLOPs of one sample (see
-            :func:`tuner.flops.count_flops`); gives ``achieved_tflops``, and ``mfu`` on a
+            :func:`tuner.harness.flops.count_flops`); gives ``achieved_tflops``, and ``mfu`` on a
             GPU of the peak table.
         amp_dtype: the dtype the matmuls run in (``fp32``, ``bf16``, ``fp16``), for the peak.
         nvtx: mark data wait and steps as NVTX ranges (for Nsight Systems).

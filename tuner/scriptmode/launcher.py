@@ -62,12 +62,12 @@ class Limits:
 
 
 ENDED = "ended"
-"""Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.agent`)."""
+"""Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.scriptmode.agent`)."""
 
 
 def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
     """One node's ``torchrun`` command and environment for a trial: the search's own, and
-    each agent's on the other nodes (:mod:`tuner.agent`), built alike from the recipe and
+    each agent's on the other nodes (:mod:`tuner.scriptmode.agent`), built alike from the recipe and
     the trial file."""
     script = recipe.script
     assert script is not None
