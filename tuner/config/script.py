@@ -87,12 +87,15 @@ class Script:
         """``env:`` with the trial's values in its ``{knob}`` placeholders."""
         return {k: v.format(**{n: _text(x) for n, x in values.items()}) for k, v in self.env.items()}
 
+    def taken(self) -> set[str]:
+        """The knobs the script takes itself: by ``knobs:`` words or an ``env:`` placeholder."""
+        return {*self.knobs, *(name for value in self.env.values() for name in placeholders(value))}
+
     def routes(self) -> set[str]:
         """The knobs that reach this script by ``knobs:``, ``env:``, ``tuner.config`` or its adapter."""
         if self.adapt is None:
             return {*KNOBS, *DERIVED}  # the script reads them all with tuner.config()
-        placed = {name for value in self.env.values() for name in placeholders(value)}
-        return {*self.knobs, *placed, *ADAPTER_ROUTES[self.adapt]}
+        return {*self.taken(), *ADAPTER_ROUTES[self.adapt]}
 
 
 SCRIPT_KEYS = ("script", "module", "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint",

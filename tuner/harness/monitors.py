@@ -150,19 +150,27 @@ class HostMemory(_Sampler):
 
     def sample(self) -> int:
         """Read the tree's PSS now (also called at phase boundaries so short trials are seen)."""
-        pids = [self._proc.pid, *descendants(self._proc.pid)]
-        self._rss_seen = max(self._rss_seen, sum(rss_bytes(pid) for pid in pids))
+        pids = self._tree()
+        return self._read_pss(pids, sum(rss_bytes(pid) for pid in pids))
+
+    def tick(self) -> int:
+        """The thread's sample: PSS only when resident memory reached a new high."""
+        pids = self._tree()
+        rss = sum(rss_bytes(pid) for pid in pids)
+        if rss <= max(self._rss_seen * (1 + self.RSS_GATE), self._rss_seen + 2**20):
+            return self.peak
+        return self._read_pss(pids, rss)
+
+    def _tree(self) -> list[int]:
+        return [self._proc.pid, *descendants(self._proc.pid)]
+
+    def _read_pss(self, pids: list[int], rss: int) -> int:
+        """PSS of ``pids``, remembering the resident level it was read at."""
+        self._rss_seen = max(self._rss_seen, rss)
         value = sum(pss_bytes(pid) for pid in pids)
         self.pss_reads += 1
         self.peak = max(self.peak, value)
         return value
-
-    def tick(self) -> int:
-        """The thread's sample: PSS only when resident memory reached a new high."""
-        rss = sum(rss_bytes(pid) for pid in [self._proc.pid, *descendants(self._proc.pid)])
-        if rss <= max(self._rss_seen * (1 + self.RSS_GATE), self._rss_seen + 2**20):
-            return self.peak
-        return self.sample()
 
     def start(self) -> "HostMemory":
         self.peak = self._rss_seen = 0

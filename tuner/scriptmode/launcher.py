@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config.script import LOADER_KNOBS, placeholders
+from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
 from tuner.scriptmode import adapters
 from tuner.scriptmode.trialfile import read_result
@@ -148,7 +148,7 @@ def rebuilt_knobs(script: "Script") -> list[str]:
     the script does not take itself (through ``knobs:`` or an ``env:`` placeholder)."""
     if script.adapt != "torch":
         return []
-    taken = {*script.knobs, *(n for v in script.env.values() for n in placeholders(v))}
+    taken = script.taken()
     return [k for k in LOADER_KNOBS if k not in taken]
 
 
