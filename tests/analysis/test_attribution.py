@@ -58,7 +58,7 @@ def test_attribution_table_on_the_quick_start_recipe(tmp_path):
     result = tuner.search("recipes/quickstart.yaml", trials=4, confirm=1, attribute=2, out=tmp_path / "run",
                           quiet=True, overrides=["steps.measure=10"])
     a = result.attribution
-    assert a is not None and a.repeats == 2
+    assert a is not None and a.repeats >= 2
     rows = {r.knob: r for r in a.rows}
     assert rows["num_workers"].before == 0 and rows["num_workers"].after > 0
     assert rows["num_workers"].share > 0.5  # the bulk of the gain

@@ -20,6 +20,7 @@ from tuner.trial.run import run_trial
 from tuner.tuning import budget, finalists, interrupt, searchspace
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.planner import Planner
+from tuner.tuning.pool import Pool
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
@@ -41,6 +42,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     stopped = "interrupted"
     confirmed: finalists.Confirmation | None = None
     attribution: Attribution | None = None
+    pool = Pool()
 
     def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
         return run_one(recipe, config, ctx, scripts, prune)
@@ -56,13 +58,15 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
             prune = ((planner.prune if planner else budget.never) if order["prune"] else None)
             if order.get("reference") and scripts is None:  # the guard needs an fp32 curve first
                 reference = run(dataclasses.replace(config, amp_dtype="fp32"))
+                pool.add(reference, "search")
                 if planner:
                     planner.set_reference(reference)
             result = run(config, prune)
+            pool.add(result, "search")
             if planner:
                 planner.record(result)
         if stopped != "interrupted":
-            confirmed, attribution = _finalise(recipe, machine, planner, confirm, attribute, run)
+            confirmed, attribution = _finalise(recipe, machine, planner, confirm, attribute, run, pool)
     except KeyboardInterrupt:
         if planner is None:
             raise
@@ -73,19 +77,23 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.tuning.interrupt)
         stopped, confirmed, attribution = "interrupted", None, None
     with interrupt.deferred():
-        result = planner.finish(stopped, confirmed, attribution)
+        result = planner.finish(stopped, confirmed, attribution, pool)
         if on_result is not None:
             on_result(result)
     return result
 
 
 def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confirm: int, attribute: int | None,
-              run: finalists.Run) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
+              run: finalists.Run, pool: Pool) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
     """Confirmation, then attribution, on every rank; rank 0 says what to measure."""
     events = planner.events if planner else None
     order = distributed.broadcast(
         {"finalists": planner.finalists(), "baseline": planner.baseline_config.params()} if planner else None)
-    confirmed = finalists.confirm(order["finalists"], order["baseline"], confirm, run, events)
+    confirmed = finalists.confirm(order["finalists"], order["baseline"], confirm, run, pool,
+                                  distributed.broadcast, events)
+    if confirmed is not None and events is not None:
+        for note in confirmed.notes:
+            events.note(note)
     repeats = confirm if attribute is None else attribute
     plan = distributed.broadcast(planner.attribution_plan(confirmed) if planner and repeats > 0 else None)
     if not plan:
@@ -94,7 +102,7 @@ def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confi
     def make(knobs: dict[str, Any]) -> Config:
         return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)[0]
 
-    return confirmed, finalists.attribute(plan["baseline"], plan["best"], repeats, run, make, events)
+    return confirmed, finalists.attribute(plan["baseline"], plan["best"], repeats, run, pool, make, events)
 
 
 def run_one(recipe: "Recipe", config: Config, ctx: "DistContext", scripts: ScriptTrials | None,

@@ -1,21 +1,22 @@
-"""The end of a search: the finalists re-measured against the baseline, and the gain
-attributed knob by knob, every configuration interleaved with the others (the same
-minutes, the same noise for all)."""
+"""The end of a search: the finalists re-measured against the baseline until the ranking is
+clear, and the gain attributed knob by knob, every configuration interleaved with the others
+(the same minutes, the same noise for all). Every measurement goes into the run's
+:class:`~tuner.tuning.pool.Pool`, and nothing already known is measured again: measured on
+the issue's DeepSpeed job before pooling, a one-knob answer cost 12 confirmation runs and 6
+attribution runs, the attribution re-measuring the two configurations the confirmation had
+just measured."""
 
 from __future__ import annotations
 
-import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.analysis import attribution as attribution_mod
 from tuner.analysis.attribution import Attribution
 from tuner.config.space import Config
-from tuner.harness.metrics import METRIC_NAMES
+from tuner.tuning.pool import Pool
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.trial.result import TrialResult
     from tuner.tuning.events import SearchEvents
 
@@ -23,82 +24,104 @@ FINALISTS = 3
 """Configurations re-measured in the confirmation: one noisy search trial must not pick
 the winner (seen on the benchmark: the true best was found, then outrun by a lucky
 measurement of a configuration 20% slower)."""
+KNOWN = 2
+"""Runs of a configuration already in the pool that make it known to the attribution
+(the confirmation measured it until the ranking was clear)."""
 
 Run = Callable[[Config], "TrialResult"]
 """Measures one configuration (a trial in this process, or a script trial)."""
+Agree = Callable[[Any], Any]
+"""Rank 0's value on every rank (:func:`tuner.harness.distributed.broadcast`)."""
 
 
 @dataclass
 class Confirmation:
     winner: dict[str, Any]
-    """The finalist with the best median: the search's answer."""
-    runs: dict[str, list["TrialResult"]]
-    """``best`` and ``baseline`` confirmation runs."""
+    """The answer: the fastest finalist, or the one with the fewest changes among those
+    within the noise of the fastest."""
+    rounds: int = 0
+    """Interleaved rounds measured."""
+    equals: list[dict[str, Any]] = field(default_factory=list)
+    """Finalists within the noise of the fastest (the winner among them)."""
+    notes: list[str] = field(default_factory=list)
 
 
-def confirm(finalists: list[dict[str, Any]], baseline: dict[str, Any], repeats: int, run: Run,
-            events: "SearchEvents | None") -> Confirmation | None:
-    """The finalists and the baseline, interleaved ``repeats`` times. The finalist with the
-    best median becomes ``best``."""
-    if repeats < 1 or not finalists:
+def changes(params: dict[str, Any], baseline: dict[str, Any]) -> int:
+    """Knobs set differently from the baseline."""
+    return sum(params.get(k) != v for k, v in baseline.items())
+
+
+def confirm(finalists: list[dict[str, Any]], baseline: dict[str, Any], cap: int, run: Run, pool: Pool,
+            agree: Agree, events: "SearchEvents | None") -> Confirmation | None:
+    """The finalists and the baseline, interleaved, one round at a time, until the fastest is
+    apart from every other finalist beyond the noise, or ``cap`` rounds. Runs already in the
+    pool (the search trials) count; a finalist left behind beyond the noise is dropped."""
+    if cap < 1 or not finalists:
         return None
-    configs = [Config(**p) for p in finalists]
     base = Config(**baseline)
+    contenders = [Config(**p) for p in finalists]
     if events:
-        events.note(f"confirming: {len(configs)} finalist(s) and the baseline, interleaved, {repeats} time(s) each")
-    runs: dict[Config, list[TrialResult]] = {c: [] for c in [base, *configs]}
-    for _ in range(repeats):
-        for config in runs:
-            runs[config].append(run(config))
+        events.note(f"confirming: {len(contenders)} finalist(s) and the baseline, interleaved, until the fastest "
+                    f"is apart beyond the noise (at most {cap} round(s))")
+    rounds = 0
+    while rounds < cap:
+        for config in dict.fromkeys([base, *contenders]):
+            pool.add(run(config), "confirmation")
+        rounds += 1
+        ranked = sorted((c for c in contenders if pool.rates(c.params())),
+                        key=lambda c: pool.median(c.params()) or 0.0, reverse=True)
+        if not ranked:
+            return None
+        lead = ranked[0].params()
+        contenders = agree([ranked[0]] + [c for c in ranked[1:] if not pool.apart(lead, c.params())])
+        if len(contenders) == 1:
+            break
+    return _answer(contenders, baseline, pool, rounds)
 
-    def median_rate(config: Config) -> float:
-        rates = [r.metrics["samples_per_s"] for r in runs[config] if r.ok and r.metrics]
-        return statistics.median(rates) if rates else 0.0
 
-    winner = max(configs, key=median_rate)
-    return Confirmation(winner=winner.params(), runs={"best": runs[winner], "baseline": runs[base]})
+def _answer(contenders: list[Config], baseline: dict[str, Any], pool: Pool, rounds: int) -> Confirmation:
+    """The winner: among finalists within the noise of the fastest, the fewest changes."""
+    equals = [c.params() for c in contenders]
+    fastest = equals[0]
+    winner = min(equals, key=lambda p: (changes(p, baseline), -(pool.median(p) or 0.0)))
+    noise = pool.noise()
+    out = Confirmation(winner=winner, rounds=rounds, equals=equals)
+    if len(equals) == 1:
+        out.notes.append(f"confirmation: the fastest finalist is apart from the others beyond the noise "
+                         f"(±{noise:.0%} a run) after {rounds} round(s)")
+    else:
+        out.notes.append(f"confirmation: {len(equals)} finalists within the noise of the fastest after {rounds} "
+                         f"round(s) (±{noise:.0%} a run)")
+    if winner != fastest:
+        slower = 1 - (pool.median(winner) or 0.0) / (pool.median(fastest) or 1.0)
+        out.notes.append(f"recommending the simplest of equals: {changes(winner, baseline)} change(s) from the "
+                         f"baseline instead of {changes(fastest, baseline)}, {slower:.1%} slower, within the noise")
+    return out
 
 
-def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run,
+def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run, pool: Pool,
               make: Callable[[dict[str, Any]], Config], events: "SearchEvents | None") -> Attribution | None:
-    """Every configuration on the baseline-to-best path and every leave-one-out, measured
-    ``repeats`` times, interleaved."""
-    configs = {attribution_mod.key(c): c for _, c in attribution_mod.path(base, best)}
-    configs.update({attribution_mod.key(c): c for _, c in attribution_mod.leave_one_out(base, best)})
+    """Every configuration on the baseline-to-best path and every leave-one-out: those the
+    pool does not already know measured ``repeats`` times, interleaved; the table from the
+    pool, so each configuration has one median everywhere."""
+    points = [c for _, c in [*attribution_mod.path(base, best), *attribution_mod.leave_one_out(base, best)]]
+    configs = {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
     if len(configs) < 2:
         return None
+    need = {k: (repeats if not pool.entry(c.params()).runs else max(0, KNOWN - len(pool.rates(c.params()))))
+            for k, c in configs.items()}
     if events:
-        events.note(f"attributing the gain: {len(configs)} configurations, interleaved, {repeats} time(s) each")
-    rates: dict[str, list[float]] = {k: [] for k in configs}
+        todo = sum(n > 0 for n in need.values())
+        events.note(f"attributing the gain: {len(configs)} configurations, {len(configs) - todo} already measured, "
+                    f"{todo} to measure (interleaved, {repeats} time(s) each)")
     failures: dict[str, str] = {}
-    batch_norm = False
-    for _ in range(repeats):
-        for k, knobs in configs.items():
-            if k in failures:
-                continue
-            result = run(make({n: knobs[n] for n in attribution_mod.ORDER if n in knobs}))
-            batch_norm = batch_norm or any("BatchNorm" in n for n in result.notes)
-            if result.ok and result.metrics:
-                rates[k].append(result.metrics["samples_per_s"])
-            else:
-                failures[k] = f"{result.state}: {result.reason}"
+    for round_ in range(max(need.values(), default=0)):
+        for k, config in configs.items():
+            if round_ < need[k] and k not in failures:
+                result = run(config)
+                pool.add(result, "attribution")
+                if not result.ok:
+                    failures[k] = f"{result.state}: {result.reason}"
+    batch_norm = any("BatchNorm" in n for e in pool.entries.values() for r in e.runs for n in r.notes)
+    rates = {k: pool.rates(c.params()) for k, c in configs.items()}
     return attribution_mod.attribute(base, best, rates, failures, batch_norm)
-
-
-def end_summary(trial: "optuna.trial.FrozenTrial | None", confirmed: Confirmation | None,
-                name: str) -> dict[str, Any]:
-    """Params and metrics of best/baseline: the median of the confirmation runs when there
-    are any that succeeded, else the search trial's own measurement."""
-    if trial is None:
-        return {"params": None, "metrics": None, "source": None}
-    all_runs = confirmed.runs[name] if confirmed is not None else []
-    runs = [r.metrics for r in all_runs if r.ok and r.metrics]
-    if runs:
-        metrics = {k: (statistics.median([m[k] for m in runs if m[k] is not None])
-                       if any(m[k] is not None for m in runs) else None) for k in METRIC_NAMES}
-        failures = sum(not r.ok for r in all_runs)
-        return {"params": trial.user_attrs["params"], "metrics": metrics,
-                "source": f"median of {len(runs)} confirmation runs",
-                "failures": failures, "trial": trial.number}
-    return {"params": trial.user_attrs["params"], "metrics": trial.user_attrs["metrics"],
-            "source": "search trial", "trial": trial.number}

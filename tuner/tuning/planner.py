@@ -16,13 +16,14 @@ from optuna.trial import TrialState
 
 from tuner.analysis.diagnose import diagnose_run
 from tuner.analysis.guard import divergence
-from tuner.config.space import Config, Machine, make_config
+from tuner.config.space import KNOBS, Config, Machine, make_config
 from tuner.harness.environment import environment
 from tuner.trial.result import State, TrialResult
 from tuner.tuning import budget, guided, searchspace
 from tuner.tuning import study as study_mod
 from tuner.tuning.events import SearchEvents
-from tuner.tuning.finalists import FINALISTS, end_summary
+from tuner.tuning.finalists import FINALISTS
+from tuner.tuning.pool import Pool
 from tuner.tuning.result import SearchResult, measure_command
 
 if TYPE_CHECKING:
@@ -179,16 +180,25 @@ class Planner:
             return None
         return {"baseline": self.baseline_config.params(), "best": best}
 
-    def finish(self, stopped: str, confirmed: "Confirmation | None",
-               attribution: "Attribution | None" = None) -> SearchResult:
-        """The search's result, from the study and the confirmation runs."""
+    def finish(self, stopped: str, confirmed: "Confirmation | None", attribution: "Attribution | None" = None,
+               pool: Pool | None = None) -> SearchResult:
+        """The search's result: one number per configuration, from every run of it in this
+        process (:class:`~tuner.tuning.pool.Pool`), else from its search trial (a resumed study)."""
         self.events.stop()
+        pool = pool if pool is not None else Pool()
+        notes = list(self.space.notes) + (confirmed.notes if confirmed is not None else [])
         best_trial = study_mod.best_feasible(self.study)
-        if confirmed is not None:
-            best_trial = next(t for t in study_mod.feasible(self.study) if t.user_attrs["params"] == confirmed.winner)
+        best_params = confirmed.winner if confirmed is not None else (
+            best_trial.user_attrs["params"] if best_trial is not None else None)
+        if best_params is not None and attribution is not None:
+            simpler = self._simpler(best_params, attribution, pool)
+            if simpler is not None:
+                best_params, note = simpler
+                notes.append(note)
+                self.events.note(note)
         baseline_trial = next((t for t in study_mod.measured(self.study) if t.user_attrs.get("baseline")), None)
-        best = end_summary(best_trial, confirmed, "best")
-        base = end_summary(baseline_trial, confirmed, "baseline")
+        best = self._summary(best_params, pool)
+        base = self._summary(baseline_trial.user_attrs["params"] if baseline_trial else None, pool)
         if best["params"]:
             best["command"] = measure_command(self.recipe, best["params"])
         speedup = None
@@ -199,9 +209,49 @@ class Planner:
         return SearchResult(
             out=r.out, best=best, baseline=base, speedup=speedup,
             target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
-            stopped=stopped, trials=self.done(), environment=env, notes=list(self.space.notes),
+            stopped=stopped, trials=self.done(), environment=env, notes=notes,
             diagnosis={name: diagnose_run(part["metrics"], part["params"], r.budget.memory_gib, env)
                        for name, part in (("baseline", base), ("best", best))},
             attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
             world_size=r.world_size, study=self.study,
         )
+
+    def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
+        """Params and metrics of one configuration: its pooled median, else its search trial."""
+        if params is None:
+            return {"params": None, "metrics": None, "source": None}
+        trial = self.known.get(searchspace.config_key(Config(**params)))
+        number = trial.number if trial is not None else None
+        metrics = pool.metrics(params)
+        if metrics is not None:
+            return {"params": params, "metrics": metrics, "source": pool.source(params),
+                    "failures": pool.entry(params).failures, "trial": number}
+        assert trial is not None, "a configuration with no measurement"
+        return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number}
+
+    def _simpler(self, best: dict[str, Any], attribution: "Attribution",
+                 pool: Pool) -> tuple[dict[str, Any], str] | None:
+        """The best with one knob put back to its baseline value, when the attribution
+        measured that within the noise of the best, fine on every run, inside the budget and
+        the precision guard: a change that buys nothing measurable is not recommended."""
+        candidates = []
+        for row in attribution.rows:
+            params = self._config({**{k: v for k, v in best.items() if k in KNOBS}, row.knob: row.before}).params()
+            entry, metrics = pool.entry(params), pool.metrics(params)
+            if (metrics is None or entry.failures or pool.apart(best, params)
+                    or study_mod.over_budget(metrics, self.recipe) is not None
+                    or self._imprecise(params, entry.runs)):
+                continue
+            candidates.append((pool.median(params) or 0.0, row.knob, params, row.before))
+        if not candidates:
+            return None
+        rate, knob, params, before = max(candidates, key=lambda c: c[0])
+        gap = 1 - rate / (pool.median(best) or rate)
+        return params, (f"recommending the best without {knob} (kept at {before}): its gain, "
+                        f"{gap:.1%}, is within the noise (±{pool.noise():.0%} a run)")
+
+    def _imprecise(self, params: dict[str, Any], runs: list[TrialResult]) -> bool:
+        if params.get("amp_dtype") == "fp32" or not self.reference:
+            return False
+        return any(r.ok and divergence(r.losses, self.reference, self.recipe.precision.tolerance,
+                                       params["amp_dtype"]) for r in runs)
