@@ -10,9 +10,10 @@ from conftest import TESTS, torchrun
 
 
 def test_ddp_on_two_ranks_prints_one_json_from_rank_0(toy):
-    recipe = toy(task_args={"read_ms": 0.5}, space={"micro_batch_size": [4, 8]})
+    # a steady 10 ms wait per forward: the auto window's interval narrows within its first second
+    recipe = toy(task_args={"read_ms": 0.5, "step_ms": 10}, space={"micro_batch_size": [4, 8]})
     proc = torchrun(2, "-m", "tuner.measure", str(recipe), "--set", "num_workers=1",
-                    "--set", "micro_batch_size=4", "--json")
+                    "--set", "micro_batch_size=4", "--set", "steps.measure=auto", "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)  # one document: rank 1 printed nothing
     assert out["state"] == "ok" and out["environment"]["world_size"] == 2
@@ -20,6 +21,8 @@ def test_ddp_on_two_ranks_prints_one_json_from_rank_0(toy):
     assert out["params"]["engine"] == "torch"
     assert list(out["metrics"]) == list(METRIC_NAMES)
     assert out["metrics"]["samples_per_s"] > 0
+    # an auto window: the ranks agreed when it was long enough (else one would hang)
+    assert out["metrics"]["measured_steps"] >= 8 and out["metrics"]["measured_s"] >= 1.0
 
 
 def test_table_is_printed_once_under_torchrun(toy):

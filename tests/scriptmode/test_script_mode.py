@@ -120,9 +120,11 @@ def test_a_trials_time_limit_follows_what_was_measured():
     from tuner.scriptmode.launcher import Limits
 
     limits = Limits(600)
-    assert limits.limit(10) == 600  # nothing measured yet: the recipe's timeout_s
+    assert limits.limit(2, 8) == 600  # nothing measured yet: the recipe's timeout_s
     # 20 s for 10 steps of 32 samples at 32 samples/s: 1 s a step, 10 s of start-up.
     limits.learn(20.0, 10, 32, {"samples_per_s": 32.0, "step_time_p99_s": 1.5})
     assert limits.startup_s == 10.0
-    assert limits.limit(10) == 2 * 10.0 + 5 * 10 * 1.5
-    assert Limits(60).limit(10) == 60 and limits.limit(1) == 30.0  # at least 30 s
+    assert limits.limit(2, 8) == 2 * 10.0 + 5 * 10 * 1.5
+    assert Limits(60).limit(2, 8) == 60 and limits.limit(0, 1) == 30.0  # at least 30 s
+    # an auto window: its longest (30 s of steps, or 400 steps), with the same margin
+    assert limits.limit(2, "auto") == 2 * 10.0 + 5 * (2 * 1.5 + 30.0 + 1.5)

@@ -25,16 +25,24 @@ from tuner.config.space import EngineName
 from tuner.config.task import Task, load_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+AUTO_MAX_STEPS = 2000
+"""The longest an ``auto`` measured window runs, in steps (:mod:`tuner.harness.window`)."""
 
 
 @dataclass(frozen=True)
 class Steps:
     warmup: int = 5
     """Optimizer steps run before measuring (worker start-up, allocator warm-up)."""
-    measure: int = 20
-    """Optimizer steps measured."""
+    measure: int | str = "auto"
+    """Optimizer steps measured, or ``auto``: until samples/s is known within a few percent
+    (:mod:`tuner.harness.window`)."""
     repeats: int = 1
     """Times a configuration is measured; results are reported as the median."""
+
+    @property
+    def most(self) -> int:
+        """The most steps a window can measure (for time limits and profiler schedules)."""
+        return self.measure if isinstance(self.measure, int) else AUTO_MAX_STEPS
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,9 @@ class Budget:
     """Trials the search may run."""
     minutes: float | None = None
     """Wall-clock minutes the search may run."""
+    converge: bool = True
+    """Stop once the search has converged (``stopped: converged``); ``false`` spends the
+    whole budget."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +225,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     if world_size < 1:
         raise RecipeError(f"WORLD_SIZE: expected >= 1, got {world_size}")
 
-    steps = Steps(**_section(raw.get("steps"), "steps", Steps, lambda v, w: _int(v, w, minimum=1)))
+    steps = Steps(**_section(raw.get("steps"), "steps", Steps, _steps_value))
     budget_fields = _section(raw.get("budget"), "budget", Budget, _budget_value)
     budget = Budget(**budget_fields)
     target = Target(**_section(raw.get("target"), "target", Target, lambda v, w: _number(v, w)))
@@ -316,7 +327,19 @@ def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) 
     return {k: parse(v, f"{where}.{k}") for k, v in raw.items()}
 
 
+def _steps_value(value: Any, where: str) -> Any:
+    if where.endswith(".measure") and value == "auto":
+        return value
+    if where.endswith(".measure") and not isinstance(value, int):
+        raise RecipeError(f"{where}: expected auto or an integer >= 1, got {value!r}")
+    return _int(value, where, minimum=1)
+
+
 def _budget_value(value: Any, where: str) -> Any:
+    if where.endswith(".converge"):
+        if not isinstance(value, bool):
+            raise RecipeError(f"{where}: expected true or false, got {value!r}")
+        return value
     if where.endswith(".trials"):
         return _int(value, where, minimum=1)
     return _number(value, where)

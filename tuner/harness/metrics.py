@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from tuner.harness.window import rate_uncertainty
+
 GIB = 1024**3
 
 METRIC_NAMES = (
@@ -20,6 +22,8 @@ METRIC_NAMES = (
     "peak_mem_gib", "host_mem_gib", "mfu", "stall_free_samples_per_s",
     # beyond DESIGN.md's list (README, "Departures"): evidence the diagnosis needs
     "worker_cpu_util", "transfer_share", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
+    # the window itself: its length and how well it pins samples/s down (95% half-width, relative)
+    "measured_steps", "measured_s", "samples_per_s_ci",
 )
 
 
@@ -104,6 +108,9 @@ def summarize(
         tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
         data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
+        measured_steps=n,
+        measured_s=sum(steps),
+        samples_per_s_ci=rate_uncertainty(steps),
     )
     transfers = [_share(sum(w.transfer_waits[:n]), w.wall_s) for w in windows if w.transfer_waits is not None]
     out["transfer_share"] = max(transfers, default=None)

@@ -9,8 +9,7 @@ tuner's own loop and, as ``tuner.Probe``, a loop the tuner does not own::
     for batch in probe.loader(train_loader):
         ...                      # forward, backward, optimizer.step()
         probe.step()
-        if probe.done:
-            break
+        if probe.done: break
     print(probe.summary())
 
 This is the core: it knows nothing of script mode. What happens when a step is counted
@@ -35,13 +34,14 @@ from typing import Any, Callable, Iterable, Iterator
 import psutil
 import torch
 
+from tuner.harness import distributed
 from tuner.harness.comm import DEEPSPEED_COLLECTIVES, TORCH_COLLECTIVES, CommTimer
 from tuner.harness.metrics import Window, percentile, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
 from tuner.harness.nvtx import Ranges
+from tuner.harness.window import AUTO, Auto
 
-RECENT_STEPS = 100
-"""Steps the live view (Prometheus) summarises."""
+RECENT_STEPS = 100  # steps the live view (Prometheus) summarises
 
 MEMORY_INTERVAL_S = 1.0
 """How often the probe samples the process tree's PSS: each sample costs the kernel a few
@@ -54,8 +54,8 @@ class ProbeCore:
 
     Args:
         warmup: steps to skip before measuring.
-        measure: steps to measure; ``None`` measures every step after warm-up and
-            ``done`` never becomes true.
+        measure: steps to measure; ``"auto"``: until samples/s is known (:mod:`tuner.harness.window`);
+            ``None``: every step after warm-up (``done`` never becomes true).
         device: the training device; CUDA step times come from events on its stream.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.
         flops_per_sample: forward + backward FLOPs of one sample (see
@@ -76,7 +76,7 @@ class ProbeCore:
     def __init__(
         self,
         warmup: int = 0,
-        measure: int | None = None,
+        measure: int | str | None = None,
         device: torch.device | str | None = None,
         tokens_per_sample: int | None = None,
         *,
@@ -89,10 +89,12 @@ class ProbeCore:
         on_step: Callable[[int, int], None] | None = None,
         on_close: Callable[["ProbeCore"], None] | None = None,
     ) -> None:
-        if warmup < 0 or (measure is not None and measure < 1):
-            raise ValueError(f"warmup must be >= 0 and measure >= 1 (or None), got {warmup} and {measure}")
+        if warmup < 0 or not (measure is None or measure == "auto" or (isinstance(measure, int) and measure >= 1)):
+            raise ValueError(f"warmup must be >= 0 and measure >= 1, 'auto' or None, got {warmup} and {measure!r}")
         self.warmup = warmup
         self.measure = measure
+        self._auto: Auto | None = AUTO if measure == "auto" else None
+        self._check = AUTO.min_steps
         self.device = torch.device(device) if device is not None else None
         self.tokens_per_sample = tokens_per_sample
         self.flops_per_sample = flops_per_sample
@@ -189,7 +191,7 @@ class ProbeCore:
                 w.comm_waits.append(self.comm.take())
             if self._cuda:
                 self._record_event()
-            if self.measure is not None and len(w.step_times) == self.measure:
+            if self._window_complete(len(w.step_times)):
                 self._close_window(now)
         elif self.steps_done == self.warmup:
             self._open_window(now)
@@ -280,7 +282,6 @@ class ProbeCore:
     def summary(self) -> dict[str, Any]:
         """The metrics (DESIGN.md names). Under a process group of several ranks this is a
         collective: call it on every rank; each gets the metrics of all ranks combined."""
-        from tuner.harness import distributed
         from tuner.harness.flops import peak_flops
 
         window = self.finish()
@@ -307,6 +308,14 @@ class ProbeCore:
         }
 
     # --- internals ------------------------------------------------------------------------
+
+    def _window_complete(self, n: int) -> bool:
+        """A fixed count reached, or (``auto``) rank 0's window stable at a check step
+        (every rank asks at the same step; rank 0's answer is everyone's)."""
+        if self._auto is None or n < self._check:
+            return self._auto is None and isinstance(self.measure, int) and n == self.measure
+        self._check = self._auto.next_check(n)
+        return bool(distributed.broadcast(self._auto.enough(self.window.step_times)))
 
     def _open_window(self, now: float) -> None:
         self.window_start = now

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
+from tuner.harness.window import AUTO
 from tuner.scriptmode import adapters
 from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
@@ -55,10 +56,13 @@ class Limits:
         self.step_s = max(self.step_s, p99)
         self.startup_s = max(self.startup_s, elapsed_s - steps * mean)
 
-    def limit(self, steps: int) -> float:
+    def limit(self, warmup: int, measure: int | str) -> float:
+        """Seconds a trial of ``warmup`` + ``measure`` steps may take (``auto``: its longest window)."""
         if not self.startup_s:
             return self.timeout_s
-        return min(self.timeout_s, max(30.0, 2 * self.startup_s + 5 * steps * self.step_s))
+        window_s = measure * self.step_s if isinstance(measure, int) else \
+            min(AUTO.max_steps * self.step_s, AUTO.max_s + self.step_s)
+        return min(self.timeout_s, max(30.0, 2 * self.startup_s + 5 * (warmup * self.step_s + window_s)))
 
 
 ENDED = "ended"
@@ -110,7 +114,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
     (folder / ENDED).unlink(missing_ok=True)
     cmd, env = launch(recipe, folder, trial)
-    limit = limits.limit(warmup + recipe.steps.measure)
+    limit = limits.limit(warmup, recipe.steps.measure)
     start = time.monotonic()
     state, reason, metrics, notes = State.OK, None, None, []
     with log_path.open("wb") as log:
@@ -139,7 +143,8 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
             (folder / ENDED).touch()  # other nodes' agents end their part of the trial
     elapsed = time.monotonic() - start
     if metrics is not None:
-        limits.learn(elapsed, warmup + recipe.steps.measure, recipe.global_batch_size, metrics)
+        steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most)
+        limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
     return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes)
 
 

@@ -30,8 +30,9 @@ class Probe(ProbeCore):
 
     Args:
         warmup: steps to skip before measuring (a script-mode trial sets its own).
-        measure: steps to measure; ``None`` measures every step after warm-up and
-            ``done`` never becomes true (a script-mode trial sets its own).
+        measure: steps to measure; ``"auto"`` until samples/s is known within a few
+            percent; ``None`` measures every step after warm-up and ``done`` never
+            becomes true (a script-mode trial sets its own).
         device: the training device; CUDA step times come from events on its stream.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.
         flops_per_sample: forward + backward FLOPs of one sample; gives
@@ -45,7 +46,7 @@ class Probe(ProbeCore):
     def __init__(
         self,
         warmup: int = 0,
-        measure: int | None = None,
+        measure: int | str | None = None,
         device: torch.device | str | None = None,
         tokens_per_sample: int | None = None,
         *,
@@ -56,7 +57,7 @@ class Probe(ProbeCore):
     ) -> None:
         trial = trialfile.read_trial()
         if trial is not None:  # a script-mode trial: the tuner sets the window
-            warmup, measure = int(trial["warmup"]), int(trial["measure"])
+            warmup, measure = int(trial["warmup"]), trial["measure"]
         super().__init__(warmup, measure, device, tokens_per_sample, flops_per_sample=flops_per_sample,
                          amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
                          on_step=_step_check(trial), on_close=_reporter(trial))

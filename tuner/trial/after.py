@@ -34,7 +34,7 @@ _FLOPS: dict[str, float | None] = {}
 def stall_free(job: "Job") -> list[float]:
     """Step times on the last batch, already on the device, over and over: the ceiling a
     perfect data pipeline would reach. One warm-up step, then up to 10 measured."""
-    n = min(job.recipe.steps.measure, STALL_FREE_STEPS)
+    n = min(job.measured_steps, STALL_FREE_STEPS)
     probe = ProbeCore(1, n, job.ctx.device, collectives=False, monitors=False)
     batches = probe.loader(itertools.repeat(job.last_batch))
     while not probe.done:

@@ -22,7 +22,7 @@ class ProbeCallbackBase:
 
     trainer_name = "trainer"
 
-    def __init__(self, warmup: int = 5, measure: int | None = None, *, stop_when_done: bool = False,
+    def __init__(self, warmup: int = 5, measure: int | str | None = None, *, stop_when_done: bool = False,
                  report: bool = True, **probe_kwargs: Any) -> None:
         self.warmup, self.measure = warmup, measure
         self.stop_when_done, self.report = stop_when_done, report

@@ -28,7 +28,7 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
 
     trainer_name = "transformers.Trainer"
 
-    def __init__(self, warmup: int = 5, measure: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, warmup: int = 5, measure: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(warmup, measure, **kwargs)
         self._loader: Any = None
         self._loader_class: type | None = None

@@ -31,7 +31,7 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
 
     trainer_name = "lightning.Trainer"
 
-    def __init__(self, warmup: int = 5, measure: int | None = None, **kwargs: Any) -> None:
+    def __init__(self, warmup: int = 5, measure: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(warmup, measure, **kwargs)
         self._batch_end: float | None = None
         self._steps_seen = 0

@@ -1,0 +1,56 @@
+"""``steps.measure: auto``: windows that end when samples/s is known, not after a count."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import tuner
+from tuner.harness.window import AUTO, Auto, rate_uncertainty
+
+
+def test_uncertainty_counts_correlated_steps_as_fewer_and_shrinks_with_length():
+    rng = random.Random(0)
+    short = [0.01 * (1 + 0.2 * rng.random()) for _ in range(20)]
+    long = [0.01 * (1 + 0.2 * rng.random()) for _ in range(400)]
+    assert rate_uncertainty(long) < rate_uncertainty(short)
+    assert rate_uncertainty([0.01, 0.01]) is None
+    assert rate_uncertainty([0.01] * 50) == 0.0
+    # a slow drift (correlated neighbours) is less certain than the same values shuffled
+    drift = [0.01 * (1 + i / 40) for i in range(40)]
+    shuffled = drift[:]
+    random.Random(1).shuffle(shuffled)
+    assert rate_uncertainty(drift) > 2 * rate_uncertainty(shuffled)
+
+
+def test_the_rule_waits_for_its_minimums_and_stops_at_its_caps():
+    rule = Auto(half_width=0.03, min_steps=8, min_s=1.0, max_steps=400, max_s=30.0)
+    assert AUTO.max_steps == 2000  # a 1 ms step measures for at least a second
+    assert not rule.enough([0.5] * 7)  # stable, but fewer than 8 steps
+    assert rule.enough([0.5] * 8)  # 8 stable steps over 4 s
+    assert not rule.enough([0.01] * 50)  # stable, but only 0.5 s
+    assert rule.enough([0.01] * 100)
+    noisy = [0.01, 0.05] * 100
+    assert not rule.enough(noisy[:199]) or rate_uncertainty(noisy[:199]) <= 0.03
+    assert rule.enough([0.01, 0.5] * 200)  # never stable: 400 steps is the cap
+    assert rule.enough([10.0] * 3)  # 30 s is the cap
+    assert rule.next_check(8) == 9 and rule.next_check(100) == 120 and rule.next_check(390) == 400
+
+
+def test_a_slow_step_is_not_over_measured_and_a_fast_one_gets_enough_steps(toy):
+    slow = tuner.measure(toy(task_args={"step_ms": 500}, steps={"warmup": 1, "measure": "auto"}))
+    m = slow.metrics
+    assert slow.state == "ok" and AUTO.min_steps <= m["measured_steps"] < 20  # a steady 0.5 s step: not 20
+    assert m["samples_per_s_ci"] <= AUTO.half_width
+    fast = tuner.measure(toy(task_args={"cached": True}, steps={"warmup": 2, "measure": "auto"}))
+    m = fast.metrics
+    assert m["measured_steps"] > 50 and m["measured_s"] >= AUTO.min_s  # a ~1 ms step: hundreds of steps
+    assert m["samples_per_s_ci"] <= AUTO.half_width or m["measured_steps"] == AUTO.max_steps \
+        or m["measured_s"] >= AUTO.max_s  # a noisy machine: the caps end it
+
+
+@pytest.mark.parametrize("value", ["often", 0, 2.5])
+def test_a_window_that_is_neither_auto_nor_a_count_is_refused(toy, value):
+    with pytest.raises(tuner.RecipeError, match="steps.measure"):
+        tuner.load_recipe(toy(steps={"measure": value}))

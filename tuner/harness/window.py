@@ -1,0 +1,80 @@
+"""How long to measure: until the number is trustworthy, not after a fixed count.
+
+A fixed count of steps over-measures a 2 s step and under-measures a 2 ms one (whose
+window is then a few hundredths of a second of noise). ``steps.measure: auto`` measures
+until the 95% confidence interval of the mean step time is within :attr:`Auto.half_width`
+of it, after at least :attr:`Auto.min_steps` steps and :attr:`Auto.min_s` seconds, and at
+most :attr:`Auto.max_steps` steps or :attr:`Auto.max_s` seconds. Consecutive step times
+are correlated (loader workers deliver in bursts, the allocator and the OS come and go),
+so the interval counts them as fewer independent steps than there are, by their lag-1
+autocorrelation.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from tuner.config.recipe import AUTO_MAX_STEPS
+
+_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+"""Student's t, two-sided 95%, by degrees of freedom (2.0 beyond 30, 2.1 from 10)."""
+
+
+def _t95(dof: int) -> float:
+    return _T95.get(dof, 2.0 if dof >= 30 else 2.1 if dof >= 15 else 2.2)
+
+
+def rate_uncertainty(step_times: Sequence[float]) -> float | None:
+    """Relative half-width of the 95% confidence interval of the mean step time (hence of
+    samples/s); ``None`` below 3 steps. Neighbouring steps are correlated (a slow step
+    after a fast one, a burst of ready batches), so the sample counts as ``n (1 - r) /
+    (1 + r)`` independent steps, ``r`` its lag-1 autocorrelation (0 when negative: then
+    the plain estimate is the cautious one)."""
+    n = len(step_times)
+    if n < 3:
+        return None
+    mean = statistics.fmean(step_times)
+    if mean <= 0:
+        return None
+    sd = statistics.stdev(step_times)
+    if sd == 0:
+        return 0.0
+    deviations = [t - mean for t in step_times]
+    lag1 = sum(a * b for a, b in zip(deviations, deviations[1:])) / sum(d * d for d in deviations)
+    r = min(max(lag1, 0.0), 0.9)
+    effective = max(2.0, n * (1 - r) / (1 + r))
+    return _t95(int(effective) - 1) * sd / math.sqrt(effective) / mean
+
+
+@dataclass(frozen=True)
+class Auto:
+    """The ``auto`` measured window's stopping rule."""
+
+    half_width: float = 0.03
+    """Relative half-width of the 95% interval of the mean step time to reach."""
+    min_steps: int = 8
+    min_s: float = 1.0
+    """Measured seconds at least: timer and scheduler noise need some length to average out."""
+    max_steps: int = AUTO_MAX_STEPS
+    max_s: float = 30.0
+
+    def enough(self, step_times: Sequence[float]) -> bool:
+        n, total = len(step_times), sum(step_times)
+        if n >= self.max_steps or total >= self.max_s:
+            return True
+        if n < self.min_steps or total < self.min_s:
+            return False
+        spread = rate_uncertainty(step_times)
+        return spread is not None and spread <= self.half_width
+
+    def next_check(self, steps: int) -> int:
+        """When to ask again after ``steps``: a fifth more steps (never past the cap), so a
+        multi-rank window agrees a handful of times per window, not at every step."""
+        return min(steps + max(1, steps // 5), max(self.max_steps, steps + 1))
+
+
+AUTO = Auto()
+"""The rule ``steps.measure: auto`` uses."""
