@@ -31,6 +31,19 @@ if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
 
 
+def prune_checks(most: int) -> frozenset[int]:
+    """Measured step counts at which rank 0 asks the prune rule: early and then more and
+    more sparsely (2, 3, 4, 6, 9, 13, ...), up to half the window; the rule's bar rises with
+    the evidence (:func:`tuner.tuning.budget.prune_rule`). Asked once, after a quarter of
+    the window, pruned trials cost more than finished ones on the issue's job (7-8 s
+    against 3-5 s): they ran their slow steps until then."""
+    out, n = set(), 2
+    while n <= max(2, most // 2):
+        out.add(n)
+        n = max(n + 1, n * 3 // 2)
+    return frozenset(out)
+
+
 class Job:
     """The objects one trial builds (loader, engine), and the loop over them."""
 
@@ -49,6 +62,7 @@ class Job:
         self.last_batch: Any = None
         self.warmup_s = 0.0
         self.window_start = 0.0
+        self.measured_steps = 0
 
     def build(self) -> None:
         recipe, config, ctx = self.recipe, self.config, self.ctx
@@ -73,7 +87,7 @@ class Job:
         self.batches = cycle(self.loader)
         batches = probe.loader(self.batches, transfer=self._transfer())
         samples = config.micro_batch_size * config.grad_accum_steps
-        prune_at = max(3, steps.measure // 4) if self.prune is not None and steps.measure > 3 else None
+        checks = prune_checks(steps.most) if self.prune is not None else frozenset()
         step_loss = torch.zeros((), device=self.ctx.device)
         with contextlib.ExitStack() as stack:
             stack.enter_context(engine.time_collectives(self.timer))
@@ -98,12 +112,13 @@ class Job:
                 probe.step(samples)
                 if profiler is not None:
                     profiler.step()
-                if len(probe.window.step_times) == prune_at and probe.measuring_step:
-                    self._prune_here(probe.window, prune_at)
+                if probe.measuring_step and len(probe.window.step_times) in checks:
+                    self._prune_here(probe.window, len(probe.window.step_times))
         probe.close()
         window = probe.finish()
         self.window_start = probe.window_start or start
         self.warmup_s = self.window_start - start
+        self.measured_steps = len(window.step_times)
         return window
 
     def extra_step(self, batches: Iterator[Any]) -> None:
@@ -162,7 +177,7 @@ class Job:
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.ctx.device.type == "cuda" else [])
         return profile(
             activities=activities,
-            schedule=schedule(wait=max(0, warmup - 1), warmup=min(1, warmup), active=self.recipe.steps.measure,
+            schedule=schedule(wait=max(0, warmup - 1), warmup=min(1, warmup), active=self.recipe.steps.most,
                               repeat=1),
             on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)),
         )

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     from tuner.trial.result import PruneRule
 
 PRUNE_BELOW = 0.5
-"""A trial whose first measured steps run below this fraction of the best so far is cut."""
+"""A trial whose measured steps run below this fraction of the best so far is cut."""
+EARLY_BAR = {2: 1 / 3, 3: 0.4}
+"""The bar on the first few measured steps, lower because two steps are weak evidence: a
+trial three times slower than the best after two steps need not run twelve."""
 
 
 def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
@@ -50,11 +53,12 @@ def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elaps
 
 
 def prune_rule(best_value: float, world_size: int) -> "PruneRule":
-    """Cut a trial whose rate so far is below :data:`PRUNE_BELOW` of ``best_value``."""
-    threshold = best_value * PRUNE_BELOW
+    """Cut a trial whose rate so far is below :data:`PRUNE_BELOW` of ``best_value``
+    (:data:`EARLY_BAR` on its first steps)."""
 
     def slower_than_best(window: Window) -> bool:
-        return window_rate(window, world_size) < threshold
+        bar = EARLY_BAR.get(len(window.step_times), PRUNE_BELOW)
+        return window_rate(window, world_size) < best_value * bar
 
     return slower_than_best
 
