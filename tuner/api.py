@@ -66,6 +66,7 @@ def search(
     storage: str | None = None,
     overrides: Sequence[str] = (),
     quiet: bool = False,
+    full_budget: bool = False,
     **knobs: Any,
 ) -> SearchResult | None:
     """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
@@ -80,6 +81,8 @@ def search(
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
+        full_budget: spend the whole budget even once the search has converged
+            (``budget.converge: false``).
         **knobs: knobs to fix for the whole search.
     """
     from tuner.outputs import run_folder
@@ -92,6 +95,7 @@ def search(
         recipe.budget,
         trials=trials if trials is not None else recipe.budget.trials,
         minutes=minutes if minutes is not None else recipe.budget.minutes,
+        converge=recipe.budget.converge and not full_budget,
     )
     out_dir = Path(out) if out is not None else recipe.out
     if out is not None and storage is None and recipe.storage == f"sqlite:///{recipe.out / 'study.db'}":

@@ -88,6 +88,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--attribute", type=int, default=None,
                         help="repeats per configuration for the knob-by-knob attribution (default: --confirm; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
+    parser.add_argument("--full-budget", action="store_true",
+                        help="keep searching once converged, until the trial or time budget is spent")
     args = parser.parse_args(argv)
     for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0),
                                  ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0)):
@@ -102,7 +104,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
                         attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets,
-                        quiet=args.quiet)
+                        quiet=args.quiet, full_budget=args.full_budget)
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)

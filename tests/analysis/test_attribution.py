@@ -55,7 +55,7 @@ def test_a_failed_configuration_on_the_path_is_reported():
 
 def test_attribution_table_on_the_quick_start_recipe(tmp_path):
     """The shipped quick start: workers are what the baseline lacks, and the table says so."""
-    result = tuner.search("recipes/quickstart.yaml", trials=4, confirm=1, attribute=2, out=tmp_path / "run",
+    result = tuner.search("recipes/quickstart.yaml", trials=3, confirm=1, attribute=2, out=tmp_path / "run",
                           quiet=True, overrides=["steps.measure=10"])
     a = result.attribution
     assert a is not None and a.repeats >= 2

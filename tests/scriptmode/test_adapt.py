@@ -20,15 +20,15 @@ def _rows(out):
 
 
 def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
-    """recipes/scripts/train_accelerate.py has no tuner code; six trials find >= 1.3x over
+    """recipes/scripts/train_accelerate.py has no tuner code; four trials find >= 1.3x over
     its own defaults (the baseline), and the knobs really reached it."""
     out = tmp_path / "run"
-    result = tuner.search(ROOT / "recipes" / "script_accelerate.yaml", trials=6, confirm=0, attribute=0,
+    result = tuner.search(ROOT / "recipes" / "script_accelerate.yaml", trials=4, confirm=0, attribute=0,
                           quiet=True, out=out, overrides=["steps.measure=12"])
     assert result.baseline["params"]["num_workers"] == 0 and result.baseline["params"]["micro_batch_size"] == 16
     assert result.speedup >= 1.3, (result.speedup, result.best["params"])
     rows = [r for r in _rows(out) if r["state"] == "ok"]
-    assert len(rows) >= 4, rows
+    assert len(rows) >= 3, rows
     for r in rows:  # the rebuilt loader ran the trial's workers; DDP's all-reduces were timed
         assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
         assert float(r["comm_share"]) > 0, r

@@ -14,6 +14,8 @@ the batch's last read finished, in whichever process read it; perf_counter is th
 monotonic clock, the same in every process), COLLATED (when each batch was assembled).
 fragile: a loss that bf16 rounding changes (the precision guard's test); batch_norm: the
 model holds a BatchNorm layer.
+decode_ms: CPU work per sample read (a busy loop, as decoding a JPEG is), in whichever process
+reads; busy_ms: CPU work in each forward (a busy loop, as a CPU-bound step is).
 ctrl_c_in_del: the Nth dataset built in this process sends this process SIGINT from inside
 a ``__del__``, where Python drops the KeyboardInterrupt (the case tuner.interrupt exists for).
 """
@@ -33,6 +35,7 @@ _oom: tuple[int, int] | None = None
 _step_s = 0.0
 _record = False
 _fragile = False
+_busy_s = 0.0
 FORWARDS: list[float] = []
 READS: list[tuple[float, float]] = []
 STEP_ENDS: list[float] = []
@@ -46,9 +49,17 @@ class _CtrlCOnDelete:
         os.kill(os.getpid(), signal.SIGINT)
 
 
+def _spin(seconds: float) -> None:
+    """CPU work: spins until this thread has used ``seconds`` of CPU (not of wall time,
+    which would pass while another process has the core, and so cost less CPU)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 class Reads(Dataset):
-    def __init__(self, size: int, read_ms: float, cached: bool = False) -> None:
-        self.size, self.read_s = size, read_ms / 1000.0
+    def __init__(self, size: int, read_ms: float, cached: bool = False, decode_ms: float = 0.0) -> None:
+        self.size, self.read_s, self.decode_s = size, read_ms / 1000.0, decode_ms / 1000.0
         self.cache = torch.randn(size, 32, generator=torch.Generator().manual_seed(0)) if cached else None
 
     def __len__(self) -> int:
@@ -60,6 +71,8 @@ class Reads(Dataset):
         start = time.perf_counter()
         if self.read_s:
             time.sleep(self.read_s)
+        if self.decode_s:
+            _spin(self.decode_s)
         g = torch.Generator().manual_seed(i)
         if not _record:
             return torch.randn(32, generator=g), i % 4
@@ -69,18 +82,20 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _fail, _oom, _step_s, _record, _fragile, _builds
+    global _fail, _oom, _step_s, _record, _fragile, _builds, _busy_s
     _builds += 1
     if args.get("ctrl_c_in_del") == _builds:
         _CtrlCOnDelete()  # dropped at once: SIGINT raised inside __del__
     _fail = args.get("fail")
     _fragile = bool(args.get("fragile"))
     _step_s = args.get("step_ms", 0.0) / 1000.0
+    _busy_s = args.get("busy_ms", 0.0) / 1000.0
     _record = bool(args.get("record"))
     for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
         log.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
-    return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0), args.get("cached", False))
+    return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0), args.get("cached", False),
+                 args.get("decode_ms", 0.0))
 
 
 def build_model(args):
@@ -94,6 +109,8 @@ def compute_loss(model, batch):
     FORWARDS.append(time.perf_counter())
     if _step_s:
         time.sleep(_step_s)
+    if _busy_s:
+        _spin(_busy_s)
     if _fail == "oom":
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (raised by the test task)")
     if _fail == "crash":

@@ -101,10 +101,15 @@ def test_prune_rule_cuts_a_trial_short(toy):
 
     config, _ = make_config({}, 16, 1, Machine.detect())
     seen = []
-    result = run_trial(recipe, config, distributed.context(), prune=lambda w: seen.append(len(w.step_times)) or True)
-    assert result.state == "pruned" and seen == [3]
+
+    def rule(window) -> bool:
+        seen.append(len(window.step_times))
+        return len(window.step_times) >= 4
+
+    result = run_trial(recipe, config, distributed.context(), prune=rule)
+    assert result.state == "pruned" and seen == [2, 3, 4]  # asked early, then less often
     steps, rate = result.pruned_at
-    assert steps == 3 and rate > 0  # what the sampler is told, after the trial
+    assert steps == 4 and rate > 0  # what the sampler is told, after the trial
 
 
 def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_path):
@@ -124,7 +129,7 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
     trial = study.ask()
     state, frozen = study_mod.record(study, trial, result, recipe)
     assert state == "pruned" and frozen.state == optuna.trial.TrialState.PRUNED
-    assert frozen.intermediate_values == {3: pytest.approx(result.pruned_at[1])}
+    assert frozen.intermediate_values == {2: pytest.approx(result.pruned_at[1])}  # cut at its second step
     assert frozen.user_attrs["state"] == "pruned"
 
 
@@ -156,7 +161,7 @@ def test_search_command_under_two_ranks_with_zero_stages_and_an_oom_rank(toy, tm
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
 def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
-    recipe = toy(task_args={"read_ms": 2.0}, steps={"warmup": 1, "measure": 30},
+    recipe = toy(task_args={"read_ms": 2.0}, steps={"warmup": 1, "measure": 15},
                  space={"num_workers": [0, 1, 2, 3], "micro_batch_size": [2, 4, 8, 16]})
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "tuner.search", str(recipe), "--trials", "6", "--out", str(out), "--confirm", "0"]
@@ -211,24 +216,49 @@ def test_bad_storage_url_is_an_input_error(toy, tmp_path, capsys):
     assert "error: storage: cannot open 'nosuchdb://x/y'" in err and "Traceback" not in err
 
 
-def test_ten_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path):
+def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path):
     """An I/O-latency-bound loader: the search's answer beats the baseline by >= 1.25x and
     is >= 0.92x of the best point of a grid over loader workers, re-measured interleaved."""
-    recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0}, steps={"warmup": 2, "measure": 60},
+    recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0}, steps={"warmup": 2, "measure": 30},
                                    space={"num_workers": [0, 1, 2, 4], "micro_batch_size": [8, 16],
                                           "persistent_workers": True},
                                    baseline={"num_workers": 0}))
     # Workers up to 4 on 2 cores: 8 oversubscribed them and the same configuration then
     # spread by +-30% between measurements, more than the margin checked here.
     # search quality only: no attribution
-    result = tuner.search(recipe, trials=10, out=tmp_path / "run", confirm=3, attribute=0, quiet=True)
+    result = tuner.search(recipe, trials=8, out=tmp_path / "run", confirm=2, attribute=0, quiet=True)
     assert result.speedup >= 1.25, result.speedup
     grid = {w: tuner.measure(recipe, num_workers=w).metrics["samples_per_s"] for w in (0, 1, 2, 4)}
     grid_best = max(grid, key=grid.get)
     found = {k: v for k, v in result.best["params"].items() if k not in ("grad_accum_steps", "engine")}
     ours, theirs = [], []
-    for _ in range(5):
+    for _ in range(3):
         ours.append(tuner.measure(recipe, **found).metrics["samples_per_s"])
         theirs.append(tuner.measure(recipe, num_workers=grid_best).metrics["samples_per_s"])
     ratio = statistics.median(ours) / statistics.median(theirs)
     assert ratio >= 0.92, (str(found), grid, ours, theirs)
+
+
+def test_a_search_that_has_converged_stops_before_its_budget(toy, tmp_path):
+    """Steady steps (a fixed wait per forward, cached data): once the neighbourhood of the
+    best is measured, sampler trials bring nothing new and the search says it converged;
+    --full-budget (budget.converge: false) spends every trial instead. Micro-batch 2 runs
+    8 forwards a step where 16 runs one: pruned after its second measured step."""
+    recipe = toy(task_args={"cached": True, "step_ms": 4}, steps={"warmup": 1, "measure": 12},
+                 space={"num_workers": [0, 1], "micro_batch_size": [2, 16], "amp_dtype": ["fp32", "bf16"],
+                        "prefetch_factor": [2, 4], "persistent_workers": [False, True]},
+                 baseline={"num_workers": 0, "micro_batch_size": 16})
+    result = tuner.search(recipe, trials=30, out=tmp_path / "a", confirm=1, attribute=0, quiet=True)
+    assert result.stopped == "converged" and result.trials < 20, (result.stopped, result.trials)
+    log = (tmp_path / "a" / "search.log").read_text()
+    assert "converged: the neighbourhood of the best is measured" in log
+    assert result.best["params"]["micro_batch_size"] == 16
+    assert result.pruned >= 1 and result.pruning_saved_s > 0 and "pruning cut" in log
+    rows = [r for r in csv.DictReader((tmp_path / "a" / "trials.csv").open()) if r["micro_batch_size"] == "2"]
+    assert rows and all(r["state"] == "pruned" for r in rows)
+    saved = json.loads((tmp_path / "a" / "best.json").read_text())["pruning"]
+    assert saved["trials"] == result.pruned and saved["saved_s"] == pytest.approx(result.pruning_saved_s)
+    # --full-budget: the same study goes on past the point where it had converged
+    more = tuner.search(recipe, trials=result.trials + 1, out=tmp_path / "a", confirm=0, attribute=0, quiet=True,
+                        full_budget=True)
+    assert more.stopped in ("trials", "exhausted") and more.trials == result.trials + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import tuner
+from tuner.analysis.diagnose import Verdict
 from tuner.config.space import Machine
 from tuner.tuning.guided import guided_next
 from tuner.tuning.searchspace import Space, baseline_knobs, build_space
@@ -19,23 +20,35 @@ BASE = {"num_workers": 0, "prefetch_factor": 2, "pin_memory": False, "persistent
 
 
 def test_waiting_on_data_climbs_workers_one_step_at_a_time():
-    step = guided_next(SPACE, BASE, {"data_wait_share": 0.8}, lambda k: False)
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.8}, lambda k: False).knobs
     assert step == dict(BASE, num_workers=1, prefetch_factor=4, persistent_workers=True)
     # Incumbent now has 1 worker and still waits: the next step is 2.
     incumbent = dict(step)
-    assert guided_next(SPACE, incumbent, {"data_wait_share": 0.5}, lambda k: False)["num_workers"] == 2
+    assert guided_next(SPACE, incumbent, {"data_wait_share": 0.5}, lambda k: False).knobs["num_workers"] == 2
 
 
 def test_a_climb_that_did_not_win_moves_on_to_other_knobs():
     tried = [dict(BASE, num_workers=1, prefetch_factor=4, persistent_workers=True)]
-    step = guided_next(SPACE, BASE, {"data_wait_share": 0.8}, lambda k: k in tried)
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.8}, lambda k: k in tried).knobs
     assert step == dict(BASE, amp_dtype="bf16")
 
 
 def test_no_data_wait_goes_straight_to_one_knob_at_a_time_largest_micro_first():
     tried = [dict(BASE, amp_dtype="bf16")]
-    step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: k in tried)
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: k in tried).knobs
     assert step == dict(BASE, micro_batch_size=16)
+
+
+def test_the_verdict_chooses_the_family_and_says_so():
+    comm = [Verdict("communication-bound", 0.4, "collectives 40%", "...")]
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: False, comm)
+    assert step.knobs == dict(BASE, micro_batch_size=16) and "communication-bound" in step.why
+    memory = [Verdict("memory-bound", 0.95, "peak 0.95 of budget", "...")]
+    step = guided_next(SPACE, dict(BASE, micro_batch_size=16), {"data_wait_share": 0.0}, lambda k: False, memory)
+    assert step.knobs["micro_batch_size"] == 8  # smaller first: it frees memory
+    saturated = [Verdict("host-cpu-saturated", 0.37, "workers took the wait, not the time", "...")]
+    step = guided_next(SPACE, BASE, {"data_wait_share": 0.37}, lambda k: False, saturated)
+    assert step.knobs["num_workers"] == 0 and step.knobs["amp_dtype"] == "bf16"  # no more workers
 
 
 def test_exhausted_neighbourhood_hands_over_to_the_sampler():

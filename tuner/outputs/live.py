@@ -62,6 +62,9 @@ class Live(SearchEvents):
         self.progress.start()
         self._task = self.progress.add_task("search", total=b.trials, completed=done)
 
+    def chose(self, number: int, why: str) -> None:
+        self.log.info("trial %d: %s", number, why)  # the log only: the table stays one line a trial
+
     def begin(self, number: int, config: "Config") -> None:
         self._started = time.monotonic()
         if self._task is not None:
@@ -98,6 +101,12 @@ class Live(SearchEvents):
             lines.append(f"best {best['metrics']['samples_per_s']:.1f} samples/s (the baseline did not run)")
         else:
             lines.append("no configuration ran successfully inside the budget")
+        if result.pruned:
+            lines.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s "
+                         "of measuring")
+        for note in result.notes:
+            if note.startswith(("recommending", "confirmation:")):
+                lines.append(note)
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")
         for name in ("baseline", "best"):

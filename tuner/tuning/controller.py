@@ -37,12 +37,12 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
     machine = Machine.detect()
     space = searchspace.build_space(recipe, machine)
-    planner = Planner(recipe, space, machine, events or SearchEvents()) if ctx.is_main else None
+    pool = Pool()
+    planner = Planner(recipe, space, machine, events or SearchEvents(), pool) if ctx.is_main else None
     scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
     stopped = "interrupted"
     confirmed: finalists.Confirmation | None = None
     attribution: Attribution | None = None
-    pool = Pool()
 
     def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
         return run_one(recipe, config, ctx, scripts, prune)

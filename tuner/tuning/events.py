@@ -27,6 +27,9 @@ class SearchEvents:
     def begin(self, number: int, config: "Config") -> None:
         """Trial ``number`` starts measuring ``config``."""
 
+    def chose(self, number: int, why: str) -> None:
+        """What chose trial ``number`` (the baseline, a verdict, the sampler): for the log."""
+
     def finish_trial(self, trial: "optuna.trial.FrozenTrial", outcome: str, best: float | None) -> None:
         """A trial was recorded with ``outcome``; ``best`` is the best samples/s so far."""
 

@@ -9,15 +9,19 @@ never measured twice; slow trials are pruned (:mod:`tuner.tuning.budget`).
 from __future__ import annotations
 
 import dataclasses
+import os
+import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
-from tuner.analysis.diagnose import diagnose_run
+from tuner.analysis.diagnose import Verdict, diagnose_run
+from tuner.analysis.evidence import Seen, revise
 from tuner.analysis.guard import divergence
 from tuner.config.space import KNOBS, Config, Machine, make_config
 from tuner.harness.environment import environment
+from tuner.trial.after import STALL_FREE_STEPS
 from tuner.trial.result import State, TrialResult
 from tuner.tuning import budget, guided, searchspace
 from tuner.tuning import study as study_mod
@@ -34,6 +38,12 @@ if TYPE_CHECKING:
     from tuner.trial.result import PruneRule
     from tuner.tuning.finalists import Confirmation
 
+CONVERGED_AFTER = 5
+"""Sampler trials in a row, after the guided neighbourhood is exhausted, that brought
+nothing beyond the noise of the best: then the search has converged."""
+CONVERGED_GAIN = 0.05
+"""The least gain over the best that counts as progress (and the bar while the noise is
+not yet known: no configuration measured twice); whole trials here differ by 5-10%."""
 MAX_RESAMPLES = 50
 """Times the sampler may propose an already-measured configuration before the space is
 considered exhausted."""
@@ -42,8 +52,17 @@ considered exhausted."""
 class Planner:
     """Decides each next trial on rank 0 and records what every trial gave."""
 
-    def __init__(self, recipe: "Recipe", space: searchspace.Space, machine: Machine, events: SearchEvents) -> None:
+    def __init__(self, recipe: "Recipe", space: searchspace.Space, machine: Machine, events: SearchEvents,
+                 pool: Pool | None = None) -> None:
         self.recipe, self.space, self.machine, self.events = recipe, space, machine, events
+        self.pool = pool if pool is not None else Pool()
+        self.streak = 0
+        """Sampler trials in a row, since the guided neighbourhood ran out, without progress."""
+        self.sampled = False
+        """The trial in flight came from the sampler with the guided neighbourhood exhausted."""
+        self._environment: dict[str, Any] | None = None
+        self.pruned, self.saved_s = 0, 0.0
+        """Trials pruned in this run, and the measuring seconds that saved (estimated)."""
         for note in space.notes:
             events.note(note)
         self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
@@ -80,9 +99,15 @@ class Planner:
         step = guided.guided_next(
             self.space, best.user_attrs["params"], best.user_attrs["metrics"],
             lambda knobs: searchspace.config_key(self._config(knobs)) in self.known,
+            self.verdicts(best.user_attrs["params"], best.user_attrs["metrics"]),
         ) if best is not None else None
+        if step is None and self.recipe.budget.converge and self.streak >= CONVERGED_AFTER:
+            self.events.note(f"converged: the neighbourhood of the best is measured and the sampler's last "
+                             f"{self.streak} trials brought nothing beyond {self._progress_bar():.0%} over the best")
+            return {"stop": "converged"}
         if step is not None:
-            self.study.enqueue_trial(step, user_attrs={"guided": True})
+            self.study.enqueue_trial(step.knobs, user_attrs={"guided": True, "why": step.why})
+        self.sampled = step is None and best is not None
         for _ in range(MAX_RESAMPLES):
             trial = self.study.ask()
             knobs = searchspace.suggest(trial, self.space, self.baseline)
@@ -91,6 +116,9 @@ class Planner:
             if seen is None:
                 self.trial, self.current = trial, config
                 self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None else None
+                why = trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline")
+                                                       else "the sampler (TPE)")
+                self.events.chose(trial.number, why)
                 self.events.begin(trial.number, config)
                 reference = config.amp_dtype != "fp32" and self.reference is None
                 return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
@@ -122,10 +150,36 @@ class Planner:
                 self.notes_seen.add(note)
                 self.events.note(note)
         extra = {"baseline": True} if self.current == self.baseline_config else {}
+        before = self._best_value()
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
+        self._progress(before)
+        if result.pruned_at is not None:
+            self._count_saving(*result.pruned_at)
         self.known[searchspace.config_key(self.current)] = frozen
         self.events.finish_trial(frozen, outcome, self._best_value())
         self.trial = self.current = None
+
+    def _progress(self, before: float | None) -> None:
+        """Count a sampler trial that did not move the best beyond the noise."""
+        after = self._best_value()
+        if before is None or (after is not None and after > before * (1 + self._progress_bar())):
+            self.streak = 0
+        elif self.sampled:
+            self.streak += 1
+
+    def _progress_bar(self) -> float:
+        noise = self.pool.known_noise()
+        return max(CONVERGED_GAIN, 2 * noise) if noise is not None else CONVERGED_GAIN
+
+    def _count_saving(self, steps: int, rate: float) -> None:
+        """A pruned trial skipped the rest of its window and the steps after it."""
+        windows = [r.metrics["measured_steps"] for e in self.pool.entries.values() for r in e.runs
+                   if r.ok and r.metrics and r.metrics.get("measured_steps")]
+        typical = self.recipe.steps.measure if isinstance(self.recipe.steps.measure, int) else (
+            statistics.median(windows) if windows else steps)
+        after = min(self.recipe.steps.most, STALL_FREE_STEPS)
+        self.pruned += 1
+        self.saved_s += max(0.0, typical - steps + after) * self.recipe.global_batch_size / rate
 
     def interrupted(self) -> None:
         """The trial in flight (if any) is recorded as failed: Ctrl-C ended it."""
@@ -205,16 +259,28 @@ class Planner:
         if best["metrics"] and base["metrics"]:
             speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
         r = self.recipe
-        env = environment(r.world_size)
+        env = self._environment or environment(r.world_size)
         return SearchResult(
             out=r.out, best=best, baseline=base, speedup=speedup,
             target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
             stopped=stopped, trials=self.done(), environment=env, notes=notes,
-            diagnosis={name: diagnose_run(part["metrics"], part["params"], r.budget.memory_gib, env)
+            diagnosis={name: self.verdicts(part["params"], part["metrics"])
                        for name, part in (("baseline", base), ("best", best))},
             attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
-            world_size=r.world_size, study=self.study,
+            world_size=r.world_size, pruned=self.pruned, pruning_saved_s=self.saved_s,
+            wall_s=time.monotonic() - self.started, study=self.study,
         )
+
+    def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
+        """A configuration's verdicts, corrected by every trial measured so far."""
+        if not metrics or not params:
+            return []
+        if self._environment is None:
+            self._environment = environment(self.recipe.world_size)
+        found = diagnose_run(metrics, params, self.recipe.budget.memory_gib, self._environment)
+        seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in study_mod.measured(self.study)
+                if t.user_attrs.get("metrics")]
+        return revise(found, params, metrics, seen, _cores())
 
     def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
         """Params and metrics of one configuration: its pooled median, else its search trial."""
@@ -255,3 +321,9 @@ class Planner:
             return False
         return any(r.ok and divergence(r.losses, self.reference, self.recipe.precision.tolerance,
                                        params["amp_dtype"]) for r in runs)
+
+
+def _cores() -> int:
+    """CPUs this process may run on (its affinity, as taskset or a Slurm allocation sets it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else (os.cpu_count() or 1)

@@ -80,6 +80,11 @@ class Pool:
     def noise(self) -> float:
         """Relative standard deviation of one measurement, pooled over every configuration
         measured more than once (never below :data:`NOISE_FLOOR`)."""
+        known = self.known_noise()
+        return NOISE_UNKNOWN if known is None else known
+
+    def known_noise(self) -> float | None:
+        """:meth:`noise`, or ``None`` while no configuration has been measured twice."""
         squares, dof = 0.0, 0
         for entry in self.entries.values():
             rates = entry.rates
@@ -89,7 +94,7 @@ class Pool:
             squares += sum((r / mean - 1.0) ** 2 for r in rates)
             dof += len(rates) - 1
         if dof == 0:
-            return NOISE_UNKNOWN
+            return None
         return max(NOISE_FLOOR, math.sqrt(squares / dof))
 
     def gap(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, float] | None:

@@ -30,7 +30,7 @@ class SearchResult:
     speedup: float | None
     target_met: bool
     stopped: str
-    """Why the search stopped: target, trials, minutes, exhausted, interrupted."""
+    """Why the search stopped: target, trials, minutes, converged, exhausted, interrupted."""
     trials: int
     """Trials measured in the study (all runs of this command together)."""
     environment: dict[str, Any] = field(default_factory=dict)
@@ -44,6 +44,12 @@ class SearchResult:
     """The recipe file's path."""
     memory_budget_gib: float | None = None
     world_size: int = 1
+    pruned: int = 0
+    """Trials this run cut short."""
+    pruning_saved_s: float = 0.0
+    """Measuring seconds pruning saved (the rest of each cut window, estimated from its rate)."""
+    wall_s: float | None = None
+    """Seconds from the search's start in this process to its answer."""
     study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -67,6 +73,8 @@ class SearchResult:
             "memory_budget_gib": self.memory_budget_gib,
             "world_size": self.world_size,
             "name": self.name,
+            "pruning": {"trials": self.pruned, "saved_s": self.pruning_saved_s},
+            "wall_s": self.wall_s,
         }
 
     @classmethod
@@ -89,6 +97,8 @@ class SearchResult:
             attribution=Attribution.from_json(attribution) if attribution else None,
             name=data.get("name") or "", recipe=data.get("recipe") or "",
             memory_budget_gib=data.get("memory_budget_gib"), world_size=int(data.get("world_size") or 1),
+            pruned=int((data.get("pruning") or {}).get("trials") or 0),
+            pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
         )
 
 

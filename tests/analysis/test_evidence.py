@@ -1,0 +1,76 @@
+"""Verdicts that use every trial: on real searches pinned to one core (a host whose CPU
+the data pipeline can saturate, whatever machine runs the suite), and on recorded trials."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from tuner.analysis.diagnose import Verdict
+from tuner.analysis.evidence import Seen, memory_per_worker, revise
+
+from conftest import run, toy_recipe
+
+ONE_CORE = ["taskset", "-c", "0"]
+
+
+def search_on_one_core(folder, task_args, trials):
+    recipe = toy_recipe(folder, task_args=task_args, steps={"warmup": 3, "measure": 30},
+                        baseline={"num_workers": 0}, space={"num_workers": [0, 1, 2], "micro_batch_size": [16]})
+    proc = run([*ONE_CORE, sys.executable, "-m", "tuner.search", str(recipe), "--trials", str(trials), "--confirm",
+                "1", "--attribute", "0", "--quiet", "--out", str(folder / "run")], OMP_NUM_THREADS="1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads((folder / "run" / "best.json").read_text()), (folder / "run" / "search.log").read_text()
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_a_pipeline_that_saturates_the_cores_is_not_told_to_add_workers(tmp_path):
+    # decoding 8 ms of CPU per batch and a 12 ms CPU step on one core: workers only share it
+    best, log = search_on_one_core(tmp_path, {"decode_ms": 0.5, "busy_ms": 12}, 3)
+    verdicts = best["diagnosis"]["best"]
+    saturated = [v for v in verdicts if v["kind"] == "host-cpu-saturated"]
+    assert saturated and "more workers will not help" in saturated[0]["next_step"], verdicts
+    assert not any("more loader workers" in v["next_step"] for v in verdicts)
+    assert "trial 1: data-bound" in log  # the verdict chose the first step: workers
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
+def test_a_pipeline_waiting_on_storage_is_still_told_to_add_workers(tmp_path):
+    # 16 ms of storage latency per batch (sleeping, no CPU) and a 4 ms step, one core
+    best, log = search_on_one_core(tmp_path, {"read_ms": 1.0, "busy_ms": 4}, 2)
+    baseline = best["diagnosis"]["baseline"]
+    assert baseline[0]["kind"] == "data-bound" and "more loader workers than 0" in baseline[0]["next_step"]
+    assert best["params"]["num_workers"] > 0
+
+
+def trial(workers, rate, wait, cpu=0.5, worker_cpu=0.0, peak=1.0):
+    return Seen({"num_workers": workers, "micro_batch_size": 16},
+                {"samples_per_s": rate, "data_wait_share": wait, "cpu_util": cpu, "worker_cpu_util": worker_cpu,
+                 "peak_mem_gib": peak})
+
+
+DATA_BOUND = Verdict("data-bound", 0.37, "waits 37%", "try more loader workers than 0")
+
+
+def test_workers_that_removed_the_wait_but_not_the_time_mean_saturated_cores():
+    # the issue's JPEG pipeline: 1 worker took the wait from 37% to 2% and samples/s down 6%
+    base, one = trial(0, 100, 0.37, cpu=1.3), trial(1, 94, 0.02, cpu=1.4, worker_cpu=0.6)
+    out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2)
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "-6%" in out[0].evidence
+    # workers that bought time: still data-bound
+    faster = trial(1, 180, 0.02)
+    assert revise([DATA_BOUND], base.params, base.metrics, [base, faster], cores=2) == [DATA_BOUND]
+
+
+def test_peak_memory_growing_per_worker_is_the_workers_memory():
+    trials = [trial(w, 100, 0.0, peak=0.4 + 0.26 * w) for w in (0, 1, 2, 4)]
+    assert memory_per_worker(trials) == pytest.approx(0.26)
+    memory = Verdict("memory-bound", 0.93, "peak memory 0.93 GiB of a 1 GiB budget", "a higher ZeRO stage, bf16")
+    out = revise([memory], trials[2].params, trials[2].metrics, trials, cores=2)
+    assert out[0].kind == "memory-bound (loader workers)"
+    assert "0.26 GiB per loader worker" in out[0].evidence and "fewer workers" in out[0].next_step
+    flat = [trial(w, 100, 0.0, peak=1.0) for w in (0, 1, 2)]
+    assert memory_per_worker(flat) is None

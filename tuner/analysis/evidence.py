@@ -1,0 +1,137 @@
+"""Verdicts that use every trial, not one configuration's window alone.
+
+One window says where its step's time goes; the search's trials say what changing it did.
+Measured on the issue's JPEG pipeline (2 cores): at 0 workers the loop waited for data 37%
+of the step; one worker took the wait to 2% and samples/s *down* 6% (decode and the model
+fight for the same two cores), yet the best configuration's verdict still read "data-bound
+... try more loader workers than 0". And a job whose workers each copy a 256 MiB index,
+under a 1 GiB budget, read "memory-bound ... a higher ZeRO stage, bf16" (device remedies)
+when its peak grew ~0.26 GiB per worker across the trials: host memory held by workers.
+:func:`revise` corrects a configuration's verdicts with that evidence.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from tuner.analysis.diagnose import THRESHOLDS, Verdict
+
+LOADER = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+"""The loader's knobs: a change in these alone is a loader change."""
+NO_GAIN = 1.10
+"""More workers that did not make samples/s at least this many times faster, while they
+removed the wait or filled the cores, bought nothing a search can tell from noise (whole
+trials differ by 5-10% on a shared machine; the issue's JPEG pipeline lost 6%)."""
+WAIT_GONE = 0.5
+"""The data wait counts as removed when it fell below this fraction of what it was."""
+SATURATED = 0.85
+"""Busy cores (main process + workers) at or above this fraction of the cores available."""
+_CHEAPER = ("more workers will not help: make the per-sample work cheaper (decode once and cache decoded samples, "
+            "smaller images, a faster decoder), decode on the GPU, or run on more cores")
+MEMORY_PER_WORKER_GIB = 0.05
+"""Peak memory growing by more than this per loader worker is the workers' own memory."""
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One measured trial: its knobs and metrics."""
+
+    params: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+
+
+def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapping[str, Any] | None,
+           trials: Sequence[Seen], cores: int) -> list[Verdict]:
+    """``verdicts`` of the configuration ``params``, corrected by what the ``trials`` did
+    (``cores``: the CPUs the job may run on)."""
+    out = list(verdicts)
+    if not metrics:
+        return out
+    saturated = cores_busy(params, metrics, cores) or host_cpu_saturated(params, metrics, trials, cores)
+    if saturated is not None:
+        out = [saturated] + [v for v in out if v.kind != "data-bound"]
+    slope = memory_per_worker(trials)
+    if slope is not None:
+        out = [_loader_memory(v, slope, params) if v.kind == "memory-bound" else v for v in out]
+    return sorted(out, key=lambda v: -v.weight)
+
+
+def _same_step(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two configurations differ in loader knobs only."""
+    return all(a.get(k) == b.get(k) for k in set(a) | set(b) if k not in LOADER and k != "grad_accum_steps")
+
+
+def _busy(metrics: Mapping[str, Any]) -> float:
+    """Cores the main process and the loader workers kept busy over the window."""
+    return (metrics.get("cpu_util") or 0.0) + (metrics.get("worker_cpu_util") or 0.0)
+
+
+def cores_busy(params: Mapping[str, Any], metrics: Mapping[str, Any], cores: int) -> Verdict | None:
+    """The loop waits for its workers while every core is busy: no idle core for more."""
+    wait, busy = metrics.get("data_wait_share") or 0.0, _busy(metrics)
+    workers = params.get("num_workers") or 0
+    if wait <= THRESHOLDS["data_wait_share"] or not workers or busy < SATURATED * cores:
+        return None
+    return Verdict(
+        "host-cpu-saturated", wait,
+        f"the loop waits for data {wait:.0%} of the step while the main process and its {workers} worker(s) "
+        f"keep {busy:.1f} of {cores} core(s) busy: no core is left for more loading",
+        _CHEAPER,
+    )
+
+
+def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
+                       trials: Sequence[Seen], cores: int) -> Verdict | None:
+    """More workers removed the wait (or filled the cores) but not the time: the host's
+    cores are the limit."""
+    wait, rate = metrics.get("data_wait_share") or 0.0, metrics.get("samples_per_s") or 0.0
+    if wait <= THRESHOLDS["data_wait_share"] or not rate:
+        return None
+    workers = params.get("num_workers") or 0
+    tried = [t for t in trials if _same_step(t.params, params) and (t.params.get("num_workers") or 0) > workers
+             and t.metrics.get("samples_per_s")]
+    if not tried or any(t.metrics["samples_per_s"] >= NO_GAIN * rate for t in tried):
+        return None
+    cleared = [t for t in tried if (t.metrics.get("data_wait_share") or 0.0) < WAIT_GONE * wait
+               or _busy(t.metrics) >= SATURATED * cores]
+    if not cleared:
+        return None
+    t = max(cleared, key=lambda s: s.metrics["samples_per_s"])
+    busy = _busy(t.metrics)
+    used = f"; main process and workers then kept {busy:.1f} of {cores} core(s) busy" if busy else ""
+    return Verdict(
+        "host-cpu-saturated", wait,
+        f"the loop waits for data {wait:.0%} of the step, but {t.params['num_workers']} worker(s) took the wait "
+        f"to {t.metrics.get('data_wait_share') or 0.0:.0%} and samples/s to "
+        f"{t.metrics['samples_per_s'] / rate - 1:+.0%}{used}: loading and the step compete for the same cores",
+        _CHEAPER,
+    )
+
+
+def memory_per_worker(trials: Sequence[Seen]) -> float | None:
+    """GiB of peak memory each loader worker adds across the trials (a least-squares slope
+    over three or more worker counts, with a tight fit), or ``None``."""
+    points = []
+    for t in trials:
+        peak = t.metrics.get("host_mem_gib") or t.metrics.get("peak_mem_gib")
+        if peak is not None and t.params.get("num_workers") is not None:
+            points.append((float(t.params["num_workers"]), float(peak)))
+    if len({x for x, _ in points}) < 3:
+        return None
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    fit = statistics.linear_regression(xs, ys)
+    r = statistics.correlation(xs, ys) if statistics.pstdev(ys) > 0 else 0.0
+    return fit.slope if fit.slope > MEMORY_PER_WORKER_GIB and r > 0.8 else None
+
+
+def _loader_memory(v: Verdict, slope: float, params: Mapping[str, Any]) -> Verdict:
+    workers = params.get("num_workers") or 0
+    return replace(
+        v, kind="memory-bound (loader workers)",
+        evidence=f"{v.evidence}; across the trials peak memory grew {slope:.2f} GiB per loader worker "
+                 f"({workers} worker(s) here hold ~{slope * workers:.2f} GiB): host memory the workers copy",
+        next_step="share the dataset's memory between workers (a numpy memmap or tensors, not lists of Python "
+                  "objects, which copy-on-read duplicates), load it lazily per sample, or use fewer workers",
+    )
