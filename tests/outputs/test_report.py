@@ -90,3 +90,45 @@ def test_html_report_renders_its_plots_in_headless_chromium(searched, tmp_path):
     assert len(colours) > 200  # text, tables and plots drawn, not a blank page
     # the plots' markers (matplotlib's default blue, #1f77b4) are on the page
     assert any(abs(r - 0x1F) < 12 and abs(g - 0x77) < 12 and abs(b - 0xB4) < 12 for _, (r, g, b) in colours)
+
+
+def _study(n: int, top: str):
+    """A finished study of ``n`` feasible trials where ``top`` alone decides samples/s."""
+    import optuna
+
+    from tuner.trial.result import State
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(n):
+        trial = study.ask()
+        params = {"num_workers": trial.suggest_categorical("num_workers", [0, 1, 2, 4]),
+                  "micro_batch_size": trial.suggest_categorical("micro_batch_size", [8, 16, 32])}
+        for key, value in {"state": State.OK.value, "params": params,
+                           "metrics": {"samples_per_s": 100.0 + 50 * params[top]}}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, 100.0 + 50 * params[top])
+    return study
+
+
+def _with_attribution(top: str):
+    from tuner.analysis.attribution import Attribution, Row
+    from tuner.tuning.result import SearchResult
+
+    row = Row(top, 0, 4, 300.0, 3.0, 1.0, 100.0, 1.0, "")
+    return SearchResult(out=None, best={}, baseline={}, speedup=None, target_met=False, stopped="trials", trials=0,
+                        attribution=Attribution(100.0, 300.0, [row]))
+
+
+def test_importance_shows_only_on_enough_trials_and_never_against_the_attribution():
+    from tuner.outputs.report import _importance, collect
+
+    few = _study(7, "num_workers")
+    importance, note = _importance(few, collect(few, None).trials, _with_attribution("num_workers"))
+    assert importance == {} and "7 feasible trial(s); it needs 10" in note
+    many = _study(24, "num_workers")
+    trials = collect(many, None).trials
+    importance, note = _importance(many, trials, _with_attribution("num_workers"))
+    assert list(importance)[0] == "num_workers" and note == "Rests on 24 feasible trials (Optuna, PED-ANOVA)."
+    # the attribution measured micro_batch_size as the gain; an importance ranking it last is not shown
+    importance, note = _importance(many, trials, _with_attribution("micro_batch_size"))
+    assert importance == {} and "ranks micro_batch_size 2 of 2" in note and "100% of the gain" in note

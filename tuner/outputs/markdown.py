@@ -24,7 +24,9 @@ class ReportData:
     """Every measured trial: number, state, reason, params, metrics, baseline, feasible."""
     result: SearchResult
     importance: dict[str, float]
-    """Optuna's knob importance (empty below 3 feasible trials)."""
+    """Optuna's knob importance (empty where it would not mean anything: see ``importance_note``)."""
+    importance_note: str = ""
+    """What the importance rests on, or why it is not shown."""
 
 
 def render_markdown(data: ReportData) -> str:
@@ -49,9 +51,10 @@ def render_markdown(data: ReportData) -> str:
         lines += ["", "Also in this folder: `dataloader.json`, `ds_config.json`, `accelerate_config.yaml`, "
                   "`hf_training_args.json`."]
     if data.importance:
-        lines += ["", f"## Knob importance (Optuna, PED-ANOVA, {sum(t['feasible'] for t in trials)} trials)", "",
-                  "| knob | importance |", "|---|---|"]
+        lines += ["", "## Knob importance", "", data.importance_note, "", "| knob | importance |", "|---|---|"]
         lines += [f"| {k} | {v:.2f} |" for k, v in data.importance.items()]
+    elif data.importance_note:
+        lines += ["", data.importance_note]
     lines += ["", "## Trials", "", "| # | state | samples/s | peak GiB | data wait | knobs |",
               "|---|---|---|---|---|---|"]
     for t in trials:
