@@ -74,3 +74,20 @@ def test_peak_memory_growing_per_worker_is_the_workers_memory():
     assert "0.26 GiB per loader worker" in out[0].evidence and "fewer workers" in out[0].next_step
     flat = [trial(w, 100, 0.0, peak=1.0) for w in (0, 1, 2)]
     assert memory_per_worker(flat) is None
+
+
+def test_a_verdict_names_its_knobs_the_trials_already_moved_without_gain():
+    # the DeepSpeed job: the best (micro-batch 128, ZeRO 0) is communication-bound,
+    # and the search has measured every other micro-batch and stage from there
+    best = Seen({"micro_batch_size": 128, "zero_stage": 0}, {"samples_per_s": 4300.0})
+    tried = [Seen({"micro_batch_size": m, "zero_stage": 0}, {"samples_per_s": r})
+             for m, r in ((16, 2300.0), (32, 3900.0), (64, 4280.0))]
+    tried += [Seen({"micro_batch_size": 128, "zero_stage": z}, {"samples_per_s": 4000.0}) for z in (1, 2, 3)]
+    comm = Verdict("communication-bound", 0.29, "collectives 29%", "try a larger micro-batch")
+    out = revise([comm], best.params, best.metrics, [best, *tried], cores=2)
+    assert out[0].next_step.endswith(
+        "(already measured from here without a gain: micro_batch_size 16, 32, 64; zero_stage 1, 2, 3)")
+    # a knob that did gain is not listed
+    faster = [Seen({"micro_batch_size": 256, "zero_stage": 0}, {"samples_per_s": 6000.0})]
+    out = revise([comm], best.params, best.metrics, [best, *faster], cores=2)
+    assert "micro_batch_size" not in out[0].next_step

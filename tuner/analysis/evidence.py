@@ -26,6 +26,18 @@ removed the wait or filled the cores, bought nothing a search can tell from nois
 trials differ by 5-10% on a shared machine; the issue's JPEG pipeline lost 6%)."""
 WAIT_GONE = 0.5
 """The data wait counts as removed when it fell below this fraction of what it was."""
+FAMILY_FIRST: dict[str, tuple[str, ...]] = {
+    "data-bound": ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"),
+    "input-transfer-bound": ("pin_memory",),
+    "communication-bound": ("micro_batch_size", "zero_stage"),
+    "memory-bound": ("zero_stage", "micro_batch_size", "amp_dtype"),
+    "memory-bound (loader workers)": ("num_workers", "prefetch_factor"),
+    "host-cpu-saturated": ("amp_dtype", "micro_batch_size"),
+    "host-bound": ("micro_batch_size", "amp_dtype"),
+    "compute-bound": ("amp_dtype", "micro_batch_size"),
+}
+"""The knobs a verdict points at: the search tries them first (:mod:`tuner.tuning.guided`),
+and a verdict says which of them the trials already moved without gain."""
 SATURATED = 0.85
 """Busy cores (main process + workers) at or above this fraction of the cores available."""
 _CHEAPER = ("more workers will not help: make the per-sample work cheaper (decode once and cache decoded samples, "
@@ -55,7 +67,26 @@ def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapp
     slope = memory_per_worker(trials)
     if slope is not None:
         out = [_loader_memory(v, slope, params) if v.kind == "memory-bound" else v for v in out]
+    out = [_already_tried(v, params, metrics, trials) for v in out]
     return sorted(out, key=lambda v: -v.weight)
+
+
+def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, Any],
+                   trials: Sequence[Seen]) -> Verdict:
+    """Name the verdict's knobs the trials already moved, one at a time from ``params``,
+    without a gain: the next step is then elsewhere, and the verdict says so."""
+    rate = metrics.get("samples_per_s") or 0.0
+    parts = []
+    for knob in FAMILY_FIRST.get(v.kind, ()):
+        moved = [t for t in trials if t.params.get(knob) != params.get(knob) and t.metrics.get("samples_per_s")
+                 and all(t.params.get(k) == params.get(k) for k in params
+                         if k not in (knob, "grad_accum_steps", "engine"))]
+        if moved and rate and all(t.metrics["samples_per_s"] < NO_GAIN * rate for t in moved):
+            values = ", ".join(str(x) for x in sorted({t.params[knob] for t in moved}, key=str))
+            parts.append(f"{knob} {values}")
+    if not parts:
+        return v
+    return replace(v, next_step=f"{v.next_step} (already measured from here without a gain: {'; '.join(parts)})")
 
 
 def _same_step(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import Verdict
+from tuner.analysis.evidence import FAMILY_FIRST
 from tuner.tuning.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05
@@ -20,17 +21,6 @@ WAIT_WORTH_FIXING = 0.05
 COORDINATE_ORDER = ("amp_dtype", "micro_batch_size", "zero_stage", "num_workers", "prefetch_factor",
                     "persistent_workers", "pin_memory")
 """Knobs tried one at a time around the best so far, the likeliest large effects first."""
-FAMILY_FIRST: dict[str, tuple[str, ...]] = {
-    "data-bound": ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"),
-    "input-transfer-bound": ("pin_memory",),
-    "communication-bound": ("micro_batch_size", "zero_stage"),
-    "memory-bound": ("zero_stage", "micro_batch_size", "amp_dtype"),
-    "memory-bound (loader workers)": ("num_workers", "prefetch_factor"),
-    "host-cpu-saturated": ("amp_dtype", "micro_batch_size"),
-    "host-bound": ("micro_batch_size", "amp_dtype"),
-    "compute-bound": ("amp_dtype", "micro_batch_size"),
-}
-"""The knobs a verdict points at, tried before the rest of :data:`COORDINATE_ORDER`."""
 SMALLER_FIRST = ("memory-bound", "memory-bound (loader workers)")
 """Verdicts under which smaller values come first (micro-batch, workers): they free memory."""
 
