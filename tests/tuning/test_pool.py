@@ -84,6 +84,7 @@ def test_equals_after_the_cap_recommend_the_fewest_changes():
     out = confirm([FOUR_BIG.params(), FOUR.params()], BASE.params(), 3, run, pool, lambda x: x, None)
     assert out is not None and out.rounds == 3
     assert out.winner == FOUR.params()  # one change from the baseline, not two
+    assert run.calls.count(BASE) == 1  # the baseline joins the first round only
     assert len(out.equals) == 2
     assert any("simplest of equals" in n for n in out.notes)
 

@@ -53,19 +53,22 @@ def changes(params: dict[str, Any], baseline: dict[str, Any]) -> int:
 
 def confirm(finalists: list[dict[str, Any]], baseline: dict[str, Any], cap: int, run: Run, pool: Pool,
             agree: Agree, events: "SearchEvents | None") -> Confirmation | None:
-    """The finalists and the baseline, interleaved, one round at a time, until the fastest is
-    apart from every other finalist beyond the noise, or ``cap`` rounds. Runs already in the
-    pool (the search trials) count; a finalist left behind beyond the noise is dropped."""
+    """The finalists, interleaved, one round at a time (the baseline in the first), until the
+    fastest is apart from every other finalist beyond the noise, or ``cap`` rounds. Runs
+    already in the pool (the search trials) count; a finalist left behind beyond the noise
+    is dropped."""
     if cap < 1 or not finalists:
         return None
     base = Config(**baseline)
     contenders = [Config(**p) for p in finalists]
     if events:
-        events.note(f"confirming: {len(contenders)} finalist(s) and the baseline, interleaved, until the fastest "
-                    f"is apart beyond the noise (at most {cap} round(s))")
+        events.note(f"confirming: {len(contenders)} finalist(s), interleaved (the baseline in the first round), "
+                    f"until the fastest is apart beyond the noise (at most {cap} round(s))")
     rounds = 0
     while rounds < cap:
-        for config in dict.fromkeys([base, *contenders]):
+        # the baseline joins the first round only: the speedup's second sample, measured in
+        # the same minutes as the finalists; the ranking that goes on is the finalists'
+        for config in dict.fromkeys([base, *contenders] if rounds == 0 else contenders):
             pool.add(run(config), "confirmation")
         rounds += 1
         ranked = sorted((c for c in contenders if pool.rates(c.params())),

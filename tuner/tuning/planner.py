@@ -21,6 +21,7 @@ from tuner.analysis.evidence import Seen, revise
 from tuner.analysis.guard import divergence
 from tuner.config.space import KNOBS, Config, Machine, make_config
 from tuner.harness.environment import environment
+from tuner.harness.window import AUTO
 from tuner.trial.after import STALL_FREE_STEPS
 from tuner.trial.result import State, TrialResult
 from tuner.tuning import budget, guided, searchspace
@@ -177,9 +178,12 @@ class Planner:
                    if r.ok and r.metrics and r.metrics.get("measured_steps")]
         typical = self.recipe.steps.measure if isinstance(self.recipe.steps.measure, int) else (
             statistics.median(windows) if windows else steps)
-        after = min(self.recipe.steps.most, STALL_FREE_STEPS)
+        step_s = self.recipe.global_batch_size / rate
+        window_s = max(0.0, typical - steps) * step_s
+        if not isinstance(self.recipe.steps.measure, int):
+            window_s = min(window_s, AUTO.max_s)  # an auto window ends at its time cap
         self.pruned += 1
-        self.saved_s += max(0.0, typical - steps + after) * self.recipe.global_batch_size / rate
+        self.saved_s += window_s + min(self.recipe.steps.most, STALL_FREE_STEPS) * step_s
 
     def interrupted(self) -> None:
         """The trial in flight (if any) is recorded as failed: Ctrl-C ended it."""
