@@ -1,0 +1,131 @@
+"""Wall time to a recommendation: ``tuner.search`` against DeepSpeed's autotuner on the
+same DeepSpeed job, on this machine, in one run; then both answers re-measured
+interleaved with the same harness.
+
+The job (``scripts/autotuner/mlp_job.py``): a 6-layer MLP on 2 gloo ranks, global batch 256;
+both tune the micro-batch (16..128, accumulation making up the global batch) and the ZeRO
+stage (0..3). The tuner runs as users run it (``torchrun --nproc_per_node=2 -m
+tuner.search``); the autotuner as DeepSpeed documents it (``deepspeed --autotuning tune``),
+with its own launcher. DeepSpeed's launcher reaches even the local host through ssh and
+pdsh when given a hostfile (its only way to use 2 CPU ranks), so this needs passwordless
+``ssh localhost`` and ``pdsh``; without them it says so and stops.
+
+    python scripts/bench_autotuner.py               # 3 interleaved re-measurement rounds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent / "autotuner"
+ROOT = HERE.parent.parent
+GLOBAL_BATCH, WORLD = 256, 2
+
+
+def sh(cmd: list[str], cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def prerequisites() -> str | None:
+    for tool in ("pdsh", "ssh"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing (DeepSpeed's launcher needs it with a hostfile): apt-get install pdsh ssh"
+    probe = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "localhost", "true"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"ssh localhost without a password does not work ({probe.stderr.strip()}): start sshd, add a key"
+    try:
+        import tabulate  # noqa: F401 - DeepSpeed's autotuner needs it
+    except ImportError:
+        return "tabulate is missing (DeepSpeed's autotuner needs it): pip install tabulate"
+    return None
+
+
+def run_tuner(work: Path) -> tuple[float, dict]:
+    start = time.perf_counter()
+    proc = sh([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--standalone",
+               "-m", "tuner.search", str(HERE / "mlp_job.yaml"), "--out", str(work / "tuner"), "--quiet"], HERE)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"tuner.search failed: {proc.stderr[-2000:]}")
+    best = json.loads((work / "tuner" / "best.json").read_text())
+    return wall, {"micro_batch_size": best["params"]["micro_batch_size"], "zero_stage": best["params"]["zero_stage"],
+                  "trials": best["trials"], "stopped": best["stopped"]}
+
+
+def run_autotuner(work: Path) -> tuple[float, dict]:
+    folder = work / "autotuner"
+    folder.mkdir()
+    shutil.copy(HERE / "mlp_job.py", folder)
+    (folder / "hostfile").write_text(f"localhost slots={WORLD}\n")
+    (folder / "ds_config.json").write_text(json.dumps({
+        "train_batch_size": GLOBAL_BATCH,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch",
+                       "min_train_micro_batch_size_per_gpu": 16, "max_train_micro_batch_size_per_gpu": 128,
+                       "num_tuning_micro_batch_sizes": 4, "start_profile_step": 3, "end_profile_step": 8,
+                       "arg_mappings": {}},
+    }))
+    start = time.perf_counter()
+    proc = sh(["deepspeed", "--hostfile", "hostfile", "--master_addr", "127.0.0.1", "--autotuning", "tune",
+               "--num_gpus", str(WORLD), "--num_nodes", "1", "mlp_job.py", "--deepspeed_config", "ds_config.json"],
+              folder)
+    wall = time.perf_counter() - start
+    optimal = folder / "autotuning_results" / "ds_config_optimal.json"
+    if not optimal.exists():
+        sys.exit(f"the autotuner found no configuration: {(proc.stdout + proc.stderr)[-3000:]}")
+    config = json.loads(optimal.read_text())
+    exps = len(list((folder / "autotuning_exps").glob("*.json")))
+    return wall, {"micro_batch_size": config["train_micro_batch_size_per_gpu"],
+                  "zero_stage": (config.get("zero_optimization") or {}).get("stage", 0), "trials": exps}
+
+
+def measure(answer: dict, work: Path) -> float:
+    proc = sh([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={WORLD}", "--standalone",
+               "-m", "tuner.measure", str(HERE / "mlp_job.yaml"), "--json", "--set", f"out={work / 'measure'}",
+               "--set", f"micro_batch_size={answer['micro_batch_size']}",
+               "--set", f"zero_stage={answer['zero_stage']}"], HERE)
+    if proc.returncode != 0:
+        sys.exit(f"tuner.measure failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout)["metrics"]["samples_per_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved re-measurements of both answers")
+    args = parser.parse_args()
+    missing = prerequisites()
+    if missing:
+        sys.exit(f"bench_autotuner: {missing}")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        measure({"micro_batch_size": 64, "zero_stage": 1}, work)  # DeepSpeed's JIT builds, paid by neither
+        tuner_s, tuner_answer = run_tuner(work)
+        auto_s, auto_answer = run_autotuner(work)
+        rates: dict[str, list[float]] = {"tuner": [], "autotuner": []}
+        for _ in range(args.rounds):
+            rates["tuner"].append(measure(tuner_answer, work))
+            rates["autotuner"].append(measure(auto_answer, work))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"{'method':<22}{'wall s':>8}{'trials':>8}  answer (micro, ZeRO)   re-measured samples/s (median of "
+          f"{args.rounds})")
+    for name, wall, answer in (("tuner.search", tuner_s, tuner_answer), ("DeepSpeed autotuner", auto_s, auto_answer)):
+        key = "tuner" if name == "tuner.search" else "autotuner"
+        print(f"{name:<22}{wall:>8.0f}{answer['trials']:>8}  {answer['micro_batch_size']:>5}, "
+              f"{answer['zero_stage']:<14}{med[key]:>10.1f}  {[round(r) for r in rates[key]]}")
+    print(f"wall time, tuner / autotuner: {tuner_s / auto_s:.2f}x; answer's speed, tuner / autotuner: "
+          f"{med['tuner'] / med['autotuner']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
