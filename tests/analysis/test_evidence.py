@@ -21,7 +21,7 @@ def search_on_one_core(folder, task_args, trials):
     recipe = toy_recipe(folder, task_args=task_args, steps={"warmup": 3, "measure": 30},
                         baseline={"num_workers": 0}, space={"num_workers": [0, 1, 2], "micro_batch_size": [16]})
     proc = run([*ONE_CORE, sys.executable, "-m", "tuner.search", str(recipe), "--trials", str(trials), "--confirm",
-                "1", "--attribute", "0", "--quiet", "--out", str(folder / "run")], OMP_NUM_THREADS="1")
+                "0", "--quiet", "--out", str(folder / "run")], OMP_NUM_THREADS="1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((folder / "run" / "best.json").read_text()), (folder / "run" / "search.log").read_text()
 

@@ -24,7 +24,7 @@ def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     its own defaults (the baseline), and the knobs really reached it."""
     out = tmp_path / "run"
     result = tuner.search(ROOT / "recipes" / "script_accelerate.yaml", trials=4, confirm=0, attribute=0,
-                          quiet=True, out=out, overrides=["steps.measure=12"])
+                          quiet=True, out=out, overrides=["steps.measure=8"])
     assert result.baseline["params"]["num_workers"] == 0 and result.baseline["params"]["micro_batch_size"] == 16
     assert result.speedup >= 1.3, (result.speedup, result.best["params"])
     rows = [r for r in _rows(out) if r["state"] == "ok"]
@@ -65,10 +65,12 @@ def test_adapt_recipe_errors_are_one_line(tmp_path):
 def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
     pytest.importorskip("transformers")
     out = tmp_path / "run"
-    result = tuner.search(ROOT / "recipes" / "script_hf.yaml", trials=2, confirm=0, attribute=0, quiet=True,
+    # one trial: the shipped recipe runs as published (searching a Trainer script is
+    # tests/scriptmode/test_adapt_torch.py's HfArgumentParser test)
+    result = tuner.search(ROOT / "recipes" / "script_hf.yaml", trials=1, confirm=0, attribute=0, quiet=True,
                           out=out, overrides=["steps.measure=8"])
     rows = _rows(out)
-    assert [r["state"] for r in rows] == ["ok", "ok"], [r["reason"] for r in rows]
+    assert [r["state"] for r in rows] == ["ok"], [r["reason"] for r in rows]
     assert result.best["metrics"]["samples_per_s"] > 0
     assert psutil.Process().children(recursive=True) == []
 

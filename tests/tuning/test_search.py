@@ -164,7 +164,7 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
     recipe = toy(task_args={"read_ms": 2.0}, steps={"warmup": 1, "measure": 15},
                  space={"num_workers": [0, 1, 2, 3], "micro_batch_size": [2, 4, 8, 16]})
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "tuner.search", str(recipe), "--trials", "6", "--out", str(out), "--confirm", "0"]
+    cmd = [sys.executable, "-m", "tuner.search", str(recipe), "--trials", "5", "--out", str(out), "--confirm", "0"]
     import subprocess
 
     proc = subprocess.Popen(cmd, cwd=os.getcwd(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -184,12 +184,12 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
         assert (out / "best.json").exists()  # finished cleanly with what was done
     study = optuna.load_study(study_name="toy", storage=storage)
     left_running = [t.number for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
-    assert len(study.trials) < 6  # it was stopped mid-way
+    assert len(study.trials) < 5  # it was stopped mid-way
     resumed = run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     table = rows(out)
     finished = [r for r in table if not r["duplicate_of"] and r["state"] in ("ok", "pruned")]
-    assert len(finished) >= 5
+    assert len(finished) >= 4
     for number in left_running:  # a trial SIGKILL cut short is recorded, never lost
         assert "left running by an interrupted search" in table[number]["reason"]
 
@@ -216,17 +216,17 @@ def test_bad_storage_url_is_an_input_error(toy, tmp_path, capsys):
     assert "error: storage: cannot open 'nosuchdb://x/y'" in err and "Traceback" not in err
 
 
-def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path):
+def test_six_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path):
     """An I/O-latency-bound loader: the search's answer beats the baseline by >= 1.25x and
     is >= 0.92x of the best point of a grid over loader workers, re-measured interleaved."""
-    recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0}, steps={"warmup": 2, "measure": 30},
+    recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0}, steps={"warmup": 2, "measure": 20},
                                    space={"num_workers": [0, 1, 2, 4], "micro_batch_size": [8, 16],
                                           "persistent_workers": True},
                                    baseline={"num_workers": 0}))
     # Workers up to 4 on 2 cores: 8 oversubscribed them and the same configuration then
     # spread by +-30% between measurements, more than the margin checked here.
     # search quality only: no attribution
-    result = tuner.search(recipe, trials=8, out=tmp_path / "run", confirm=2, attribute=0, quiet=True)
+    result = tuner.search(recipe, trials=6, out=tmp_path / "run", confirm=2, attribute=0, quiet=True)
     assert result.speedup >= 1.25, result.speedup
     grid = {w: tuner.measure(recipe, num_workers=w).metrics["samples_per_s"] for w in (0, 1, 2, 4)}
     grid_best = max(grid, key=grid.get)
