@@ -79,8 +79,7 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     parts = []
     for knob in FAMILY_FIRST.get(v.kind, ()):
         moved = [t for t in trials if t.params.get(knob) != params.get(knob) and t.metrics.get("samples_per_s")
-                 and all(t.params.get(k) == params.get(k) for k in params
-                         if k not in (knob, "grad_accum_steps", "engine"))]
+                 and _alike(t.params, params, (knob,))]
         if moved and rate and all(t.metrics["samples_per_s"] < NO_GAIN * rate for t in moved):
             values = ", ".join(str(x) for x in sorted({t.params[knob] for t in moved}, key=str))
             parts.append(f"{knob} {values}")
@@ -89,9 +88,13 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     return replace(v, next_step=f"{v.next_step} (already measured from here without a gain: {'; '.join(parts)})")
 
 
-def _same_step(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    """Whether two configurations differ in loader knobs only."""
-    return all(a.get(k) == b.get(k) for k in set(a) | set(b) if k not in LOADER and k != "grad_accum_steps")
+DERIVED = ("grad_accum_steps", "engine")
+"""Recorded with a configuration's knobs but following from them (micro-batch, ZeRO stage)."""
+
+
+def _alike(a: Mapping[str, Any], b: Mapping[str, Any], free: Sequence[str]) -> bool:
+    """Whether two configurations differ in the ``free`` knobs only."""
+    return all(a.get(k) == b.get(k) for k in set(a) | set(b) if k not in free and k not in DERIVED)
 
 
 def _busy(metrics: Mapping[str, Any]) -> float:
@@ -121,7 +124,7 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
     if wait <= THRESHOLDS["data_wait_share"] or not rate:
         return None
     workers = params.get("num_workers") or 0
-    tried = [t for t in trials if _same_step(t.params, params) and (t.params.get("num_workers") or 0) > workers
+    tried = [t for t in trials if _alike(t.params, params, LOADER) and (t.params.get("num_workers") or 0) > workers
              and t.metrics.get("samples_per_s")]
     if not tried or any(t.metrics["samples_per_s"] >= NO_GAIN * rate for t in tried):
         return None

@@ -77,7 +77,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.tuning.interrupt)
         stopped, confirmed, attribution = "interrupted", None, None
     with interrupt.deferred():
-        result = planner.finish(stopped, confirmed, attribution, pool)
+        result = planner.finish(stopped, confirmed, attribution)
         if on_result is not None:
             on_result(result)
     return result

@@ -238,12 +238,12 @@ class Planner:
             return None
         return {"baseline": self.baseline_config.params(), "best": best}
 
-    def finish(self, stopped: str, confirmed: "Confirmation | None", attribution: "Attribution | None" = None,
-               pool: Pool | None = None) -> SearchResult:
+    def finish(self, stopped: str, confirmed: "Confirmation | None",
+               attribution: "Attribution | None" = None) -> SearchResult:
         """The search's result: one number per configuration, from every run of it in this
         process (:class:`~tuner.tuning.pool.Pool`), else from its search trial (a resumed study)."""
         self.events.stop()
-        pool = pool if pool is not None else Pool()
+        pool = self.pool
         notes = list(self.space.notes) + (confirmed.notes if confirmed is not None else [])
         best_trial = study_mod.best_feasible(self.study)
         best_params = confirmed.winner if confirmed is not None else (
