@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.analysis import attribution as attribution_mod
 from tuner.analysis.attribution import Attribution
-from tuner.config.space import Config
+from tuner.config.space import KNOBS, Config
 from tuner.tuning.pool import Pool
 
 if TYPE_CHECKING:
@@ -47,8 +47,9 @@ class Confirmation:
 
 
 def changes(params: dict[str, Any], baseline: dict[str, Any]) -> int:
-    """Knobs set differently from the baseline."""
-    return sum(params.get(k) != v for k, v in baseline.items())
+    """Knobs set differently from the baseline (what follows from them, accumulation and
+    engine, is not a change of its own)."""
+    return sum(params.get(k) != baseline.get(k) for k in KNOBS)
 
 
 def confirm(finalists: list[dict[str, Any]], baseline: dict[str, Any], cap: int, run: Run, pool: Pool,
