@@ -97,17 +97,23 @@ def test_a_finalist_left_behind_is_no_longer_measured():
     assert run.calls.count(FOUR) == 3
 
 
-def test_attribution_of_one_changed_knob_measures_nothing_new():
-    run = Scripted({BASE: 100, FOUR: 200})
+def confirmed_twice(run: Scripted, *configs: Config) -> Pool:
+    """A pool where the confirmation measured ``configs`` twice each (the calls forgotten)."""
     pool = Pool()
     for _ in range(2):
-        for c in (BASE, FOUR):
+        for c in configs:
             pool.add(run(c), "confirmation")
     run.calls.clear()
+    return pool
 
-    def make(knobs):
-        return config(**knobs)
 
+def make(knobs) -> Config:
+    return config(**knobs)
+
+
+def test_attribution_of_one_changed_knob_measures_nothing_new():
+    run = Scripted({BASE: 100, FOUR: 200})
+    pool = confirmed_twice(run, BASE, FOUR)
     table = attribute(BASE.params(), FOUR.params(), 3, run, pool, make, None)
     assert run.calls == []
     assert table is not None and table.baseline == pool.median(BASE.params())
@@ -117,15 +123,7 @@ def test_attribution_of_one_changed_knob_measures_nothing_new():
 def test_attribution_measures_only_the_points_it_lacks():
     truth = {BASE: 100, FOUR: 150, config(micro_batch_size=16): 110, FOUR_BIG: 200}
     run = Scripted(truth)
-    pool = Pool()
-    for _ in range(2):
-        for c in (BASE, FOUR_BIG):
-            pool.add(run(c), "confirmation")
-    run.calls.clear()
-
-    def make(knobs):
-        return config(**knobs)
-
+    pool = confirmed_twice(run, BASE, FOUR_BIG)
     table = attribute(BASE.params(), FOUR_BIG.params(), 2, run, pool, make, None)
     # the path's middle point (workers only) doubles as the leave-one-out of micro_batch_size
     assert sorted(c.params()["num_workers"] * 100 + c.params()["micro_batch_size"] for c in run.calls) == \
