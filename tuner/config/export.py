@@ -15,16 +15,27 @@ ACCELERATE_MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 """Accelerate's ``mixed_precision`` for each ``amp_dtype`` (config file, kwargs, environment)."""
 
 
-def ds_config(config: "Config", world_size: int) -> dict[str, Any]:
-    """A DeepSpeed config: batch sizes, ZeRO stage and precision.
+def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str, Any]:
+    """A DeepSpeed config: batch sizes, ZeRO stage and its communication and offload
+    settings, precision.
 
-    ``train_batch_size`` = micro x accumulation x world size, as DeepSpeed checks.
+    ``train_batch_size`` = micro x accumulation x world size, as DeepSpeed checks. The
+    ZeRO keys are written only for the stages that read them, and always explicitly:
+    DeepSpeed's own default for ``overlap_comm`` differs by stage (on for ZeRO-3).
     """
+    zero: dict[str, Any] = {"stage": config.zero_stage}
+    if config.zero_stage >= 1:
+        zero["overlap_comm"] = config.overlap_comm
+        zero["reduce_bucket_size"] = config.reduce_bucket_size
+    if config.zero_stage in (1, 2):
+        zero["allgather_bucket_size"] = config.allgather_bucket_size
+    if config.zero_stage >= 1 and config.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": config.offload_optimizer, "pin_memory": cuda}
     return {
         "train_batch_size": config.micro_batch_size * config.grad_accum_steps * world_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
-        "zero_optimization": {"stage": config.zero_stage},
+        "zero_optimization": zero,
         "bf16": {"enabled": config.amp_dtype == "bf16"},
         "fp16": {"enabled": config.amp_dtype == "fp16"},
     }
@@ -36,10 +47,16 @@ def dataloader_kwargs(config: "Config") -> dict[str, Any]:
 
 
 def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
-    """An ``accelerate launch --config_file`` YAML (comments say what Accelerate cannot hold)."""
+    """An ``accelerate launch --config_file`` YAML (comments say what Accelerate cannot hold).
+
+    FSDP2 goes in Accelerate's FSDP plugin, version 2 (``fsdp_reshard_after_forward`` for
+    full_shard vs shard_grad_op, checkpointing, offload); compile in its dynamo section.
+    """
     mixed = ACCELERATE_MIXED_PRECISION[config.amp_dtype]
     if config.engine == "deepspeed":
         kind = "DEEPSPEED"
+    elif config.engine == "fsdp":
+        kind = "FSDP"
     elif world_size > 1:
         kind = "MULTI_GPU" if cuda else "MULTI_CPU"
     else:
@@ -61,11 +78,37 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
             "  deepspeed_config_file: ds_config.json",
             f"  zero3_init_flag: {'true' if config.zero_stage == 3 else 'false'}",
         ]
+    if config.engine == "fsdp":
+        lines += [
+            "# FSDP2 wraps the classes in fsdp_transformer_layer_cls_to_wrap (default: the model's _no_split_modules)",
+            "fsdp_config:",
+            "  fsdp_version: 2",
+            f"  fsdp_reshard_after_forward: {_yaml_bool(config.fsdp == 'full_shard')}",
+            f"  fsdp_activation_checkpointing: {_yaml_bool(config.activation_checkpointing != 'none')}",
+            f"  fsdp_offload_params: {_yaml_bool(config.offload_optimizer == 'cpu')}",
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+            "  fsdp_state_dict_type: SHARDED_STATE_DICT",
+        ]
+    if config.activation_checkpointing != "none" and config.engine != "fsdp":
+        lines.append(f"# activation checkpointing ({config.activation_checkpointing}): "
+                     "model.gradient_checkpointing_enable() in the script; Accelerate's config has no key for it")
+    if config.compile:
+        lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
     return "\n".join(lines) + "\n"
 
 
+HF_LEVER_FIELDS = {"torch_compile": "compile", "optim": "optimizer_impl", "ddp_bucket_cap_mb": "ddp_bucket_cap_mb",
+                   "activation_checkpointing": "activation_checkpointing",
+                   "activation_checkpointing_kwargs": "activation_checkpointing",
+                   "fsdp": "fsdp", "fsdp_config": "fsdp"}
+"""The ``TrainingArguments`` fields each lever sets (script mode sets only the recipe's)."""
+HF_LEVER_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None, "fsdp": False,
+                "fsdp_config": None, "ddp_bucket_cap_mb": None}
+"""What a tuned lever's fields read when it is off (``None``: the Trainer's default)."""
+
+
 def hf_training_args(config: "Config") -> dict[str, Any]:
-    """``transformers.TrainingArguments`` fields (their own names)."""
+    """``transformers.TrainingArguments`` fields (their own names, transformers 5)."""
     args: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
@@ -73,10 +116,65 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
         "dataloader_pin_memory": config.pin_memory,
         "bf16": config.amp_dtype == "bf16",
         "fp16": config.amp_dtype == "fp16",
+        "torch_compile": config.compile,
+        "optim": "adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch",
     }
     if config.num_workers > 0:
         args["dataloader_prefetch_factor"] = config.prefetch_factor
         args["dataloader_persistent_workers"] = config.persistent_workers
     if config.engine == "deepspeed":
         args["deepspeed"] = "ds_config.json"
+    if config.engine == "torch" and config.ddp_bucket_cap_mb != 25:
+        args["ddp_bucket_cap_mb"] = config.ddp_bucket_cap_mb
+    checkpointing = config.activation_checkpointing != "none"
+    if config.engine == "fsdp":  # FSDP2 checkpoints its own wrapped layers: no second all-gather
+        args["fsdp"] = True
+        args["fsdp_config"] = {"version": 2, "reshard_after_forward": config.fsdp == "full_shard",
+                               "activation_checkpointing": checkpointing,
+                               "cpu_offload": config.offload_optimizer == "cpu"}
+    elif checkpointing:
+        args["activation_checkpointing"] = True
+        if config.activation_checkpointing == "selective":
+            args["activation_checkpointing_kwargs"] = {"every_n_layers": 2}
     return args
+
+
+def torchtitan_toml(config: "Config", world_size: int) -> str:
+    """A fragment of a torchtitan job config (TOML): batch, precision, data-parallel
+    sharding, activation checkpointing, compile, optimizer kernels."""
+    sharded = config.engine == "fsdp"
+    lines = [
+        "# torchtitan job config fragment: merge into your train config (.toml)",
+        "[training]",
+        f"local_batch_size = {config.micro_batch_size}",
+        f"global_batch_size = {config.micro_batch_size * config.grad_accum_steps * world_size}"
+        f"  # {config.grad_accum_steps} gradient accumulation step(s)",
+        f'mixed_precision_param = "{"bfloat16" if config.amp_dtype == "bf16" else "float32"}"',
+        'mixed_precision_reduce = "float32"',
+        f"compile = {_toml_bool(config.compile)}",
+        f"enable_cpu_offload = {_toml_bool(sharded and config.offload_optimizer == 'cpu')}",
+        "",
+        "[parallelism]",
+        f"data_parallel_shard_degree = {world_size if sharded else 1}",
+        f"data_parallel_replicate_degree = {1 if sharded else world_size}",
+    ]
+    if sharded:
+        lines.append(f'fsdp_reshard_after_forward = "{"always" if config.fsdp == "full_shard" else "never"}"')
+    if config.engine == "deepspeed":
+        lines.append(f"# ZeRO stage {config.zero_stage} has no torchtitan equivalent; its FSDP2 is "
+                     "data_parallel_shard_degree > 1")
+    lines += ["", "[activation_checkpoint]", f'mode = "{config.activation_checkpointing}"']
+    if config.activation_checkpointing == "selective":
+        lines.append('selective_ac_option = "2"  # every 2nd block')
+    implementation = {"default": "for-loop", "foreach": "foreach", "fused": "fused"}[config.optimizer_impl]
+    lines += ["", "[optimizer]", f'implementation = "{implementation}"']
+    if config.amp_dtype == "fp16":
+        lines.insert(1, "# fp16: torchtitan trains in bf16 or fp32 (no loss scaling); bf16 is the nearest")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+_toml_bool = _yaml_bool

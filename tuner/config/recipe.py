@@ -251,6 +251,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
 
     stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
     engine = _engine(raw.get("engine", "auto"), stages, script)
+    _check_combinations(space, baseline, overrides, engine)
     if script is not None:
         values = _values_set(space, baseline, overrides)
         micros = values.get("micro_batch_size", (global_batch // world_size,))
@@ -284,6 +285,24 @@ def _values_set(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[str, Any
             given = (*space.get(name, ()), *([baseline[name]] if name in baseline else []))
             out[name] = tuple(dict.fromkeys(given))
     return out
+
+
+def _check_combinations(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[str, Any],
+                        overrides: Mapping[str, Any], engine: str) -> None:
+    """Refuse knob values that cannot go together in what the recipe fixes: the baseline
+    (as measured first) and the configuration ``tuner.measure`` runs (fixed space values,
+    baseline, ``--set``). Searched values that conflict are simply never suggested."""
+    defaults = {name: knob.default for name, knob in space_mod.KNOBS.items()}
+    fixed = {name: values[0] for name, values in space.items() if len(values) == 1}
+    for where, knobs in (("--set" if overrides else "baseline", {**defaults, **baseline, **overrides}),
+                         ("--set" if overrides else "space", {**defaults, **fixed, **baseline, **overrides})):
+        why = space_mod.conflict(knobs)
+        if why is not None:
+            raise RecipeError(f"{where}: {why}")
+    modes = set(space.get("fsdp", ())) | {baseline.get("fsdp", "off"), overrides.get("fsdp", "off")}
+    if engine == "deepspeed" and modes - {"off"}:
+        raise RecipeError("engine: deepspeed cannot run fsdp (PyTorch's FSDP2); use engine: auto, or drop fsdp "
+                          "from the space and shard with zero_stage")
 
 
 def _engine(engine: Any, stages: set[int], script: Script | None) -> EngineName:

@@ -30,10 +30,13 @@ DERIVED = ("grad_accum_steps",)
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
 ADAPTER_ROUTES: dict[str, tuple[str, ...]] = {
     "torch": LOADER_KNOBS,  # by rebuilding the training DataLoader
-    "hf": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),  # TrainingArguments
+    "hf": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage", "compile",
+           "activation_checkpointing", "optimizer_impl", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
+           "allgather_bucket_size", "offload_optimizer"),  # TrainingArguments (and its DeepSpeed config)
     "lightning": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),  # Trainer(...)
     "accelerate": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps"),
-    "deepspeed": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),
+    "deepspeed": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage", "overlap_comm",
+                  "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer"),  # the script's ds config
 }
 """What each adapter delivers by itself; any other searched knob needs ``knobs:`` or ``env:``."""
 ADAPTER_PACKAGES = {"hf": "transformers", "lightning": "lightning", "accelerate": "accelerate",

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from tuner.config.errors import RecipeError
 
 REQUIRED = ("build_model", "build_dataset", "compute_loss")
-OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "flops_per_sample")
+OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "flops_per_sample", "blocks")
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,8 @@ class Task:
     collate: Callable[[list], Any] | None = None
     tokens_per_sample: Callable[[dict], int] | None = None
     flops_per_sample: Callable[[dict], float] | None = None
+    blocks: Callable[[Any], list] | None = None
+    """The model's repeated blocks (FSDP2 wrapping, checkpointing, per-block compile)."""
 
 
 def load_task(ref: str, base: Path) -> Task:
