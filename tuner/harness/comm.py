@@ -126,6 +126,17 @@ class CommTimer:
     # --- Python-level collectives ---------------------------------------------------------
 
     @contextlib.contextmanager
+    def own(self) -> Iterator[None]:
+        """The tuner's own collectives (its failure agreement), timed by the caller with
+        :meth:`add`: a wrapped ``torch.distributed`` (FSDP2's) must not count them again."""
+        inside = getattr(self._local, "inside", False)
+        self._local.inside = True
+        try:
+            yield
+        finally:
+            self._local.inside = inside
+
+    @contextlib.contextmanager
     def patched(self, module: Any, names: Iterable[str]) -> Iterator[None]:
         """Time the named collectives of ``module`` while the context is open."""
         originals = {n: getattr(module, n) for n in names if callable(getattr(module, n, None))}

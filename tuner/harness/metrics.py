@@ -24,6 +24,8 @@ METRIC_NAMES = (
     "worker_cpu_util", "transfer_share", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
     # the window itself: its length and how well it pins samples/s down (95% half-width, relative)
     "measured_steps", "measured_s", "samples_per_s_ci",
+    # the levers' own costs: compilation before the window, recompute inside it
+    "compile_s", "recompute_share",
 )
 
 
@@ -62,6 +64,12 @@ class Window:
     """cudaMalloc retries (the caching allocator freed its cache to satisfy a request:
     a near-OOM signal) during the trial."""
     cuda_ooms: int | None = None
+    compile_s: float | None = None
+    """Seconds the first (compiling) warm-up step took beyond a measured step; ``None``
+    when nothing was compiled."""
+    recompute_s: float | None = None
+    """Host seconds re-running checkpointed blocks in the backward over the window (CPU,
+    uncompiled); ``None`` when not timed."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -127,6 +135,10 @@ def summarize(
     for name in ("alloc_retries", "cuda_ooms"):
         counts = [getattr(w, name) for w in windows if getattr(w, name) is not None]
         out[name] = sum(counts) if counts else None
+    compiles = [w.compile_s for w in windows if w.compile_s is not None]
+    out["compile_s"] = max(compiles, default=None)
+    recomputes = [_share(w.recompute_s, w.wall_s) for w in windows if w.recompute_s is not None]
+    out["recompute_share"] = max(recomputes, default=None)
     utils = [w.gpu_util for w in windows if w.gpu_util is not None]
     out["gpu_util"] = statistics.fmean(utils) if utils else None
     k = min(len(w.stall_free_step_times) for w in windows)

@@ -9,6 +9,7 @@ ranks at the step boundaries so that no rank waits forever for another.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -63,6 +64,7 @@ class Job:
         self.warmup_s = 0.0
         self.window_start = 0.0
         self.measured_steps = 0
+        self.first_step_s: float | None = None
 
     def build(self) -> None:
         recipe, config, ctx = self.recipe, self.config, self.ctx
@@ -110,6 +112,8 @@ class Job:
                 engine.optimizer_step()
                 nvtx.pop()
                 probe.step(samples)
+                if self.first_step_s is None:  # compiles happen in it: outside the window
+                    self.first_step_s = time.perf_counter() - start
                 if profiler is not None:
                     profiler.step()
                 if probe.measuring_step and len(probe.window.step_times) in checks:
@@ -119,7 +123,17 @@ class Job:
         self.window_start = probe.window_start or start
         self.warmup_s = self.window_start - start
         self.measured_steps = len(window.step_times)
+        self._lever_costs(window)
         return window
+
+    def _lever_costs(self, window: Window) -> None:
+        """What compile and checkpointing cost: the first step's excess over a measured
+        one (compilation is lazy: dynamo and inductor run inside it), and the recompute
+        inside the window."""
+        if self.config.compile and self.first_step_s is not None and window.step_times:
+            window.compile_s = max(0.0, self.first_step_s - statistics.median(window.step_times))
+        if self.engine.recompute is not None and self.config.activation_checkpointing != "none":
+            window.recompute_s = self.engine.recompute.between(self.window_start, self.window_start + window.wall_s)
 
     def extra_step(self, batches: Iterator[Any]) -> None:
         """One optimizer step outside the measured loop (stall-free ceiling, profiler window)."""
@@ -138,7 +152,8 @@ class Job:
         except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as TrialStop
             failure = classify(exc)
         start = time.perf_counter()
-        agreed = distributed.agree(failure)
+        with self.timer.own():
+            agreed = distributed.agree(failure)
         if self.ctx.world_size > 1:
             # Blocked here is waiting for the slowest rank's forward: exposed communication
             # the job would see anyway, in its first all-reduce, were the tuner not there.

@@ -58,6 +58,7 @@ def run_trial(
     try:
         job.build()
         timings["build"] = time.perf_counter() - t0
+        notes.extend(job.engine.notes)
         if job.batch_norm:  # said whatever happens next (a pruned trial too)
             notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
                          f"micro-batch size ({config.micro_batch_size}) changes what the model learns")

@@ -1,4 +1,5 @@
-"""How a trial trains: :func:`build_engine` picks plain/DDP or DeepSpeed for a config."""
+"""How a trial trains: :func:`build_engine` picks plain/DDP, DeepSpeed or FSDP2 for a config,
+after the levers every engine shares (checkpointing, compile, optimizer kernels)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tuner.trial.engines import levers
 from tuner.trial.engines.base import Engine, autocast
 
 if TYPE_CHECKING:
@@ -21,6 +23,15 @@ def prepare(config: "Config", device: torch.device) -> None:
         from tuner.trial.engines import deepspeed_engine
 
         deepspeed_engine.prepare(device)
+    if config.compile:
+        levers.prepare_compile(device)
+
+
+def prepare_all(configs: "list[Config]", device: torch.device) -> None:
+    """What :func:`prepare` does for every configuration a search may run, before its
+    first trial: then the first trial measures like the tenth, whatever comes first."""
+    for config in configs:
+        prepare(config, device)
 
 
 def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", device: torch.device,
@@ -29,16 +40,25 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
     module = task.build_model(task_args)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"build_model must return a torch.nn.Module, got {type(module).__name__}")
+    blocks, recompute, notes = levers.prepare_model(module, task, task_args, config, device)
 
     def make_optimizer(params: Any) -> torch.optim.Optimizer:
         if task.build_optimizer is not None:
-            return task.build_optimizer(params, task_args)
-        return torch.optim.AdamW(params, lr=1e-4)
+            return levers.apply_impl(task.build_optimizer(params, task_args), config.optimizer_impl)
+        return torch.optim.AdamW(params, lr=1e-4, **levers.optimizer_kwargs(config.optimizer_impl))
 
+    engine: Engine
     if config.engine == "deepspeed":
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine
 
-        return DeepSpeedEngine(module, make_optimizer, task.compute_loss, config, device, world_size)
-    from tuner.trial.engines.torch_engine import TorchEngine
+        engine = DeepSpeedEngine(module, make_optimizer, task.compute_loss, config, device, world_size)
+    elif config.engine == "fsdp":
+        from tuner.trial.engines.fsdp_engine import FSDPEngine
 
-    return TorchEngine(module, make_optimizer, task.compute_loss, config, device)
+        engine = FSDPEngine(module, blocks, make_optimizer, task.compute_loss, config, device)
+    else:
+        from tuner.trial.engines.torch_engine import TorchEngine
+
+        engine = TorchEngine(module, make_optimizer, task.compute_loss, config, device)
+    engine.recompute, engine.notes = recompute, notes
+    return engine

@@ -19,6 +19,7 @@ import torch
 if TYPE_CHECKING:
     from tuner.config.space import Config
     from tuner.harness.comm import CommTimer
+    from tuner.trial.engines.levers import Recompute
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -35,10 +36,15 @@ class Engine(ABC):
 
     model: Any
     """What the task's ``compute_loss`` receives (the wrapped module)."""
+    recompute: "Recompute | None" = None
+    """Times the checkpointed blocks' recompute (set by :func:`build_engine`)."""
+    notes: list[str]
+    """What a trial should say about how the engine was built (the blocks it used)."""
 
     def __init__(self, config: "Config", device: torch.device) -> None:
         self.config = config
         self.device = device
+        self.notes = []
 
     @abstractmethod
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
@@ -64,6 +70,15 @@ class Engine(ABC):
         about NCCL kernels, and the trial profiles them instead)."""
         return contextlib.nullcontext()
 
-    @abstractmethod
     def close(self) -> None:
         """Release everything the engine holds, so the next trial starts clean."""
+        self._release()
+        if self.config.compile:
+            from tuner.trial.engines.levers import release_compiled
+
+            release_compiled()
+        self.recompute = None
+
+    @abstractmethod
+    def _release(self) -> None:
+        """The engine's own part of :meth:`close`."""

@@ -76,6 +76,10 @@ class DeepSpeedEngine(Engine):
         cfg = ds_config(config, world_size)
         # The user's optimizer is a torch one DeepSpeed may not list as tested for ZeRO.
         cfg["zero_allow_untested_optimizer"] = True
+        if config.offload_optimizer != "none":
+            # DeepSpeed insists on its own CPU Adam for offload unless told otherwise; the
+            # task's torch optimizer then steps on the host-side fp32 partitions.
+            cfg["zero_force_ds_cpu_optimizer"] = False
         cfg["steps_per_print"] = 2**31 - 1
         self.model, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=cfg)
         self.compute_loss = compute_loss
@@ -104,7 +108,7 @@ class DeepSpeedEngine(Engine):
 
         return timer.patched(deepspeed.comm, DEEPSPEED_COLLECTIVES)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self.model.destroy()
         del self.model, self.compute_loss
         _forget_zero3_globals()

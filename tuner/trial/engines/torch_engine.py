@@ -34,7 +34,8 @@ class TorchEngine(Engine):
         module.to(device)
         self.distributed = dist.is_initialized() and dist.get_world_size() > 1
         self.model: Any = (
-            DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+            DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=config.ddp_bucket_cap_mb)
             if self.distributed
             else module
         )
@@ -72,7 +73,7 @@ class TorchEngine(Engine):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def close(self) -> None:
+    def _release(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer.state.clear()
         del self.model, self.optimizer, self.scaler, self.compute_loss

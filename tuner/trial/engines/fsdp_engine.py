@@ -1,0 +1,104 @@
+"""FSDP2: ``torch.distributed.fsdp.fully_shard`` on each block and on the root.
+
+- ``fsdp: full_shard`` reshards each block's parameters after its forward and gathers them
+  again for the backward (ZeRO-3's memory); ``shard_grad_op`` keeps them gathered from
+  the forward to the backward (``reshard_after_forward=False``: ZeRO-2's memory, one
+  all-gather fewer per block).
+- Mixed precision is FSDP2's ``MixedPrecisionPolicy``: parameters cast to the trial's AMP
+  dtype for compute, gradients reduced in fp32 (``reduce_dtype``), the optimizer on fp32
+  shards. The forward also runs under autocast, as the other engines' do, so that the
+  task's own loss arithmetic (softmax, cross-entropy) keeps autocast's fp32 rules.
+- ``offload_optimizer: cpu`` is FSDP2's ``CPUOffloadPolicy``: sharded parameters,
+  gradients and the optimizer step live on the host.
+- Gradient accumulation skips the reduce-scatter until the last micro-batch
+  (``set_requires_gradient_sync``), as DDP's ``no_sync`` does.
+
+Runs on CPU with gloo (checked on torch 2.13: full_shard / shard_grad_op x fp32 / bf16,
+with checkpointing, compile and offload), so it is tested for real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
+
+import torch
+import torch.distributed as dist
+
+from tuner.harness.distributed import ensure_process_group
+from tuner.trial.engines.base import DTYPES, Engine, autocast
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+    from tuner.harness.comm import CommTimer
+
+FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce", "all_gather_into_tensor",
+                    "reduce_scatter_tensor")
+"""``torch.distributed`` functions FSDP2 calls (by attribute, at call time) for its
+all-gathers and reduce-scatters (torch 2.13's ``_fsdp_collectives``)."""
+
+
+class FSDPEngine(Engine):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        blocks: list[torch.nn.Module],
+        make_optimizer: Callable[[Any], torch.optim.Optimizer],
+        compute_loss: Callable[[Any, Any], torch.Tensor],
+        config: "Config",
+        device: torch.device,
+    ) -> None:
+        super().__init__(config, device)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+        ensure_process_group(device)  # one rank still shards, over a world of one
+        module.to(device)
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        param_dtype = DTYPES[config.amp_dtype] if config.amp_dtype != "fp32" else None
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        offload = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.offload_optimizer == "cpu"
+                   else OffloadPolicy())
+        reshard = config.fsdp == "full_shard"
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=reshard)
+        self.model: Any = fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=offload,
+                                      reshard_after_forward=reshard)
+        self.optimizer = make_optimizer(module.parameters())
+        self.compute_loss = compute_loss
+        self.scaler = None
+        if config.amp_dtype == "fp16":
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(device.type)
+
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        self.model.set_requires_gradient_sync(last)
+        with autocast(self.device, self.config.amp_dtype):
+            return self.compute_loss(self.model, batch)
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        scaled = loss / self.config.grad_accum_steps
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """FSDP2's all-gathers and reduce-scatters are Python calls into ``torch.distributed``
+        (asynchronous ones waited on later): wrapping them there times the call and the wait."""
+        if self.device.type != "cpu" or dist.get_world_size() == 1:
+            return contextlib.nullcontext()
+        return timer.patched(dist, FSDP_COLLECTIVES)
+
+    def _release(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()
+        del self.model, self.optimizer, self.scaler, self.compute_loss
