@@ -46,7 +46,7 @@ def run_trial(
             every rank or on none: the other ranks receive rank 0's decision.
         instruments: a profiler trace of the window, NVTX ranges.
     """
-    memory = HostMemory().start()
+    memory = HostMemory(exact_peak=True).start()
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
     alloc_before = _allocator_start(ctx.device)
     timings: dict[str, float] = {}
