@@ -16,9 +16,13 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
+from tuner.config.space import KNOBS, conflict
+
 ORDER = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "amp_dtype",
-         "micro_batch_size", "zero_stage")
-"""The order the path changes knobs in: what feeds the step first, then the step itself."""
+         "activation_checkpointing", "micro_batch_size", "zero_stage", "fsdp", "offload_optimizer", "compile",
+         "optimizer_impl", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size")
+"""The order the path changes knobs in: what feeds the step first, then the step itself.
+Checkpointing comes before the micro-batch: it is what lets the larger one fit."""
 
 RISKS = {
     "num_workers": "host memory: every worker holds its own copy of what the dataset touches",
@@ -28,6 +32,17 @@ RISKS = {
     "amp_dtype": "numerics: checked by the precision guard against the fp32 loss",
     "micro_batch_size": "optimisation: same global batch, but BatchNorm statistics and padding are per micro-batch",
     "zero_stage": "checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
+    "fsdp": "parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
+    "activation_checkpointing": "recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is "
+                                "replayed, so dropout matches)",
+    "compile": "compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
+               "the precision guard",
+    "optimizer_impl": "fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
+    "ddp_bucket_cap_mb": "larger buckets start all-reducing later in the backward",
+    "overlap_comm": "DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
+    "reduce_bucket_size": "larger buckets: more memory for the reduction, fewer and larger collectives",
+    "allgather_bucket_size": "larger buckets: more memory for the gathered parameters, fewer collectives",
+    "offload_optimizer": "host memory and PCIe traffic: the optimizer state and step live on the CPU",
 }
 INTERACTION = 0.25
 """Forward and leave-one-out shares further apart than this (and than the repeats'
@@ -36,19 +51,43 @@ spread) mean the knob's worth depends on the others."""
 
 def path(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """``[(knob changed, configuration)]`` from the baseline to the best, baseline first
-    (knob ``""``); knobs equal in both are left out."""
+    (knob ``""``); knobs equal in both are left out. A change that alone would make no
+    configuration (ZeRO with FSDP2 still on) is taken together with the next one, and
+    the step is named by both (``zero_stage+fsdp``)."""
     steps: list[tuple[str, dict[str, Any]]] = [("", dict(baseline))]
-    current = dict(baseline)
-    for knob in ORDER:
-        if baseline.get(knob) != best.get(knob):
-            current = {**current, knob: best[knob]}
-            steps.append((knob, dict(current)))
+    current, pending = dict(baseline), []
+    for knob in changed(baseline, best):
+        current = {**current, knob: best[knob]}
+        pending.append(knob)
+        if conflict(current) is None:
+            steps.append(("+".join(pending), dict(current)))
+            pending = []
     return steps
 
 
+def changed(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
+    """The knobs that differ, in :data:`ORDER`."""
+    return [k for k in ORDER if baseline.get(k, KNOBS[k].default) != best.get(k, KNOBS[k].default)]
+
+
 def leave_one_out(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """``[(knob put back, the best with that knob at its baseline value)]``."""
-    return [(k, {**best, k: baseline[k]}) for k in ORDER if baseline.get(k) != best.get(k)]
+    """``[(step put back, the best with that step's knobs at their baseline values)]``, one
+    per step of :func:`path` (a knob that cannot go back alone takes its partner along)."""
+    out = []
+    for name, _ in path(baseline, best)[1:]:
+        config = {**best, **{k: baseline.get(k, KNOBS[k].default) for k in name.split("+")}}
+        for other in changed(baseline, best):
+            if conflict(config) is None:
+                break
+            config[other] = baseline.get(other, KNOBS[other].default)
+        out.append((name, config))
+    return out
+
+
+def values(config: Mapping[str, Any], name: str) -> Any:
+    """A step's knob value in ``config`` (``a / b`` for a step of two knobs)."""
+    parts = [config.get(k, KNOBS[k].default) for k in name.split("+")]
+    return parts[0] if len(parts) == 1 else " / ".join(map(str, parts))
 
 
 @dataclass
@@ -119,11 +158,11 @@ def attribute(
         rate = median(config)
         gain = rate / previous if rate and previous else None
         without = median(loo[knob])
-        risk = RISKS[knob]
+        risk = "; ".join(RISKS[k] for k in knob.split("+"))
         if knob == "micro_batch_size" and batch_norm:
             risk = "BatchNorm in the model: its statistics are per micro-batch, so this changes what it learns"
         out.rows.append(Row(
-            knob=knob, before=baseline[knob], after=best[knob], samples_per_s=rate, gain=gain,
+            knob=knob, before=values(baseline, knob), after=values(best, knob), samples_per_s=rate, gain=gain,
             share=math.log(gain) / total if gain and total else None,
             without=without,
             loo_share=math.log(best_rate / without) / total if without and best_rate and total else None,
@@ -145,4 +184,4 @@ def attribute(
 
 
 def key(config: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={config.get(k)}" for k in ORDER)
+    return ",".join(f"{k}={config.get(k, KNOBS[k].default)}" for k in ORDER)

@@ -126,6 +126,8 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         f"collectives not hidden behind compute take {comm:.0%} of the step",
         "try a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
         + (", a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "")
+        + (", fsdp: shard_grad_op (one all-gather fewer per block)" if f.params.get("fsdp") == "full_shard" else "")
+        + "; larger buckets (ddp_bucket_cap_mb; DeepSpeed's reduce_bucket_size) and overlap_comm hide more of it"
         + "; on GPUs, check the interconnect (NCCL_DEBUG=INFO) and bucket sizes",
     )
 
@@ -141,8 +143,9 @@ def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     return Verdict(
         "memory-bound", (peak / budget) if budget and peak else 0.0,
         "; ".join(x for x in (used, retry) if x),
-        "little room to grow: a higher ZeRO stage, bf16, a smaller micro-batch with more "
-        "accumulation, or activation checkpointing frees memory",
+        "little room to grow: a higher ZeRO stage or FSDP2 (fsdp: full_shard), bf16, a smaller micro-batch with "
+        "more accumulation, or activation checkpointing frees memory (and lets a larger micro-batch fit); "
+        "offload_optimizer: cpu when the model does not fit at all",
     )
 
 
@@ -189,7 +192,7 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         "compute-bound", f.busy_share,
         f"{f.rate:,.0f} samples/s with {f.wait:.0%} data wait{where}{util}",
         "the data pipeline is not the limit: bf16/fp16, a larger micro-batch, fused or "
-        "compiled kernels make the step itself faster",
+        "compiled kernels (compile: true, optimizer_impl: fused) make the step itself faster",
     )
 
 

@@ -29,12 +29,14 @@ WAIT_GONE = 0.5
 FAMILY_FIRST: dict[str, tuple[str, ...]] = {
     "data-bound": ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"),
     "input-transfer-bound": ("pin_memory",),
-    "communication-bound": ("micro_batch_size", "zero_stage"),
-    "memory-bound": ("zero_stage", "micro_batch_size", "amp_dtype"),
+    "communication-bound": ("micro_batch_size", "zero_stage", "fsdp", "ddp_bucket_cap_mb", "overlap_comm",
+                            "reduce_bucket_size", "allgather_bucket_size"),
+    "memory-bound": ("fsdp", "zero_stage", "activation_checkpointing", "offload_optimizer", "micro_batch_size",
+                     "amp_dtype"),
     "memory-bound (loader workers)": ("num_workers", "prefetch_factor"),
-    "host-cpu-saturated": ("amp_dtype", "micro_batch_size"),
-    "host-bound": ("micro_batch_size", "amp_dtype"),
-    "compute-bound": ("amp_dtype", "micro_batch_size"),
+    "host-cpu-saturated": ("amp_dtype", "micro_batch_size", "compile"),
+    "host-bound": ("micro_batch_size", "compile", "optimizer_impl", "amp_dtype"),
+    "compute-bound": ("compile", "amp_dtype", "micro_batch_size", "optimizer_impl"),
 }
 """The knobs a verdict points at: the search tries them first (:mod:`tuner.tuning.guided`),
 and a verdict says which of them the trials already moved without gain."""

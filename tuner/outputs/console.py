@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
+from tuner.config.space import KNOBS
 from tuner.harness.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
@@ -43,12 +44,26 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+LEVER_WORDS = (("fsdp", "fsdp={}"), ("activation_checkpointing", "ac={}"), ("compile", "compile"),
+               ("ddp_bucket_cap_mb", "bucket={}MB"), ("overlap_comm", "overlap"),
+               ("reduce_bucket_size", "reduce={:.0e}"), ("allgather_bucket_size", "gather={:.0e}"),
+               ("offload_optimizer", "offload={}"), ("optimizer_impl", "opt={}"))
+"""How a knob beyond the loader, precision, batch and ZeRO reads in a row, when not at its default."""
+
+
+def levers(params: dict[str, Any]) -> str:
+    """The levers a configuration sets away from their defaults, in a few words ('-' for none)."""
+    words = [fmt.format(params[name]) for name, fmt in LEVER_WORDS
+             if name in params and params[name] != KNOBS[name].default]
+    return " ".join(words) or "-"
+
+
 def measurement_table(m: "Measurement") -> Table:
     p = m.params
     title = (
         f"{m.recipe}: workers={p['num_workers']} amp={p['amp_dtype']} "
         f"micro={p['micro_batch_size']}x{p['grad_accum_steps']} zero={p['zero_stage']} "
-        f"engine={p['engine']} world={m.environment['world_size']}"
+        f"engine={p['engine']} world={m.environment['world_size']} levers: {levers(p)}"
     )
     n_ok = len(m.repeats) - m.failures
     table = Table(title=title, caption=f"{n_ok} of {len(m.repeats)} repeats ok; median [min, max]")

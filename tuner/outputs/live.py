@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.analysis.diagnose import headline
+from tuner.outputs.console import levers
 from tuner.trial.result import State
 from tuner.tuning.events import SearchEvents
 
@@ -55,7 +56,7 @@ class Live(SearchEvents):
                            f"study {self.recipe.storage}")
         self.log.info("search %s: budget %s%s", self.recipe.name, budget, resumed)
         header = f"{'trial':>5}  {'workers':>7} {'pf':>2} {'pin':>3} {'pers':>4} {'amp':>4} {'micro':>8} " \
-                 f"{'zero':>4}  " \
+                 f"{'zero':>4} {'levers':<18} " \
                  f"{'samples/s':>10} {'wait':>5} {'peak GiB':>8}  state"
         self.console.print(header)
         self.log.info(header)
@@ -79,7 +80,8 @@ class Live(SearchEvents):
         mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
         row = (f"{trial.number:>5}  {p['num_workers']:>7} {p['prefetch_factor']:>2} {str(p['pin_memory'])[0]:>3} "
                f"{str(p['persistent_workers'])[0]:>4} {p['amp_dtype']:>4} "
-               f"{str(p['micro_batch_size']) + 'x' + str(p['grad_accum_steps']):>8} {p['zero_stage']:>4}  "
+               f"{str(p['micro_batch_size']) + 'x' + str(p['grad_accum_steps']):>8} {p['zero_stage']:>4} "
+               f"{levers(p):<18} "
                f"{_f(rate, '.1f'):>10} {_f(wait, '.2f'):>5} {_f(peak, '.2f'):>8}  ")
         style = STYLE.get(outcome, "red")
         self.console.print(f"{row}[{style}]{outcome}[/]{mark} {reason}".rstrip())

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tuner.config.space import KNOBS
 from tuner.trial.result import State
 from tuner.tuning.result import SearchResult
 
@@ -49,7 +50,7 @@ def render_markdown(data: ReportData) -> str:
         if r.best.get("command"):
             lines += ["", "Measure it again:", "", "```bash", r.best["command"], "```"]
         lines += ["", "Also in this folder: `dataloader.json`, `ds_config.json`, `accelerate_config.yaml`, "
-                  "`hf_training_args.json`."]
+                  "`hf_training_args.json`, `torchtitan.toml`."]
     if data.importance:
         lines += ["", "## Knob importance", "", data.importance_note, "", "| knob | importance |", "|---|---|"]
         lines += [f"| {k} | {v:.2f} |" for k, v in data.importance.items()]
@@ -185,9 +186,12 @@ def _scaled(value: Any, scale: float) -> Any:
 
 
 def _knobs(params: dict[str, Any]) -> str:
+    """The core knobs always, the levers only where they leave their defaults."""
     keys = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype",
             "micro_batch_size", "grad_accum_steps", "zero_stage")
-    return ", ".join(f"{k}={params[k]}" for k in keys if k in params)
+    core = [f"{k}={params[k]}" for k in keys if k in params]
+    more = [f"{k}={params[k]}" for k in KNOBS if k not in keys and k in params and params[k] != KNOBS[k].default]
+    return ", ".join(core + more)
 
 
 def _counts(trials: list[dict[str, Any]]) -> str:

@@ -9,10 +9,9 @@ its result; writing the run folder is the caller's (:func:`tuner.api.search`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, Callable
 
-from tuner.config.space import Config, Machine, make_config
+from tuner.config.space import Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed
 from tuner.scriptmode.launcher import ScriptTrials
 from tuner.trial import engines
@@ -37,6 +36,8 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
     machine = Machine.detect()
     space = searchspace.build_space(recipe, machine)
+    if recipe.script is None:  # one-time costs (DeepSpeed, the compiler) before the first trial
+        engines.prepare_all(_prepared_kinds(space, recipe, machine), ctx.device)
     pool = Pool()
     planner = Planner(recipe, space, machine, events or SearchEvents(), pool) if ctx.is_main else None
     scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
@@ -57,7 +58,8 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
             # Every rank must take part in the pruning decision, which rank 0 makes.
             prune = ((planner.prune if planner else budget.never) if order["prune"] else None)
             if order.get("reference") and scripts is None:  # the guard needs an fp32 curve first
-                reference = run(dataclasses.replace(config, amp_dtype="fp32"))
+                reference = run(make_config(reference_knobs(config.params()), recipe.global_batch_size,
+                                            recipe.world_size, machine, recipe.engine)[0])
                 pool.add(reference, "search")
                 if planner:
                     planner.set_reference(reference)
@@ -113,3 +115,16 @@ def run_one(recipe: "Recipe", config: Config, ctx: "DistContext", scripts: Scrip
         return scripts.run(config)
     engines.prepare(config, ctx.device)
     return run_trial(recipe, config, ctx, prune=prune)
+
+
+def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machine) -> list[Config]:
+    """One configuration per one-time setup the space can need: DeepSpeed, compile."""
+    c = space.choices
+    knobs: list[dict[str, Any]] = []
+    if any(z > 0 for z in c["zero_stage"]) or recipe.engine == "deepspeed":
+        knobs.append({"zero_stage": max(c["zero_stage"]), "fsdp": "off", "offload_optimizer": "none"})
+    if True in c["compile"]:
+        knobs.append({"compile": True})
+    base = searchspace.baseline_knobs(recipe, space, machine)
+    return [make_config({**base, **k}, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)[0]
+            for k in knobs]

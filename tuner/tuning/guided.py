@@ -14,15 +14,22 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import Verdict
 from tuner.analysis.evidence import FAMILY_FIRST
+from tuner.config.space import conflict
 from tuner.tuning.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05
 """A data-wait share above this says the loader is (part of) the bottleneck."""
-COORDINATE_ORDER = ("amp_dtype", "micro_batch_size", "zero_stage", "num_workers", "prefetch_factor",
-                    "persistent_workers", "pin_memory")
+COORDINATE_ORDER = ("amp_dtype", "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
+                    "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "optimizer_impl",
+                    "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size",
+                    "offload_optimizer")
 """Knobs tried one at a time around the best so far, the likeliest large effects first."""
 SMALLER_FIRST = ("memory-bound", "memory-bound (loader workers)")
 """Verdicts under which smaller values come first (micro-batch, workers): they free memory."""
+NO_ROOM = ("oom", "over_budget", "skipped")
+"""Trial states that say a configuration did not fit its memory."""
+ALTERNATIVES = {"fsdp": ("zero_stage", 0), "zero_stage": ("fsdp", "off")}
+"""Moving to one sharding family leaves the other: FSDP2 and ZeRO never go together."""
 
 
 @dataclass(frozen=True)
@@ -33,16 +40,19 @@ class Step:
 
 
 def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str, Any],
-                tried: Callable[[dict[str, Any]], bool], verdicts: Sequence[Verdict] = ()) -> Step | None:
+                tried: Callable[[dict[str, Any]], bool], verdicts: Sequence[Verdict] = (),
+                outcome: Callable[[dict[str, Any]], str | None] = lambda knobs: None) -> Step | None:
     """The next configuration one change away from the best so far (``incumbent``).
 
     While the loop waits on data (and the verdict is not that the host's cores are
     saturated), the next larger number of loader workers (persistent, deepest prefetch); a
     step up that did not win ends the climb, since the incumbent then still has fewer
-    workers. Then each other value of each knob, one knob at a time, the headline verdict's
-    family first; larger micro-batches first unless memory is the limit. Returns the first
-    such neighbour not yet ``tried``, or ``None`` when the neighbourhood is exhausted and
-    the sampler takes over.
+    workers. Then a larger micro-batch that did not fit (``outcome`` says a state for
+    what was tried), with activation checkpointing: what checkpointing is for. Then each
+    other value of each knob, one knob at a time, the headline verdict's family first;
+    larger micro-batches first unless memory is the limit. Returns the first such
+    neighbour not yet ``tried``, or ``None`` when the neighbourhood is exhausted and the
+    sampler takes over.
     """
     c = space.choices
     start = {k: v if v in c[k] else c[k][0] for k, v in incumbent.items() if k in c}
@@ -57,17 +67,52 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
             candidate["persistent_workers"] = True
         if not tried(candidate):
             return Step(candidate, f"data-bound: the loop waits for data {wait:.0%} of the step")
+    step = _checkpointed_larger(c, start, tried, outcome)
+    if step is not None:
+        return step
     first = FAMILY_FIRST.get(kind, ())
     for name in first + tuple(n for n in COORDINATE_ORDER if n not in first):
-        values = list(c[name])
+        values = list(c.get(name, ()))
         if name == "micro_batch_size" and kind not in SMALLER_FIRST:
             values = sorted(values, reverse=True)  # fewer accumulation steps, fuller kernels
         elif name in ("micro_batch_size", "num_workers") and kind in SMALLER_FIRST:
             below = sorted((v for v in values if v < start[name]), reverse=True)
             values = below + sorted(v for v in values if v >= start[name])  # the next smaller first
         for value in values:
-            candidate = dict(start, **{name: value})
-            if value != start[name] and not tried(candidate):
+            candidate = _move(c, start, name, value)
+            if candidate is not None and value != start[name] and not tried(candidate):
                 why = f"{kind} points at {name}" if name in first else f"{name}, one knob at a time"
                 return Step(candidate, why)
+    return None
+
+
+def _move(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, Any], name: str, value: Any) -> dict[str, Any] | None:
+    """``start`` with one knob changed (and the other sharding family left, where the
+    space allows it); ``None`` when that is no configuration."""
+    candidate = dict(start, **{name: value})
+    other = ALTERNATIVES.get(name)
+    if other is not None and conflict(candidate) is not None and other[1] in c.get(other[0], ()):
+        candidate[other[0]] = other[1]
+    return candidate if conflict(candidate) is None else None
+
+
+def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, Any],
+                         tried: Callable[[dict[str, Any]], bool],
+                         outcome: Callable[[dict[str, Any]], str | None]) -> Step | None:
+    """A larger micro-batch that ran out of room, tried again with checkpointing: less
+    checkpointing first (selective recomputes half as much)."""
+    if start.get("activation_checkpointing", "none") != "none":
+        return None
+    modes = [m for m in ("selective", "full") if m in c.get("activation_checkpointing", ())]
+    if not modes:
+        return None
+    for micro in sorted(m for m in c["micro_batch_size"] if m > start["micro_batch_size"]):
+        state = outcome(dict(start, micro_batch_size=micro))
+        if state not in NO_ROOM:
+            continue
+        for mode in modes:
+            candidate = dict(start, micro_batch_size=micro, activation_checkpointing=mode)
+            if not tried(candidate):
+                return Step(candidate, f"micro_batch_size {micro} did not fit ({state}): activation checkpointing "
+                                       f"({mode}) frees its activations")
     return None

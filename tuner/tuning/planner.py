@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Seen, revise
 from tuner.analysis.guard import divergence
-from tuner.config.space import KNOBS, Config, Machine, make_config
+from tuner.config.space import KNOBS, Config, Machine, conflict, make_config, numerics
 from tuner.harness.environment import environment
 from tuner.harness.window import AUTO
 from tuner.trial.after import STALL_FREE_STEPS
@@ -81,8 +81,9 @@ class Planner:
                       for t in study_mod.measured(self.study)}
         self.reference: list[float] | None = next(
             (t.user_attrs["losses"] for t in study_mod.feasible(self.study)
-             if t.user_attrs["params"].get("amp_dtype") == "fp32" and t.user_attrs.get("losses")), None)
-        """fp32 loss per step, for the precision guard (from a resumed study, if it has one)."""
+             if numerics(t.user_attrs["params"]) is None and t.user_attrs.get("losses")), None)
+        """The reference loss per step (fp32, eager), for the precision guard (from a resumed
+        study, if it has one)."""
         self.notes_seen: set[str] = set()
         if not self.known:
             self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
@@ -101,6 +102,7 @@ class Planner:
             self.space, best.user_attrs["params"], best.user_attrs["metrics"],
             lambda knobs: searchspace.config_key(self._config(knobs)) in self.known,
             self.verdicts(best.user_attrs["params"], best.user_attrs["metrics"]),
+            self._outcome,
         ) if best is not None else None
         if step is None and self.recipe.budget.converge and self.streak >= CONVERGED_AFTER:
             self.events.note(f"converged: the neighbourhood of the best is measured and the sampler's last "
@@ -111,7 +113,7 @@ class Planner:
         self.sampled = step is None and best is not None
         for _ in range(MAX_RESAMPLES):
             trial = self.study.ask()
-            knobs = searchspace.suggest(trial, self.space, self.baseline)
+            knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
             config = self._config(knobs)
             seen = self.known.get(searchspace.config_key(config))
             if seen is None:
@@ -121,7 +123,7 @@ class Planner:
                                                        else "the sampler (TPE)")
                 self.events.chose(trial.number, why)
                 self.events.begin(trial.number, config)
-                reference = config.amp_dtype != "fp32" and self.reference is None
+                reference = numerics(config.params()) is not None and self.reference is None
                 return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
@@ -131,18 +133,20 @@ class Planner:
         only when the first reduced-precision trial comes before any fp32 one)."""
         if result.ok and result.losses:
             self.reference = result.losses
-            self.events.note("precision guard: measured an fp32 reference curve for bf16/fp16 trials")
+            self.events.note("precision guard: measured an fp32 reference curve (eager, no checkpointing or FSDP2) "
+                             "for the trials that change the arithmetic")
         else:
             self.events.note(f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
-                             "bf16/fp16 trials are not checked")
+                             "trials that change the arithmetic are not checked")
             self.reference = []
 
     def record(self, result: TrialResult) -> None:
         assert self.trial is not None and self.current is not None
-        if result.ok and self.current.amp_dtype == "fp32" and not self.reference and result.losses:
+        label = numerics(self.current.params())
+        if result.ok and label is None and not self.reference and result.losses:
             self.reference = result.losses
-        elif result.ok and self.current.amp_dtype != "fp32" and self.reference:
-            why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, self.current.amp_dtype)
+        elif result.ok and label is not None and self.reference:
+            why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, label)
             if why:
                 result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
         changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size
@@ -205,6 +209,11 @@ class Planner:
             self.study.tell(trial, seen.value)
         else:
             self.study.tell(trial, state=seen.state if seen.state != TrialState.RUNNING else TrialState.FAIL)
+
+    def _outcome(self, knobs: dict[str, Any]) -> str | None:
+        """The state a configuration was recorded with, if it was measured."""
+        seen = self.known.get(searchspace.config_key(self._config(knobs)))
+        return seen.user_attrs.get("state") if seen is not None else None
 
     def _config(self, knobs: dict[str, Any]) -> Config:
         r = self.recipe
@@ -305,8 +314,12 @@ class Planner:
         measured that within the noise of the best, fine on every run, inside the budget and
         the precision guard: a change that buys nothing measurable is not recommended."""
         candidates = []
+        base = self.baseline_config.params()
         for row in attribution.rows:
-            params = self._config({**{k: v for k, v in best.items() if k in KNOBS}, row.knob: row.before}).params()
+            knobs = {**{k: v for k, v in best.items() if k in KNOBS}, **{k: base[k] for k in row.knob.split("+")}}
+            if conflict(knobs) is not None:
+                continue
+            params = self._config(knobs).params()
             entry, metrics = pool.entry(params), pool.metrics(params)
             if (metrics is None or entry.failures or pool.apart(best, params)
                     or study_mod.over_budget(metrics, self.recipe) is not None
@@ -321,10 +334,11 @@ class Planner:
                         f"{gap:.1%}, is within the noise (±{pool.noise():.0%} a run)")
 
     def _imprecise(self, params: dict[str, Any], runs: list[TrialResult]) -> bool:
-        if params.get("amp_dtype") == "fp32" or not self.reference:
+        label = numerics(params)
+        if label is None or not self.reference:
             return False
-        return any(r.ok and divergence(r.losses, self.reference, self.recipe.precision.tolerance,
-                                       params["amp_dtype"]) for r in runs)
+        return any(r.ok and divergence(r.losses, self.reference, self.recipe.precision.tolerance, label)
+                   for r in runs)
 
 
 def _cores() -> int:

@@ -7,15 +7,14 @@ import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.config.space import KNOBS, Config, Machine, make_config, restrict, unsupported
+from tuner.config.errors import RecipeError
+from tuner.config.space import KNOBS, Config, Machine, applies, conflict, defaults, make_config, restrict, unsupported
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Recipe
 
-LOADER_ONLY = ("prefetch_factor", "persistent_workers")
-"""Knobs that only exist when ``num_workers > 0``: suggested conditionally."""
 
 
 @dataclass(frozen=True)
@@ -26,11 +25,18 @@ class Space:
     notes: tuple[str, ...] = ()
 
     def configs(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> list[Config]:
-        """Every distinct configuration (loader-only knobs collapse without workers)."""
+        """Every distinct configuration (a knob that does not apply collapses to its default;
+        values that cannot go together, FSDP2 with ZeRO, are no configuration)."""
         keys = list(self.choices)
         out: list[Config] = []
         for values in itertools.product(*(self.choices[k] for k in keys)):
-            config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine)
+            knobs = dict(zip(keys, values))
+            if conflict(knobs) is not None:
+                continue
+            try:
+                config, _ = make_config(knobs, global_batch_size, world_size, machine, engine)
+            except RecipeError:  # FSDP2 under engine: deepspeed, ...
+                continue
             if config not in out:
                 out.append(config)
         return out
@@ -72,22 +78,21 @@ def baseline_knobs(recipe: "Recipe", space: Space, machine: Machine) -> dict[str
     return knobs
 
 
-def suggest(trial: "optuna.Trial", space: Space, baseline: Mapping[str, Any]) -> dict[str, Any]:
-    """Ask the sampler for one point; loader-only knobs only when there are workers. The
-    enqueued baseline trial keeps the baseline's values for knobs the space fixes."""
+def suggest(trial: "optuna.Trial", space: Space, baseline: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
+    """Ask the sampler for one point, each knob only where it applies given those asked
+    before it (:func:`tuner.config.space.applies`: loader-only knobs with workers, FSDP2
+    without ZeRO, offload with sharding, buckets with their engine). The enqueued baseline
+    trial keeps the baseline's values for knobs the space fixes."""
     if trial.user_attrs.get("baseline"):
         space = Space({k: (baseline[k],) if len(v) == 1 else v for k, v in space.choices.items()})
-    knobs: dict[str, Any] = {}
-    for name, values in space.choices.items():
-        if name in LOADER_ONLY:
-            continue
-        knobs[name] = trial.suggest_categorical(name, list(values)) if len(values) > 1 else values[0]
-    for name in LOADER_ONLY:
-        values = space.choices[name]
-        if knobs["num_workers"] > 0 and len(values) > 1:
+    knobs = defaults()
+    for name, values in space.choices.items():  # KNOBS order: a knob's conditions come before it
+        if not applies(name, knobs, world_size):
+            knobs[name] = KNOBS[name].default
+        elif len(values) > 1:
             knobs[name] = trial.suggest_categorical(name, list(values))
         else:
-            knobs[name] = values[0] if knobs["num_workers"] > 0 else KNOBS[name].default
+            knobs[name] = values[0]
     return knobs
 
 

@@ -1,0 +1,81 @@
+"""The search with the new levers: checkpointing buys the micro-batch that did not fit,
+and the sampler never proposes FSDP2 with ZeRO."""
+
+from __future__ import annotations
+
+import csv
+
+import optuna
+
+import tuner
+from tuner.config.space import Machine, conflict
+from tuner.tuning.searchspace import Space, suggest
+
+from conftest import TESTS, write_recipe
+
+ACTIVATIONS = str(TESTS.parent / "recipes" / "tasks" / "activations.py")
+
+
+def _recipe(folder, **fields):
+    body = {"name": "acts", "task": ACTIVATIONS, "task_args": {"dim": 8, "hidden": 32768, "layers": 4, "dequant": 8},
+            "global_batch_size": 256, "steps": {"warmup": 1, "measure": 5}, "baseline": {"micro_batch_size": 16}}
+    body.update(fields)
+    return write_recipe(folder, body)
+
+
+def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
+    """Activations dominate this job's memory. Measured first, independently: micro-batch
+    256 without checkpointing is over a budget set between it and what fits (16, or 256
+    with every block checkpointed). The search must then end on checkpointed 256, faster
+    than everything inside the budget without checkpointing, and the report say why."""
+    plain = _recipe(tmp_path)
+    small = tuner.measure(plain, micro_batch_size=16)
+    large = tuner.measure(plain, micro_batch_size=256)
+    checkpointed = tuner.measure(plain, micro_batch_size=256, activation_checkpointing="full")
+    peaks = [m.metrics["peak_mem_gib"] for m in (small, large, checkpointed)]
+    fits = max(peaks[0], peaks[2])
+    assert peaks[1] - fits > 0.15, peaks  # activations dominate: 256 without checkpointing holds far more
+    budget = fits + 0.5 * (peaks[1] - fits)
+    recipe = _recipe(tmp_path, budget={"memory_gib": round(budget, 3), "trials": 4},
+                     space={"micro_batch_size": [16, 256], "activation_checkpointing": ["none", "full"]})
+    out = tmp_path / "run"
+    result = tuner.search(recipe, out=out, confirm=1, attribute=1, quiet=True)
+    best = result.best
+    assert best["params"]["micro_batch_size"] == 256 and best["params"]["activation_checkpointing"] == "full", best
+    assert best["metrics"]["peak_mem_gib"] <= budget
+    with open(out / "trials.csv", newline="") as f:
+        trials = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+    plain_inside = [float(r["samples_per_s"]) for r in trials if r["activation_checkpointing"] == "none"
+                    and r["state"] == "ok"]
+    assert plain_inside and best["metrics"]["samples_per_s"] > max(plain_inside), (best["metrics"], plain_inside)
+    over = [r for r in trials if r["micro_batch_size"] == "256" and r["activation_checkpointing"] == "none"]
+    assert over and over[0]["state"] == "over_budget", over
+    assert float(best["metrics"]["recompute_share"]) > 0  # what checkpointing costs, in the metrics
+    log = (out / "search.log").read_text()
+    assert "micro_batch_size 256 did not fit (over_budget): activation checkpointing (full)" in log
+    report = (out / "report.md").read_text()
+    assert "activation_checkpointing" in report and "over_budget" in report
+    assert "recompute" in report  # the attribution's risk note says what checkpointing costs
+
+
+def test_the_sampler_never_proposes_fsdp_with_zero_or_offload_without_sharding():
+    space = Space({"num_workers": (0,), "prefetch_factor": (2,), "pin_memory": (False,),
+                   "persistent_workers": (False,), "amp_dtype": ("fp32",), "micro_batch_size": (4, 8),
+                   "zero_stage": (0, 1, 2), "fsdp": ("off", "full_shard"), "offload_optimizer": ("none", "cpu"),
+                   "ddp_bucket_cap_mb": (25, 100), "overlap_comm": (False, True)})
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(120):
+        trial = study.ask()
+        knobs = suggest(trial, space, {}, world_size=2)
+        assert conflict(knobs) is None, knobs
+        assert not (knobs["zero_stage"] == 0 and knobs["overlap_comm"]), knobs  # DeepSpeed's knob, only for ZeRO
+        assert not (knobs["zero_stage"] > 0 and knobs["ddp_bucket_cap_mb"] != 25), knobs  # DDP's, only for DDP
+        seen.add((knobs["zero_stage"], knobs["fsdp"], knobs["offload_optimizer"]))
+        study.tell(trial, 1.0)
+    assert (0, "full_shard", "cpu") in seen and (2, "off", "cpu") in seen and (0, "off", "none") in seen
+    assert len(Space(space.choices).configs(16, 2, Machine(cuda=False, bf16=True, fp16=False), "auto")) == 2 * (
+        1 * 2 * 1          # DDP: buckets
+        + 2 * 2 * 2        # ZeRO 1-2: offload x overlap
+        + 2                # FSDP2: offload
+    )
