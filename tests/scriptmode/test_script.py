@@ -101,3 +101,22 @@ def test_a_script_that_does_not_apply_the_accumulation_is_stopped(monkeypatch, t
         probe.step()
     assert not (tmp_path / "result.json").exists()
 
+
+
+def test_only_the_levers_the_recipe_tunes_replace_the_scripts_own(monkeypatch, tmp_path):
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({
+        "knobs": {"micro_batch_size": 4, "zero_stage": 2, "compile": True, "overlap_comm": True,
+                  "activation_checkpointing": "none", "reduce_bucket_size": 1000},
+        "given": ["micro_batch_size", "zero_stage", "compile", "overlap_comm", "activation_checkpointing"],
+        "global_batch_size": 16, "warmup": 2, "measure": 5}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cfg = tuner.config(global_batch_size=16)
+    assert cfg.compile and cfg.overlap_comm and cfg.fsdp == "off"
+    args = cfg.hf_training_args()
+    assert args["torch_compile"] is True
+    assert args["activation_checkpointing"] is False  # tuned, and off in this trial: said explicitly
+    assert "optim" not in args and "ddp_bucket_cap_mb" not in args and "fsdp" not in args  # not tuned: the script's
+    zero = cfg.ds_config({"zero_optimization": {"stage": 0, "reduce_bucket_size": 77}})["zero_optimization"]
+    assert zero == {"stage": 2, "reduce_bucket_size": 77, "overlap_comm": True}  # the untuned bucket is the script's

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.config import export
-from tuner.config.space import KNOBS, Config
+from tuner.config.space import DEEPSPEED_BUCKET, KNOBS, Config
 from tuner.scriptmode.trialfile import read_trial
 
 
@@ -40,6 +40,18 @@ class TrialConfig:
     world_size: int
     tuned: bool
     """True when the tuner chose these knobs (a trial), False for the script's defaults."""
+    fsdp: str = "off"
+    activation_checkpointing: str = "none"
+    compile: bool = False
+    ddp_bucket_cap_mb: int = 25
+    overlap_comm: bool = False
+    reduce_bucket_size: int = DEEPSPEED_BUCKET
+    allgather_bucket_size: int = DEEPSPEED_BUCKET
+    offload_optimizer: str = "none"
+    optimizer_impl: str = "default"
+    given: frozenset[str] = frozenset()
+    """The knobs the recipe sets (or the script's defaults name): only those of the levers
+    below the batch and precision replace what a script's own config says."""
 
     @property
     def grad_accum_steps(self) -> int:
@@ -47,12 +59,10 @@ class TrialConfig:
         return self.global_batch_size // (self.micro_batch_size * self.world_size)
 
     def _config(self) -> Config:
-        return Config(
-            micro_batch_size=self.micro_batch_size, grad_accum_steps=self.grad_accum_steps,
-            num_workers=self.num_workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
-            persistent_workers=self.persistent_workers, amp_dtype=self.amp_dtype, zero_stage=self.zero_stage,
-            engine="deepspeed" if self.zero_stage > 0 else "torch",
-        )
+        knobs = {name: getattr(self, name) for name in KNOBS}
+        knobs.update(grad_accum_steps=self.grad_accum_steps,
+                     engine="fsdp" if self.fsdp != "off" else "deepspeed" if self.zero_stage > 0 else "torch")
+        return Config(**knobs)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, sampler=..., **cfg.dataloader_kwargs())``; batch size per rank."""
@@ -74,6 +84,9 @@ class TrialConfig:
         tuned = export.ds_config(self._config(), self.world_size)
         zero = dict(out.get("zero_optimization") or {})
         zero["stage"] = self.zero_stage
+        zero.update({k: v for k, v in tuned["zero_optimization"].items() if k in self.given})
+        if "offload_optimizer" in self.given and self.offload_optimizer == "none":
+            zero.pop("offload_optimizer", None)
         out.update({k: v for k, v in tuned.items() if k not in ("zero_optimization", "bf16", "fp16")})
         out["zero_optimization"] = zero
         for dtype in ("bf16", "fp16"):
@@ -91,9 +104,14 @@ class TrialConfig:
         """``TrainingArguments(output_dir=..., **cfg.hf_training_args())``; with ZeRO, the
         DeepSpeed config is given as a dict."""
         args = export.hf_training_args(self._config())
+        for name, knob in export.HF_LEVER_FIELDS.items():  # a lever the recipe does not tune stays the script's
+            if knob not in self.given:
+                args.pop(name, None)
+            elif name not in args:
+                args[name] = export.HF_LEVER_OFF.get(name)
         if self.zero_stage > 0:
             args["deepspeed"] = self.ds_config()
-        return args
+        return {k: v for k, v in args.items() if v is not None or k in export.HF_LEVER_OFF}
 
 
 def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
@@ -106,6 +124,7 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
     world = int(os.environ.get("WORLD_SIZE", "1"))
     trial = read_trial()
     tuned = trial is not None
+    given = frozenset(trial.get("given", KNOBS) if trial is not None else defaults)
     values = {name: knob.default for name, knob in KNOBS.items()}
     values.update(defaults)
     if trial is not None:
@@ -120,4 +139,4 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
                          f"micro_batch_size {values['micro_batch_size']} x world size {world}")
     if values["num_workers"] == 0:  # as the DataLoader requires
         values["persistent_workers"] = False
-    return TrialConfig(global_batch_size=global_batch_size, world_size=world, tuned=tuned, **values)
+    return TrialConfig(global_batch_size=global_batch_size, world_size=world, tuned=tuned, given=given, **values)

@@ -109,6 +109,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
              "grad_accum_steps": config.grad_accum_steps, "adapt": script.adapt, "rebuild": rebuilt_knobs(script),
              "searched_loader_knobs": any(len(recipe.space.get(k, ())) > 1 for k in LOADER_KNOBS),
              "zero_searched": len(recipe.space.get("zero_stage", ())) > 1,
+             "given": sorted({*recipe.space, *recipe.baseline, *recipe.knob_overrides}),
              "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
              "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}"}
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
