@@ -107,3 +107,36 @@ def test_opening_a_new_study_while_another_process_opens_it_too(tmp_path):
         tuner_result = [results.get(timeout=10) for _ in procs]
         failures += [r for r in tuner_result if "RecipeError" in r]
     assert failures == []
+
+
+LEVERS = Space({**SPACE.choices, "zero_stage": (0, 2), "fsdp": ("off", "full_shard"),
+                "activation_checkpointing": ("none", "selective", "full")})
+LEVER_BASE = dict(BASE, fsdp="off", activation_checkpointing="none")
+
+
+def test_a_micro_batch_that_did_not_fit_comes_back_with_checkpointing_selective_first():
+    over = dict(LEVER_BASE, micro_batch_size=16)
+    outcome = {str(sorted(over.items())): "over_budget"}
+    tried = [over]
+
+    def state(knobs):
+        return outcome.get(str(sorted(knobs.items())))
+
+    step = guided_next(LEVERS, LEVER_BASE, {"data_wait_share": 0.0}, lambda k: k in tried, outcome=state)
+    assert step.knobs == dict(over, activation_checkpointing="selective")
+    assert step.why == ("micro_batch_size 16 did not fit (over_budget): activation checkpointing (selective) "
+                        "frees its activations")
+    tried.append(step.knobs)
+    again = guided_next(LEVERS, LEVER_BASE, {"data_wait_share": 0.0}, lambda k: k in tried, outcome=state)
+    assert again.knobs == dict(over, activation_checkpointing="full")
+
+
+def test_moving_to_fsdp_leaves_zero_and_back():
+    memory = [Verdict("memory-bound", 0.95, "peak 0.95 of the budget", "shard")]
+    on_zero = dict(LEVER_BASE, zero_stage=2)
+    step = guided_next(LEVERS, on_zero, {"data_wait_share": 0.0}, lambda k: False, memory)
+    assert step.knobs == dict(on_zero, fsdp="full_shard", zero_stage=0)  # memory-bound: fsdp first
+    on_fsdp = dict(LEVER_BASE, fsdp="full_shard")
+    tried = [dict(on_fsdp, fsdp="off")]
+    step = guided_next(LEVERS, on_fsdp, {"data_wait_share": 0.0}, lambda k: k in tried, memory)
+    assert step.knobs == dict(on_fsdp, zero_stage=2, fsdp="off")

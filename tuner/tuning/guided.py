@@ -104,7 +104,7 @@ def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, A
     if start.get("activation_checkpointing", "none") != "none":
         return None
     modes = [m for m in ("selective", "full") if m in c.get("activation_checkpointing", ())]
-    if not modes:
+    if not modes or "micro_batch_size" not in start:
         return None
     for micro in sorted(m for m in c["micro_batch_size"] if m > start["micro_batch_size"]):
         state = outcome(dict(start, micro_batch_size=micro))

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.config.errors import RecipeError
-from tuner.config.space import KNOBS, Config, Machine, applies, conflict, defaults, make_config, restrict, unsupported
+from tuner.config.space import KNOBS, Config, Machine, applies, defaults, make_config, restrict, unsupported
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Recipe
-
 
 
 @dataclass(frozen=True)
@@ -30,12 +29,9 @@ class Space:
         keys = list(self.choices)
         out: list[Config] = []
         for values in itertools.product(*(self.choices[k] for k in keys)):
-            knobs = dict(zip(keys, values))
-            if conflict(knobs) is not None:
-                continue
             try:
-                config, _ = make_config(knobs, global_batch_size, world_size, machine, engine)
-            except RecipeError:  # FSDP2 under engine: deepspeed, ...
+                config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine)
+            except RecipeError:  # values that are no configuration (FSDP2 with ZeRO, ...)
                 continue
             if config not in out:
                 out.append(config)

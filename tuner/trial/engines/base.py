@@ -82,3 +82,34 @@ class Engine(ABC):
     @abstractmethod
     def _release(self) -> None:
         """The engine's own part of :meth:`close`."""
+
+
+class OwnLoopEngine(Engine):
+    """An engine whose accumulation, loss scaling and optimizer step the tuner runs itself
+    (plain/DDP and FSDP2; DeepSpeed does its own): the loss is divided by the accumulation
+    steps, fp16 scaled by :attr:`scaler`, the optimizer stepped and its gradients freed."""
+
+    optimizer: torch.optim.Optimizer
+    scaler: Any = None
+    """A ``GradScaler`` (or FSDP2's ``ShardedGradScaler``) for fp16; ``None`` otherwise."""
+    compute_loss: Any
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        scaled = loss / self.config.grad_accum_steps
+        if self.scaler is not None:
+            scaled = self.scaler.scale(scaled)
+        scaled.backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _release(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()
+        del self.model, self.optimizer, self.scaler, self.compute_loss
+

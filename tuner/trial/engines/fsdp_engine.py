@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from tuner.harness.distributed import ensure_process_group
-from tuner.trial.engines.base import DTYPES, Engine, autocast
+from tuner.trial.engines.base import DTYPES, OwnLoopEngine, autocast
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -38,7 +38,7 @@ FSDP_COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_reduce", 
 all-gathers and reduce-scatters (torch 2.13's ``_fsdp_collectives``)."""
 
 
-class FSDPEngine(Engine):
+class FSDPEngine(OwnLoopEngine):
     def __init__(
         self,
         module: torch.nn.Module,
@@ -77,19 +77,6 @@ class FSDPEngine(Engine):
         with autocast(self.device, self.config.amp_dtype):
             return self.compute_loss(self.model, batch)
 
-    def backward(self, loss: torch.Tensor, last: bool) -> None:
-        scaled = loss / self.config.grad_accum_steps
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
-
-    def optimizer_step(self) -> None:
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
 
     def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
         """FSDP2's all-gathers and reduce-scatters are Python calls into ``torch.distributed``
@@ -97,8 +84,3 @@ class FSDPEngine(Engine):
         if self.device.type != "cpu" or dist.get_world_size() == 1:
             return contextlib.nullcontext()
         return timer.patched(dist, FSDP_COLLECTIVES)
-
-    def _release(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.optimizer.state.clear()
-        del self.model, self.optimizer, self.scaler, self.compute_loss

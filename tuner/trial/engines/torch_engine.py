@@ -9,14 +9,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from tuner.trial.engines.base import Engine, autocast
+from tuner.trial.engines.base import OwnLoopEngine, autocast
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
     from tuner.harness.comm import CommTimer
 
 
-class TorchEngine(Engine):
+class TorchEngine(OwnLoopEngine):
     """Autocast forward, loss scaled by 1/accumulation, ``no_sync`` until the last micro-batch.
 
     fp16 uses a ``GradScaler`` (loss scaling); bf16 and fp32 need none.
@@ -58,22 +58,3 @@ class TorchEngine(Engine):
             self.model.require_backward_grad_sync = last
         with autocast(self.device, self.config.amp_dtype):
             return self.compute_loss(self.model, batch)
-
-    def backward(self, loss: torch.Tensor, last: bool) -> None:
-        scaled = loss / self.config.grad_accum_steps
-        if self.scaler is not None:
-            scaled = self.scaler.scale(scaled)
-        scaled.backward()
-
-    def optimizer_step(self) -> None:
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _release(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-        self.optimizer.state.clear()
-        del self.model, self.optimizer, self.scaler, self.compute_loss
