@@ -110,6 +110,7 @@ def test_prune_rule_cuts_a_trial_short(toy):
     assert result.state == "pruned" and seen == [2, 3, 4]  # asked early, then less often
     steps, rate = result.pruned_at
     assert steps == 4 and rate > 0  # what the sampler is told, after the trial
+    assert len(result.losses) >= 1 + steps  # its curve so far (warm-up included), for the precision guard
 
 
 def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_path):

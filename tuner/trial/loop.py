@@ -171,6 +171,10 @@ class Job:
             stop.pruned_at = (steps, window_rate(window, self.ctx.world_size))
             raise stop
 
+    def read_losses(self) -> list[float]:
+        """The loss of every step so far, on the host (one device sync, after the loop)."""
+        return [float(x) for x in torch.stack(self.losses).cpu()] if self.losses else []
+
     def nonfinite(self) -> bool:
         """Whether any rank saw a non-finite loss (one device sync, after the window)."""
         return distributed.any_rank(bool(self.bad))

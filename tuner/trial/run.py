@@ -66,9 +66,11 @@ def run_trial(
         window = _measure(job, timings)
         if job.nonfinite():
             state, reason = State.NONFINITE, "loss became NaN or inf during the trial"
-        losses = [float(x) for x in torch.stack(job.losses).cpu()] if job.losses else []  # one sync, after
+        losses = job.read_losses()
     except TrialStop as stop:
         state, reason, pruned_at = stop.state, stop.reason, stop.pruned_at
+        if state == State.PRUNED:  # cut short, its curve so far still goes to the precision guard
+            losses = job.read_losses()
         timings.setdefault("build", time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded result
         state, reason = classify(exc)

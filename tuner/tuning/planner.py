@@ -145,7 +145,8 @@ class Planner:
         label = numerics(self.current.params())
         if result.ok and label is None and not self.reference and result.losses:
             self.reference = result.losses
-        elif result.ok and label is not None and self.reference:
+        elif result.state in (State.OK, State.PRUNED) and label is not None and self.reference and result.losses:
+            # a pruned trial whose curve already left the reference is imprecise, not just slow
             why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, label)
             if why:
                 result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
