@@ -26,12 +26,12 @@ def _gpt2() -> torch.nn.Module:
 
 def test_the_blocks_are_found_and_said_or_taken_from_the_task():
     model = _gpt2()
-    blocks, note = levers.find_blocks(model, None, {})
+    blocks, note = levers.find_blocks(model, None)
     assert blocks == list(model.transformer.h) and "transformer.h, 3 x GPT2Block" in note
     task = types.SimpleNamespace(blocks=lambda m: [m.transformer.h[0]])
-    blocks, note = levers.find_blocks(model, task, {})
+    blocks, note = levers.find_blocks(model, task)
     assert blocks == [model.transformer.h[0]] and "from the task's blocks(model)" in note
-    blocks, note = levers.find_blocks(torch.nn.Linear(2, 2), None, {})
+    blocks, note = levers.find_blocks(torch.nn.Linear(2, 2), None)
     assert blocks == [] and "define blocks(model) in the task" in note
     with pytest.raises(ValueError, match="define blocks"):
         levers.checkpoint_blocks([], "full", levers.Recompute(True))

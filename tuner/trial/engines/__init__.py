@@ -40,7 +40,7 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
     module = task.build_model(task_args)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"build_model must return a torch.nn.Module, got {type(module).__name__}")
-    blocks, recompute, notes = levers.prepare_model(module, task, task_args, config, device)
+    blocks, recompute, notes = levers.prepare_model(module, task, config, device)
 
     def make_optimizer(params: Any) -> torch.optim.Optimizer:
         if task.build_optimizer is not None:
