@@ -57,3 +57,9 @@ def flops_per_sample(args: dict) -> float:
     vocab, seq = args.get("vocab_size", 2048), args.get("seq_len", 64)
     params = 12 * layers * d * d + vocab * d
     return 6.0 * params * seq
+
+
+def blocks(model) -> list:
+    """The transformer blocks: what FSDP2 shards, checkpointing recomputes and compile compiles
+    one at a time (the tuner would find the same ModuleList; naming it makes it explicit)."""
+    return list(model.transformer.h)

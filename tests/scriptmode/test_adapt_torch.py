@@ -98,6 +98,13 @@ def test_a_mapping_that_does_not_reach_the_script_is_caught(tmp_path):
     ({"module": "pkg.train"}, "module: a recipe names a script or a module, not both"),
     ({"env": {"WORKERS": "{num_worker}"}}, "env.WORKERS: {num_worker} is not a knob"),
     ({"adapt": "keras"}, "adapt: expected one of torch, hf, lightning, accelerate, deepspeed"),
+    # the levers: a route where an adapter carries them, refused with the two ways where none does
+    ({"space": {"micro_batch_size": [16, 8], "compile": [False, True]}},
+     "knobs.compile: compile is searched but reaches the script by no route under adapt: torch"),
+    ({"adapt": "hf", "knobs": {}, "space": {"fsdp": ["off", "full_shard"]}},
+     "knobs.fsdp: fsdp is searched but reaches the script by no route under adapt: hf"),
+    ({"adapt": "lightning", "knobs": {}, "space": {"activation_checkpointing": ["none", "full"]}},
+     "knobs.activation_checkpointing: activation_checkpointing is searched but reaches the script by no route"),
 ])
 def test_bad_routes_are_refused_before_anything_runs(tmp_path, fields, message):
     with pytest.raises(RecipeError, match="^" + message.replace("(", r"\(").replace("{", r"\{")):
@@ -177,3 +184,15 @@ def test_a_lightning_cli_script_gets_the_trial_through_its_trainer(tmp_path):
     m = tuner.measure(recipe, num_workers=2, micro_batch_size=8, amp_dtype="bf16")
     assert m.state == "ok", m.reason
     assert m.params["grad_accum_steps"] == 2 and m.metrics["worker_cpu_util"] > 0
+
+
+def test_a_lever_reaches_a_script_by_its_words_or_by_its_adapter(tmp_path):
+    by_words = tuner.load_recipe(_recipe(tmp_path, knobs={**FLAGS, "compile": {True: "--compile", False: ""}},
+                                         space={"micro_batch_size": [16, 8], "compile": [False, True]}))
+    assert by_words.script.knob_words({"micro_batch_size": 8, "grad_accum_steps": 2, "compile": True})[-1] == \
+        "--compile"
+    by_adapter = tuner.load_recipe(_recipe(tmp_path, adapt="hf", knobs={},
+                                           space={"compile": [False, True], "optimizer_impl": ["default", "fused"],
+                                                  "activation_checkpointing": ["none", "selective"]}))
+    assert by_adapter.space["compile"] == (False, True)
+
