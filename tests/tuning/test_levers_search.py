@@ -56,6 +56,12 @@ def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
     report = (out / "report.md").read_text()
     assert "activation_checkpointing" in report and "over_budget" in report
     assert "recompute" in report  # the attribution's risk note says what checkpointing costs
+    # every trial's peak was predicted before it ran; once two micro-batches were seen, from the fit
+    predicted = [float(r["predicted_peak_gib"]) for r in trials]
+    assert len(predicted) == len(trials) and all(p > 0 for p in predicted)
+    fitted = [(float(r["predicted_peak_gib"]), float(r["peak_mem_gib"])) for r in trials[2:] if r["peak_mem_gib"]]
+    assert fitted and all(abs(p - m) / m <= 0.25 for p, m in fitted), fitted
+    assert result.memory_prediction["trials"] >= 1
 
 
 def test_the_sampler_never_proposes_fsdp_with_zero_or_offload_without_sharding():

@@ -56,13 +56,15 @@ def render_markdown(data: ReportData) -> str:
         lines += [f"| {k} | {v:.2f} |" for k, v in data.importance.items()]
     elif data.importance_note:
         lines += ["", data.importance_note]
-    lines += ["", "## Trials", "", "| # | state | samples/s | peak GiB | data wait | knobs |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "## Trials", "", "| # | state | samples/s | peak GiB | predicted GiB | data wait | knobs |",
+              "|---|---|---|---|---|---|---|"]
     for t in trials:
         m = t["metrics"] or {}
         lines.append(f"| {t['number']}{' (baseline)' if t['baseline'] else ''} | {t['state']} | "
                      f"{_fmt(m.get('samples_per_s'), ',.1f')} | {_fmt(m.get('peak_mem_gib'), '.2f')} | "
+                     f"{_fmt(t.get('predicted_peak_gib'), '.2f')} | "
                      f"{_fmt(m.get('data_wait_share'), '.0%')} | {_knobs(t['params'])} |")
+    lines += _memory_prediction(r.memory_prediction)
     env = r.environment
     if env:
         lines += ["", "## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()]
@@ -199,3 +201,13 @@ def _counts(trials: list[dict[str, Any]]) -> str:
     for t in trials:
         counts[t["state"]] = counts.get(t["state"], 0) + 1
     return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+def _memory_prediction(error: dict[str, Any] | None) -> list[str]:
+    """How right the memory model was (median and worst, after its first trials)."""
+    if not error or not error.get("trials"):
+        return []
+    return ["", f"Memory model: each trial's peak was predicted before it ran (predicted GiB); after the first "
+                f"trials, the prediction was off by {error['median']:.1%} (median) and {error['worst']:.1%} (worst) "
+                f"over {error['trials']} trial(s)."]
+

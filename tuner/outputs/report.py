@@ -70,7 +70,7 @@ def collect(study: Any, out: Path) -> ReportData:
             "number": t.number, "state": attrs.get("state", t.state.name.lower()),
             "reason": attrs.get("reason"), "params": attrs.get("params") or {},
             "metrics": attrs.get("metrics"), "baseline": bool(attrs.get("baseline")),
-            "feasible": t.number in feasible,
+            "feasible": t.number in feasible, "predicted_peak_gib": attrs.get("predicted_peak_gib"),
         })
     record = study.user_attrs.get("result")
     result = SearchResult.from_json(record, out) if record else _unfinished(study, trials, out)

@@ -52,7 +52,9 @@ def write_run(result: "SearchResult", recipe: "Recipe") -> None:
 
 def write_trials_csv(path: Path, study: "optuna.Study") -> None:
     """Every trial: its params, metrics, state and reason (failures included)."""
-    columns = ["number", "state", "reason", "baseline", "duplicate_of", *PARAM_COLUMNS, *METRIC_NAMES, "duration_s"]
+    metrics = list(METRIC_NAMES)
+    metrics.insert(metrics.index("peak_mem_gib") + 1, "predicted_peak_gib")  # beside what it predicted
+    columns = ["number", "state", "reason", "baseline", "duplicate_of", *PARAM_COLUMNS, *metrics, "duration_s"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -68,6 +70,8 @@ def write_trials_csv(path: Path, study: "optuna.Study") -> None:
             }
             row.update({k: v for k, v in (attrs.get("params") or {}).items() if k in PARAM_COLUMNS})
             row.update({k: v for k, v in (attrs.get("metrics") or {}).items() if k in METRIC_NAMES})
+            if attrs.get("predicted_peak_gib") is not None:
+                row["predicted_peak_gib"] = round(attrs["predicted_peak_gib"], 4)
             writer.writerow(row)
 
 

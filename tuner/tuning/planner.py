@@ -24,7 +24,7 @@ from tuner.harness.environment import environment
 from tuner.harness.window import AUTO
 from tuner.trial.after import STALL_FREE_STEPS
 from tuner.trial.result import State, TrialResult
-from tuner.tuning import budget, guided, searchspace
+from tuner.tuning import budget, guided, memory, searchspace
 from tuner.tuning import study as study_mod
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.finalists import FINALISTS
@@ -85,6 +85,10 @@ class Planner:
         """The reference loss per step (fp32, eager), for the precision guard (from a resumed
         study, if it has one)."""
         self.notes_seen: set[str] = set()
+        self.memory, why = memory.model_for(recipe, not machine.cuda, study_mod.measured(self.study))
+        """Predicts each trial's peak before it runs (:mod:`tuner.tuning.memory`)."""
+        if why:
+            events.note(why)
         if not self.known:
             self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
         events.start(self.done(), len(self.known))
@@ -118,6 +122,10 @@ class Planner:
             seen = self.known.get(searchspace.config_key(config))
             if seen is None:
                 self.trial, self.current = trial, config
+                if self.memory is not None:
+                    predicted = self.memory.predict(config.params())
+                    trial.set_user_attr("predicted_peak_gib", predicted.peak_gib)
+                    trial.set_user_attr("prediction", predicted.basis)
                 self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None else None
                 why = trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline")
                                                        else "the sampler (TPE)")
@@ -158,6 +166,9 @@ class Planner:
         extra = {"baseline": True} if self.current == self.baseline_config else {}
         before = self._best_value()
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
+        if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
+            self.memory.observe(self.current.params(), frozen.user_attrs.get("predicted_peak_gib"),
+                                result.metrics["peak_mem_gib"])
         self._progress(before)
         if result.pruned_at is not None:
             self._count_saving(*result.pruned_at)
@@ -283,6 +294,7 @@ class Planner:
             attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
             world_size=r.world_size, pruned=self.pruned, pruning_saved_s=self.saved_s,
             wall_s=time.monotonic() - self.started, study=self.study,
+            memory_prediction=self.memory.error(memory.SETTLED_AFTER) if self.memory is not None else None,
         )
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:

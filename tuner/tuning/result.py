@@ -50,6 +50,9 @@ class SearchResult:
     """Measuring seconds pruning saved (the rest of each cut window, estimated from its rate)."""
     wall_s: float | None = None
     """Seconds from the search's start in this process to its answer."""
+    memory_prediction: dict[str, Any] | None = None
+    """How right the memory model's predictions were: median and worst relative error of
+    ``predicted_peak_gib`` against ``peak_mem_gib`` after the first trials."""
     study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -75,6 +78,7 @@ class SearchResult:
             "name": self.name,
             "pruning": {"trials": self.pruned, "saved_s": self.pruning_saved_s},
             "wall_s": self.wall_s,
+            "memory_prediction": self.memory_prediction,
         }
 
     @classmethod
@@ -99,6 +103,7 @@ class SearchResult:
             memory_budget_gib=data.get("memory_budget_gib"), world_size=int(data.get("world_size") or 1),
             pruned=int((data.get("pruning") or {}).get("trials") or 0),
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
+            memory_prediction=data.get("memory_prediction"),
         )
 
 

@@ -1,0 +1,181 @@
+"""The memory model: a configuration's peak predicted before it runs, refined by every trial.
+
+Per rank, in bytes (what ``peak_mem_gib`` measures: the device's reserved memory on a GPU,
+the process tree's PSS on a CPU-only machine, where the host is the device)::
+
+    peak = overhead + states(config) + per_sample(amp, checkpointing) x micro_batch + per_worker x workers
+
+- ``states`` is analytic, from the parameter count and the engine: fp32 parameters and
+  gradients (4 + 4 bytes each) and AdamW's two moments (8); DeepSpeed in bf16/fp16 keeps
+  half-precision parameters and gradients beside fp32 master weights in its optimizer
+  (2 + 2 + 12); ZeRO 1/2/3 divide the optimizer states / + gradients / + parameters by the
+  world size; FSDP2 divides all three (``shard_grad_op`` keeps the parameters gathered
+  from the forward to the backward: whole); offload moves the optimizer (and for FSDP2
+  the shards) to the host, which on a CPU-only machine is the same memory.
+- ``overhead`` starts as what the process held before its first trial (the runtime) and
+  becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
+  each loader worker copies) are fitted from the trials by least squares. A group of
+  (amp dtype, checkpointing) not measured yet scales the fp32 / no-checkpointing slope by
+  a prior (half for reduced precision and for selective checkpointing, a tenth for full).
+- Until two trials differ in micro-batch, the prediction is the analytic part alone and
+  says so (``analytic``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import torch
+
+from tuner.harness.monitors import HostMemory
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from tuner.config.recipe import Recipe
+
+GIB = 1024**3
+AMP_PRIOR = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}
+CHECKPOINT_PRIOR = {"none": 1.0, "selective": 0.5, "full": 0.1}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    peak_gib: float
+    basis: str
+    """``analytic`` (model states and overhead only) or ``fitted`` (from this run's trials)."""
+
+
+def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
+    """Parameters, gradients and optimizer states on one rank's device, in bytes."""
+    p = float(parameters)
+    zero, fsdp = knobs.get("zero_stage", 0), knobs.get("fsdp", "off")
+    half = knobs.get("amp_dtype", "fp32") != "fp32" and zero > 0  # DeepSpeed's half-precision engine
+    params, grads, optim = (2 * p, 2 * p, 12 * p) if half else (4 * p, 4 * p, 8 * p)
+    w = max(1, world_size)
+    if fsdp != "off":
+        grads, optim = grads / w, optim / w
+        params = params if fsdp == "shard_grad_op" else params / w
+    else:
+        optim = optim / w if zero >= 1 else optim
+        grads = grads / w if zero >= 2 else grads
+        params = params / w if zero >= 3 else params
+    if knobs.get("offload_optimizer", "none") != "none" and not host_is_device:
+        optim = 0.0
+        if fsdp != "off":
+            params = grads = 0.0
+    return params + grads + optim
+
+
+def _group(knobs: Mapping[str, Any]) -> tuple[str, str]:
+    return str(knobs.get("amp_dtype", "fp32")), str(knobs.get("activation_checkpointing", "none"))
+
+
+def _prior(group: tuple[str, str]) -> float:
+    return AMP_PRIOR.get(group[0], 1.0) * CHECKPOINT_PRIOR.get(group[1], 1.0)
+
+
+@dataclass
+class MemoryModel:
+    """Predicts ``peak_mem_gib`` for a configuration and learns from what trials measured."""
+
+    parameters: int
+    overhead_bytes: float
+    world_size: int
+    host_is_device: bool
+    observed: list[tuple[dict[str, Any], float]] = field(default_factory=list)
+    """(knobs, measured peak bytes) of every measured trial."""
+    errors: list[float] = field(default_factory=list)
+    """|predicted - measured| / measured of each measured trial, predicted before it ran."""
+
+    def predict(self, knobs: Mapping[str, Any]) -> Prediction:
+        states = states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
+        fit = self._fit()
+        if fit is None:
+            base = (statistics.fmean(peak - self._states(k) for k, peak in self.observed)
+                    if self.observed else self.overhead_bytes)
+            return Prediction((base + states) / GIB, "analytic")
+        intercept, slopes, per_worker = fit
+        group = _group(knobs)
+        slope = slopes.get(group, slopes[("fp32", "none")] * _prior(group))
+        peak = intercept + states + slope * knobs["micro_batch_size"] + per_worker * knobs.get("num_workers", 0)
+        return Prediction(max(peak, states) / GIB, "fitted")
+
+    def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float) -> None:
+        """A trial's measured peak (and what was predicted for it, for the error so far)."""
+        if predicted_gib is not None and peak_gib > 0:
+            self.errors.append(abs(predicted_gib - peak_gib) / peak_gib)
+        self.observed.append((dict(knobs), peak_gib * GIB))
+
+    def error(self, skip_first: int = 0) -> dict[str, Any]:
+        """Median and worst relative error of the predictions, after the first ``skip_first``."""
+        later = self.errors[skip_first:]
+        return {"median": statistics.median(later) if later else None, "worst": max(later) if later else None,
+                "trials": len(later)}
+
+    def _states(self, knobs: Mapping[str, Any]) -> float:
+        return states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
+
+    def _fit(self) -> tuple[float, dict[tuple[str, str], float], float] | None:
+        """Intercept, per-sample slope per (amp, checkpointing) group, per-worker bytes; ``None``
+        until two trials differ in their (prior-scaled) micro-batch."""
+        rows = [(k, peak - self._states(k)) for k, peak in self.observed]
+        scaled = [k["micro_batch_size"] * _prior(_group(k)) for k, _ in rows]
+        if len(set(scaled)) < 2:
+            return None
+        workers = [k.get("num_workers", 0) for k, _ in rows]
+        columns = [np.ones(len(rows)), np.array(scaled, dtype=float)]
+        if len(set(workers)) >= 2 and len(rows) >= 3:
+            columns.append(np.array(workers, dtype=float))
+        coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), np.array([r for _, r in rows]), rcond=None)
+        intercept, per_sample = float(coef[0]), max(0.0, float(coef[1]))
+        per_worker = max(0.0, float(coef[2])) if len(coef) > 2 else 0.0
+        slopes = {("fp32", "none"): per_sample}
+        for group in {_group(k) for k, _ in rows}:
+            mine = [(k["micro_batch_size"], r - intercept - per_worker * k.get("num_workers", 0))
+                    for k, r in rows if _group(k) == group]
+            micros = {m for m, _ in mine}
+            if len(micros) >= 2:  # the group's own slope through the common intercept
+                m = np.array([m for m, _ in mine], dtype=float)
+                slopes[group] = max(0.0, float(m @ np.array([r for _, r in mine]) / (m @ m)))
+            elif group != ("fp32", "none"):
+                slopes.setdefault(group, per_sample * _prior(group))
+        return intercept, slopes, per_worker
+
+
+def count_parameters(module: Any) -> int:
+    """Elements of every parameter (the model as the task builds it)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+SETTLED_AFTER = 3
+"""Predictions after this many measured trials are the ones the model's error is judged on
+(the first ones are analytic, or fitted on one or two points)."""
+
+
+def model_for(recipe: "Recipe", host_is_device: bool, measured: "list[FrozenTrial]") -> tuple[
+        MemoryModel | None, str | None]:
+    """The model for a task recipe (``None`` and why not for a script, or a model the meta
+    device cannot build), fed with the trials a resumed study already measured.
+
+    The parameters are counted on the meta device: no memory is allocated, whatever the
+    model's size. The overhead is the process tree's PSS now, before any trial (on a GPU the
+    device holds nothing yet: 0, and the fit learns the CUDA context and allocator slack).
+    """
+    if recipe.task is None:
+        return None, None
+    try:
+        with torch.device("meta"):
+            parameters = count_parameters(recipe.task.build_model(recipe.task_args))
+    except Exception as exc:  # noqa: BLE001 - the user's code: prediction is optional, the search is not
+        return None, f"memory prediction off: build_model does not build on the meta device ({type(exc).__name__})"
+    overhead = float(HostMemory().sample()) if host_is_device else 0.0
+    model = MemoryModel(parameters, overhead, recipe.world_size, host_is_device)
+    for t in measured:
+        metrics = t.user_attrs.get("metrics") or {}
+        if metrics.get("peak_mem_gib"):
+            model.observe(t.user_attrs["params"], t.user_attrs.get("predicted_peak_gib"), metrics["peak_mem_gib"])
+    return model, None
