@@ -56,11 +56,15 @@ def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
     report = (out / "report.md").read_text()
     assert "activation_checkpointing" in report and "over_budget" in report
     assert "recompute" in report  # the attribution's risk note says what checkpointing costs
-    # every trial's peak was predicted before it ran; once two micro-batches were seen, from the fit
-    predicted = [float(r["predicted_peak_gib"]) for r in trials]
-    assert len(predicted) == len(trials) and all(p > 0 for p in predicted)
-    fitted = [(float(r["predicted_peak_gib"]), float(r["peak_mem_gib"])) for r in trials[2:] if r["peak_mem_gib"]]
-    assert fitted and all(abs(p - m) / m <= 0.25 for p, m in fitted), fitted
+    # every trial's peak was predicted before it ran: analytic at first, from the fit once two
+    # micro-batches were seen. Seen here: analytic 34% and 27% off, fitted 1% and 22% (micro-batch
+    # 16's 2 MiB tensors sit on glibc's heap, which a model of live tensors does not see).
+    by_number = {t.number: t.user_attrs.get("prediction") for t in result.study.trials}
+    basis = [by_number[int(r["number"])] for r in trials]  # the measured trials, in order
+    assert basis[0] == "analytic" and set(basis[2:]) == {"fitted"}, basis
+    errors = [abs(float(r["predicted_peak_gib"]) - float(r["peak_mem_gib"])) / float(r["peak_mem_gib"])
+              for r in trials if r["peak_mem_gib"]]
+    assert len(errors) == len(trials) and max(errors[2:]) <= 0.4, errors
     assert result.memory_prediction["trials"] >= 1
 
 
