@@ -67,6 +67,7 @@ def search(
     overrides: Sequence[str] = (),
     quiet: bool = False,
     full_budget: bool = False,
+    no_skip: bool = False,
     **knobs: Any,
 ) -> SearchResult | None:
     """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
@@ -83,6 +84,8 @@ def search(
         quiet: no live table on the terminal (the log file is still written).
         full_budget: spend the whole budget even once the search has converged
             (``budget.converge: false``).
+        no_skip: run configurations the memory model predicts over the budget too
+            (``budget.skip: false``).
         **knobs: knobs to fix for the whole search.
     """
     from tuner.outputs import run_folder
@@ -96,6 +99,7 @@ def search(
         trials=trials if trials is not None else recipe.budget.trials,
         minutes=minutes if minutes is not None else recipe.budget.minutes,
         converge=recipe.budget.converge and not full_budget,
+        skip=recipe.budget.skip and not no_skip,
     )
     out_dir = Path(out) if out is not None else recipe.out
     if out is not None and storage is None and recipe.storage == f"sqlite:///{recipe.out / 'study.db'}":

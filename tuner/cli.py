@@ -90,6 +90,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
     parser.add_argument("--full-budget", action="store_true",
                         help="keep searching once converged, until the trial or time budget is spent")
+    parser.add_argument("--no-skip", action="store_true",
+                        help="run configurations the memory model predicts over budget.memory_gib too")
     args = parser.parse_args(argv)
     for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0),
                                  ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0)):
@@ -104,7 +106,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
                         attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets,
-                        quiet=args.quiet, full_budget=args.full_budget)
+                        quiet=args.quiet, full_budget=args.full_budget, no_skip=args.no_skip)
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)

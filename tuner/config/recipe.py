@@ -58,6 +58,9 @@ class Budget:
     converge: bool = True
     """Stop once the search has converged (``stopped: converged``); ``false`` spends the
     whole budget."""
+    skip: bool = True
+    """Record a configuration predicted over ``memory_gib`` as ``skipped`` instead of running
+    it (:mod:`tuner.tuning.memory`); ``false`` runs everything."""
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,7 @@ def _steps_value(value: Any, where: str) -> Any:
 
 
 def _budget_value(value: Any, where: str) -> Any:
-    if where.endswith(".converge"):
+    if where.endswith((".converge", ".skip")):
         if not isinstance(value, bool):
             raise RecipeError(f"{where}: expected true or false, got {value!r}")
         return value

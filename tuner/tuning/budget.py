@@ -11,6 +11,7 @@ import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.harness.metrics import Window, window_rate
+from tuner.trial.result import State
 from tuner.tuning import study as study_mod
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elaps
     best = study_mod.best_feasible(study)
     if best is not None and meets(best.user_attrs["metrics"], target):
         return "target"
-    done = study_mod.measured(study)
+    done = [t for t in study_mod.measured(study) if t.user_attrs.get("state") != State.SKIPPED]  # ran
     if len(done) >= budget.trials:
         return "trials"
     if budget.minutes is not None:

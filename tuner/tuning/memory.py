@@ -90,6 +90,8 @@ class MemoryModel:
     """(knobs, measured peak bytes) of every measured trial."""
     errors: list[float] = field(default_factory=list)
     """|predicted - measured| / measured of each measured trial, predicted before it ran."""
+    fitted_errors: list[float] = field(default_factory=list)
+    """The same, for the predictions that came from the fit (what skipping trusts)."""
 
     def predict(self, knobs: Mapping[str, Any]) -> Prediction:
         states = states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
@@ -104,11 +106,33 @@ class MemoryModel:
         peak = intercept + states + slope * knobs["micro_batch_size"] + per_worker * knobs.get("num_workers", 0)
         return Prediction(max(peak, states) / GIB, "fitted")
 
-    def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float) -> None:
+    def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float,
+                basis: str | None = None) -> None:
         """A trial's measured peak (and what was predicted for it, for the error so far)."""
         if predicted_gib is not None and peak_gib > 0:
             self.errors.append(abs(predicted_gib - peak_gib) / peak_gib)
+            if basis == "fitted":
+                self.fitted_errors.append(self.errors[-1])
         self.observed.append((dict(knobs), peak_gib * GIB))
+
+    def skip_reason(self, prediction: Prediction, budget_gib: float | None) -> str | None:
+        """Why a configuration need not run: predicted over the budget by more than the
+        model's worst error so far (two fitted predictions measured at least), or its model
+        states and overhead alone, a lower bound, over it. ``None``: run it."""
+        if budget_gib is None or prediction.peak_gib <= budget_gib:
+            return None
+        if prediction.basis == "analytic":  # before any trial: overhead + states, all else only adds
+            if self.observed:
+                return None
+            return (f"predicted {prediction.peak_gib:.2f} GiB > budget {budget_gib:g} GiB (model states and "
+                    "overhead alone, before any activation: a lower bound)")
+        if len(self.fitted_errors) < 2:
+            return None
+        error = max(self.fitted_errors)
+        if prediction.peak_gib <= budget_gib * (1 + error):
+            return None
+        return (f"predicted {prediction.peak_gib:.2f} GiB > budget {budget_gib:g} GiB "
+                f"(model error so far ±{error:.0%})")
 
     def error(self, skip_first: int = 0) -> dict[str, Any]:
         """Median and worst relative error of the predictions, after the first ``skip_first``."""
@@ -177,5 +201,6 @@ def model_for(recipe: "Recipe", host_is_device: bool, measured: "list[FrozenTria
     for t in measured:
         metrics = t.user_attrs.get("metrics") or {}
         if metrics.get("peak_mem_gib"):
-            model.observe(t.user_attrs["params"], t.user_attrs.get("predicted_peak_gib"), metrics["peak_mem_gib"])
+            model.observe(t.user_attrs["params"], t.user_attrs.get("predicted_peak_gib"), metrics["peak_mem_gib"],
+                          t.user_attrs.get("prediction"))
     return model, None

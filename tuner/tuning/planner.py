@@ -96,7 +96,15 @@ class Planner:
     # --- decisions ------------------------------------------------------------------------
 
     def next(self, interrupted: bool) -> dict[str, Any]:
-        """The next order for every rank: the knobs of a trial, or why to stop."""
+        """The next order for every rank: the knobs of a trial, or why to stop. Configurations
+        the memory model predicts over the budget are recorded ``skipped`` on the way."""
+        for _ in range(MAX_RESAMPLES):
+            order = self._next(interrupted)
+            if not order.get("skipped"):
+                return order
+        return {"stop": "exhausted"}
+
+    def _next(self, interrupted: bool) -> dict[str, Any]:
         stop = "interrupted" if interrupted else budget.stop_reason(self.study, self.recipe.budget,
                                                                       self.recipe.target, self._elapsed_s())
         if stop:
@@ -122,10 +130,8 @@ class Planner:
             seen = self.known.get(searchspace.config_key(config))
             if seen is None:
                 self.trial, self.current = trial, config
-                if self.memory is not None:
-                    predicted = self.memory.predict(config.params())
-                    trial.set_user_attr("predicted_peak_gib", predicted.peak_gib)
-                    trial.set_user_attr("prediction", predicted.basis)
+                if self._predict(trial, config):
+                    return {"skipped": True}
                 self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None else None
                 why = trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline")
                                                        else "the sampler (TPE)")
@@ -135,6 +141,21 @@ class Planner:
                 return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
+
+    def _predict(self, trial: "optuna.Trial", config: Config) -> bool:
+        """Predict the trial's peak; record it ``skipped`` (True) when the model is sure enough
+        that it would break the budget. The baseline always runs: it is what is compared with."""
+        if self.memory is None:
+            return False
+        predicted = self.memory.predict(config.params())
+        trial.set_user_attr("predicted_peak_gib", predicted.peak_gib)
+        trial.set_user_attr("prediction", predicted.basis)
+        why = self.memory.skip_reason(predicted, self.recipe.budget.memory_gib)
+        if why is None or not self.recipe.budget.skip or trial.user_attrs.get("baseline"):
+            return False
+        self.events.chose(trial.number, trial.user_attrs.get("why") or "the sampler (TPE)")
+        self.record(TrialResult(config.params(), State.SKIPPED, why))
+        return True
 
     def set_reference(self, result: TrialResult) -> None:
         """The fp32 loss curve the precision guard compares with (an extra trial, run
@@ -168,7 +189,7 @@ class Planner:
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
             self.memory.observe(self.current.params(), frozen.user_attrs.get("predicted_peak_gib"),
-                                result.metrics["peak_mem_gib"])
+                                result.metrics["peak_mem_gib"], frozen.user_attrs.get("prediction"))
         self._progress(before)
         if result.pruned_at is not None:
             self._count_saving(*result.pruned_at)
