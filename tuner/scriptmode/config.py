@@ -111,7 +111,7 @@ class TrialConfig:
                 args[name] = export.HF_LEVER_OFF.get(name)
         if self.zero_stage > 0:
             args["deepspeed"] = self.ds_config()
-        return {k: v for k, v in args.items() if v is not None or k in export.HF_LEVER_OFF}
+        return args
 
 
 def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
