@@ -133,9 +133,7 @@ class Planner:
                 if self._predict(trial, config):
                     return {"skipped": True}
                 self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None else None
-                why = trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline")
-                                                       else "the sampler (TPE)")
-                self.events.chose(trial.number, why)
+                self.events.chose(trial.number, _chosen_by(trial))
                 self.events.begin(trial.number, config)
                 reference = numerics(config.params()) is not None and self.reference is None
                 return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
@@ -153,7 +151,7 @@ class Planner:
         why = self.memory.skip_reason(predicted, self.recipe.budget.memory_gib)
         if why is None or not self.recipe.budget.skip or trial.user_attrs.get("baseline"):
             return False
-        self.events.chose(trial.number, trial.user_attrs.get("why") or "the sampler (TPE)")
+        self.events.chose(trial.number, _chosen_by(trial))
         self.record(TrialResult(config.params(), State.SKIPPED, why))
         return True
 
@@ -373,6 +371,11 @@ class Planner:
             return False
         return any(r.ok and divergence(r.losses, self.reference, self.recipe.precision.tolerance, label)
                    for r in runs)
+
+
+def _chosen_by(trial: "optuna.Trial") -> str:
+    """What chose a trial, for the search log: a guided step's verdict, the baseline, or TPE."""
+    return trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline") else "the sampler (TPE)")
 
 
 def _cores() -> int:
