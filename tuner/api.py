@@ -21,10 +21,11 @@ from tuner.harness import distributed
 from tuner.harness.environment import environment
 from tuner.trial.result import Instruments
 from tuner.tuning import interrupt
+from tuner.tuning.capacity import CapacityPlan, plan_recipe
 from tuner.tuning.measurement import Measurement, measure_recipe
 from tuner.tuning.result import SearchResult
 
-__all__ = ["Measurement", "SearchResult", "check", "measure", "search"]
+__all__ = ["CapacityPlan", "Measurement", "SearchResult", "check", "measure", "plan", "search"]
 
 
 def measure(
@@ -120,6 +121,37 @@ def search(
 
     with interrupt.catching():
         return run_search(recipe, ctx, confirm, attribute, live, write)
+
+
+def plan(
+    recipe: Recipe | str | os.PathLike[str],
+    *,
+    out: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
+    **knobs: Any,
+) -> CapacityPlan | None:
+    """What fits, without a search: the largest micro-batch predicted to fit the memory
+    budget for each sharding x AMP x checkpointing combination of the recipe's space, from
+    the analytic model states and a few short profiled trials (:mod:`tuner.tuning.capacity`).
+
+    Rank 0 returns the plan (``None`` on other ranks) and writes ``plan.json`` into the run
+    folder (``out``, default the recipe's), where a search of the same recipe then starts
+    from what the profile measured.
+    """
+    from tuner.outputs import run_folder
+
+    ctx = distributed.context()
+    recipe = _load(recipe, overrides, ctx.world_size, knobs)
+    if recipe.script is not None:
+        raise RecipeError(f"plan: {recipe.path} is a script recipe; tuner plan needs a task recipe (it counts "
+                          "the model's parameters itself). A search of a script still predicts each trial "
+                          "from the peaks it measured")
+    if out is not None:
+        recipe = dataclasses.replace(recipe, out=Path(out))
+    result = plan_recipe(recipe, ctx)
+    if result is not None:
+        run_folder.write_plan(result, recipe.out)
+    return result
 
 
 def check(

@@ -143,6 +143,27 @@ def check_main(argv: Sequence[str] | None = None) -> int:
                    args.json, console.print_check, lambda result: result.passed)
 
 
+def plan_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="[torchrun --nproc_per_node=N] -m tuner.plan",
+        description="Without a search: the largest micro-batch predicted to fit the memory budget for each "
+        "sharding x AMP x checkpointing combination of the recipe's space, with the model's error bound, "
+        "from a few short profiled trials. Writes plan.json into the run folder; a search there starts from it.",
+    )
+    parser.add_argument("recipe", help="the recipe YAML")
+    parser.add_argument("--out", help="run folder (default: the recipe's out, runs/<name>)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="fix a knob or override a recipe key (budget.memory_gib=40); repeatable")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = parser.parse_args(argv)
+
+    from tuner.api import plan
+    from tuner.outputs import console
+
+    return _report(lambda: plan(args.recipe, out=args.out, overrides=args.sets), args.json, console.print_plan,
+                   lambda result: True)
+
+
 def report_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuner.report",
                                      description="Rebuild report.md and report.html of a search from its study.")
@@ -184,7 +205,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
 
 
 COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {
-    "measure": measure_main, "search": search_main, "check": check_main, "report": report_main,
+    "measure": measure_main, "search": search_main, "check": check_main, "report": report_main, "plan": plan_main,
     "agent": agent_main,
 }
 

@@ -16,6 +16,7 @@ from tuner.harness.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult
+    from tuner.tuning.capacity import CapacityPlan
     from tuner.tuning.measurement import Measurement
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -110,3 +111,27 @@ def print_check(result: "CheckResult") -> None:
               f"(median of {len(result.repeats)}, range {low:,.1f}-{high:,.1f}): {result.change:+.1%}", highlight=False)
     verdict = "[green]PASS[/]" if result.passed else "[red]FAIL[/]"
     out.print(f"{verdict} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False)
+
+
+def print_plan(plan: "CapacityPlan") -> None:
+    """The largest micro-batch predicted to fit, per sharding x AMP x checkpointing."""
+    out = Console()
+    bound = f"±{plan.bound:.0%}" if plan.bound is not None else "unknown (no fitted prediction was checked)"
+    table = Table(title=f"largest micro-batch predicted to fit {plan.budget_gib:.2f} GiB ({plan.budget_source}); "
+                        f"model error bound {bound}")
+    for name in ("sharding", "amp", "ckpt", "micro", "GiB", "next up", "profiled (micro: GiB)"):
+        table.add_column(name, justify="right" if name in ("micro", "GiB") else "left")
+    for row in plan.rows:
+        k = row.knobs
+        sharding = (f"FSDP2 {k['fsdp']}" if k["fsdp"] != "off" else f"ZeRO-{k['zero_stage']}" if k["zero_stage"]
+                    else "none")
+        if k["offload_optimizer"] != "none":
+            sharding += f" + offload {k['offload_optimizer']}"
+        nxt = (f"{row.next_micro_batch_size}: {row.next_predicted_gib:.2f}" if row.next_micro_batch_size
+               else "-")
+        table.add_row(sharding, k["amp_dtype"], k["activation_checkpointing"], fmt(row.micro_batch_size),
+                      f"{row.predicted_gib:.2f}" if row.predicted_gib is not None else "none fits", nxt,
+                      row.measured or "-")
+    out.print(table)
+    out.print(f"{len(plan.profiled)} profiled trials, {plan.parameters:,} parameters, {plan.world_size} rank(s), "
+              f"{plan.wall_s:.0f} s", highlight=False)

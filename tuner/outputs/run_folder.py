@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Recipe
+    from tuner.tuning.capacity import CapacityPlan
     from tuner.tuning.result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
@@ -48,6 +49,13 @@ def write_run(result: "SearchResult", recipe: "Recipe") -> None:
     _json(out / "best.json", record)
     study.set_user_attr("result", record)  # the report is rebuilt from the study alone
     build_report(out, study)
+
+
+def write_plan(plan: "CapacityPlan", out: Path) -> Path:
+    """``plan.json``: what ``tuner plan`` found; a search in this folder starts from it."""
+    out.mkdir(parents=True, exist_ok=True)
+    _json(out / "plan.json", plan.to_json())
+    return out / "plan.json"
 
 
 def write_trials_csv(path: Path, study: "optuna.Study") -> None:

@@ -11,14 +11,17 @@ import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.harness.metrics import Window, window_rate
+from tuner.harness.window import AUTO
+from tuner.trial.after import STALL_FREE_STEPS
 from tuner.trial.result import State
 from tuner.tuning import study as study_mod
 
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.config.recipe import Budget, Target
+    from tuner.config.recipe import Budget, Recipe, Target
     from tuner.trial.result import PruneRule
+    from tuner.tuning.pool import Pool
 
 PRUNE_BELOW = 0.5
 """A trial whose measured steps run below this fraction of the best so far is cut."""
@@ -67,3 +70,17 @@ def prune_rule(best_value: float, world_size: int) -> "PruneRule":
 def never(window: Window) -> bool:
     """Other ranks' stand-in for rank 0's pruning rule (rank 0 decides, all follow)."""
     return False
+
+
+def pruning_saved_s(recipe: "Recipe", pool: "Pool", steps: int, rate: float) -> float:
+    """The seconds a trial pruned after ``steps`` measured steps (at ``rate`` samples/s) did
+    not spend: the rest of a typical window and the stall-free steps after it."""
+    windows = [r.metrics["measured_steps"] for e in pool.entries.values() for r in e.runs
+               if r.ok and r.metrics and r.metrics.get("measured_steps")]
+    typical = recipe.steps.measure if isinstance(recipe.steps.measure, int) else (
+        statistics.median(windows) if windows else steps)
+    step_s = recipe.global_batch_size / rate
+    window_s = max(0.0, typical - steps) * step_s
+    if not isinstance(recipe.steps.measure, int):
+        window_s = min(window_s, AUTO.max_s)  # an auto window ends at its time cap
+    return window_s + min(recipe.steps.most, STALL_FREE_STEPS) * step_s

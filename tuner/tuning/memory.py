@@ -16,13 +16,15 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
   becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
   each loader worker copies) are fitted from the trials by least squares. A group of
   (amp dtype, checkpointing) not measured yet scales the fp32 / no-checkpointing slope by
-  a prior (half for reduced precision and for selective checkpointing, a tenth for full).
+  a prior (half for reduced precision and for selective checkpointing, a tenth for full);
+  a group measured at one micro-batch has its own slope through the common intercept.
 - Until two trials differ in micro-batch, the prediction is the analytic part alone and
   says so (``analytic``).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
@@ -107,12 +109,16 @@ class MemoryModel:
         return Prediction(max(peak, states) / GIB, "fitted")
 
     def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float,
-                basis: str | None = None) -> None:
-        """A trial's measured peak (and what was predicted for it, for the error so far)."""
+                basis: str | None = None, reported: bool = True) -> None:
+        """A trial's measured peak (and what was predicted for it, for the error so far).
+        ``reported=False``: a trial of another run (``tuner plan``'s profile), whose error
+        counts for trusting the model but not in this run's reported error."""
         if predicted_gib is not None and peak_gib > 0:
-            self.errors.append(abs(predicted_gib - peak_gib) / peak_gib)
+            error = abs(predicted_gib - peak_gib) / peak_gib
+            if reported:
+                self.errors.append(error)
             if basis == "fitted":
-                self.fitted_errors.append(self.errors[-1])
+                self.fitted_errors.append(error)
         self.observed.append((dict(knobs), peak_gib * GIB))
 
     def skip_reason(self, prediction: Prediction, budget_gib: float | None) -> str | None:
@@ -161,12 +167,11 @@ class MemoryModel:
         for group in {_group(k) for k, _ in rows}:
             mine = [(k["micro_batch_size"], r - intercept - per_worker * k.get("num_workers", 0))
                     for k, r in rows if _group(k) == group]
-            micros = {m for m, _ in mine}
-            if len(micros) >= 2:  # the group's own slope through the common intercept
+            if group != ("fp32", "none") or len({m for m, _ in mine}) >= 2:
+                # the group's own slope through the common intercept, from one micro-batch or more:
+                # its measured point beats the prior (tuner plan profiles each group once)
                 m = np.array([m for m, _ in mine], dtype=float)
                 slopes[group] = max(0.0, float(m @ np.array([r for _, r in mine]) / (m @ m)))
-            elif group != ("fp32", "none"):
-                slopes.setdefault(group, per_sample * _prior(group))
         return intercept, slopes, per_worker
 
 
@@ -204,3 +209,37 @@ def model_for(recipe: "Recipe", host_is_device: bool, measured: "list[FrozenTria
             model.observe(t.user_attrs["params"], t.user_attrs.get("predicted_peak_gib"), metrics["peak_mem_gib"],
                           t.user_attrs.get("prediction"))
     return model, None
+
+
+def largest_fitting(model: MemoryModel, knobs: Mapping[str, Any], micros: "list[int]",
+                    budget_gib: float) -> tuple[int | None, float | None]:
+    """The largest of ``micros`` predicted at or under ``budget_gib`` with ``knobs``, and its
+    prediction (``None, None``: not even the smallest)."""
+    best: tuple[int | None, float | None] = (None, None)
+    for m in sorted(micros):
+        predicted = model.predict({**knobs, "micro_batch_size": m}).peak_gib
+        if predicted <= budget_gib:
+            best = (m, predicted)
+    return best
+
+
+def feed_plan(model: MemoryModel, recipe: "Recipe") -> tuple[int, str | None]:
+    """What ``tuner plan`` profiled in this run folder (``plan.json``), fed to the model:
+    the measured peaks, and the errors of what it predicted for them, so that a search's
+    first predictions are fitted and its skipping can trust them. Only a plan of the same
+    recipe, parameter count and world size counts. Returns the trials fed and a note."""
+    path = recipe.out / "plan.json"
+    if not path.is_file():
+        return 0, None
+    try:
+        plan = json.loads(path.read_text())
+        profiled = [p for p in plan["profiled"] if p.get("measured_gib")]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0, f"memory prediction: {path} is not a plan tuner plan wrote; not used"
+    if (plan.get("recipe"), plan.get("parameters"), plan.get("world_size")) != (
+            str(recipe.path), model.parameters, model.world_size):
+        return 0, (f"memory prediction: {path} was planned for another recipe, model or world size; not used "
+                   "(run tuner plan again)")
+    for p in profiled:
+        model.observe(p["knobs"], p["predicted_gib"], p["measured_gib"], p["basis"], reported=False)
+    return len(profiled), f"memory prediction: starts from the {len(profiled)} trials tuner plan profiled ({path})"

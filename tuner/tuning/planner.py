@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +20,6 @@ from tuner.analysis.evidence import Seen, revise
 from tuner.analysis.guard import divergence
 from tuner.config.space import KNOBS, Config, Machine, conflict, make_config, numerics
 from tuner.harness.environment import environment
-from tuner.harness.window import AUTO
-from tuner.trial.after import STALL_FREE_STEPS
 from tuner.trial.result import State, TrialResult
 from tuner.tuning import budget, guided, memory, searchspace
 from tuner.tuning import study as study_mod
@@ -91,7 +88,24 @@ class Planner:
             events.note(why)
         if not self.known:
             self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+            if self.memory is not None:
+                self._seed(*memory.feed_plan(self.memory, recipe))
         events.start(self.done(), len(self.known))
+
+    def _seed(self, fed: int, note: str | None) -> None:
+        """Right after the baseline, the largest micro-batch ``tuner plan``'s profile predicts
+        to fit the budget (the baseline's other knobs), unless prediction is off."""
+        if note:
+            self.events.note(note)
+        limit = self.recipe.budget.memory_gib
+        if not fed or limit is None or not self.recipe.budget.skip or self.memory is None:
+            return
+        micro, gib = memory.largest_fitting(self.memory, self.baseline_config.params(),
+                                            list(self.space.choices["micro_batch_size"]), limit)
+        if micro is not None and micro != self.baseline_config.micro_batch_size:
+            self.study.enqueue_trial({**self.baseline, "micro_batch_size": micro}, user_attrs={
+                "guided": True, "why": f"tuner plan: micro-batch {micro} is the largest predicted to fit "
+                                       f"({gib:.2f} GiB <= {limit:g} GiB)"})
 
     # --- decisions ------------------------------------------------------------------------
 
@@ -209,16 +223,8 @@ class Planner:
 
     def _count_saving(self, steps: int, rate: float) -> None:
         """A pruned trial skipped the rest of its window and the steps after it."""
-        windows = [r.metrics["measured_steps"] for e in self.pool.entries.values() for r in e.runs
-                   if r.ok and r.metrics and r.metrics.get("measured_steps")]
-        typical = self.recipe.steps.measure if isinstance(self.recipe.steps.measure, int) else (
-            statistics.median(windows) if windows else steps)
-        step_s = self.recipe.global_batch_size / rate
-        window_s = max(0.0, typical - steps) * step_s
-        if not isinstance(self.recipe.steps.measure, int):
-            window_s = min(window_s, AUTO.max_s)  # an auto window ends at its time cap
         self.pruned += 1
-        self.saved_s += window_s + min(self.recipe.steps.most, STALL_FREE_STEPS) * step_s
+        self.saved_s += budget.pruning_saved_s(self.recipe, self.pool, steps, rate)
 
     def interrupted(self) -> None:
         """The trial in flight (if any) is recorded as failed: Ctrl-C ended it."""

@@ -1,0 +1,236 @@
+"""What fits, before a search: ``tuner plan``. The largest micro-batch predicted to fit the
+memory budget for each sharding x AMP x checkpointing combination of the recipe's space.
+
+The prediction is the search's own memory model (:mod:`tuner.tuning.memory`): model states
+from the parameter count (analytic, exact per engine and sharding), plus what a few short
+profiled trials measure: the baseline's group (AMP dtype x checkpointing) at its smallest
+micro-batch and at one at least four times larger (the intercept and the activations per
+sample), then each other group at one micro-batch (its own activations per sample). Each
+profiled trial is predicted before it runs, so the plan's error bound is the model's worst
+error on what it had not seen (the same ``error so far`` the search's skipping trusts).
+A profiled trial that runs out of memory or breaks the budget caps its group below it.
+
+The profile runs ``PROFILE_STEPS`` (one warm-up, two measured steps): peak memory is set
+by the first forward, backward and optimizer step, not by the window's length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tuner.config.errors import RecipeError
+from tuner.config.recipe import Steps
+from tuner.config.space import Config, Machine, conflict, make_config
+from tuner.harness import distributed
+from tuner.tuning import memory, searchspace
+from tuner.tuning.controller import run_one
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.harness.distributed import DistContext
+    from tuner.trial.result import TrialResult
+
+PROFILE_STEPS = Steps(warmup=1, measure=2, repeats=1)
+SHARDING = ("zero_stage", "fsdp", "offload_optimizer")
+GROUP = ("amp_dtype", "activation_checkpointing")
+SECOND_PROFILE_RATIO = 4
+"""The baseline group's second profiled micro-batch is at least this many times its first
+(or the largest there is): two close micro-batches pin the slope poorly."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One combination: the largest micro-batch predicted to fit, and the next size up."""
+
+    knobs: dict[str, Any]
+    """Sharding, AMP dtype and checkpointing (the baseline's value of every other knob)."""
+    micro_batch_size: int | None
+    """``None``: not even the smallest micro-batch is predicted to fit."""
+    predicted_gib: float | None
+    next_micro_batch_size: int | None
+    next_predicted_gib: float | None
+    measured: str | None = None
+    """What the profile measured in this row, when it ran one (``16: 0.55, 64: 0.62``, in GiB)."""
+
+
+@dataclass
+class CapacityPlan:
+    recipe: str
+    budget_gib: float
+    budget_source: str
+    bound: float | None
+    """The model's worst relative error on the profiled trials it predicted from a fit."""
+    rows: list[Row]
+    profiled: list[dict[str, Any]] = field(default_factory=list)
+    """Each profiled trial: knobs, predicted and measured peak (GiB), state."""
+    parameters: int = 0
+    world_size: int = 1
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Profiler:
+    """Rank 0's side: which trial to profile next, and what the profile showed."""
+
+    def __init__(self, recipe: "Recipe", machine: Machine) -> None:
+        self.recipe, self.machine = recipe, machine
+        self.space = searchspace.build_space(recipe, machine)
+        self.base = searchspace.baseline_knobs(recipe, self.space, machine)
+        model, why = memory.model_for(recipe, not machine.cuda, [])
+        if model is None:
+            raise RecipeError(why or f"plan: {recipe.path} is a script recipe; the plan needs a task recipe "
+                              "(the tuner counts the model's parameters itself); a search on a script "
+                              "still predicts each trial from the peaks it measures")
+        self.model = model
+        self.budget_gib, self.budget_source = _budget(recipe, machine)
+        self.profiled: list[dict[str, Any]] = []
+        self.capped: dict[tuple[Any, ...], int] = {}
+        """The smallest micro-batch per group that did not fit when profiled."""
+        self._queue = self._groups()
+
+    def micros(self, knobs: dict[str, Any]) -> list[int]:
+        """The space's micro-batch sizes that make a configuration with ``knobs`` (ascending)."""
+        out = []
+        for m in sorted(set(self.space.choices["micro_batch_size"])):
+            if self.config({**knobs, "micro_batch_size": m}) is not None:
+                out.append(m)
+        return out
+
+    def config(self, knobs: dict[str, Any]) -> Config | None:
+        r = self.recipe
+        if conflict(knobs) is not None:
+            return None
+        try:
+            return make_config({**self.base, **knobs}, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
+        except RecipeError:
+            return None
+
+    def _groups(self) -> list[dict[str, Any]]:
+        """The baseline's group first, then every other AMP x checkpointing group of the space."""
+        c = self.space.choices
+        base = {k: self.base[k] for k in GROUP}
+        rest = [dict(zip(GROUP, v)) for v in itertools.product(*(c[k] for k in GROUP))]
+        return [base] + [g for g in rest if g != base]
+
+    def next(self) -> dict[str, Any] | None:
+        """The knobs of the next profiled trial; ``None`` when the profile is complete."""
+        while self._queue:
+            group = self._queue[0]
+            micros = [m for m in self.micros(group) if m < self.capped.get(_key(group), 1 << 62)]
+            seen = [p["knobs"]["micro_batch_size"] for p in self.profiled if _key(p["knobs"]) == _key(group)]
+            pick = self._pick(group, micros, seen)
+            if pick is None:
+                self._queue.pop(0)
+                continue
+            return {**self.base, **group, "micro_batch_size": pick}
+        return None
+
+    def _pick(self, group: dict[str, Any], micros: list[int], seen: list[int]) -> int | None:
+        """The baseline's group: its smallest micro-batch, then one four times larger, then the
+        largest predicted to fit (a check of the fit); every other group: the largest
+        predicted to fit (its own slope, measured where it matters most)."""
+        if not micros:
+            return None
+        first = group == {k: self.base[k] for k in GROUP}
+        if first and not seen:
+            return micros[0]
+        if first and len(seen) == 1:
+            larger = [m for m in micros if m >= SECOND_PROFILE_RATIO * seen[0]] or [m for m in micros if m > seen[0]]
+            return larger[0] if larger else None
+        if seen and not first:
+            return None
+        if first and len(seen) > 2:
+            return None
+        fits = self.largest_fitting({**self.base, **group}, micros)
+        pick = fits[0] if fits[0] is not None else micros[0]
+        return None if pick in seen else pick
+
+    def largest_fitting(self, knobs: dict[str, Any], micros: list[int]) -> tuple[int | None, float | None]:
+        return memory.largest_fitting(self.model, knobs, micros, self.budget_gib)
+
+    def observe(self, knobs: dict[str, Any], result: "TrialResult") -> None:
+        predicted = self.model.predict(knobs)
+        peak = (result.metrics or {}).get("peak_mem_gib") if result.ok else None
+        over = peak is not None and peak > self.budget_gib
+        entry = {"knobs": dict(knobs),
+                 "predicted_gib": predicted.peak_gib, "basis": predicted.basis, "measured_gib": peak,
+                 "state": result.state if not over else "over_budget"}
+        self.profiled.append(entry)
+        if peak:
+            self.model.observe(knobs, predicted.peak_gib, peak, predicted.basis)
+        if peak is None or over:  # it did not fit: nothing this size or larger in its group
+            key = _key(knobs)
+            self.capped[key] = min(self.capped.get(key, 1 << 62), knobs["micro_batch_size"])
+
+    def plan(self, wall_s: float) -> CapacityPlan:
+        """Every sharding x AMP x checkpointing combination of the space, and what fits it."""
+        c = self.space.choices
+        rows = []
+        for values in itertools.product(*(c[k] for k in (*SHARDING, *GROUP))):
+            knobs = dict(zip((*SHARDING, *GROUP), values))
+            micros = self.micros(knobs)
+            config = self.config({**knobs, "micro_batch_size": micros[0]}) if micros else None
+            if config is None:
+                continue
+            knobs = {k: getattr(config, k) for k in (*SHARDING, *GROUP)}  # normalised: what really differs
+            if all(r.knobs != knobs for r in rows):
+                rows.append(self._row(knobs))
+        bound = max(self.model.fitted_errors) if self.model.fitted_errors else None
+        return CapacityPlan(str(self.recipe.path), self.budget_gib, self.budget_source, bound, rows, self.profiled,
+                            self.model.parameters, self.recipe.world_size, wall_s)
+
+    def _row(self, knobs: dict[str, Any]) -> Row:
+        cap = self.capped.get(_key(knobs))
+        micros = self.micros(knobs)
+        full = {**self.base, **knobs}
+        fit, predicted = self.largest_fitting(full, [m for m in micros if cap is None or m < cap])
+        larger = [m for m in micros if fit is None or m > fit]
+        nxt = larger[0] if larger else None
+        nxt_gib = self.model.predict({**full, "micro_batch_size": nxt}).peak_gib if nxt is not None else None
+        measured = [p for p in self.profiled if {k: p["knobs"][k] for k in knobs} == knobs]
+        said = ", ".join(f"{p['knobs']['micro_batch_size']}: " + (f"{p['measured_gib']:.2f}" if p["measured_gib"]
+                                                                   else p["state"]) for p in measured)
+        return Row(knobs, fit, predicted, nxt, nxt_gib, said or None)
+
+
+def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(knobs[k] for k in GROUP)
+
+
+def _budget(recipe: "Recipe", machine: Machine) -> tuple[float, str]:
+    """``budget.memory_gib``, else what the device holds (a GPU's memory; on a CPU-only
+    machine the host's memory available now, shared by the ranks)."""
+    if recipe.budget.memory_gib is not None:
+        return recipe.budget.memory_gib, "budget.memory_gib"
+    if machine.cuda:
+        import torch
+
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        return total / memory.GIB, "the GPU's memory (no budget.memory_gib)"
+    import psutil
+
+    available = psutil.virtual_memory().available / max(1, recipe.world_size)
+    return available / memory.GIB, "the host's available memory per rank (no budget.memory_gib)"
+
+
+def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
+    """Profile on every rank, rank 0 deciding; rank 0 returns the plan (others ``None``)."""
+    started = time.monotonic()
+    machine = Machine.detect()
+    short = dataclasses.replace(recipe, steps=PROFILE_STEPS)
+    profiler = Profiler(recipe, machine) if ctx.is_main else None
+    while True:
+        knobs = distributed.broadcast(profiler.next() if profiler else None)
+        if knobs is None:
+            break
+        config, _ = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+        result = run_one(short, config, ctx, None)
+        if profiler:
+            profiler.observe(config.params(), result)
+    return profiler.plan(time.monotonic() - started) if profiler else None
