@@ -39,7 +39,8 @@ def test_search_writes_a_report_a_user_can_read(searched):
     assert "baseline: data-bound" in md  # the slow loader with no workers
     assert "| oom |" in md  # the failing micro-batch is listed with its state
     page = (searched / "report.html").read_text()
-    assert page.count("<svg") >= 3  # history, memory, breakdown (+ importance with enough trials)
+    assert page.count("<svg") >= 4  # history, memory, prediction, breakdown (+ importance with enough trials)
+    assert "Peak memory: predicted before each trial vs measured" in page
     assert not re.search(r"""(src|href)=["']https?:""", page)  # self-contained: nothing fetched
 
 

@@ -17,6 +17,7 @@ def render_html(data: ReportData) -> str:
     """``report.html``: the same text, with the plots as inline SVG (no network, no script)."""
     md = render_markdown(data)
     plots = [("Search history", _plot_history), ("Throughput vs peak memory", _plot_memory),
+             ("Peak memory: predicted before each trial vs measured", _plot_prediction),
              ("Where each trial's step time goes", _plot_breakdown), ("Knob importance", _plot_importance),
              ("Attribution: baseline to best", _plot_waterfall)]
     figures = []
@@ -100,6 +101,35 @@ def _plot_memory(data: ReportData) -> str | None:
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("peak memory (GiB)")
     ax.set_ylabel("samples/s")
+    return _svg(fig)
+
+
+def _plot_prediction(data: ReportData) -> str | None:
+    """Each measured trial's predicted peak (before it ran) against its measured peak, the
+    identity line, and the budget; skipped trials (predicted only) on the budget's side."""
+    pairs = [t for t in data.trials if t["predicted_peak_gib"] is not None and t["metrics"]
+             and t["metrics"].get("peak_mem_gib")]
+    if not pairs:
+        return None
+    fig, ax = _figure()
+    measured = [t["metrics"]["peak_mem_gib"] for t in pairs]
+    predicted = [t["predicted_peak_gib"] for t in pairs]
+    ax.scatter(measured, predicted, zorder=3, label="measured trials")
+    for t, x, y in zip(pairs, measured, predicted):
+        ax.annotate(str(t["number"]), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    skipped = [t["predicted_peak_gib"] for t in data.trials if t["state"] == "skipped" and t["predicted_peak_gib"]]
+    budget = data.result.memory_budget_gib
+    everything = measured + predicted + skipped + ([budget] if budget else [])
+    low, high = min(everything) * 0.95, max(everything) * 1.05
+    ax.plot([low, high], [low, high], color="gray", linewidth=1, label="predicted = measured")
+    if budget:
+        ax.axvline(budget, color="tab:red", linestyle="--", linewidth=1, label=f"budget {budget:g} GiB")
+        if skipped:
+            ax.scatter([budget] * len(skipped), skipped, marker="x", color="tab:red", zorder=3,
+                       label="skipped (predicted only)")
+    ax.set_xlabel("measured peak (GiB)")
+    ax.set_ylabel("predicted peak (GiB)")
+    ax.legend(loc="upper left", fontsize=8)
     return _svg(fig)
 
 
