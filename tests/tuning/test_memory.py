@@ -117,3 +117,20 @@ def test_with_skipping_off_every_configuration_runs(toy, tmp_path):
     for micro, peak in ((2, 0.32), (4, 0.34)):
         planner.memory.observe({**planner.baseline_config.params(), "micro_batch_size": micro}, peak, peak, "fitted")
     assert planner.next(False)["knobs"]["micro_batch_size"] == 16  # predicted 0.46 GiB, run anyway
+
+
+def test_loader_workers_alone_are_enough_to_fit_their_memory():
+    """The issue's job: each loader worker holds a 256 MiB index, the micro-batch never
+    changes. Two worker counts fit the per-worker bytes; the third prediction is exact, and
+    another micro-batch (never seen) is not claimed as fitted."""
+    model = MemoryModel(P, overhead_bytes=0.3 * GIB, world_size=1, host_is_device=True)
+
+    def truth(workers):
+        return 0.45 + 0.25 * workers
+
+    for workers in (0, 1):
+        knobs = {"micro_batch_size": 16, "num_workers": workers}
+        model.observe(knobs, model.predict(knobs).peak_gib, truth(workers))
+    three = model.predict({"micro_batch_size": 16, "num_workers": 3})
+    assert three.basis == "fitted" and three.peak_gib == pytest.approx(truth(3), rel=1e-6)
+    assert model.predict({"micro_batch_size": 32, "num_workers": 0}).basis == "analytic"

@@ -18,8 +18,9 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
   (amp dtype, checkpointing) not measured yet scales the fp32 / no-checkpointing slope by
   a prior (half for reduced precision and for selective checkpointing, a tenth for full);
   a group measured at one micro-batch has its own slope through the common intercept.
-- Until two trials differ in micro-batch, the prediction is the analytic part alone and
-  says so (``analytic``).
+- Until two trials differ in micro-batch or in loader workers, the prediction is the
+  analytic part alone and says so (``analytic``); while only the workers have varied, a
+  configuration at another micro-batch is predicted ``analytic`` too.
 """
 
 from __future__ import annotations
@@ -103,9 +104,14 @@ class MemoryModel:
                     if self.observed else self.overhead_bytes)
             return Prediction((base + states) / GIB, "analytic")
         intercept, slopes, per_worker = fit
+        workers = per_worker * knobs.get("num_workers", 0)
+        if slopes is None:  # one micro-batch so far, in the intercept: fitted only at it, in its groups
+            seen = {(k["micro_batch_size"], _group(k)) for k, _ in self.observed}
+            basis = "fitted" if (knobs["micro_batch_size"], _group(knobs)) in seen else "analytic"
+            return Prediction(max(intercept + states + workers, states) / GIB, basis)
         group = _group(knobs)
         slope = slopes.get(group, slopes[("fp32", "none")] * _prior(group))
-        peak = intercept + states + slope * knobs["micro_batch_size"] + per_worker * knobs.get("num_workers", 0)
+        peak = intercept + states + slope * knobs["micro_batch_size"] + workers
         return Prediction(max(peak, states) / GIB, "fitted")
 
     def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float,
@@ -149,21 +155,26 @@ class MemoryModel:
     def _states(self, knobs: Mapping[str, Any]) -> float:
         return states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
 
-    def _fit(self) -> tuple[float, dict[tuple[str, str], float], float] | None:
-        """Intercept, per-sample slope per (amp, checkpointing) group, per-worker bytes; ``None``
-        until two trials differ in their (prior-scaled) micro-batch."""
+    def _fit(self) -> tuple[float, dict[tuple[str, str], float] | None, float] | None:
+        """Intercept, per-sample slope per (amp, checkpointing) group (``None`` while every
+        trial had the same micro-batch: then the intercept holds that micro-batch's
+        activations), per-worker bytes; ``None`` until two trials differ in their
+        (prior-scaled) micro-batch or in their loader workers."""
         rows = [(k, peak - self._states(k)) for k, peak in self.observed]
         scaled = [k["micro_batch_size"] * _prior(_group(k)) for k, _ in rows]
-        if len(set(scaled)) < 2:
-            return None
         workers = [k.get("num_workers", 0) for k, _ in rows]
-        columns = [np.ones(len(rows)), np.array(scaled, dtype=float)]
-        if len(set(workers)) >= 2 and len(rows) >= 3:
+        micro_varies, workers_vary = len(set(scaled)) >= 2, len(set(workers)) >= 2
+        if not micro_varies and not workers_vary:
+            return None
+        columns = [np.ones(len(rows))] + ([np.array(scaled, dtype=float)] if micro_varies else [])
+        if workers_vary and (len(rows) >= 3 or not micro_varies):
             columns.append(np.array(workers, dtype=float))
         coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), np.array([r for _, r in rows]), rcond=None)
-        intercept, per_sample = float(coef[0]), max(0.0, float(coef[1]))
-        per_worker = max(0.0, float(coef[2])) if len(coef) > 2 else 0.0
-        slopes = {("fp32", "none"): per_sample}
+        intercept = float(coef[0])
+        per_worker = max(0.0, float(coef[-1])) if len(coef) > 1 + micro_varies else 0.0
+        if not micro_varies:
+            return intercept, None, per_worker
+        slopes = {("fp32", "none"): max(0.0, float(coef[1]))}
         for group in {_group(k) for k, _ in rows}:
             mine = [(k["micro_batch_size"], r - intercept - per_worker * k.get("num_workers", 0))
                     for k, r in rows if _group(k) == group]
