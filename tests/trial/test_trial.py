@@ -191,3 +191,19 @@ def _config(**knobs):
     from tuner.config.space import Machine, make_config
 
     return make_config(knobs, 16, 1, Machine.detect(), "torch")[0]
+
+
+def test_a_short_trial_counts_what_its_loader_workers_hold(tmp_path):
+    """Each loader worker builds its own 128 MiB index on its first read; a trial of a few
+    tenths of a second ends before the memory thread's next tick. Its peak must still hold
+    both workers' indexes (a bench run read 0.35 GiB with two and three workers against 0.47
+    with none, before the trial read PSS once more with its workers alive)."""
+    from conftest import ROOT, write_recipe
+
+    recipe = write_recipe(tmp_path, {
+        "name": "index", "task": str(ROOT / "scripts" / "memory_tasks" / "worker_index.py"),
+        "task_args": {"index_mib": 128, "read_ms": 0.0}, "global_batch_size": 16,
+        "steps": {"warmup": 1, "measure": 3}})
+    alone = tuner.measure(recipe, num_workers=0).metrics["peak_mem_gib"]
+    two = tuner.measure(recipe, num_workers=2).metrics["peak_mem_gib"]
+    assert two - alone > 0.15, (alone, two)  # two 0.125 GiB indexes in the workers, one in the main process

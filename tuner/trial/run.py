@@ -82,6 +82,7 @@ def run_trial(
         gpu.stop()
         raise
     t_teardown = time.perf_counter()
+    memory.sample()  # the loader workers, still alive: a trial shorter than one tick sees them here
     job.close()
     window_start = job.window_start
     del job
