@@ -57,11 +57,12 @@ def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
     assert "activation_checkpointing" in report and "over_budget" in report
     assert "recompute" in report  # the attribution's risk note says what checkpointing costs
     # every trial's peak was predicted before it ran: analytic at first, from the fit once two
-    # micro-batches were seen. Seen here: analytic 34% and 27% off, fitted 1% and 22% (micro-batch
-    # 16's 2 MiB tensors sit on glibc's heap, which a model of live tensors does not see).
+    # micro-batches were seen (``prior`` for a checkpointing mode not measured yet). Seen here:
+    # analytic 34% and 27% off, fitted 1% and 22% (micro-batch 16's 2 MiB tensors sit on
+    # glibc's heap, which a model of live tensors does not see).
     by_number = {t.number: t.user_attrs.get("prediction") for t in result.study.trials}
     basis = [by_number[int(r["number"])] for r in trials]  # the measured trials, in order
-    assert basis[0] == "analytic" and set(basis[2:]) == {"fitted"}, basis
+    assert basis[0] == "analytic" and set(basis[2:]) <= {"fitted", "prior"}, basis
     errors = [abs(float(r["predicted_peak_gib"]) - float(r["peak_mem_gib"])) / float(r["peak_mem_gib"])
               for r in trials if r["peak_mem_gib"]]
     assert len(errors) == len(trials) and max(errors[2:]) <= 0.4, errors

@@ -134,3 +134,20 @@ def test_loader_workers_alone_are_enough_to_fit_their_memory():
     three = model.predict({"micro_batch_size": 16, "num_workers": 3})
     assert three.basis == "fitted" and three.peak_gib == pytest.approx(truth(3), rel=1e-6)
     assert model.predict({"micro_batch_size": 32, "num_workers": 0}).basis == "analytic"
+
+
+def test_each_measured_group_gets_its_own_slope_whatever_the_prior():
+    """bf16 keeps 0.6x fp32's activations here, where the prior says 0.5x: with one group at
+    two micro-batches, every measured group is fitted with its own slope, so fp32 at a new
+    micro-batch is predicted from fp32's own point, not bent by the prior."""
+    model = MemoryModel(P, overhead_bytes=0.3 * GIB, world_size=1, host_is_device=True)
+
+    def truth(micro, amp):
+        per = 2.0 if amp == "fp32" else 1.2  # MiB a sample
+        return (0.5 * GIB + model._states({"amp_dtype": amp}) + per * micro * 2**20) / GIB
+
+    for micro, amp in ((4, "fp32"), (4, "bf16"), (16, "bf16")):
+        knobs = {"micro_batch_size": micro, "amp_dtype": amp}
+        model.observe(knobs, model.predict(knobs).peak_gib, truth(micro, amp))
+    assert model.predict({"micro_batch_size": 16, "amp_dtype": "fp32"}).peak_gib == pytest.approx(truth(16, "fp32"),
+                                                                                                   rel=1e-6)

@@ -63,7 +63,8 @@ class CapacityPlan:
     budget_gib: float
     budget_source: str
     bound: float | None
-    """The model's worst relative error on the profiled trials it predicted from a fit."""
+    """The model's worst relative error on the profiled trials it predicted from a fit (a new
+    group's from its prior too)."""
     rows: list[Row]
     profiled: list[dict[str, Any]] = field(default_factory=list)
     """Each profiled trial: knobs, predicted and measured peak (GiB), state."""
@@ -181,7 +182,9 @@ class Profiler:
             knobs = {k: getattr(config, k) for k in (*SHARDING, *GROUP)}  # normalised: what really differs
             if all(r.knobs != knobs for r in rows):
                 rows.append(self._row(knobs))
-        bound = max(self.model.fitted_errors) if self.model.fitted_errors else None
+        checked = [abs(p["predicted_gib"] - p["measured_gib"]) / p["measured_gib"] for p in self.profiled
+                   if p["measured_gib"] and p["basis"] != "analytic"]  # a group's prior counts: conservative
+        bound = max(checked) if checked else None
         return CapacityPlan(str(self.recipe.path), self.budget_gib, self.budget_source, bound, rows, self.profiled,
                             self.model.parameters, self.recipe.world_size, wall_s)
 

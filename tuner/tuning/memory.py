@@ -49,7 +49,9 @@ CHECKPOINT_PRIOR = {"none": 1.0, "selective": 0.5, "full": 0.1}
 class Prediction:
     peak_gib: float
     basis: str
-    """``analytic`` (model states and overhead only) or ``fitted`` (from this run's trials)."""
+    """``analytic`` (model states and overhead only), ``fitted`` (from this run's trials), or
+    ``prior`` (fitted, for an AMP dtype x checkpointing group not measured yet: its
+    activations scaled from another group's by a fixed prior, so never trusted to skip)."""
 
 
 def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
@@ -112,7 +114,8 @@ class MemoryModel:
         group = _group(knobs)
         slope = slopes.get(group, slopes[("fp32", "none")] * _prior(group))
         peak = intercept + states + slope * knobs["micro_batch_size"] + workers
-        return Prediction(max(peak, states) / GIB, "fitted")
+        measured = any(_group(k) == group for k, _ in self.observed)
+        return Prediction(max(peak, states) / GIB, "fitted" if measured else "prior")
 
     def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float,
                 basis: str | None = None, reported: bool = True) -> None:
@@ -138,7 +141,7 @@ class MemoryModel:
                 return None
             return (f"predicted {prediction.peak_gib:.2f} GiB > budget {budget_gib:g} GiB (model states and "
                     "overhead alone, before any activation: a lower bound)")
-        if len(self.fitted_errors) < 2:
+        if prediction.basis == "prior" or len(self.fitted_errors) < 2:
             return None
         error = max(self.fitted_errors)
         if prediction.peak_gib <= budget_gib * (1 + error):
@@ -159,30 +162,40 @@ class MemoryModel:
         """Intercept, per-sample slope per (amp, checkpointing) group (``None`` while every
         trial had the same micro-batch: then the intercept holds that micro-batch's
         activations), per-worker bytes; ``None`` until two trials differ in their
-        (prior-scaled) micro-batch or in their loader workers."""
+        (prior-scaled) micro-batch or in their loader workers.
+
+        Once one group has two micro-batches, every measured group gets its own slope in one
+        least-squares fit through a common intercept: scaling one slope by priors let a
+        wrong prior bend it (a GPT-2 measured bf16 at 0.6x fp32's activations, not 0.5x:
+        fp32 at micro-batch 16 read 20% over, 11% with per-group slopes)."""
         rows = [(k, peak - self._states(k)) for k, peak in self.observed]
-        scaled = [k["micro_batch_size"] * _prior(_group(k)) for k, _ in rows]
         workers = [k.get("num_workers", 0) for k, _ in rows]
-        micro_varies, workers_vary = len(set(scaled)) >= 2, len(set(workers)) >= 2
-        if not micro_varies and not workers_vary:
+        by_group: dict[tuple[str, str], set[int]] = {}
+        for k, _ in rows:
+            by_group.setdefault(_group(k), set()).add(k["micro_batch_size"])
+        groups = sorted(by_group)
+        if any(len(m) >= 2 for m in by_group.values()):
+            columns = [np.ones(len(rows))] + [np.array([k["micro_batch_size"] * (_group(k) == g) for k, _ in rows],
+                                                       dtype=float) for g in groups]
+        else:
+            scaled = [k["micro_batch_size"] * _prior(_group(k)) for k, _ in rows]
+            columns = [np.ones(len(rows))] + ([np.array(scaled, dtype=float)] if len(set(scaled)) >= 2 else [])
+            groups = [("fp32", "none")] if len(columns) > 1 else []
+        workers_vary = len(set(workers)) >= 2
+        if len(columns) == 1 and not workers_vary:
             return None
-        columns = [np.ones(len(rows))] + ([np.array(scaled, dtype=float)] if micro_varies else [])
-        if workers_vary and (len(rows) >= 3 or not micro_varies):
+        if workers_vary and (len(rows) > len(columns) or len(columns) == 1):
             columns.append(np.array(workers, dtype=float))
         coef, *_ = np.linalg.lstsq(np.stack(columns, axis=1), np.array([r for _, r in rows]), rcond=None)
         intercept = float(coef[0])
-        per_worker = max(0.0, float(coef[-1])) if len(coef) > 1 + micro_varies else 0.0
-        if not micro_varies:
+        per_worker = max(0.0, float(coef[-1])) if len(coef) > 1 + len(groups) else 0.0
+        if not groups:
             return intercept, None, per_worker
-        slopes = {("fp32", "none"): max(0.0, float(coef[1]))}
-        for group in {_group(k) for k, _ in rows}:
-            mine = [(k["micro_batch_size"], r - intercept - per_worker * k.get("num_workers", 0))
-                    for k, r in rows if _group(k) == group]
-            if group != ("fp32", "none") or len({m for m, _ in mine}) >= 2:
-                # the group's own slope through the common intercept, from one micro-batch or more:
-                # its measured point beats the prior (tuner plan profiles each group once)
-                m = np.array([m for m, _ in mine], dtype=float)
-                slopes[group] = max(0.0, float(m @ np.array([r for _, r in mine]) / (m @ m)))
+        slopes = {g: max(0.0, float(c)) for g, c in zip(groups, coef[1:])}
+        if len(groups) == 1 and groups[0] == ("fp32", "none") and len(by_group) > 1:
+            slopes = {g: slopes[("fp32", "none")] * _prior(g) for g in by_group}  # prior-scaled: one slope
+        if ("fp32", "none") not in slopes:  # what the others' slopes say, by their priors
+            slopes[("fp32", "none")] = statistics.fmean(v / _prior(g) for g, v in slopes.items())
         return intercept, slopes, per_worker
 
 
