@@ -83,7 +83,7 @@ def test_plan_under_two_ranks_gives_every_zero_stage_its_own_states(tmp_path):
         "space": {"micro_batch_size": [2, 4, 8, 16], "zero_stage": [0, 1, 3]}, "budget": {"memory_gib": 64}})
     out = tmp_path / "run"
     proc = torchrun(2, "-m", "tuner.plan", str(recipe), "--out", str(out), "--json", timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.stdout[-2000:], proc.stderr[-3000:])
     plan = json.loads(proc.stdout)
     assert plan["world_size"] == 2 and {r["knobs"]["zero_stage"] for r in plan["rows"]} == {0, 1, 3}
     assert all(p["state"] == "ok" and p["knobs"]["zero_stage"] == 0 for p in plan["profiled"])  # states are analytic

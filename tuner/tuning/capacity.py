@@ -85,9 +85,7 @@ class Profiler:
         self.base = searchspace.baseline_knobs(recipe, self.space, machine)
         model, why = memory.model_for(recipe, not machine.cuda, [])
         if model is None:
-            raise RecipeError(why or f"plan: {recipe.path} is a script recipe; the plan needs a task recipe "
-                              "(the tuner counts the model's parameters itself); a search on a script "
-                              "still predicts each trial from the peaks it measures")
+            raise RecipeError(why or f"plan: {recipe.path} needs a task recipe")  # tuner.api.plan says why first
         self.model = model
         self.budget_gib, self.budget_source = _budget(recipe, machine)
         self.profiled: list[dict[str, Any]] = []
@@ -138,15 +136,16 @@ class Profiler:
         predicted to fit (its own slope, measured where it matters most)."""
         if not micros:
             return None
-        first = group == {k: self.base[k] for k in GROUP}
-        if first and not seen:
-            return micros[0]
-        if first and len(seen) == 1:
-            larger = [m for m in micros if m >= SECOND_PROFILE_RATIO * seen[0]] or [m for m in micros if m > seen[0]]
-            return larger[0] if larger else None
-        if seen and not first:
-            return None
-        if first and len(seen) > 2:
+        if group == {k: self.base[k] for k in GROUP}:
+            if not seen:
+                return micros[0]
+            if len(seen) == 1:
+                larger = [m for m in micros if m > seen[0]]
+                far = [m for m in larger if m >= SECOND_PROFILE_RATIO * seen[0]]
+                return (far or larger or [None])[0]
+            if len(seen) > 2:
+                return None
+        elif seen:
             return None
         fits = self.largest_fitting({**self.base, **group}, micros)
         pick = fits[0] if fits[0] is not None else micros[0]
