@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 
 from tuner.config.errors import RecipeError
 from tuner.trial.result import INFEASIBLE, State
+from tuner.tuning import storage as storage_mod
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
@@ -79,21 +80,31 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
             seed=seed, n_startup_trials=4, multivariate=True, group=True,
             constraints_func=None if _SET_CONSTRAINT else constraints,
         )
-    for attempt in range(OPEN_ATTEMPTS):
-        try:
-            study = optuna.create_study(
-                study_name=recipe.name, storage=storage, direction="maximize", sampler=sampler, load_if_exists=True
-            )
-            break
-        except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver, an unreachable server
-            if _racing(exc) and attempt + 1 < OPEN_ATTEMPTS:
-                time.sleep(0.5)
-                continue
-            raise RecipeError(
-                f"storage: cannot open {storage!r}: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}; "
-                "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
-            ) from None
+    place = storage_mod.where(storage)
+
+    def connect() -> optuna.storages.BaseStorage:
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                return optuna.storages.get_storage(storage)
+            except Exception as exc:
+                if _racing(exc) and attempt + 1 < OPEN_ATTEMPTS:
+                    time.sleep(0.5)
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    try:  # a lock or a server not up yet is waited out; a full disk or a damaged file is said
+        resilient = storage_mod.Resilient(storage_mod.retrying(connect, place), place)
+        study = optuna.create_study(study_name=recipe.name, storage=resilient, direction="maximize",
+                                    sampler=sampler, load_if_exists=True)
+    except storage_mod.StorageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver
+        raise RecipeError(
+            f"storage: cannot open {storage!r}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}; "
+            "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
+        ) from None
     stale = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)

@@ -1,0 +1,115 @@
+"""Storage faults on a real SQLite study: a lock waited out, a full disk, a read-only or
+damaged file, each one clear line; what was recorded is never lost nor recorded twice."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import threading
+import time
+
+import optuna
+import pytest
+import sqlalchemy
+
+import tuner
+from tuner.tuning import storage as storage_mod
+from tuner.tuning import study as study_mod
+
+from conftest import run
+
+
+def _recipe(toy, tmp_path, trials=4):
+    return toy(steps={"warmup": 1, "measure": 3}, budget={"trials": trials},
+               space={"num_workers": [0, 1], "micro_batch_size": [4, 8]}, out=str(tmp_path / "run"))
+
+
+def _finished(db):
+    study = optuna.load_study(study_name="toy", storage=f"sqlite:///{db}")
+    done = [t for t in study.trials if t.state.is_finished() and "duplicate_of" not in t.user_attrs]
+    return done, [study_mod.config_of(t) for t in done if study_mod.config_of(t)]
+
+
+def test_a_damaged_study_file_is_one_line_and_left_as_it_was(toy, tmp_path):
+    recipe = _recipe(toy, tmp_path)
+    db = tmp_path / "run" / "study.db"
+    db.parent.mkdir()
+    db.write_bytes(b"not a database, but someone's notes" * 100)
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--quiet"])
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and "is not an SQLite database" in lines[-1], proc.stderr[-2000:]
+    assert db.read_bytes() == b"not a database, but someone's notes" * 100  # nothing overwritten
+
+
+def test_a_lock_held_past_sqlites_own_timeout_is_waited_out(toy, tmp_path):
+    """Another process holds the study's write lock for 7 s (SQLite itself waits 5): the
+    search waits it out and finishes, every trial recorded once."""
+    recipe = _recipe(toy, tmp_path, trials=3)
+    study_mod.open_study(tuner.load_recipe(recipe), f"sqlite:///{tmp_path / 'run' / 'study.db'}", 0)
+    held = threading.Event()
+
+    def hold() -> None:
+        con = sqlite3.connect(tmp_path / "run" / "study.db", isolation_level=None)
+        con.execute("BEGIN EXCLUSIVE")
+        held.set()
+        time.sleep(7)
+        con.execute("COMMIT")
+        con.close()
+
+    locker = threading.Thread(target=hold)
+    locker.start()
+    held.wait()
+    start = time.monotonic()
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--quiet", "--confirm", "0", "--attribute", "0"])
+    locker.join()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert time.monotonic() - start > 7
+    done, configs = _finished(tmp_path / "run" / "study.db")
+    assert len(done) >= 3 and len({tuple(sorted(c.items())) for c in configs}) == len(configs)
+
+
+def test_a_full_disk_stops_the_search_in_one_line_and_keeps_what_was_recorded(toy, tmp_path):
+    """SQLite's page limit makes the real 'database or disk is full' error after the
+    schema and a trial or two; the search stops with one line, the trials recorded before
+    stay, and the same command with room again resumes without recording any twice."""
+    recipe_path = _recipe(toy, tmp_path, trials=6)
+    db = tmp_path / "run" / "study.db"
+    recipe = tuner.load_recipe(recipe_path)
+    study_mod.open_study(recipe, f"sqlite:///{db}", 0)
+    pages = sqlite3.connect(db).execute("PRAGMA page_count").fetchone()[0]
+
+    def limit(dbapi_connection, _record):
+        dbapi_connection.execute(f"PRAGMA max_page_count = {pages + 1}")
+
+    sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect", limit)
+    try:
+        with pytest.raises(storage_mod.StorageError, match="is full: free space, then re-run the same command"):
+            tuner.search(recipe, quiet=True, confirm=0, attribute=0)
+    finally:
+        sqlalchemy.event.remove(sqlalchemy.engine.Engine, "connect", limit)
+    before, _ = _finished(db)
+    assert before, "nothing was recorded before the disk filled"
+    result = tuner.search(recipe, quiet=True, confirm=0, attribute=0)
+    after, configs = _finished(db)
+    assert {t.number for t in before} <= {t.number for t in after}  # nothing lost
+    assert len({tuple(sorted(c.items())) for c in configs}) == len(configs)  # nothing measured twice
+    assert result.trials >= len(before)
+
+
+def test_a_read_only_study_is_one_line(toy, tmp_path):
+    recipe = _recipe(toy, tmp_path, trials=1)
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--quiet", "--confirm", "0", "--attribute", "0"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    url = f"sqlite:///file:{tmp_path / 'run' / 'study.db'}?mode=ro&uri=true"
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--quiet", "--storage", url, "--trials", "3"])
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "is read-only" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+def test_only_database_errors_are_intercepted():
+    assert storage_mod.classify(KeyError("no such study"), "x") is None
+    err = sqlalchemy.exc.OperationalError("INSERT", {}, sqlite3.OperationalError("database is locked"))
+    passing, message = storage_mod.classify(err, "runs/x/study.db")
+    assert passing and "stayed unreachable or locked" in message
+    assert storage_mod.where("postgresql://me:secret@db:5432/t") == "postgresql://me:***@db:5432/t"

@@ -1,0 +1,142 @@
+"""The study's storage, with its faults said in one line and the passing ones waited out.
+
+A search that runs for an hour meets what storage does in an hour: another process holding
+SQLite's lock, a PostgreSQL server restarting, a disk filling up, a file made read-only or
+damaged. Every storage call goes through :class:`Resilient`, which retries what passes
+(a lock, a connection that dropped or is refused: backoff up to :data:`RETRY_S`) and turns
+what does not into a :class:`StorageError`, one line that says what is wrong and what to
+do. What the study already recorded stays recorded; the trial whose result could not be
+written is the one a re-run measures again.
+
+Only database errors are intercepted (SQLAlchemy's DBAPI errors and Optuna's
+``StorageInternalError`` wrapping them): Optuna's own exceptions, part of its normal flow
+(a study that already exists, a finished trial), pass through untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import optuna
+from optuna.storages import BaseStorage
+
+from tuner.config.errors import RecipeError
+
+RETRY_S = 60.0
+"""How long a lock or an unreachable server is waited out before the search stops."""
+
+PASSING = ("database is locked", "database table is locked", "could not connect", "connection refused",
+           "server closed the connection", "terminating connection", "connection reset", "broken pipe",
+           "lost connection", "can't connect", "connection timed out", "the database system is starting up",
+           "the database system is shutting down", "ssl syscall error")
+"""Errors a retry can cure: another process's lock, a server restarting or not up yet."""
+
+LASTING = (
+    ("database or disk is full", "the disk holding {where} is full: free space, then re-run the same command to "
+                                 "resume (every trial recorded so far is kept)"),
+    ("disk i/o error", "{where} could not be written (disk I/O error): check the disk, then re-run the same command "
+                       "to resume"),
+    ("readonly database", "{where} is read-only: make it writable, or give --storage / --out another place, then "
+                          "re-run the same command to resume"),
+    ("file is not a database", "{where} is not an SQLite database (damaged, or another file): move it away to start "
+                               "afresh, or restore it from a copy"),
+    ("database disk image is malformed", "{where} is damaged (malformed database image): move it away to start "
+                                         "afresh, or restore it from a copy"),
+    ("unable to open database file", "{where} cannot be opened: check that its folder exists and is writable"),
+)
+"""Errors a retry cannot cure, and what to do about each."""
+
+
+class StorageError(RecipeError):
+    """The study's storage failed in a way the search cannot work around."""
+
+    exit_code = 3
+
+
+def where(url: str) -> str:
+    """The storage as a user names it: an SQLite file's path, else the URL without its password."""
+    if url.startswith("sqlite:///"):
+        return url[len("sqlite:///"):]
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: say it as given
+        return url
+
+
+def _database_error(exc: BaseException) -> str | None:
+    """The lower-cased messages of the database errors in ``exc``'s chain (``None``: not one)."""
+    import sqlalchemy
+
+    found, cause = [], exc
+    while cause is not None:
+        if isinstance(cause, (sqlalchemy.exc.DBAPIError, optuna.exceptions.StorageInternalError)):
+            found.append(str(cause).lower())
+        cause = cause.__cause__ or cause.__context__
+    return " | ".join(found) if found else None
+
+
+def classify(exc: BaseException, place: str) -> tuple[bool, str] | None:
+    """``(passing, message)`` for a database error, ``None`` for anything else (Optuna's own
+    errors too, whatever database error they were raised from: a study that already exists)."""
+    if isinstance(exc, optuna.exceptions.OptunaError) and not isinstance(exc, optuna.exceptions.StorageInternalError):
+        return None
+    text = _database_error(exc)
+    if text is None:
+        return None
+    for needle, message in LASTING:
+        if needle in text:
+            return False, "storage: " + message.format(where=place)
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if any(needle in text for needle in PASSING):
+        return True, (f"storage: {place} stayed unreachable or locked for {RETRY_S:.0f} s ({first}); once it is "
+                      "back, re-run the same command to resume (every trial recorded so far is kept)")
+    return False, f"storage: {place} failed: {first}"
+
+
+def retrying(call: Callable[[], Any], place: str) -> Any:
+    """``call()``, its passing database errors retried with backoff for :data:`RETRY_S`."""
+    deadline, pause = time.monotonic() + RETRY_S, 0.25
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            kind = classify(exc, place)
+            if kind is None:
+                raise
+            passing, message = kind
+            if not passing or time.monotonic() + pause > deadline:
+                raise StorageError(message) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
+
+
+class Resilient(BaseStorage):
+    """Any Optuna storage, every call retried / explained by :func:`retrying`."""
+
+    def __init__(self, inner: BaseStorage, place: str) -> None:
+        self._inner, self._place = inner, place
+
+    def __getattr__(self, name: str) -> Any:  # anything beyond BaseStorage's interface
+        return getattr(self._inner, name)
+
+
+def _delegate(name: str) -> Callable[..., Any]:
+    def call(self: Resilient, *args: Any, **kwargs: Any) -> Any:
+        return retrying(lambda: getattr(self._inner, name)(*args, **kwargs), self._place)
+
+    call.__name__ = name
+    return call
+
+
+for _name in [n for n in dir(BaseStorage) if not n.startswith("_") and callable(getattr(BaseStorage, n))]:
+    setattr(Resilient, _name, _delegate(_name))
+Resilient.__abstractmethods__ = frozenset()
+
+
+def open_storage(url: str) -> Resilient:
+    """The storage behind ``url`` (schema created or checked on the way), faults explained."""
+    place = where(url)
+    return Resilient(retrying(lambda: optuna.storages.get_storage(url), place), place)
