@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
-from tuner.harness.window import AUTO
 from tuner.scriptmode import adapters
 from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
+from tuner.trial.limits import Limits
 from tuner.trial.result import State, TrialResult
 
 if TYPE_CHECKING:
@@ -39,30 +39,6 @@ TAIL_CHARS = 1500
 """How much of a failed trial's output its reason carries."""
 GRACE_S = 5.0
 """Time between SIGTERM and SIGKILL when ending a trial's process tree."""
-
-
-class Limits:
-    """Time limits for script trials: the recipe's ``timeout_s`` until a trial has been
-    measured, then what the measured step time says a trial needs (with room to spare)."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.startup_s = 0.0
-        self.step_s = 0.0
-
-    def learn(self, elapsed_s: float, steps: int, global_batch: int, metrics: dict[str, Any]) -> None:
-        p99 = metrics.get("step_time_p99_s") or 0.0
-        mean = global_batch / metrics["samples_per_s"] if metrics.get("samples_per_s") else 0.0  # s per step
-        self.step_s = max(self.step_s, p99)
-        self.startup_s = max(self.startup_s, elapsed_s - steps * mean)
-
-    def limit(self, warmup: int, measure: int | str) -> float:
-        """Seconds a trial of ``warmup`` + ``measure`` steps may take (``auto``: its longest window)."""
-        if not self.startup_s:
-            return self.timeout_s
-        window_s = measure * self.step_s if isinstance(measure, int) else \
-            min(AUTO.max_steps * self.step_s, AUTO.max_s + self.step_s)
-        return min(self.timeout_s, max(30.0, 2 * self.startup_s + 5 * (warmup * self.step_s + window_s)))
 
 
 ENDED = "ended"
