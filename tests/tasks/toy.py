@@ -32,6 +32,11 @@ from torch.utils.data import Dataset
 
 _fail: str | None = None  # set from task_args when the trial builds the dataset
 _oom: tuple[int, int] | None = None
+_hang: tuple[int, int, str] | None = None  # (micro-batch, rank, marker file): a forward that never returns, once
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 _step_s = 0.0
 _record = False
 _fragile = False
@@ -82,7 +87,7 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _fail, _oom, _step_s, _record, _fragile, _builds, _busy_s
+    global _hang, _fail, _oom, _step_s, _record, _fragile, _builds, _busy_s
     _builds += 1
     if args.get("ctrl_c_in_del") == _builds:
         _CtrlCOnDelete()  # dropped at once: SIGINT raised inside __del__
@@ -94,6 +99,7 @@ def build_dataset(args):
     for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
         log.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
+    _hang = (args["hang_at_micro"], args.get("hang_rank", 1), args["hang_marker"]) if "hang_at_micro" in args else None
     return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0), args.get("cached", False),
                  args.get("decode_ms", 0.0))
 
@@ -123,6 +129,9 @@ def compute_loss(model, batch):
         if rank == _oom[1]:
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory on rank {rank} (micro-batch {x.shape[0]}, raised by the test task)")
+    if _hang is not None and x.shape[0] == _hang[0] and _rank() == _hang[1] and not os.path.exists(_hang[2]):
+        open(_hang[2], "w").close()  # once: the first trial at that micro-batch
+        time.sleep(3600)  # a rank stuck in the task's code: the others wait in the backward's all-reduce
     logits = model(x)
     if _fragile:  # adding and removing 4096: exact in fp32, rounds logits to multiples of 32 in bf16
         logits = ((logits * 10) + 4096) - 4096

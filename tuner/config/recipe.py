@@ -38,6 +38,9 @@ class Steps:
     (:mod:`tuner.harness.window`)."""
     repeats: int = 1
     """Times a configuration is measured; results are reported as the median."""
+    timeout_s: float = 600.0
+    """The longest an in-process trial may run before it is recorded ``hung`` (the ceiling:
+    once a trial has measured its steps, the limit is what they say, far shorter)."""
 
     @property
     def most(self) -> int:
@@ -350,6 +353,10 @@ def _section(raw: Any, where: str, cls: type, parse: Callable[[Any, str], Any]) 
 
 
 def _steps_value(value: Any, where: str) -> Any:
+    if where.endswith(".timeout_s"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise RecipeError(f"{where}: expected a positive number of seconds, got {value!r}")
+        return float(value)
     if where.endswith(".measure") and value == "auto":
         return value
     if where.endswith(".measure") and not isinstance(value, int):

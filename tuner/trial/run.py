@@ -20,7 +20,7 @@ from tuner.harness import distributed
 from tuner.harness.flops import peak_flops
 from tuner.harness.metrics import Window, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory
-from tuner.trial import after
+from tuner.trial import after, watchdog
 from tuner.trial.failures import TrialStop, classify
 from tuner.trial.loop import Job
 from tuner.trial.result import Instruments, PruneRule, State, TrialResult
@@ -47,6 +47,7 @@ def run_trial(
         instruments: a profiler trace of the window, NVTX ranges.
     """
     memory = HostMemory(exact_peak=True).start()
+    dog = watchdog.start(recipe, config, ctx)
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
     alloc_before = _allocator_start(ctx.device)
     timings: dict[str, float] = {}
@@ -77,6 +78,7 @@ def run_trial(
         timings.setdefault("build", time.perf_counter() - t0)
         # Only the reason is kept: the traceback holds the loop's frames and their tensors.
     except BaseException:  # Ctrl-C: shut the workers down before going
+        dog.stop()
         job.close()
         memory.stop()
         gpu.stop()
@@ -95,8 +97,10 @@ def run_trial(
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
         window.gpu_mem_used_bytes = gpu.peak_used
         _allocator_end(window, ctx.device, alloc_before)
-    return _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
-                                                   pruned_at), window)
+    result = _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
+                                                     pruned_at), window)
+    watchdog.learn(recipe, config, dog.stop(), result)
+    return result
 
 
 def _measure(job: Job, timings: dict[str, float]) -> Window:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tuner.config.space import Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed
 from tuner.scriptmode.launcher import ScriptTrials
-from tuner.trial import engines
+from tuner.trial import engines, watchdog
 from tuner.trial.run import run_trial
 from tuner.tuning import budget, finalists, interrupt, searchspace
 from tuner.tuning.events import SearchEvents
@@ -41,6 +41,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     pool = Pool()
     planner = Planner(recipe, space, machine, events or SearchEvents(), pool) if ctx.is_main else None
     scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
+    watchdog.recorder = planner.record_hung if planner else None
     stopped = "interrupted"
     confirmed: finalists.Confirmation | None = None
     attribution: Attribution | None = None

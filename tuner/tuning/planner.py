@@ -209,6 +209,11 @@ class Planner:
         self.events.finish_trial(frozen, outcome, self._best_value())
         self.trial = self.current = None
 
+    def record_hung(self, reason: str) -> None:
+        """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""
+        if self.trial is not None and self.current is not None:
+            self.record(TrialResult(self.current.params(), State.HUNG, reason))
+
     def _progress(self, before: float | None) -> None:
         """Count a sampler trial that did not move the best beyond the noise."""
         after = self._best_value()

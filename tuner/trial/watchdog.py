@@ -1,0 +1,152 @@
+"""No hang anywhere: every in-process trial has a time limit, and a trial past it ends the
+process after saying where each rank was.
+
+A rank stuck in the task's code, or waiting in a collective for a rank that is (a failure
+inside the backward on one rank, a ZeRO-3 gather, a rank killed mid-trial), cannot be
+interrupted from Python: the main thread is inside C++ or a system call. So a thread per
+rank waits for the trial's end; past the limit it publishes the main thread's innermost
+Python frame (``compute_loss (toy.py:112)``, or ``_engine_run_backward`` for a rank
+waiting in the backward's all-reduce) through the process group's store, rank 0 reads
+every rank's, has the trial recorded ``hung`` with that reason (:data:`recorder`, set by
+the search), and every rank exits with :data:`EXIT_HUNG`. Under ``torchrun
+--max-restarts=N`` the search restarts and resumes: the hung trial is recorded, not run
+again. The limit is script mode's (:class:`~tuner.trial.limits.Limits`): ``steps.timeout_s``
+until a trial of the recipe has finished here, then what its measured steps say.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Callable
+
+from tuner.trial.limits import Limits
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.harness.distributed import DistContext
+    from tuner.trial.result import TrialResult
+
+EXIT_HUNG = 75
+"""The exit status of a process whose trial hung (``EX_TEMPFAIL``: run it again to resume)."""
+
+recorder: Callable[[str], None] | None = None
+"""Rank 0's way to record the trial in flight as ``hung`` before the process ends (the search's)."""
+
+_LIMITS: dict[tuple[str, str, bool], Limits] = {}
+"""What finished trials taught about the time limit, in this process, per recipe, engine and
+compile: the first trial of each kind (DeepSpeed's engine build, inductor's compile, both
+far longer than an eager trial's start) runs under the ceiling."""
+FLOOR_S = 60.0
+"""No learned limit is shorter."""
+
+
+class Watchdog:
+    """The limit of one trial on one rank."""
+
+    def __init__(self, limit_s: float, ctx: "DistContext") -> None:
+        self.limit_s, self.ctx = limit_s, ctx
+        self.started = time.monotonic()
+        self._done = threading.Event()
+        self._main = threading.main_thread().ident
+        self._thread = threading.Thread(target=self._wait, name="tuner-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> float:
+        """The trial ended in time; returns its seconds."""
+        self._done.set()
+        return time.monotonic() - self.started
+
+    def _wait(self) -> None:
+        if self._done.wait(self.limit_s):
+            return
+        reason = f"hung: the trial ran past its {self.limit_s:.0f} s limit; " + self._where()
+        print(f"tuner: {reason}. Recorded as hung; re-run the same command to resume "
+              "(under torchrun, --max-restarts=N does it)", file=sys.stderr, flush=True)
+        if self.ctx.rank == 0:
+            try:
+                if recorder is not None:
+                    recorder(reason)
+            except Exception as exc:  # noqa: BLE001 - the process ends either way; say why nothing was kept
+                print(f"tuner: the hung trial could not be recorded: {type(exc).__name__}: {exc}", file=sys.stderr)
+            finally:
+                _say(_store(), "tuner/hung/recorded", "1")
+        else:  # the first rank to exit has torchrun end the others: rank 0 must have recorded it by then
+            _wait(_store(), "tuner/hung/recorded", 30)
+        os._exit(EXIT_HUNG)
+
+    def _where(self) -> str:
+        """Each rank's innermost Python frame: its own, and the others' through the store."""
+        mine = _frame(self._main)
+        store = _store()
+        if store is None or self.ctx.world_size == 1:
+            return f"rank {self.ctx.rank} in {mine}"
+        store.set(f"tuner/hung/{self.ctx.rank}", mine)
+        if self.ctx.rank != 0:
+            return f"rank {self.ctx.rank} in {mine}"
+        said = [f"rank 0 in {mine}"]
+        for rank in range(1, self.ctx.world_size):
+            key = f"tuner/hung/{rank}"
+            try:
+                store.wait([key], timedelta(seconds=10))
+                said.append(f"rank {rank} in {store.get(key).decode()}")
+            except Exception:  # noqa: BLE001 - a rank that is gone, or whose thread cannot run
+                said.append(f"rank {rank} said nothing (gone, or holding the interpreter)")
+        return "; ".join(said)
+
+
+def _say(store: object | None, key: str, value: str) -> None:
+    if store is not None:
+        try:
+            store.set(key, value)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the store's host is gone: nothing to tell
+            pass
+
+
+def _wait(store: object | None, key: str, seconds: float) -> None:
+    if store is not None:
+        try:
+            store.wait([key], timedelta(seconds=seconds))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - rank 0 gone or stuck itself: exit anyway
+            pass
+
+
+def _frame(thread_id: int | None) -> str:
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    if frame is None:
+        return "an unknown place"
+    return f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
+
+
+def _store() -> object | None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return None
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store to reach the other ranks through: say our own
+        return None
+
+
+def _limits(recipe: "Recipe", config: "Config") -> Limits:
+    return _LIMITS.setdefault((str(recipe.path), config.engine, config.compile), Limits(recipe.steps.timeout_s))
+
+
+def start(recipe: "Recipe", config: "Config", ctx: "DistContext") -> Watchdog:
+    """The watchdog of a trial of ``config`` starting now."""
+    limit = _limits(recipe, config).limit(recipe.steps.warmup, recipe.steps.measure)
+    return Watchdog(min(recipe.steps.timeout_s, max(FLOOR_S, limit)), ctx)
+
+
+def learn(recipe: "Recipe", config: "Config", elapsed_s: float, result: "TrialResult") -> None:
+    """A finished trial's time, for the next trials' limit (only a measured one teaches it)."""
+    metrics = result.metrics
+    if not metrics or not metrics.get("samples_per_s"):
+        return
+    steps = recipe.steps.warmup + int(metrics.get("measured_steps") or recipe.steps.most)
+    _limits(recipe, config).learn(elapsed_s, steps, recipe.global_batch_size, metrics)
