@@ -35,6 +35,13 @@ _oom: tuple[int, int] | None = None
 _hang: tuple[int, int, str] | None = None  # (micro-batch, rank, marker file): a forward that never returns, once
 
 
+_bwd_fail: tuple[int, int] | None = None  # (micro-batch, rank) whose backward raises
+
+
+def _broken_backward(grad: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("the task's backward broke on this rank (raised by the test task)")
+
+
 def _rank() -> int:
     return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
 _step_s = 0.0
@@ -87,7 +94,7 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _hang, _fail, _oom, _step_s, _record, _fragile, _builds, _busy_s
+    global _bwd_fail, _hang, _fail, _oom, _step_s, _record, _fragile, _builds, _busy_s
     _builds += 1
     if args.get("ctrl_c_in_del") == _builds:
         _CtrlCOnDelete()  # dropped at once: SIGINT raised inside __del__
@@ -99,6 +106,8 @@ def build_dataset(args):
     for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
         log.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
+    _bwd_fail = (args["backward_fail_at_micro"], args.get("backward_fail_rank", 1)) \
+        if "backward_fail_at_micro" in args else None
     _hang = (args["hang_at_micro"], args.get("hang_rank", 1), args["hang_marker"]) if "hang_at_micro" in args else None
     return Reads(0 if _fail == "empty" else args.get("size", 2048), args.get("read_ms", 0.0), args.get("cached", False),
                  args.get("decode_ms", 0.0))
@@ -133,6 +142,8 @@ def compute_loss(model, batch):
         open(_hang[2], "w").close()  # once: the first trial at that micro-batch
         time.sleep(3600)  # a rank stuck in the task's code: the others wait in the backward's all-reduce
     logits = model(x)
+    if _bwd_fail is not None and x.shape[0] == _bwd_fail[0] and _rank() == _bwd_fail[1]:
+        logits.register_hook(_broken_backward)  # raises inside the backward, on this rank only
     if _fragile:  # adding and removing 4096: exact in fp32, rounds logits to multiples of 32 in bf16
         logits = ((logits * 10) + 4096) - 4096
     loss = nn.functional.cross_entropy(logits, y)

@@ -345,11 +345,13 @@ class Planner:
         trial = self.known.get(searchspace.config_key(Config(**params)))
         number = trial.number if trial is not None else None
         metrics = pool.metrics(params)
+        predicted = trial.user_attrs.get("predicted_peak_gib") if trial is not None else None
         if metrics is not None:
             return {"params": params, "metrics": metrics, "source": pool.source(params),
-                    "failures": pool.entry(params).failures, "trial": number}
+                    "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
         assert trial is not None, "a configuration with no measurement"
-        return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number}
+        return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number,
+                "predicted_peak_gib": predicted}
 
     def _simpler(self, best: dict[str, Any], attribution: "Attribution",
                  pool: Pool) -> tuple[dict[str, Any], str] | None:

@@ -61,7 +61,9 @@ class SearchResult:
         return {
             "params": self.best.get("params"),
             "metrics": self.best.get("metrics"),
-            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics")},
+            "predicted_peak_gib": self.best.get("predicted_peak_gib"),
+            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics"),
+                         "predicted_peak_gib": self.baseline.get("predicted_peak_gib")},
             "speedup": self.speedup,
             "target_met": self.target_met,
             "environment": self.environment,
@@ -90,9 +92,10 @@ class SearchResult:
         return cls(
             out=out,
             best={"params": data.get("params"), "metrics": data.get("metrics"), "source": data.get("source"),
-                  "failures": failures.get("best", 0), "command": data.get("command")},
+                  "failures": failures.get("best", 0), "command": data.get("command"),
+                  "predicted_peak_gib": data.get("predicted_peak_gib")},
             baseline={"params": base.get("params"), "metrics": base.get("metrics"),
-                      "failures": failures.get("baseline", 0)},
+                      "failures": failures.get("baseline", 0), "predicted_peak_gib": base.get("predicted_peak_gib")},
             speedup=data.get("speedup"), target_met=bool(data.get("target_met")),
             stopped=data.get("stopped") or "unknown", trials=int(data.get("trials") or 0),
             environment=dict(data.get("environment") or {}),
