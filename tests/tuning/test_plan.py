@@ -68,8 +68,8 @@ def test_the_plan_agrees_with_what_then_runs_and_seeds_the_search(tmp_path):
         trials = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
     assert trials[1]["micro_batch_size"] == str(plain["micro_batch_size"]), trials[1]
     assert f"trial 1: tuner plan: micro-batch {plain['micro_batch_size']} is the largest predicted to fit" in log
-    best = json.loads((out / "best.json").read_text())  # each end's prediction beside its measured peak
-    assert best["predicted_peak_gib"] > 0 and best["baseline"]["predicted_peak_gib"] > 0, best
+    best = json.loads((out / "best.json").read_text())  # the best's prediction beside its measured peak
+    assert best["predicted_peak_gib"] > 0, best
     states = [r["state"] for r in trials]
     assert states.count("over_budget") + states.count("oom") <= 1, states
 
