@@ -85,7 +85,7 @@ class Watchdog:
         store = _store()
         if store is None or self.ctx.world_size == 1:
             return f"rank {self.ctx.rank} in {mine}"
-        store.set(f"tuner/hung/{self.ctx.rank}", mine)
+        _say(store, f"tuner/hung/{self.ctx.rank}", mine)
         if self.ctx.rank != 0:
             return f"rank {self.ctx.rank} in {mine}"
         said = [f"rank 0 in {mine}"]

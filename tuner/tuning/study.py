@@ -83,15 +83,14 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
     place = storage_mod.where(storage)
 
     def connect() -> optuna.storages.BaseStorage:
-        for attempt in range(OPEN_ATTEMPTS):
+        for _ in range(OPEN_ATTEMPTS - 1):
             try:
                 return optuna.storages.get_storage(storage)
             except Exception as exc:
-                if _racing(exc) and attempt + 1 < OPEN_ATTEMPTS:
-                    time.sleep(0.5)
-                    continue
-                raise
-        raise AssertionError("unreachable")
+                if not _racing(exc):
+                    raise
+                time.sleep(0.5)
+        return optuna.storages.get_storage(storage)
 
     try:  # a lock or a server not up yet is waited out; a full disk or a damaged file is said
         resilient = storage_mod.Resilient(storage_mod.retrying(connect, place), place)
