@@ -62,7 +62,8 @@ def write_trials_csv(path: Path, study: "optuna.Study") -> None:
     """Every trial: its params, metrics, state and reason (failures included)."""
     metrics = list(METRIC_NAMES)
     metrics.insert(metrics.index("peak_mem_gib") + 1, "predicted_peak_gib")  # beside what it predicted
-    columns = ["number", "state", "reason", "baseline", "duplicate_of", *PARAM_COLUMNS, *metrics, "duration_s"]
+    columns = ["number", "state", "reason", "baseline", "duplicate_of", *PARAM_COLUMNS, *metrics, "duration_s",
+               "worker"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -75,7 +76,10 @@ def write_trials_csv(path: Path, study: "optuna.Study") -> None:
                 "baseline": bool(attrs.get("baseline")),
                 "duplicate_of": attrs.get("duplicate_of", ""),
                 "duration_s": f"{t.duration.total_seconds():.2f}" if t.duration else "",
+                "worker": "{host}:{pid}".format(**attrs["worker"]) if attrs.get("worker") else "",
             }
+            if t.state.name == "FAIL" and attrs.get("claim") and not attrs.get("state"):
+                row["reason"] = "its worker stopped beating (died?): put back to be measured again"
             row.update({k: v for k, v in (attrs.get("params") or {}).items() if k in PARAM_COLUMNS})
             row.update({k: v for k, v in (attrs.get("metrics") or {}).items() if k in METRIC_NAMES})
             if attrs.get("predicted_peak_gib") is not None:

@@ -40,13 +40,15 @@ def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
     return target.tokens_per_s is not None and tps is not None and tps >= target.tokens_per_s
 
 
-def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elapsed_s: float) -> str | None:
-    """``target``, ``trials`` or ``minutes`` when the search must stop before another trial."""
+def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elapsed_s: float,
+                running: int = 0) -> str | None:
+    """``target``, ``trials`` or ``minutes`` when the search must stop before another trial;
+    ``running``: other workers' trials in flight, which count against the trial budget."""
     best = study_mod.best_feasible(study)
     if best is not None and meets(best.user_attrs["metrics"], target):
         return "target"
-    done = [t for t in study_mod.measured(study) if t.user_attrs.get("state") != State.SKIPPED]  # ran
-    if len(done) >= budget.trials:
+    done = ran(study)
+    if len(done) + running >= budget.trials:
         return "trials"
     if budget.minutes is not None:
         durations = [t.duration.total_seconds() for t in done if t.duration]
@@ -54,6 +56,11 @@ def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elaps
         if elapsed_s + expected > budget.minutes * 60:
             return "minutes"
     return None
+
+
+def ran(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
+    """The trials that count against the trial budget: measured, not skipped."""
+    return [t for t in study_mod.measured(study) if t.user_attrs.get("state") != State.SKIPPED]
 
 
 def prune_rule(best_value: float, world_size: int) -> "PruneRule":

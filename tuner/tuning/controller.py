@@ -49,9 +49,22 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
         return run_one(recipe, config, ctx, scripts, prune)
 
+    leading = False
+    """This worker finishes the search (:meth:`~tuner.tuning.workers.Workers.lead`)."""
     try:
         while True:
             order = distributed.broadcast(planner.next(interrupt.pressed()) if planner else None)
+            if order["stop"] and order["stop"] != "interrupted" and not leading:
+                other = distributed.broadcast(planner.workers.lead() if planner else None)
+                if other is not None:  # another worker shares this study and finishes it
+                    if planner:
+                        planner.events.note(f"worker done ({planner.workers.id}): {other} confirms the finalists "
+                                            "and writes the run folder")
+                        planner.events.stop()
+                        planner.workers.close()
+                    return None
+                leading = True
+                continue  # the others' trials are in: a dead worker's, put back, may still be to run
             if order["stop"]:
                 stopped = order["stop"]
                 break
@@ -83,6 +96,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
         result = planner.finish(stopped, confirmed, attribution)
         if on_result is not None:
             on_result(result)
+        planner.workers.close()  # after the run folder: the next search of the study may finish again
     return result
 
 

@@ -18,15 +18,16 @@ from optuna.trial import TrialState
 from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Seen, revise
 from tuner.analysis.guard import divergence
-from tuner.config.space import KNOBS, Config, Machine, conflict, make_config, numerics
+from tuner.config.space import Config, Machine, make_config, numerics
 from tuner.harness.environment import environment
 from tuner.trial.result import State, TrialResult
-from tuner.tuning import budget, guided, memory, searchspace
+from tuner.tuning import budget, guided, memory, recommend, searchspace, workers
 from tuner.tuning import study as study_mod
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.finalists import FINALISTS
 from tuner.tuning.pool import Pool
 from tuner.tuning.result import SearchResult, measure_command
+from tuner.tuning.workers import Workers, fingerprint
 
 if TYPE_CHECKING:
     import optuna
@@ -66,6 +67,7 @@ class Planner:
         self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
         if stale:
             events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
+        self.workers = Workers(self.study, events.note)  # other searches may share the study
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
@@ -74,8 +76,7 @@ class Planner:
         self.current: Config | None = None
         self.prune: PruneRule | None = None
         """The pruning rule for the trial in flight (``None``: no best to compare with yet)."""
-        self.known = {searchspace.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
-                      for t in study_mod.measured(self.study)}
+        self.known = self._known()
         self.reference: list[float] | None = next(
             (t.user_attrs["losses"] for t in study_mod.feasible(self.study)
              if numerics(t.user_attrs["params"]) is None and t.user_attrs.get("losses")), None)
@@ -119,14 +120,19 @@ class Planner:
         return {"stop": "exhausted"}
 
     def _next(self, interrupted: bool) -> dict[str, Any]:
-        stop = "interrupted" if interrupted else budget.stop_reason(self.study, self.recipe.budget,
-                                                                      self.recipe.target, self._elapsed_s())
-        if stop:
-            return {"stop": stop}
+        self.workers.reap()
+        self.known, flying = self._known(), self.workers.elsewhere()
+        stop = "interrupted" if interrupted else budget.stop_reason(
+            self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying))
+        if stop or self.workers.finishing_elsewhere():
+            return {"stop": stop or "finishing elsewhere"}
+        if self.workers.lost_baseline(_claim(self.baseline_config), set(self.known)):
+            self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True})
         best = study_mod.best_feasible(self.study)
         step = guided.guided_next(
             self.space, best.user_attrs["params"], best.user_attrs["metrics"],
-            lambda knobs: searchspace.config_key(self._config(knobs)) in self.known,
+            lambda knobs: searchspace.config_key(self._config(knobs)) in self.known or _claim(self._config(knobs))
+            in flying,
             self.verdicts(best.user_attrs["params"], best.user_attrs["metrics"]),
             self._outcome,
         ) if best is not None else None
@@ -138,15 +144,22 @@ class Planner:
             self.study.enqueue_trial(step.knobs, user_attrs={"guided": True, "why": step.why})
         self.sampled = step is None and best is not None
         for _ in range(MAX_RESAMPLES):
-            trial = self.study.ask()
+            trial = workers.ask(self.study)
             knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
             config = self._config(knobs)
             seen = self.known.get(searchspace.config_key(config))
+            why = self.workers.claim(trial, _claim(config), self.recipe.budget.trials) if seen is None else None
+            if why == "budget":  # the trials in flight took the last of the budget: decide again
+                return {"skipped": True}
+            if why is not None:
+                continue  # another worker measures it
             if seen is None:
                 self.trial, self.current = trial, config
+                self.workers.begin(trial)
                 if self._predict(trial, config):
                     return {"skipped": True}
-                self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None else None
+                self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None and \
+                    config != self.baseline_config else None  # the baseline, run late by a worker, is what compares
                 self.events.chose(trial.number, _chosen_by(trial))
                 self.events.begin(trial.number, config)
                 reference = numerics(config.params()) is not None and self.reference is None
@@ -196,7 +209,9 @@ class Planner:
             if note not in self.notes_seen and (changed_micro or "BatchNorm" not in note):
                 self.notes_seen.add(note)
                 self.events.note(note)
-        extra = {"baseline": True} if self.current == self.baseline_config else {}
+        extra: dict[str, Any] = {"env": fingerprint(self._env())}
+        if self.current == self.baseline_config:
+            extra["baseline"] = True
         before = self._best_value()
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
@@ -208,6 +223,7 @@ class Planner:
         self.known[searchspace.config_key(self.current)] = frozen
         self.events.finish_trial(frozen, outcome, self._best_value())
         self.trial = self.current = None
+        self.workers.end()
 
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""
@@ -238,6 +254,7 @@ class Planner:
             self.trial.set_user_attr("reason", "interrupted (Ctrl-C)")
             self.study.tell(self.trial, state=TrialState.FAIL)
             self.trial = None
+        self.workers.end()
 
     def _answer_duplicate(self, trial: "optuna.Trial", seen: "optuna.trial.FrozenTrial") -> None:
         """Tell the sampler what it proposed again, without measuring it again."""
@@ -261,11 +278,21 @@ class Planner:
         r = self.recipe
         return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
 
+    def _known(self) -> dict[tuple, "optuna.trial.FrozenTrial"]:
+        """Every configuration measured in the study (by any worker), by its key."""
+        return {searchspace.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
+                for t in study_mod.measured(self.study)}
+
     def done(self) -> int:
         return len(study_mod.measured(self.study))
 
     def _elapsed_s(self) -> float:
         return self.earlier_s + time.monotonic() - self.started
+
+    def _env(self) -> dict[str, Any]:
+        if self._environment is None:
+            self._environment = environment(self.recipe.world_size)
+        return self._environment
 
     def _best_value(self) -> float | None:
         best = study_mod.best_feasible(self.study)
@@ -300,7 +327,8 @@ class Planner:
         best_params = confirmed.winner if confirmed is not None else (
             best_trial.user_attrs["params"] if best_trial is not None else None)
         if best_params is not None and attribution is not None:
-            simpler = self._simpler(best_params, attribution, pool)
+            simpler = recommend.simpler(best_params, attribution, pool, self.baseline_config.params(),
+                                         self._config, self.recipe, self.reference)
             if simpler is not None:
                 best_params, note = simpler
                 notes.append(note)
@@ -314,7 +342,10 @@ class Planner:
         if best["metrics"] and base["metrics"]:
             speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
         r = self.recipe
-        env = self._environment or environment(r.world_size)
+        env = self._env()
+        mixed = self.workers.environments(env)
+        if mixed:
+            notes.append(mixed)
         return SearchResult(
             out=r.out, best=best, baseline=base, speedup=speedup,
             target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
@@ -331,9 +362,7 @@ class Planner:
         """A configuration's verdicts, corrected by every trial measured so far."""
         if not metrics or not params:
             return []
-        if self._environment is None:
-            self._environment = environment(self.recipe.world_size)
-        found = diagnose_run(metrics, params, self.recipe.budget.memory_gib, self._environment)
+        found = diagnose_run(metrics, params, self.recipe.budget.memory_gib, self._env())
         seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in study_mod.measured(self.study)
                 if t.user_attrs.get("metrics")]
         return revise(found, params, metrics, seen, _cores())
@@ -353,37 +382,10 @@ class Planner:
         return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number,
                 "predicted_peak_gib": predicted}
 
-    def _simpler(self, best: dict[str, Any], attribution: "Attribution",
-                 pool: Pool) -> tuple[dict[str, Any], str] | None:
-        """The best with one knob put back to its baseline value, when the attribution
-        measured that within the noise of the best, fine on every run, inside the budget and
-        the precision guard: a change that buys nothing measurable is not recommended."""
-        candidates = []
-        base = self.baseline_config.params()
-        for row in attribution.rows:
-            knobs = {**{k: v for k, v in best.items() if k in KNOBS}, **{k: base[k] for k in row.knob.split("+")}}
-            if conflict(knobs) is not None:
-                continue
-            params = self._config(knobs).params()
-            entry, metrics = pool.entry(params), pool.metrics(params)
-            if (metrics is None or entry.failures or pool.apart(best, params)
-                    or study_mod.over_budget(metrics, self.recipe) is not None
-                    or self._imprecise(params, entry.runs)):
-                continue
-            candidates.append((pool.median(params) or 0.0, row.knob, params, row.before))
-        if not candidates:
-            return None
-        rate, knob, params, before = max(candidates, key=lambda c: c[0])
-        gap = 1 - rate / (pool.median(best) or rate)
-        return params, (f"recommending the best without {knob} (kept at {before}): its gain, "
-                        f"{gap:.1%}, is within the noise (±{pool.noise():.0%} a run)")
 
-    def _imprecise(self, params: dict[str, Any], runs: list[TrialResult]) -> bool:
-        label = numerics(params)
-        if label is None or not self.reference:
-            return False
-        return any(r.ok and divergence(r.losses, self.reference, self.recipe.precision.tolerance, label)
-                   for r in runs)
+def _claim(config: Config) -> str:
+    """A configuration as a claim other workers read (:meth:`Workers.claim`)."""
+    return repr(searchspace.config_key(config))
 
 
 def _chosen_by(trial: "optuna.Trial") -> str:

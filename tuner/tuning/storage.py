@@ -15,11 +15,14 @@ Only database errors are intercepted (SQLAlchemy's DBAPI errors and Optuna's
 
 from __future__ import annotations
 
+import inspect
 import time
+import warnings
 from typing import Any, Callable
 
 import optuna
 from optuna.storages import BaseStorage
+from optuna.storages._heartbeat import BaseHeartbeat
 
 from tuner.config.errors import RecipeError
 
@@ -113,14 +116,30 @@ def retrying(call: Callable[[], Any], place: str) -> Any:
             pause = min(pause * 2, 5.0)
 
 
-class Resilient(BaseStorage):
-    """Any Optuna storage, every call retried / explained by :func:`retrying`."""
+class Resilient(BaseStorage, BaseHeartbeat):
+    """Any Optuna storage, every call retried / explained by :func:`retrying`; its
+    heartbeats (:mod:`tuner.tuning.workers`) too, where it has them."""
 
     def __init__(self, inner: BaseStorage, place: str) -> None:
         self._inner, self._place = inner, place
 
     def __getattr__(self, name: str) -> Any:  # anything beyond BaseStorage's interface
         return getattr(self._inner, name)
+
+    def get_heartbeat_interval(self) -> int | None:
+        return self._inner.get_heartbeat_interval() if isinstance(self._inner, BaseHeartbeat) else None
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        retrying(lambda: self._inner.record_heartbeat(trial_id), self._place)  # type: ignore[attr-defined]
+
+    def _get_stale_trial_ids(self, study_id: int) -> list[int]:
+        return retrying(lambda: self._inner._get_stale_trial_ids(study_id), self._place)  # type: ignore[attr-defined]
+
+    def get_heartbeat_stale_trial_callback(self) -> Any:
+        return self._inner.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
+
+    def get_failed_trial_callback(self) -> Any:
+        return self.get_heartbeat_stale_trial_callback()
 
 
 def _delegate(name: str) -> Callable[..., Any]:
@@ -136,7 +155,22 @@ for _name in [n for n in dir(BaseStorage) if not n.startswith("_") and callable(
 Resilient.__abstractmethods__ = frozenset()
 
 
+def rdb(url: str) -> BaseStorage:
+    """Optuna's RDB storage for ``url`` with heartbeats, so that workers sharing it re-run a
+    dead worker's trial (:mod:`tuner.tuning.workers`)."""
+    from tuner.tuning import workers
+
+    wanted = {"heartbeat_interval": workers.HEARTBEAT_S, "grace_period": workers.GRACE_S,
+              "heartbeat_stale_trial_callback": workers.retry_stale, "failed_trial_callback": workers.retry_stale}
+    accepted = inspect.signature(optuna.storages.RDBStorage.__init__).parameters
+    if "heartbeat_stale_trial_callback" in accepted:
+        wanted.pop("failed_trial_callback")
+    with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna's words since 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(url, **{k: v for k, v in wanted.items() if k in accepted})
+
+
 def open_storage(url: str) -> Resilient:
     """The storage behind ``url`` (schema created or checked on the way), faults explained."""
     place = where(url)
-    return Resilient(retrying(lambda: optuna.storages.get_storage(url), place), place)
+    return Resilient(retrying(lambda: rdb(url), place), place)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -77,7 +78,7 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         sampler = optuna.samplers.TPESampler(
-            seed=seed, n_startup_trials=4, multivariate=True, group=True,
+            seed=seed, n_startup_trials=4, multivariate=True, group=True, constant_liar=True,
             constraints_func=None if _SET_CONSTRAINT else constraints,
         )
     place = storage_mod.where(storage)
@@ -85,12 +86,12 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
     def connect() -> optuna.storages.BaseStorage:
         for _ in range(OPEN_ATTEMPTS - 1):
             try:
-                return optuna.storages.get_storage(storage)
+                return storage_mod.rdb(storage)
             except Exception as exc:
                 if not _racing(exc):
                     raise
                 time.sleep(0.5)
-        return optuna.storages.get_storage(storage)
+        return storage_mod.rdb(storage)
 
     try:  # a lock or a server not up yet is waited out; a full disk or a damaged file is said
         resilient = storage_mod.Resilient(storage_mod.retrying(connect, place), place)
@@ -104,13 +105,31 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
             f"{str(exc).splitlines()[0] if str(exc) else ''}; "
             "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
         ) from None
+    return study, _fail_left_running(study)
+
+
+def _fail_left_running(study: optuna.Study) -> int:
+    """Mark FAIL the trials a killed search left RUNNING: those of a dead process of this
+    host (or of a study recorded before workers were), at once. A RUNNING trial of a live
+    process, or of another host, is another worker's: its heartbeats decide
+    (:mod:`tuner.tuning.workers`)."""
+    from tuner.tuning.workers import GRACE_S, alive
+
     stale = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        who = t.user_attrs.get("worker")
+        if who is not None and alive(who) is not False:
+            continue
+        if who is None and t.datetime_start and (datetime.now() - t.datetime_start).total_seconds() < GRACE_S:
+            continue  # asked a moment ago by a worker starting beside this one, not claimed yet
         study._storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
         study._storage.set_trial_user_attr(t._trial_id, "reason", "left running by an interrupted search")
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        try:
+            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first
         stale += 1
-    return study, stale
+    return stale
 
 
 def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",
