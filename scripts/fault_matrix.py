@@ -13,8 +13,10 @@ here); and whether the search finished.
 Faults: SIGKILL of the search at a random moment; SIGKILL of one rank mid-trial under
 torchrun; an exception in the backward on one rank; a rank stuck in its forward (the other
 waits in the backward's all-reduce); SQLite's lock held by another process for 7 s; a full
-disk (SQLite's page limit, in-process). Not here: PostgreSQL restarted mid-search and
-several workers on one study (not built yet, issue 15).
+disk (SQLite's page limit, in-process); the PostgreSQL server restarted mid-search (one
+worker); three workers on one PostgreSQL study with one SIGKILLed at a random moment (its
+wait: from the kill to the other two's end). The PostgreSQL faults start a server of their
+own (scripts/ci/postgres_local.sh, Debian's postgresql) in a temporary folder.
 """
 
 from __future__ import annotations
@@ -40,8 +42,27 @@ TOY = str(ROOT / "tests" / "tasks" / "toy.py")
 LIMIT_S = 30
 
 
+_PG: dict[str, str] = {}
+"""The PostgreSQL server the PostgreSQL faults use: its folder and URL (started once)."""
+
+
+def _postgres() -> str:
+    if not _PG:
+        folder = tempfile.mkdtemp(prefix="fault-pg-")
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "ci" / "postgres_local.sh"), folder, "55499"],
+                             capture_output=True, text=True, check=True)
+        _PG.update(folder=folder, url=out.stdout.strip().splitlines()[-1])
+    return _PG["url"]
+
+
+def _restart_postgres() -> None:
+    pg_ctl = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))[-1]
+    subprocess.run(["runuser", "-u", "postgres", "--", str(pg_ctl), "-D", f"{_PG['folder']}/data", "-m", "fast",
+                    "-w", "restart"], capture_output=True, check=True)
+
+
 def _recipe(folder: Path, ranks: int, **task_args: object) -> Path:
-    body = {"name": "toy", "task": TOY, "task_args": {"read_ms": 0.2, **task_args}, "global_batch_size": 16,
+    body = {"name": folder.name, "task": TOY, "task_args": {"read_ms": 0.2, **task_args}, "global_batch_size": 16,
             "steps": {"warmup": 1, "measure": 4, "timeout_s": LIMIT_S}, "budget": {"trials": 6},
             "baseline": {"micro_batch_size": 16 // ranks // 2},
             "space": {"micro_batch_size": [16 // ranks // 2, 16 // ranks], "num_workers": [0, 1],
@@ -52,18 +73,20 @@ def _recipe(folder: Path, ranks: int, **task_args: object) -> Path:
     return path
 
 
+def _storage(folder: Path) -> str:
+    return _PG["url"] if (folder / "pg").exists() else f"sqlite:///{folder / 'run' / 'study.db'}"
+
+
 def _command(recipe: Path, ranks: int) -> list[str]:
     launcher = ([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", "--standalone"]
                 if ranks > 1 else [sys.executable])
-    return [*launcher, "-m", "tuner.search", str(recipe), "--confirm", "0", "--attribute", "0", "--quiet"]
+    return [*launcher, "-m", "tuner.search", str(recipe), "--confirm", "0", "--attribute", "0", "--quiet",
+            "--storage", _storage(recipe.parent)]
 
 
 def _finished(folder: Path) -> dict[int, tuple]:
-    db = folder / "run" / "study.db"
-    if not db.exists():
-        return {}
     try:
-        study = optuna.load_study(study_name="toy", storage=f"sqlite:///{db}")
+        study = optuna.load_study(study_name=folder.name, storage=_storage(folder))
     except Exception:  # noqa: BLE001 - killed before the study existed
         return {}
     return {t.number: tuple(sorted(t.user_attrs["params"].items())) for t in study.trials
@@ -80,13 +103,18 @@ def _finish(recipe: Path, folder: Path, ranks: int) -> bool:
 
 def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
     """(lost, twice, the faulty command's wait after the fault in s, finished) for one run."""
-    ranks = 1 if fault in ("kill search", "lock 7 s", "full disk") else 2
+    ranks = 1 if fault in ("kill search", "lock 7 s", "full disk", "postgres restart", "3 workers, 1 killed") else 2
+    if "postgres" in fault or "workers" in fault:
+        _postgres()
+        (folder / "pg").touch()
     args = {"exception in backward": {"backward_fail_at_micro": 8, "backward_fail_rank": 1},
             "stuck rank": {"hang_at_micro": 8, "hang_rank": 1, "hang_marker": str(folder / "hung")}}.get(fault, {})
     recipe = _recipe(folder, ranks, **args)
     start = time.monotonic()
     if fault == "full disk":
         return _full_disk(recipe, folder)
+    if fault == "3 workers, 1 killed":
+        return _three_workers(recipe, folder)
     proc = subprocess.Popen(_command(recipe, ranks), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     fault_at = start
     if fault == "kill search":
@@ -100,6 +128,10 @@ def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
         fault_at = time.monotonic()
         if workers:
             os.kill(workers[-1].pid, signal.SIGKILL)
+    elif fault == "postgres restart":
+        time.sleep(random.uniform(3, 8))
+        fault_at = time.monotonic()
+        _restart_postgres()
     elif fault == "lock 7 s":
         time.sleep(3)
         fault_at = time.monotonic()
@@ -112,6 +144,22 @@ def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
     lost = sum(n not in after for n in before)
     twice = len(after) - len(set(after.values()))
     return lost, twice, waited, done
+
+
+def _three_workers(recipe: Path, folder: Path) -> tuple[int, int, float, bool]:
+    """Three workers on one study; one SIGKILLed at a random moment; the other two go on."""
+    procs = [subprocess.Popen(_command(recipe, 1), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for _ in range(3)]
+    time.sleep(random.uniform(4, 9))
+    victim = random.choice(procs)
+    victim.send_signal(signal.SIGKILL)
+    fault_at = time.monotonic()
+    before = _finished(folder)
+    codes = [p.wait() for p in procs if p is not victim]
+    waited = time.monotonic() - fault_at
+    done = all(c == 0 for c in codes) or _finish(recipe, folder, 1)
+    after = _finished(folder)
+    return sum(n not in after for n in before), len(after) - len(set(after.values())), waited, done
 
 
 def _hold_lock(db: Path, seconds: float) -> None:
@@ -147,7 +195,8 @@ tuner.search(r, quiet=True, confirm=0, attribute=0)
     return sum(n not in after for n in before), len(after) - len(set(after.values())), waited, done
 
 
-FAULTS = ("kill search", "kill one rank", "exception in backward", "stuck rank", "lock 7 s", "full disk")
+FAULTS = ("kill search", "kill one rank", "exception in backward", "stuck rank", "lock 7 s", "full disk",
+          "postgres restart", "3 workers, 1 killed")
 
 
 def main() -> None:

@@ -48,3 +48,73 @@ def torchrun(nproc: int, *args: str, timeout: float = 600) -> subprocess.Complet
 @pytest.fixture
 def toy(tmp_path: Path):
     return lambda **fields: toy_recipe(tmp_path, **fields)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server's URL: ``TUNER_TEST_POSTGRES`` (``.ci/run`` starts one with
+    scripts/ci/postgres_local.sh), else one this session starts the same way from Debian's
+    packages and stops at the end; skipped where there is none (failed under
+    ``TUNER_REQUIRE_POSTGRES=1``, as in CI)."""
+    import glob
+    import shutil
+    import tempfile
+
+    url, folder = os.environ.get("TUNER_TEST_POSTGRES"), None
+    why = "TUNER_TEST_POSTGRES is not set and Debian's postgresql is not installed (apt-get install postgresql)"
+    if not url and glob.glob("/usr/lib/postgresql/*/bin/postgres") and shutil.which("runuser"):
+        folder = tempfile.mkdtemp(prefix="tuner-pg-")
+        script = ROOT / "scripts" / "ci" / "postgres_local.sh"
+        started = subprocess.run(["bash", str(script), folder, str(_free_port())], capture_output=True, text=True,
+                                 timeout=120)
+        if started.returncode == 0:
+            url = started.stdout.strip().splitlines()[-1]
+        else:
+            why = f"postgres_local.sh failed: {started.stderr.strip()[-500:]}"
+    if not url:
+        if os.environ.get("TUNER_REQUIRE_POSTGRES"):
+            pytest.fail(f"PostgreSQL required (TUNER_REQUIRE_POSTGRES=1) but not available: {why}")
+        pytest.skip(why)
+    yield url
+    if folder is not None:
+        bin_dir = sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
+        subprocess.run(["runuser", "-u", "postgres", "--", f"{bin_dir}/pg_ctl", "-D", f"{folder}/data", "-m", "fast",
+                        "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm (slurmctld and two slurmd, nodes n1 and n2 on this host): ``SLURM_CONF``
+    as ``.ci/run`` exports it after scripts/ci/slurm_local.sh, else one this session starts
+    the same way from Debian's packages; skipped where there is none (failed under
+    ``TUNER_REQUIRE_SLURM=1``, as in CI). Yields the environment to run ``salloc`` with."""
+    import shutil
+    import tempfile
+
+    conf, folder = os.environ.get("SLURM_CONF"), None
+    why = "SLURM_CONF is not set and Debian's slurmctld/slurmd are not installed (apt-get install slurmctld slurmd)"
+    if not conf and shutil.which("slurmctld") and shutil.which("slurmd") and os.geteuid() == 0:
+        folder = tempfile.mkdtemp(prefix="tuner-slurm-")
+        started = subprocess.run(["bash", str(ROOT / "scripts" / "ci" / "slurm_local.sh"), folder],
+                                 capture_output=True, text=True, timeout=180)
+        if started.returncode == 0:
+            conf = started.stdout.strip().splitlines()[-1]
+        else:
+            why = f"slurm_local.sh failed: {started.stderr.strip()[-500:]}"
+    if not conf:
+        if os.environ.get("TUNER_REQUIRE_SLURM"):
+            pytest.fail(f"Slurm required (TUNER_REQUIRE_SLURM=1) but not available: {why}")
+        pytest.skip(why)
+    yield {**os.environ, "SLURM_CONF": conf}
+    if folder is not None:
+        subprocess.run(["pkill", "-f", f"-f {folder}/slurm.conf"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)

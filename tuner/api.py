@@ -119,8 +119,54 @@ def search(
         if live is not None:
             live.summary(result)
 
-    with interrupt.catching():
-        return run_search(recipe, ctx, confirm, attribute, live, write)
+    helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
+    try:
+        with interrupt.catching():
+            return run_search(recipe, ctx, confirm, attribute, live, write)
+    finally:
+        _wait_for(helpers)
+
+
+def _node_group_workers(recipe: Recipe, overrides: Sequence[str], knobs: dict[str, Any]) -> list[Any]:
+    """``launcher: slurm`` with ``parallel: N``: one more worker of this study per node group
+    after the first (this process takes the first, and finishes the search), each the same
+    search command with ``TUNER_SLURM_NODES`` naming its group; logs in ``worker-K.log``."""
+    import subprocess
+    import sys
+
+    from tuner.scriptmode import slurm
+    from tuner.tuning.workers import FOLLOW_ENV
+
+    script = recipe.script
+    if script is None or script.launcher != "slurm" or script.parallel < 2 or os.environ.get(slurm.GROUP_ENV):
+        return []
+    groups = slurm.worker_groups(script)
+    os.environ[slurm.GROUP_ENV] = ",".join(groups[0])
+    b = recipe.budget
+    cmd = [sys.executable, "-m", "tuner.search", str(recipe.path), "--out", str(recipe.out),
+           "--storage", recipe.storage, "--trials", str(b.trials), "--quiet", "--confirm", "0", "--attribute", "0",
+           *(["--minutes", str(b.minutes)] if b.minutes else []), *([] if b.converge else ["--full-budget"]),
+           *([] if b.skip else ["--no-skip"]),
+           *[w for o in (*overrides, *(f"{k}={v}" for k, v in knobs.items())) for w in ("--set", str(o))]]
+    started = []
+    for i, group in enumerate(groups[1:], start=1):
+        log = open(recipe.out / f"worker-{i}.log", "wb")
+        env = {**os.environ, slurm.GROUP_ENV: ",".join(group), FOLLOW_ENV: "1"}
+        started.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    return started
+
+
+def _wait_for(helpers: list[Any]) -> None:
+    """The node-group workers stop once this one finishes (they see it finishing)."""
+    import subprocess
+
+    for proc, log in helpers:
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 def plan(

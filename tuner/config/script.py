@@ -72,6 +72,11 @@ class Script:
     """Knob -> command-line words: a template with ``{}``, or a map from value to words."""
     folder: Path = Path(".")
     """Where the trial runs: the script's folder, or the recipe's for a module."""
+    launcher: str = "torchrun"
+    """``torchrun`` (this node, agents on the others) or ``slurm`` (``srun`` inside the
+    allocation the search runs in: :mod:`tuner.scriptmode.slurm`)."""
+    parallel: int = 1
+    """Trials at once on disjoint node groups of the allocation (``launcher: slurm``)."""
 
     def target(self) -> list[str]:
         """What torchrun runs: the script's path, or ``-m module``."""
@@ -102,7 +107,7 @@ class Script:
 
 
 SCRIPT_KEYS = ("script", "module", "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint",
-               "rdzv_backend", "knobs")
+               "rdzv_backend", "knobs", "launcher", "parallel")
 
 
 def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
@@ -135,7 +140,15 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     endpoint = raw.get("rdzv_endpoint")
     if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):
         raise RecipeError(f"rdzv_endpoint: expected host:port (where torchrun's nodes meet), got {endpoint!r}")
-    if nnodes > 1 and endpoint is None:
+    launcher = raw.get("launcher", "torchrun")
+    if launcher not in ("torchrun", "slurm"):
+        raise RecipeError(f"launcher: expected torchrun (this node; tuner.agent on the others) or slurm (srun inside "
+                          f"the allocation), got {launcher!r}")
+    parallel = _int(raw.get("parallel", 1), "parallel")
+    if parallel > 1 and launcher != "slurm":
+        raise RecipeError(f"parallel: {parallel} trials at once needs launcher: slurm (disjoint node groups of the "
+                          "allocation); with torchrun, start the same search command once per node group instead")
+    if nnodes > 1 and endpoint is None and launcher == "torchrun":
         raise RecipeError(f"rdzv_endpoint: required with nnodes: {nnodes}; give host:port of the first node "
                           "(e.g. node0:29500), reachable from every node")
     backend = raw.get("rdzv_backend", "c10d")
@@ -145,7 +158,8 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise RecipeError(f"timeout_s: expected a positive number of seconds, got {timeout!r}")
     return Script(path, tuple(str(a) for a in args), _int(raw.get("nproc_per_node", 1), "nproc_per_node"), env,
-                  float(timeout), nnodes, endpoint, backend, adapt, module, _knobs(raw.get("knobs")), folder)
+                  float(timeout), nnodes, endpoint, backend, adapt, module, _knobs(raw.get("knobs")), folder,
+                  launcher, parallel)
 
 
 def check_routes(script: Script, searched: Mapping[str, tuple[Any, ...]], accumulations: set[int]) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
-from tuner.scriptmode import adapters
+from tuner.scriptmode import adapters, slurm
 from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
 from tuner.trial.limits import Limits
@@ -51,7 +51,10 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[
     the trial file."""
     script = recipe.script
     assert script is not None
-    if script.nnodes > 1:
+    prefix: list[str] = []
+    if script.launcher == "slurm":  # one srun step on this worker's node group (tuner.scriptmode.slurm)
+        prefix, rendezvous = slurm.wrap(script, trial)
+    elif script.nnodes > 1:
         rendezvous = [f"--nnodes={script.nnodes}", f"--rdzv-backend={script.rdzv_backend}",
                       f"--rdzv-endpoint={script.rdzv_endpoint}", f"--rdzv-id={trial['rdzv_id']}",
                       f"--rdzv-conf=join_timeout={int(script.timeout_s)}"]
@@ -59,7 +62,8 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[
         rendezvous = ["--standalone"]
     target = ["-m", "tuner.scriptmode.adapters", *script.target()] if script.adapt else script.target()
     values = {**trial["knobs"], "grad_accum_steps": trial["grad_accum_steps"]}
-    cmd = [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={script.nproc_per_node}",
+    cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", *rendezvous,
+           f"--nproc_per_node={script.nproc_per_node}",
            *target, *script.args, *script.knob_words(values)]
     env = {**os.environ, **script.trial_env(values), "TUNER_TRIAL": str(folder / "trial.json"),
            "PYTHONUNBUFFERED": "1"}
@@ -116,6 +120,9 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                     break
                 time.sleep(0.05)
         finally:
+            if script.launcher == "slurm":  # the scheduler's own end of the step, on every node
+                steps = slurm.cancel(trial)
+                log.write(f"\ntuner: scancel {' '.join(steps) or '(the step had ended)'}\n".encode())
             end_tree(proc)
             (folder / ENDED).touch()  # other nodes' agents end their part of the trial
     elapsed = time.monotonic() - start
