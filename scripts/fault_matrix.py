@@ -22,6 +22,7 @@ own (scripts/ci/postgres_local.sh, Debian's postgresql) in a temporary folder.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
 import signal
@@ -52,13 +53,22 @@ def _postgres() -> str:
         out = subprocess.run(["bash", str(ROOT / "scripts" / "ci" / "postgres_local.sh"), folder, "55499"],
                              capture_output=True, text=True, check=True)
         _PG.update(folder=folder, url=out.stdout.strip().splitlines()[-1])
+        atexit.register(_stop_postgres)
     return _PG["url"]
+
+
+def _stop_postgres() -> None:
+    pg_ctl = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))[-1]
+    subprocess.run(["runuser", "-u", "postgres", "--", str(pg_ctl), "-D", f"{_PG['folder']}/data", "-m", "fast",
+                    "stop"], capture_output=True)
 
 
 def _restart_postgres() -> None:
     pg_ctl = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))[-1]
+    # -l: the restarted server's output goes to its log, not to a pipe this would wait on for ever
     subprocess.run(["runuser", "-u", "postgres", "--", str(pg_ctl), "-D", f"{_PG['folder']}/data", "-m", "fast",
-                    "-w", "restart"], capture_output=True, check=True)
+                    "-l", f"{_PG['folder']}/server.log", "-w", "restart"], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
 
 
 def _recipe(folder: Path, ranks: int, **task_args: object) -> Path:
@@ -103,7 +113,7 @@ def _finish(recipe: Path, folder: Path, ranks: int) -> bool:
 
 def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
     """(lost, twice, the faulty command's wait after the fault in s, finished) for one run."""
-    ranks = 1 if fault in ("kill search", "lock 7 s", "full disk", "postgres restart", "3 workers, 1 killed") else 2
+    ranks = 1 if fault in ("kill search", "lock 7 s", "full disk", "postgres restart", "3 workers one killed") else 2
     if "postgres" in fault or "workers" in fault:
         _postgres()
         (folder / "pg").touch()
@@ -113,7 +123,7 @@ def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
     start = time.monotonic()
     if fault == "full disk":
         return _full_disk(recipe, folder)
-    if fault == "3 workers, 1 killed":
+    if fault == "3 workers one killed":
         return _three_workers(recipe, folder)
     proc = subprocess.Popen(_command(recipe, ranks), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     fault_at = start
@@ -129,7 +139,7 @@ def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
         if workers:
             os.kill(workers[-1].pid, signal.SIGKILL)
     elif fault == "postgres restart":
-        time.sleep(random.uniform(3, 8))
+        _wait_for_trials(folder, random.randint(1, 3))  # mid-search, whatever the start-up took
         fault_at = time.monotonic()
         _restart_postgres()
     elif fault == "lock 7 s":
@@ -146,11 +156,18 @@ def _one(fault: str, folder: Path) -> tuple[int, int, float, bool]:
     return lost, twice, waited, done
 
 
+def _wait_for_trials(folder: Path, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while len(_finished(folder)) < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def _three_workers(recipe: Path, folder: Path) -> tuple[int, int, float, bool]:
     """Three workers on one study; one SIGKILLed at a random moment; the other two go on."""
     procs = [subprocess.Popen(_command(recipe, 1), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for _ in range(3)]
-    time.sleep(random.uniform(4, 9))
+    _wait_for_trials(folder, random.randint(1, 3))
+    time.sleep(random.uniform(0, 1))
     victim = random.choice(procs)
     victim.send_signal(signal.SIGKILL)
     fault_at = time.monotonic()
@@ -196,7 +213,7 @@ tuner.search(r, quiet=True, confirm=0, attribute=0)
 
 
 FAULTS = ("kill search", "kill one rank", "exception in backward", "stuck rank", "lock 7 s", "full disk",
-          "postgres restart", "3 workers, 1 killed")
+          "postgres restart", "3 workers one killed")
 
 
 def main() -> None:

@@ -72,3 +72,23 @@ def test_a_trial_that_never_reports_is_ended_with_scancel(slurm, tmp_path):
     left = subprocess.run(["squeue", "-h", "-s", "-o", "%j"], capture_output=True, text=True, env=slurm).stdout
     assert "tuner-" not in left, left
     assert subprocess.run(["pgrep", "-f", str(script)], capture_output=True).returncode == 1  # nothing of it runs
+
+
+def test_slurm_recipes_that_cannot_run_say_so_in_one_line(slurm, tmp_path):
+    """Outside an allocation, or asking more node groups than it has, or parallel without
+    slurm: one line that says what to do, exit 2, before any trial."""
+    base = {"name": "s", "script": str(TESTS / "helpers" / "flags_train.py"), "adapt": "torch", "knobs": FLAGS,
+            "global_batch_size": 16, "space": {"micro_batch_size": [16, 8], "num_workers": [0, 1]},
+            "out": str(tmp_path / "run")}
+    env = {k: v for k, v in slurm.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    cases = [({"launcher": "slurm"}, {}, "inside an allocation"),
+             ({"launcher": "slurm", "parallel": 3}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}, "need 3 nodes"),
+             ({"launcher": "slurm"}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": ""}, "names no nodes"),
+             ({"parallel": 2}, {}, "needs launcher: slurm"),
+             ({"launcher": "pbs"}, {}, "launcher: expected torchrun")]
+    for fields, extra, said in cases:
+        recipe = write_recipe(tmp_path, {**base, **fields})
+        done = subprocess.run([sys.executable, "-m", "tuner.search", str(recipe), "--quiet"], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT, env={**env, **extra})
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and said in lines[0], (fields, done.stderr[-1500:])

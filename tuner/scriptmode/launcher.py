@@ -217,6 +217,8 @@ class ScriptTrials:
         self.recipe, self.out = recipe, out
         self.limits = Limits(recipe.script.timeout_s)
         self.count = 0
+        if recipe.script.launcher == "slurm":
+            slurm.my_group(recipe.script)  # inside an allocation with the nodes it needs, before any trial
 
     def run(self, config: "Config") -> TrialResult:
         self.count += 1

@@ -37,7 +37,12 @@ class Allocation:
 
 
 def _run(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=60).stdout
+    except (subprocess.SubprocessError, OSError) as exc:
+        said = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines()
+        raise RecipeError(f"launcher: slurm: {' '.join(cmd)} failed ({said[-1] if said else type(exc).__name__}); "
+                          "is this inside the allocation, with Slurm's commands configured (SLURM_CONF)?") from None
 
 
 def allocation() -> Allocation:
@@ -104,7 +109,7 @@ def cancel(trial: dict[str, Any]) -> list[str]:
         return []
     try:
         listed = _run("squeue", "-h", "-s", "-j", job, "-o", "%i %j")
-    except (subprocess.SubprocessError, OSError):
+    except RecipeError:
         return []
     steps = [line.split()[0] for line in listed.splitlines() if line.split()[1:] == [step_name(trial)]]
     for step in steps:
