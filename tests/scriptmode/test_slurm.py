@@ -5,11 +5,13 @@ with two nodes, started by .ci/run)."""
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 import uuid
 
 import optuna
+import pytest
 
 from conftest import ROOT, TESTS, write_recipe
 
@@ -24,22 +26,22 @@ def _overlapping(trials: list[optuna.trial.FrozenTrial]) -> int:
 
 
 def test_a_script_is_tuned_through_srun_two_trials_at_once(slurm, tmp_path):
-    """``salloc -N2 python -m tuner.search``: 6 trials as srun steps, on n1 and on n2 at the
+    """``salloc -N2 python -m tuner.search``: 4 trials as srun steps, on n1 and on n2 at the
     same time (two workers of one study, one per node); the search process writes the run
     folder; no step is left."""
     name = f"slurm-{uuid.uuid4().hex[:6]}"
     recipe = write_recipe(tmp_path, {
         "name": name, "script": str(TESTS / "helpers" / "flags_train.py"), "adapt": "torch",
         "args": ["--latency-ms", "2"], "global_batch_size": 16, "knobs": FLAGS, "launcher": "slurm", "parallel": 2,
-        "steps": {"warmup": 2, "measure": 8}, "timeout_s": 120, "out": str(tmp_path / "run"),
-        "space": {"micro_batch_size": [16, 8, 4], "num_workers": [0, 1]}, "budget": {"trials": 6}})
+        "steps": {"warmup": 2, "measure": 6}, "timeout_s": 120, "out": str(tmp_path / "run"),
+        "space": {"micro_batch_size": [16, 8, 4], "num_workers": [0, 1]}, "budget": {"trials": 4}})
     done = subprocess.run(["salloc", "-N2", "--quiet", sys.executable, "-m", "tuner.search", str(recipe),
                            "--confirm", "1", "--attribute", "0", "--quiet"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT, env=slurm)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     with open(tmp_path / "run" / "trials.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["micro_batch_size"] and not r["duplicate_of"]]
-    assert len(rows) == 6 and all(r["state"] in ("ok", "pruned") for r in rows), [r["reason"] for r in rows]
+    assert len(rows) == 4 and all(r["state"] in ("ok", "pruned") for r in rows), [r["reason"] for r in rows]
     assert len({r["worker"] for r in rows}) == 2
     commands = [p.read_text().splitlines()[0] for p in (tmp_path / "run" / "trials").glob("*/output.log")]
     assert all(c.startswith("tuner: srun --nodes=1") for c in commands), commands[:2]
@@ -52,13 +54,13 @@ def test_a_script_is_tuned_through_srun_two_trials_at_once(slurm, tmp_path):
 
 
 def test_a_trial_that_never_reports_is_ended_with_scancel(slurm, tmp_path):
-    """A script that never reports: at its 15 s limit the step is cancelled by the scheduler
+    """A script that never reports: at its 8 s limit the step is cancelled by the scheduler
     (no tuner step left in squeue, its process gone) and the trial is recorded with why."""
     script = tmp_path / "silent.py"
     marker = f"silent-{uuid.uuid4().hex[:8]}"
     script.write_text(f"import time\n# {marker}\nwhile True:\n    time.sleep(1)\n")
     recipe = write_recipe(tmp_path, {
-        "name": "silent", "script": str(script), "global_batch_size": 4, "launcher": "slurm", "timeout_s": 15,
+        "name": "silent", "script": str(script), "global_batch_size": 4, "launcher": "slurm", "timeout_s": 8,
         "steps": {"warmup": 1, "measure": 4}, "out": str(tmp_path / "run"), "budget": {"trials": 1}})
     done = subprocess.run(["salloc", "-N1", "--quiet", sys.executable, "-m", "tuner.search", str(recipe),
                            "--confirm", "0", "--attribute", "0", "--quiet"],
@@ -66,7 +68,7 @@ def test_a_trial_that_never_reports_is_ended_with_scancel(slurm, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     with open(tmp_path / "run" / "trials.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert rows[0]["state"] == "error" and "no report after 15 s" in rows[0]["reason"], rows
+    assert rows[0]["state"] == "error" and "no report after 8 s" in rows[0]["reason"], rows
     log = (tmp_path / "run" / "trials" / "001" / "output.log").read_text()
     assert "tuner: scancel " in log and "(the step had ended)" not in log, log[-500:]
     left = subprocess.run(["squeue", "-h", "-s", "-o", "%j"], capture_output=True, text=True, env=slurm).stdout
@@ -74,21 +76,31 @@ def test_a_trial_that_never_reports_is_ended_with_scancel(slurm, tmp_path):
     assert subprocess.run(["pgrep", "-f", str(script)], capture_output=True).returncode == 1  # nothing of it runs
 
 
-def test_slurm_recipes_that_cannot_run_say_so_in_one_line(slurm, tmp_path):
-    """Outside an allocation, or asking more node groups than it has, or parallel without
-    slurm: one line that says what to do, exit 2, before any trial."""
+def test_slurm_recipes_that_cannot_run_say_so_in_one_line(slurm, tmp_path, monkeypatch):
+    """Outside an allocation, an allocation without nodes, more node groups than it has,
+    parallel without slurm, an unknown launcher: one line that says what to do, before any
+    trial (``ScriptTrials`` checks the allocation when the search starts)."""
+    from tuner.config.errors import RecipeError
+    from tuner.config.recipe import load_recipe
+    from tuner.scriptmode.launcher import ScriptTrials
+
     base = {"name": "s", "script": str(TESTS / "helpers" / "flags_train.py"), "adapt": "torch", "knobs": FLAGS,
             "global_batch_size": 16, "space": {"micro_batch_size": [16, 8], "num_workers": [0, 1]},
             "out": str(tmp_path / "run")}
-    env = {k: v for k, v in slurm.items() if not k.startswith("SLURM_") or k == "SLURM_CONF"}
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SLURM_CONF", slurm["SLURM_CONF"])
     cases = [({"launcher": "slurm"}, {}, "inside an allocation"),
-             ({"launcher": "slurm", "parallel": 3}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}, "need 3 nodes"),
              ({"launcher": "slurm"}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": ""}, "names no nodes"),
+             ({"launcher": "slurm", "parallel": 3}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}, "need 3 nodes"),
              ({"parallel": 2}, {}, "needs launcher: slurm"),
              ({"launcher": "pbs"}, {}, "launcher: expected torchrun")]
     for fields, extra, said in cases:
-        recipe = write_recipe(tmp_path, {**base, **fields})
-        done = subprocess.run([sys.executable, "-m", "tuner.search", str(recipe), "--quiet"], capture_output=True,
-                              text=True, timeout=120, cwd=ROOT, env={**env, **extra})
-        lines = done.stderr.strip().splitlines()
-        assert done.returncode == 2 and len(lines) == 1 and said in lines[0], (fields, done.stderr[-1500:])
+        for key, value in extra.items():
+            monkeypatch.setenv(key, value)
+        with pytest.raises(RecipeError) as caught:
+            recipe = load_recipe(write_recipe(tmp_path, {**base, **fields}))
+            ScriptTrials(recipe, tmp_path / "run")
+        assert said in str(caught.value) and "\n" not in str(caught.value), (fields, str(caught.value))
+        for key in extra:
+            monkeypatch.delenv(key)

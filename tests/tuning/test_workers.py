@@ -43,7 +43,7 @@ def _dead_pid() -> dict:
 
 def test_two_workers_claiming_one_configuration_at_once_never_both_run_it(postgres):
     """Two workers (threads, each its own connection) claim the same configuration at the
-    same moment, 20 times, each retrying as the planner does until it holds the claim or sees
+    same moment, 12 times, each retrying as the planner does until it holds the claim or sees
     the other hold it: exactly one runs it every time (write-then-read, then the jitter)."""
     first = _study(postgres)
     second = optuna.load_study(study_name=first.study_name,
@@ -61,7 +61,7 @@ def test_two_workers_claiming_one_configuration_at_once_never_both_run_it(postgr
                 held.append(attempt)
                 return
 
-    for round_ in range(20):
+    for round_ in range(12):
         held: list[int] = []
         threads = [threading.Thread(target=worker, args=(w, f"config-{round_}", held)) for w in pair]
         for t in threads:
@@ -74,7 +74,7 @@ def test_two_workers_claiming_one_configuration_at_once_never_both_run_it(postgr
             first.tell(t.number, 1.0)  # measured: the next round claims another configuration
     for w in pair:
         w.close()
-    assert winners == [1] * 20, winners
+    assert winners == [1] * 12, winners
     assert max(attempts) <= 6, attempts
 
 

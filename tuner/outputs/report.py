@@ -44,6 +44,7 @@ def load_study(out: Path, storage: str | None) -> Any:
         summaries = optuna.get_all_study_summaries(url)
     except Exception as exc:  # noqa: BLE001 - any storage failure is the user's URL or file
         raise RecipeError(f"--storage {url}: cannot open it ({type(exc).__name__}: {exc})") from None
+    summaries = [s for s in summaries if not s.study_name.endswith(".finishing")]  # a workers' lock, no search
     if not summaries:
         raise RecipeError(f"{url} holds no study")
     name = summaries[0].study_name

@@ -67,7 +67,7 @@ class Planner:
         self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
         if stale:
             events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
-        self.workers = Workers(self.study, events.note)  # other searches may share the study
+        self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
@@ -148,7 +148,7 @@ class Planner:
             knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
             config = self._config(knobs)
             seen = self.known.get(searchspace.config_key(config))
-            why = self.workers.claim(trial, _claim(config), self.recipe.budget.trials) if seen is None else None
+            why = self.workers.claim(trial, _claim(config)) if seen is None else None
             if why == "budget":  # the trials in flight took the last of the budget: decide again
                 return {"skipped": True}
             if why is not None:

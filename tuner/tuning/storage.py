@@ -167,7 +167,11 @@ def rdb(url: str) -> BaseStorage:
         wanted.pop("failed_trial_callback")
     with warnings.catch_warnings():  # heartbeats are "experimental" in Optuna's words since 2.9
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.storages.RDBStorage(url, **{k: v for k, v in wanted.items() if k in accepted})
+        inner = optuna.storages.RDBStorage(url, **{k: v for k, v in wanted.items() if k in accepted})
+    # Optuna's own cache of finished trials, as get_storage(url) gives (safe across processes:
+    # unfinished trials are always read afresh); without it each decision reads every trial
+    # several times over (the workers' checks)
+    return optuna.storages.get_storage(inner)
 
 
 def open_storage(url: str) -> Resilient:

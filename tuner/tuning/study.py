@@ -122,9 +122,9 @@ def _fail_left_running(study: optuna.Study) -> int:
             continue
         if who is None and t.datetime_start and (datetime.now() - t.datetime_start).total_seconds() < GRACE_S:
             continue  # asked a moment ago by a worker starting beside this one, not claimed yet
-        study._storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
-        study._storage.set_trial_user_attr(t._trial_id, "reason", "left running by an interrupted search")
         try:
+            study._storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
+            study._storage.set_trial_user_attr(t._trial_id, "reason", "left running by an interrupted search")
             study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker failed it first

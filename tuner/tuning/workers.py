@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import optuna
 from optuna.trial import TrialState
@@ -90,8 +90,9 @@ def fingerprint(environment: Mapping[str, Any]) -> str:
 class Workers:
     """This worker's part in a shared study."""
 
-    def __init__(self, study: optuna.Study, events_note: Any = None) -> None:
-        self.study = study
+    def __init__(self, study: optuna.Study, events_note: Any = None, room: Callable[[], int] | None = None) -> None:
+        """``room``: trials left in the budget, trials in flight not counted (``None``: no budget)."""
+        self.study, self._room = study, room
         self.me = identity()
         self.id = name(self.me)
         self._note = events_note or (lambda text: None)
@@ -138,28 +139,24 @@ class Workers:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
-        storage = self.study._storage
+        storage, gone = self.study._storage, 0
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             who = t.user_attrs.get("worker")
             if who is None or t._trial_id == self._trial_id or alive(who) is not False:
                 continue
-            storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
-            storage.set_trial_user_attr(t._trial_id, "reason", f"its worker ({name(who)}) stopped mid-trial")
-            try:
+            try:  # another worker may be failing it at the same moment: one of them does
+                storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
+                storage.set_trial_user_attr(t._trial_id, "reason", f"its worker ({name(who)}) stopped mid-trial")
                 if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                    _retry(self.study, storage.get_trial(t._trial_id))
+                    retry_stale(self.study, storage.get_trial(t._trial_id))
+                    gone += 1
             except optuna.exceptions.UpdateFinishedTrialError:
-                pass  # another worker failed it first
-        after = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        gone = len(before - after - {self._number()})
+                pass
+        gone += sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                    if t.number in before and t.user_attrs.get("claim") and not t.user_attrs.get("state"))
         if gone:
             self._note(f"{gone} trial(s) of a worker that stopped failed and put back to be measured again")
         return gone
-
-    def _number(self) -> int | None:
-        if self._trial_id is None:
-            return None
-        return self.study._storage.get_trial_number_from_id(self._trial_id)
 
     def elsewhere(self, mine: int | None = None) -> dict[str, "FrozenTrial"]:
         """Other workers' trials in flight, by their claim (``mine``: a trial id of this worker's)."""
@@ -173,18 +170,16 @@ class Workers:
                    and (t.state == TrialState.RUNNING or "params" in t.user_attrs)
                    for t in self.study.get_trials(deepcopy=False))
 
-    def claim(self, trial: optuna.Trial, key: str, trials: int | None = None) -> str | None:
-        """Claim ``key`` (a configuration) for ``trial``, inside a budget of ``trials``.
+    def claim(self, trial: optuna.Trial, key: str) -> str | None:
+        """Claim ``key`` (a configuration) for ``trial``, inside the budget.
         ``None``: claimed; else why ``trial`` was withdrawn: ``"taken"`` (another worker
         measures it) or ``"budget"`` (the trials in flight fill the budget: the same
         write-then-read keeps workers from overshooting it; seen: 10 trials on a budget of 9)."""
         trial.set_user_attr("worker", self.me)
         trial.set_user_attr("claim", key)
         why = "taken" if self._taken(key, trial._trial_id) else None
-        if why is None and trials is not None:
-            from tuner.tuning.budget import ran
-
-            room = trials - len(ran(self.study))
+        if why is None and self._room is not None:
+            room = self._room()
             flying = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             why = "budget" if sum(1 for t in flying if t.user_attrs.get("claim")) > room else None
         if why is None:
@@ -285,10 +280,6 @@ def _beats(storage: Any) -> bool:
     from optuna.storages._heartbeat import is_heartbeat_enabled
 
     return is_heartbeat_enabled(storage)
-
-
-def _retry(study: optuna.Study, trial: "FrozenTrial") -> None:
-    retry_stale(study, trial)
 
 
 def retry_stale(study: optuna.Study, trial: "FrozenTrial") -> None:
