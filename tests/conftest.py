@@ -58,31 +58,43 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _service(given: str | None, can_start: bool, script: str, args: list[str], what: str, why: str,
+             required: str) -> tuple[str, str | None]:
+    """(what the tests connect with, the folder of a server started here) for a service:
+    ``given`` by CI, else started with scripts/ci/SCRIPT in a folder of its own where
+    ``can_start``, else the test is skipped (failed where ``required`` is set, as in CI)."""
+    import tempfile
+
+    folder = None
+    if not given and can_start:
+        folder = tempfile.mkdtemp(prefix=f"tuner-{what.lower()}-")
+        started = subprocess.run(["bash", str(ROOT / "scripts" / "ci" / script), folder, *args],
+                                 capture_output=True, text=True, timeout=180)
+        if started.returncode == 0:
+            given = started.stdout.strip().splitlines()[-1]
+        else:
+            why = f"{script} failed: {started.stderr.strip()[-500:]}"
+    if not given:
+        if os.environ.get(required):
+            pytest.fail(f"{what} required ({required}=1) but not available: {why}")
+        pytest.skip(why)
+    return given, folder
+
+
 @pytest.fixture(scope="session")
 def postgres():
     """A real PostgreSQL server's URL: ``TUNER_TEST_POSTGRES`` (``.ci/run`` starts one with
     scripts/ci/postgres_local.sh), else one this session starts the same way from Debian's
-    packages and stops at the end; skipped where there is none (failed under
-    ``TUNER_REQUIRE_POSTGRES=1``, as in CI)."""
+    packages and stops at the end."""
     import glob
     import shutil
-    import tempfile
 
-    url, folder = os.environ.get("TUNER_TEST_POSTGRES"), None
-    why = "TUNER_TEST_POSTGRES is not set and Debian's postgresql is not installed (apt-get install postgresql)"
-    if not url and glob.glob("/usr/lib/postgresql/*/bin/postgres") and shutil.which("runuser"):
-        folder = tempfile.mkdtemp(prefix="tuner-pg-")
-        script = ROOT / "scripts" / "ci" / "postgres_local.sh"
-        started = subprocess.run(["bash", str(script), folder, str(_free_port())], capture_output=True, text=True,
-                                 timeout=120)
-        if started.returncode == 0:
-            url = started.stdout.strip().splitlines()[-1]
-        else:
-            why = f"postgres_local.sh failed: {started.stderr.strip()[-500:]}"
-    if not url:
-        if os.environ.get("TUNER_REQUIRE_POSTGRES"):
-            pytest.fail(f"PostgreSQL required (TUNER_REQUIRE_POSTGRES=1) but not available: {why}")
-        pytest.skip(why)
+    url, folder = _service(
+        os.environ.get("TUNER_TEST_POSTGRES"),
+        bool(glob.glob("/usr/lib/postgresql/*/bin/postgres")) and shutil.which("runuser") is not None,
+        "postgres_local.sh", [str(_free_port())], "PostgreSQL",
+        "TUNER_TEST_POSTGRES is not set and Debian's postgresql is not installed (apt-get install postgresql)",
+        "TUNER_REQUIRE_POSTGRES")
     yield url
     if folder is not None:
         bin_dir = sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1]
@@ -95,26 +107,16 @@ def postgres():
 def slurm():
     """A real Slurm (slurmctld and two slurmd, nodes n1 and n2 on this host): ``SLURM_CONF``
     as ``.ci/run`` exports it after scripts/ci/slurm_local.sh, else one this session starts
-    the same way from Debian's packages; skipped where there is none (failed under
-    ``TUNER_REQUIRE_SLURM=1``, as in CI). Yields the environment to run ``salloc`` with."""
+    the same way from Debian's packages. Yields the environment to run ``salloc`` with."""
     import shutil
-    import tempfile
 
-    conf, folder = os.environ.get("SLURM_CONF"), None
-    why = "SLURM_CONF is not set and Debian's slurmctld/slurmd are not installed (apt-get install slurmctld slurmd)"
-    if not conf and shutil.which("slurmctld") and shutil.which("slurmd") and os.geteuid() == 0:
-        folder = tempfile.mkdtemp(prefix="tuner-slurm-")
-        started = subprocess.run(["bash", str(ROOT / "scripts" / "ci" / "slurm_local.sh"), folder],
-                                 capture_output=True, text=True, timeout=180)
-        if started.returncode == 0:
-            conf = started.stdout.strip().splitlines()[-1]
-        else:
-            why = f"slurm_local.sh failed: {started.stderr.strip()[-500:]}"
-    if not conf:
-        if os.environ.get("TUNER_REQUIRE_SLURM"):
-            pytest.fail(f"Slurm required (TUNER_REQUIRE_SLURM=1) but not available: {why}")
-        pytest.skip(why)
+    conf, folder = _service(
+        os.environ.get("SLURM_CONF"),
+        bool(shutil.which("slurmctld") and shutil.which("slurmd")) and os.geteuid() == 0,
+        "slurm_local.sh", [], "Slurm",
+        "SLURM_CONF is not set and Debian's slurmctld/slurmd are not installed (apt-get install slurmctld slurmd)",
+        "TUNER_REQUIRE_SLURM")
     yield {**os.environ, "SLURM_CONF": conf}
     if folder is not None:
-        subprocess.run(["pkill", "-f", f"-f {folder}/slurm.conf"], capture_output=True)
+        subprocess.run(["pkill", "-f", f"{folder}/slurm.conf"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)

@@ -29,9 +29,14 @@ def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     assert result.speedup >= 1.3, (result.speedup, result.best["params"])
     rows = [r for r in _rows(out) if r["state"] == "ok"]
     assert len(rows) >= 3, rows
-    for r in rows:  # the rebuilt loader ran the trial's workers; DDP's all-reduces were timed
-        assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
+    for r in rows:  # DDP's all-reduces were timed; no loader workers, no worker CPU
         assert float(r["comm_share"]) > 0, r
+        if r["num_workers"] == "0":
+            assert float(r["worker_cpu_util"] or 0) == 0, r
+    # the rebuilt loader ran the trials' workers (one trial's 10 ms CPU ticks can read 0.0 in an
+    # 8-step window under load: seen once in a fresh-clone CI)
+    with_workers = [float(r["worker_cpu_util"] or 0) for r in rows if r["num_workers"] != "0"]
+    assert not with_workers or max(with_workers) > 0, rows
     assert psutil.Process().children(recursive=True) == []
 
 
