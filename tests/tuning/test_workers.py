@@ -18,10 +18,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from tuner.config.recipe import load_recipe
+from tuner.tuning import storage as storage_mod
+from tuner.tuning import study as study_mod
 from tuner.tuning import workers as workers_mod
 from tuner.tuning.storage import Resilient
 
-from conftest import ROOT
+from conftest import ROOT, _free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
                                         "ignore:Heartbeat of storage:UserWarning")
@@ -173,3 +176,16 @@ def test_three_workers_share_one_search_and_survive_one_killed(postgres, toy, tm
     assert len(rerun) == 1 and rerun[0]["state"] in ("ok", "pruned"), rerun  # the killed trial, run again
     best = json.loads((tmp_path / "run" / "best.json").read_text())
     assert best["baseline"]["params"]["micro_batch_size"] == 2 and best["speedup"] > 0
+
+
+def test_a_postgresql_server_down_at_start_is_waited_for_then_said_in_one_line(postgres, toy, monkeypatch):
+    """Nothing listens on the URL's port: the search retries (a server starting up) for
+    RETRY_S (1.5 s here, 60 s by default), then stops with one line that says what to do."""
+    monkeypatch.setattr(storage_mod, "RETRY_S", 1.5)
+    down = postgres.rsplit("@", 1)[0] + f"@127.0.0.1:{_free_port()}/tuner"
+    start = time.monotonic()
+    with pytest.raises(storage_mod.StorageError) as caught:
+        study_mod.open_study(load_recipe(toy()), down, 0)
+    said = str(caught.value)
+    assert time.monotonic() - start >= 1.0 and "\n" not in said, said
+    assert "stayed unreachable or locked for 2 s" in said and "re-run the same command to resume" in said, said
