@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import export
 from tuner.config.space import KNOBS, Config
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.tuning import workers
 
 if TYPE_CHECKING:
     import optuna
@@ -76,7 +77,7 @@ def write_trials_csv(path: Path, study: "optuna.Study") -> None:
                 "baseline": bool(attrs.get("baseline")),
                 "duplicate_of": attrs.get("duplicate_of", ""),
                 "duration_s": f"{t.duration.total_seconds():.2f}" if t.duration else "",
-                "worker": "{host}:{pid}".format(**attrs["worker"]) if attrs.get("worker") else "",
+                "worker": workers.name(attrs["worker"]) if attrs.get("worker") else "",
             }
             if t.state.name == "FAIL" and attrs.get("claim") and not attrs.get("state"):
                 row["reason"] = "its worker stopped beating (died?): put back to be measured again"

@@ -74,7 +74,7 @@ def my_group(script: "Script") -> tuple[str, ...]:
     given = os.environ.get(GROUP_ENV)
     if given:
         return tuple(given.split(","))
-    return groups(script, allocation().nodes)[0]
+    return worker_groups(script)[0]
 
 
 def address(node: str) -> str:
