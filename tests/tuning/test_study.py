@@ -140,3 +140,38 @@ def test_moving_to_fsdp_leaves_zero_and_back():
     tried = [dict(on_fsdp, fsdp="off")]
     step = guided_next(LEVERS, on_fsdp, {"data_wait_share": 0.0}, lambda k: k in tried, memory)
     assert step.knobs == dict(on_fsdp, zero_stage=2, fsdp="off")
+
+
+ZERO = Space({**SPACE.choices, "zero_stage": (0, 1, 2, 3)})
+
+
+def _state_of(outcomes):
+    return lambda knobs: outcomes.get(str(sorted(knobs.items())))
+
+
+def test_along_an_ordered_knob_the_walk_ends_at_the_first_value_that_lost():
+    """ZeRO 1 ran and lost to ZeRO 0: stages 2 and 3 are not the guided step's (DeepSpeed's
+    autotuner stops there too); the smaller micro-batch past one that lost is not either."""
+    tried = [dict(BASE, zero_stage=1), dict(BASE, micro_batch_size=16), dict(BASE, amp_dtype="bf16"),
+             dict(BASE, micro_batch_size=4)]
+    step = guided_next(ZERO, BASE, {"data_wait_share": 0.0}, lambda k: k in tried)
+    assert step is None or step.knobs["zero_stage"] not in (2, 3), step
+    on_16 = dict(BASE, micro_batch_size=16)
+    tried = [dict(on_16, micro_batch_size=8), dict(on_16, amp_dtype="bf16"), dict(on_16, zero_stage=1)]
+    step = guided_next(ZERO, on_16, {"data_wait_share": 0.0}, lambda k: k in tried)
+    assert step is None or step.knobs["micro_batch_size"] != 4, step
+
+
+def test_a_value_that_did_not_fit_does_not_end_the_walk_towards_less_memory():
+    memory = [Verdict("memory-bound", 0.95, "peak 0.95 of the budget", "shard")]
+    over = dict(BASE, zero_stage=1)
+    step = guided_next(ZERO, BASE, {"data_wait_share": 0.0}, lambda k: k == over, memory,
+                       _state_of({str(sorted(over.items())): "over_budget"}))
+    assert step is not None and step.knobs == dict(BASE, zero_stage=2)
+    # a larger micro-batch past one that did not fit cannot fit either
+    small = dict(BASE, micro_batch_size=4)
+    oom = dict(small, micro_batch_size=8)
+    tried = [oom, dict(small, amp_dtype="bf16"), dict(small, zero_stage=1)]
+    step = guided_next(ZERO, small, {"data_wait_share": 0.0}, lambda k: k in tried, (),
+                       _state_of({str(sorted(oom.items())): "oom"}))
+    assert step is None or step.knobs["micro_batch_size"] != 16, step

@@ -37,9 +37,6 @@ if TYPE_CHECKING:
     from tuner.trial.result import PruneRule
     from tuner.tuning.finalists import Confirmation
 
-CONVERGED_AFTER = 5
-"""Sampler trials in a row, after the guided neighbourhood is exhausted, that brought
-nothing beyond the noise of the best: then the search has converged."""
 CONVERGED_GAIN = 0.05
 """The least gain over the best that counts as progress (and the bar while the noise is
 not yet known: no configuration measured twice); whole trials here differ by 5-10%."""
@@ -136,7 +133,8 @@ class Planner:
             self.verdicts(best.user_attrs["params"], best.user_attrs["metrics"]),
             self._outcome,
         ) if best is not None else None
-        if step is None and self.recipe.budget.converge and self.streak >= CONVERGED_AFTER:
+        if step is None and self.recipe.budget.converge and \
+                self.streak >= budget.converged_after(self.space.size(), len(self.known)):
             self.events.note(f"converged: the neighbourhood of the best is measured and the sampler's last "
                              f"{self.streak} trials brought nothing beyond {self._progress_bar():.0%} over the best")
             return {"stop": "converged"}

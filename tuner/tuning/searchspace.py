@@ -4,6 +4,7 @@ of it, and how one point is asked of the sampler."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -22,6 +23,11 @@ class Space:
 
     choices: dict[str, tuple[Any, ...]]
     notes: tuple[str, ...] = ()
+
+    def size(self) -> int:
+        """How many points the space has at most (values that cannot go together and knobs
+        that do not apply make it fewer; :meth:`configs` counts them exactly, slowly)."""
+        return math.prod(len(v) for v in self.choices.values())
 
     def configs(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> list[Config]:
         """Every distinct configuration (a knob that does not apply collapses to its default;
