@@ -73,16 +73,43 @@ def test_confirmation_stops_after_one_round_when_the_best_is_clearly_apart():
     run.calls.clear()
     out = confirm([TWO.params(), FOUR.params()], BASE.params(), 5, run, pool, lambda x: x, None)
     assert out is not None and out.rounds == 1 and out.winner == TWO.params()
-    assert len(run.calls) == 3  # one interleaved round: baseline and two finalists, not 5 rounds
+    # one interleaved round of the two finalists, not 5 rounds; the baseline, 3x slower than
+    # the fastest's search trial (beyond even the noise assumed before any repeat), is not
+    # measured again
+    assert run.calls == [TWO, FOUR]
     assert "apart from the others beyond the noise" in out.notes[0]
     assert pool.source(TWO.params()) == "median of 2 runs (1 search trial, 1 confirmation)"
 
 
-def test_equals_after_the_cap_recommend_the_fewest_changes():
+def test_the_baseline_and_far_finalists_are_measured_again_only_when_the_noise_could_explain_them():
+    run = Scripted({BASE: 100, TWO: 125, FOUR: 120, FOUR_BIG: 40})
+    pool = Pool()
+    for c in (BASE, TWO, FOUR, FOUR_BIG):
+        pool.add(run(c), "search")
+    run.calls.clear()
+    confirm([TWO.params(), FOUR.params(), FOUR_BIG.params()], BASE.params(), 1, run, pool, lambda x: x, None)
+    # FOUR_BIG's search trial is 68% below the fastest's: no noise makes that; the baseline
+    # is 20% below: the noise assumed before any repeat (10% a run) could, so it runs again
+    assert run.calls == [BASE, TWO, FOUR]
+
+
+def test_the_ends_of_an_attribution_apart_beyond_the_noise_need_one_run_each():
+    run = Scripted({BASE: 100, FOUR: 300})
+    pool = Pool()
+    for c in (BASE, FOUR):
+        pool.add(run(c), "search")
+    run.calls.clear()
+    table = attribute(BASE.params(), FOUR.params(), 3, run, pool, make, None)
+    assert run.calls == [] and table is not None and table.best == 300
+
+
+def test_equals_stop_before_the_cap_and_recommend_the_fewest_changes():
+    """0.5% apart with runs 2% noisy: after two runs each they are within one standard error,
+    so the third round (the cap) is not measured."""
     run = Scripted({BASE: 100, FOUR: 200, FOUR_BIG: 201})
     pool = Pool()
     out = confirm([FOUR_BIG.params(), FOUR.params()], BASE.params(), 3, run, pool, lambda x: x, None)
-    assert out is not None and out.rounds == 3
+    assert out is not None and out.rounds == 2
     assert out.winner == FOUR.params()  # one change from the baseline, not two
     assert run.calls.count(BASE) == 1  # the baseline joins the first round only
     assert len(out.equals) == 2
@@ -94,7 +121,17 @@ def test_a_finalist_left_behind_is_no_longer_measured():
     pool = Pool()
     confirm([FOUR.params(), TWO.params(), FOUR_BIG.params()], BASE.params(), 3, run, pool, lambda x: x, None)
     assert run.calls.count(FOUR_BIG) == 1  # dropped after the first round
-    assert run.calls.count(FOUR) == 3
+    assert run.calls.count(FOUR) == 2  # then equal to TWO within one standard error: done
+
+
+def test_finalists_neither_apart_nor_equal_go_on_to_the_cap():
+    """4% apart with runs at the 2% noise floor: more than one standard error of the
+    difference, less than two, after every round."""
+    run = Scripted({BASE: 100, TWO: 104, FOUR: 100})
+    run.jitter[TWO] = run.jitter[FOUR] = itertools.repeat(1.0)
+    pool = Pool()
+    out = confirm([TWO.params(), FOUR.params()], BASE.params(), 3, run, pool, lambda x: x, None)
+    assert out is not None and out.rounds == 3 and run.calls.count(TWO) == 3
 
 
 def confirmed_twice(run: Scripted, *configs: Config) -> Pool:

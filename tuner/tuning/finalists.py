@@ -26,7 +26,9 @@ the winner (seen on the benchmark: the true best was found, then outrun by a luc
 measurement of a configuration 20% slower)."""
 KNOWN = 2
 """Runs of a configuration already in the pool that make it known to the attribution
-(the confirmation measured it until the ranking was clear)."""
+(the confirmation measured it until the ranking was clear). The two ends, baseline and
+best, are known with one run each when they are apart beyond the noise: the gain between
+them is then what the noise cannot make."""
 
 Run = Callable[[Config], "TrialResult"]
 """Measures one configuration (a trial in this process, or a script trial)."""
@@ -54,33 +56,57 @@ def changes(params: dict[str, Any], baseline: dict[str, Any]) -> int:
 
 def confirm(finalists: list[dict[str, Any]], baseline: dict[str, Any], cap: int, run: Run, pool: Pool,
             agree: Agree, events: "SearchEvents | None") -> Confirmation | None:
-    """The finalists, interleaved, one round at a time (the baseline in the first), until the
-    fastest is apart from every other finalist beyond the noise, or ``cap`` rounds. Runs
-    already in the pool (the search trials) count; a finalist left behind beyond the noise
-    is dropped."""
+    """The finalists, interleaved, one round at a time, until the fastest is apart from every
+    other finalist beyond the noise, or those left are equals (:func:`_equals`), or ``cap``
+    rounds. Runs already in the pool (the search
+    trials) count: a finalist already apart from the fastest is not re-measured, nor is the
+    baseline when the fastest is already apart from it (its speedup stands on the noise
+    alone); a finalist left behind beyond the noise is dropped."""
     if cap < 1 or not finalists:
         return None
     base = Config(**baseline)
-    contenders = [Config(**p) for p in finalists]
+    contenders = _within_reach([Config(**p) for p in finalists], pool)
+    contenders, with_base = agree((contenders, base not in contenders and
+                                   not pool.apart(contenders[0].params(), baseline)))
     if events:
-        events.note(f"confirming: {len(contenders)} finalist(s), interleaved (the baseline in the first round), "
-                    f"until the fastest is apart beyond the noise (at most {cap} round(s))")
+        joined = " (the baseline in the first round)" if with_base else ""
+        events.note(f"confirming: {len(contenders)} finalist(s), interleaved{joined}, until the fastest is apart "
+                    f"beyond the noise (at most {cap} round(s))")
     rounds = 0
     while rounds < cap:
         # the baseline joins the first round only: the speedup's second sample, measured in
         # the same minutes as the finalists; the ranking that goes on is the finalists'
-        for config in dict.fromkeys([base, *contenders] if rounds == 0 else contenders):
+        for config in dict.fromkeys([base, *contenders] if rounds == 0 and with_base else contenders):
             pool.add(run(config), "confirmation")
         rounds += 1
         ranked = sorted((c for c in contenders if pool.rates(c.params())),
                         key=lambda c: pool.median(c.params()) or 0.0, reverse=True)
         if not ranked:
             return None
-        lead = ranked[0].params()
-        contenders = agree([ranked[0]] + [c for c in ranked[1:] if not pool.apart(lead, c.params())])
-        if len(contenders) == 1:
+        contenders = agree(_within_reach(ranked, pool))
+        if len(contenders) == 1 or agree(_equals(contenders, pool)):
             break
     return _answer(contenders, baseline, pool, rounds)
+
+
+def _equals(contenders: list[Config], pool: Pool) -> bool:
+    """Whether the finalists still in the race are within one standard error of the fastest
+    (half the margin that would call them apart), each measured at least twice with the
+    noise known: another round is then as likely to swap them as to separate them, so they
+    are equals and the simplest wins. Seen on the benchmark's DeepSpeed job: micro-batch
+    64 and 128 within 0.4% of each other after their search trials ran all 3 rounds (7
+    runs, 10 s of a 28 s search) to end "within the noise" anyway."""
+    if pool.known_noise() is None or any(len(pool.rates(c.params())) < 2 for c in contenders):
+        return False
+    lead = contenders[0].params()
+    gaps = [pool.gap(lead, c.params()) for c in contenders[1:]]
+    return all(g is not None and abs(g[0]) <= g[1] / 2 for g in gaps)
+
+
+def _within_reach(ranked: list[Config], pool: Pool) -> list[Config]:
+    """The fastest, and the others it is not apart from beyond the noise."""
+    lead = ranked[0].params()
+    return [ranked[0]] + [c for c in ranked[1:] if not pool.apart(lead, c.params())]
 
 
 def _answer(contenders: list[Config], baseline: dict[str, Any], pool: Pool, rounds: int) -> Confirmation:
@@ -112,7 +138,10 @@ def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run
     configs = {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
     if len(configs) < 2:
         return None
-    need = {k: (repeats if not pool.entry(c.params()).runs else max(0, KNOWN - len(pool.rates(c.params()))))
+    ends = pool.apart(best, base) and all(pool.rates(p) for p in (best, base))
+    need = {k: (repeats if not pool.entry(c.params()).runs else
+                0 if ends and c.params() in (base, best) else
+                max(0, KNOWN - len(pool.rates(c.params()))))
             for k, c in configs.items()}
     if events:
         todo = sum(n > 0 for n in need.values())
