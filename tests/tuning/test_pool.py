@@ -73,10 +73,10 @@ def test_confirmation_stops_after_one_round_when_the_best_is_clearly_apart():
     run.calls.clear()
     out = confirm([TWO.params(), FOUR.params()], BASE.params(), 5, run, pool, lambda x: x, None)
     assert out is not None and out.rounds == 1 and out.winner == TWO.params()
-    # one interleaved round of the two finalists, not 5 rounds; the baseline, 3x slower than
-    # the fastest's search trial (beyond even the noise assumed before any repeat), is not
-    # measured again
-    assert run.calls == [TWO, FOUR]
+    # one round, not 5; the baseline, 3x slower than the fastest's search trial (beyond even
+    # the noise assumed before any repeat), is not measured again; nor is FOUR once TWO's
+    # repeat has shown the noise (2%) and FOUR's search trial 34% below it
+    assert run.calls == [TWO]
     assert "apart from the others beyond the noise" in out.notes[0]
     assert pool.source(TWO.params()) == "median of 2 runs (1 search trial, 1 confirmation)"
 

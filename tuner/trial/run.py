@@ -46,7 +46,7 @@ def run_trial(
             every rank or on none: the other ranks receive rank 0's decision.
         instruments: a profiler trace of the window, NVTX ranges.
     """
-    _freeze_once()
+    freeze_once()
     memory = HostMemory(exact_peak=True).start()
     dog = watchdog.start(recipe, config, ctx)
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
@@ -155,7 +155,7 @@ _LIBC: Any = None
 _FROZEN = False
 
 
-def _freeze_once() -> None:
+def freeze_once() -> None:
     """Before the process's first trial, move what is alive (torch, DeepSpeed, Optuna,
     SQLAlchemy: ~225k objects) out of the garbage collector's sight with ``gc.freeze``.
 
@@ -163,7 +163,8 @@ def _freeze_once() -> None:
     those modules loaded one full collection took 65-190 ms, so the two were 0.4 s of a
     3 s DeepSpeed trial, scanning objects that live as long as the process. Frozen, a
     collection scans only what trials created. What is frozen is never collected, so only
-    objects alive before any trial are frozen, once."""
+    objects alive before any trial are frozen, once (the search calls it before its
+    one-time DeepSpeed and compiler setup, whose throw-away engines collect too)."""
     global _FROZEN
     if not _FROZEN:
         gc.collect()
