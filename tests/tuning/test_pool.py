@@ -166,3 +166,29 @@ def test_attribution_measures_only_the_points_it_lacks():
     assert sorted(c.params()["num_workers"] * 100 + c.params()["micro_batch_size"] for c in run.calls) == \
         [16, 16, 408, 408]
     assert table is not None and [r.knob for r in table.rows] == ["num_workers", "micro_batch_size"]
+
+
+def test_a_knob_left_out_of_the_answer_must_leave_a_point_of_the_space(toy):
+    """The baseline has no workers, so its persistent_workers is the default false; the best
+    runs 4 workers, persistent. That persistence buys nothing measurable: the best without
+    it is recommended where the space allows false, never where the recipe fixes it true."""
+    import tuner
+    from tuner.tuning.recommend import simpler
+    from tuner.tuning.searchspace import Space
+
+    base = config()
+    best = config(num_workers=4, persistent_workers=True)
+    without = config(num_workers=4, persistent_workers=False)
+    run = Scripted({base: 100, best: 200, without: 199})
+    pool = confirmed_twice(run, base, best, without)
+    table = attribute(base.params(), best.params(), 1, run, pool, make, None)
+    assert table is not None
+    recipe = tuner.load_recipe(toy())
+    choices = {k: (v,) for k, v in base.params().items() if k not in ("grad_accum_steps", "engine")}
+    choices["num_workers"] = (0, 4)
+    free = Space({**choices, "persistent_workers": (False, True)})
+    fixed = Space({**choices, "persistent_workers": (True,)})
+    picked = simpler(best.params(), table, pool, base.params(), make, recipe, None, free)
+    assert picked is not None and picked[0] == without.params() and "without persistent_workers" in picked[1]
+    assert simpler(best.params(), table, pool, base.params(), make, recipe, None, fixed) is None
+    assert fixed.holds(base.params(), 1)  # without workers persistent_workers means nothing

@@ -326,7 +326,7 @@ class Planner:
             best_trial.user_attrs["params"] if best_trial is not None else None)
         if best_params is not None and attribution is not None:
             simpler = recommend.simpler(best_params, attribution, pool, self.baseline_config.params(),
-                                         self._config, self.recipe, self.reference)
+                                         self._config, self.recipe, self.reference, self.space)
             if simpler is not None:
                 best_params, note = simpler
                 notes.append(note)

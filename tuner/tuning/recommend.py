@@ -19,18 +19,24 @@ if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.trial.result import TrialResult
     from tuner.tuning.pool import Pool
+    from tuner.tuning.searchspace import Space
 
 
 def simpler(best: dict[str, Any], attribution: "Attribution", pool: "Pool", baseline: dict[str, Any],
             make: Callable[[dict[str, Any]], Config], recipe: "Recipe",
-            reference: list[float] | None) -> tuple[dict[str, Any], str] | None:
-    """``(params, note)`` of the best without the knob that bought least, when it may go."""
+            reference: list[float] | None, space: "Space") -> tuple[dict[str, Any], str] | None:
+    """``(params, note)`` of the best without the knob that bought least, when it may go and
+    what is left is a point of the space (the baseline's value of a knob the space fixes
+    otherwise is not: seen, persistent_workers false, the baseline's without workers, with
+    8 workers where the recipe's space says ``persistent_workers: [true]``)."""
     candidates = []
     for row in attribution.rows:
         knobs = {**{k: v for k, v in best.items() if k in KNOBS}, **{k: baseline[k] for k in row.knob.split("+")}}
         if conflict(knobs) is not None:
             continue
         params = make(knobs).params()
+        if not space.holds(params, recipe.world_size):
+            continue
         entry, metrics = pool.entry(params), pool.metrics(params)
         if (metrics is None or entry.failures or pool.apart(best, params)
                 or study_mod.over_budget(metrics, recipe) is not None

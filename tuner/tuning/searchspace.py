@@ -24,6 +24,12 @@ class Space:
     choices: dict[str, tuple[Any, ...]]
     notes: tuple[str, ...] = ()
 
+    def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
+        """Whether ``params`` is a point of the space: each knob at one of its values, or
+        meaning nothing there (loader knobs without workers, buckets without their engine)."""
+        return all(params[k] in values or not applies(k, params, world_size)
+                   for k, values in self.choices.items() if k in params)
+
     def size(self) -> int:
         """How many points the space has at most (values that cannot go together and knobs
         that do not apply make it fewer; :meth:`configs` counts them exactly, slowly)."""
