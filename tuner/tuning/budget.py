@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.harness.metrics import Window, window_rate
 from tuner.harness.window import AUTO
-from tuner.trial.after import STALL_FREE_STEPS
+from tuner.trial.after import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
 from tuner.trial.result import State
 from tuner.tuning import study as study_mod
 
@@ -97,13 +97,16 @@ def never(window: Window) -> bool:
 
 def pruning_saved_s(recipe: "Recipe", pool: "Pool", steps: int, rate: float) -> float:
     """The seconds a trial pruned after ``steps`` measured steps (at ``rate`` samples/s) did
-    not spend: the rest of a typical window and the stall-free steps after it."""
-    windows = [r.metrics["measured_steps"] for e in pool.entries.values() for r in e.runs
-               if r.ok and r.metrics and r.metrics.get("measured_steps")]
+    not spend: the rest of a typical window and the stall-free steps after it (where the
+    typical window waited for data enough to measure them, :mod:`tuner.trial.after`)."""
+    runs = [r.metrics for e in pool.entries.values() for r in e.runs if r.ok and r.metrics]
+    windows = [m["measured_steps"] for m in runs if m.get("measured_steps")]
+    waits = [m["data_wait_share"] for m in runs if m.get("data_wait_share") is not None]
+    ceiling = not waits or statistics.median(waits) >= CEILING_FROM_WINDOW_BELOW
     typical = recipe.steps.measure if isinstance(recipe.steps.measure, int) else (
         statistics.median(windows) if windows else steps)
     step_s = recipe.global_batch_size / rate
     window_s = max(0.0, typical - steps) * step_s
     if not isinstance(recipe.steps.measure, int):
         window_s = min(window_s, AUTO.max_s)  # an auto window ends at its time cap
-    return window_s + min(recipe.steps.most, STALL_FREE_STEPS) * step_s
+    return window_s + (min(recipe.steps.most, STALL_FREE_STEPS) * step_s if ceiling else 0.0)
