@@ -58,10 +58,10 @@ def confirm(finalists: list[dict[str, Any]], baseline: dict[str, Any], cap: int,
             agree: Agree, events: "SearchEvents | None") -> Confirmation | None:
     """The finalists, interleaved, one round at a time, until the fastest is apart from every
     other finalist beyond the noise, or those left are equals (:func:`_equals`), or ``cap``
-    rounds. Runs already in the pool (the search
-    trials) count: a finalist already apart from the fastest is not re-measured, nor is the
-    baseline when the fastest is already apart from it (its speedup stands on the noise
-    alone); a finalist left behind beyond the noise is dropped."""
+    rounds. Runs already in the pool (the search trials) count: a finalist already apart
+    from the fastest is not re-measured, nor is the baseline when the fastest is already
+    apart from it (its speedup stands on the noise alone); a finalist left behind beyond
+    the noise is dropped."""
     if cap < 1 or not finalists:
         return None
     base = Config(**baseline)

@@ -61,7 +61,8 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
     workers. Then a larger micro-batch that did not fit (``outcome`` says a state for
     what was tried), with activation checkpointing: what checkpointing is for. Then each
     other value of each knob, one knob at a time, the headline verdict's family first;
-    larger micro-batches first unless memory is the limit. Returns the first such
+    larger micro-batches first unless memory is the limit, and along an :data:`ORDERED`
+    knob never past a value that already lost. Returns the first such
     neighbour not yet ``tried``, or ``None`` when the neighbourhood is exhausted and the
     sampler takes over.
     """
