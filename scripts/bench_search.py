@@ -23,6 +23,7 @@ same way (needs what that script needs: ``ssh localhost``, ``pdsh``).
     python scripts/bench_search.py                       # both recipes, 3 seeds
     python scripts/bench_search.py --seeds 5 --budget-fraction 0.34
     python scripts/bench_search.py --autotuner --recipes none
+    python scripts/bench_search.py --recipes compute --final-rounds 7
 """
 
 from __future__ import annotations
@@ -100,11 +101,13 @@ def main() -> None:
     parser.add_argument("--final-rounds", type=int, default=3,
                         help="interleaved re-measurements of every answer beside the grid's best")
     parser.add_argument("--autotuner", action="store_true", help="add the DeepSpeed job against DeepSpeed's autotuner")
-    parser.add_argument("--recipes", default="all", help="'none' to run only --autotuner")
+    parser.add_argument("--recipes", default="all",
+                        help="'none' to run only --autotuner, or a word of the recipes' labels to run those")
     args = parser.parse_args()
     ctx, machine = distributed.context(), Machine.detect()
     lines = []
-    for label, (path, overrides) in (RECIPES.items() if args.recipes != "none" else ()):
+    chosen = {k: v for k, v in RECIPES.items() if args.recipes == "all" or args.recipes in k}
+    for label, (path, overrides) in chosen.items():
         recipe = tuner.load_recipe(path, overrides)
         configs = grid(recipe, machine)
         print(f"{label}: measuring the grid of {len(configs)} configurations", file=sys.stderr)

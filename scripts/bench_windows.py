@@ -29,9 +29,9 @@ import tuner  # noqa: E402
 
 QUICK = ROOT / "recipes" / "quickstart.yaml"
 RECIPES = {
-    "fast step (~6 ms, no read latency)": ["task_args.read_latency_ms=0", "global_batch_size=32",
+    "fast step (~4 ms, no read latency)": ["task_args.read_latency_ms=0", "global_batch_size=32",
                                         "baseline.micro_batch_size=32"],
-    "slow step (~0.8 s, wide layers)": ["task_args.read_latency_ms=0", "task_args.width=8192",
+    "slow step (~0.7 s, wide layers)": ["task_args.read_latency_ms=0", "task_args.width=8192",
                                         "task_args.features=1024", "global_batch_size=256",
                                         "baseline.micro_batch_size=256", "space.micro_batch_size=[256]"],
 }
