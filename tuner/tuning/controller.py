@@ -15,7 +15,7 @@ from tuner.config.space import Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed
 from tuner.scriptmode.launcher import ScriptTrials
 from tuner.trial import engines, watchdog
-from tuner.trial.run import freeze_once, run_trial
+from tuner.trial.run import freeze, run_trial
 from tuner.tuning import budget, finalists, interrupt, searchspace
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.planner import Planner
@@ -37,8 +37,9 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     machine = Machine.detect()
     space = searchspace.build_space(recipe, machine)
     if recipe.script is None:  # one-time costs (DeepSpeed, the compiler) before the first trial
-        freeze_once()
+        freeze()
         engines.prepare_all(_prepared_kinds(space, recipe, machine), ctx.device)
+        freeze()
     pool = Pool()
     planner = Planner(recipe, space, machine, events or SearchEvents(), pool) if ctx.is_main else None
     scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
