@@ -117,8 +117,11 @@ def print_plan(plan: "CapacityPlan") -> None:
     """The largest micro-batch predicted to fit, per sharding x AMP x checkpointing."""
     out = Console()
     bound = f"±{plan.bound:.0%}" if plan.bound is not None else "unknown (no fitted prediction was checked)"
-    table = Table(title=f"largest micro-batch predicted to fit {plan.budget_gib:.2f} GiB ({plan.budget_source}); "
-                        f"model error bound {bound}")
+    # The heading is a line of its own: as the table's title it wrapped to the table's width,
+    # mid-phrase ("model error" / "bound ±10%"), whenever the profiled column was narrow.
+    out.print(f"largest micro-batch predicted to fit {plan.budget_gib:.2f} GiB ({plan.budget_source}); "
+              f"model error bound {bound}", highlight=False, soft_wrap=True)
+    table = Table()
     for name in ("sharding", "amp", "ckpt", "micro", "GiB", "next up", "profiled (micro: GiB)"):
         table.add_column(name, justify="right" if name in ("micro", "GiB") else "left")
     for row in plan.rows:
