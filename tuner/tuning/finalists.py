@@ -152,7 +152,7 @@ def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run
     configs = {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
     if len(configs) < 2:
         return None
-    ends = pool.apart(best, base) and all(pool.rates(p) for p in (best, base))
+    ends = pool.apart(best, base)  # False unless both ends have runs
     need = {k: (repeats if not pool.entry(c.params()).runs else
                 0 if ends and c.params() in (base, best) else
                 max(0, KNOWN - len(pool.rates(c.params()))))
