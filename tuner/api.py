@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from tuner.analysis.gate import DEFAULT_REPEATS, CheckResult, differences, verdict
 from tuner.config.errors import RecipeError
-from tuner.config.recipe import Recipe, load_recipe
+from tuner.config.recipe import Recipe, check_tolerance, load_recipe
 from tuner.config.space import parse_knobs
 from tuner.harness import distributed
 from tuner.harness.environment import environment
@@ -69,6 +69,7 @@ def search(
     quiet: bool = False,
     full_budget: bool = False,
     no_skip: bool = False,
+    tolerance: float | None = None,
     **knobs: Any,
 ) -> SearchResult | None:
     """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
@@ -87,6 +88,8 @@ def search(
             (``budget.converge: false``).
         no_skip: run configurations the memory model predicts over the budget too
             (``budget.skip: false``).
+        tolerance: override the recipe's ``tolerance``: the largest slowdown a simpler
+            answer may cost against the fastest (upper 95% bound; default 0.02).
         **knobs: knobs to fix for the whole search.
     """
     from tuner.outputs import run_folder
@@ -105,7 +108,9 @@ def search(
     out_dir = Path(out) if out is not None else recipe.out
     if out is not None and storage is None and recipe.storage == f"sqlite:///{recipe.out / 'study.db'}":
         storage = f"sqlite:///{out_dir / 'study.db'}"
-    recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage)
+    recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage,
+                                 tolerance=recipe.tolerance if tolerance is None else
+                                 check_tolerance(tolerance, "--tolerance"))
     if recipe.script is not None and ctx.world_size > 1:
         raise RecipeError(f"script: run a script recipe's search as one process (python -m tuner.search "
                           f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")

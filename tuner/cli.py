@@ -92,6 +92,10 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                         help="keep searching once converged, until the trial or time budget is spent")
     parser.add_argument("--no-skip", action="store_true",
                         help="run configurations the memory model predicts over budget.memory_gib too")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="the largest slowdown a simpler answer may cost against the fastest, e.g. 0.02 (2%%): "
+                             "a change is dropped only when the upper 95%% bound of its cost is below it "
+                             "(default: the recipe's tolerance, 0.02)")
     args = parser.parse_args(argv)
     for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0),
                                  ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0)):
@@ -106,7 +110,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
                         attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets,
-                        quiet=args.quiet, full_budget=args.full_budget, no_skip=args.no_skip)
+                        quiet=args.quiet, full_budget=args.full_budget, no_skip=args.no_skip,
+                        tolerance=args.tolerance)
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)

@@ -12,11 +12,14 @@ import itertools
 
 from tuner.config.space import Config, Machine, make_config
 from tuner.trial.result import State, TrialResult
-from tuner.tuning.finalists import attribute, confirm
-from tuner.tuning.pool import NOISE_FLOOR, NOISE_UNKNOWN, Pool
+from tuner.tuning.finalists import attribute, confirm, settle
+from tuner.tuning.pool import NOISE_UNKNOWN, Pool
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
 JITTER = (1.0, 1.02, 0.98, 1.01, 0.99)
+"""One run's noise ~1.6% (relative standard deviation)."""
+QUIET = (1.0, 1.001, 0.999, 1.0005, 0.9995)
+"""~0.08%: a host wait that costs the same every step."""
 
 
 def config(**knobs) -> Config:
@@ -31,9 +34,9 @@ def result(c: Config, rate: float, state: State = State.OK) -> TrialResult:
 class Scripted:
     """Measures each configuration at its true rate times a small repeating jitter."""
 
-    def __init__(self, truth: dict[Config, float]) -> None:
+    def __init__(self, truth: dict[Config, float], jitter: tuple[float, ...] = JITTER) -> None:
         self.truth, self.calls = truth, []
-        self.jitter = {c: itertools.cycle(JITTER) for c in truth}
+        self.jitter = {c: itertools.cycle(jitter) for c in truth}
 
     def __call__(self, c: Config) -> TrialResult:
         self.calls.append(c)
@@ -44,17 +47,18 @@ BASE, TWO, FOUR, FOUR_BIG = config(), config(num_workers=2), config(num_workers=
                                                                                              micro_batch_size=16)
 
 
-def test_noise_is_pooled_over_repeated_configurations_and_floored():
+def test_noise_is_pooled_over_repeated_configurations_with_no_floor():
     pool = Pool()
-    assert pool.noise() == NOISE_UNKNOWN
+    assert pool.known_noise() is None and pool.noise() == NOISE_UNKNOWN
     for rate in (100, 110, 90):
         pool.add(result(BASE, rate), "search")
     pool.add(result(TWO, 200), "search")  # measured once: no say in the noise
     assert 0.09 < pool.noise() < 0.11
+    assert pool.spread()[1] == 2  # honest degrees of freedom: 3 runs of one configuration
     same = Pool()
     for _ in range(3):
         same.add(result(BASE, 100), "search")
-    assert same.noise() == NOISE_FLOOR
+    assert same.noise() == 0.0
 
 
 def test_a_pruned_trial_is_not_a_measurement():
@@ -77,7 +81,7 @@ def test_confirmation_stops_after_one_round_when_the_best_is_clearly_apart():
     # the noise assumed before any repeat), is not measured again; nor is FOUR once TWO's
     # repeat has shown the noise (2%) and FOUR's search trial 34% below it
     assert run.calls == [TWO]
-    assert "apart from the others beyond the noise" in out.notes[0]
+    assert out.rule == "fastest" and "fastest finalist is kept" in out.notes[0]
     assert pool.source(TWO.params()) == "median of 2 runs (1 search trial, 1 confirmation)"
 
 
@@ -101,36 +105,58 @@ def test_the_ends_of_an_attribution_apart_beyond_the_noise_need_one_run_each():
     run.calls.clear()
     table = attribute(BASE.params(), FOUR.params(), 3, run, pool, make, None)
     assert run.calls == [] and table is not None and table.best == 300
+    assert table.rows[0].mark is None  # no repeat anywhere: no interval, no verdict
 
 
-def test_equals_stop_before_the_cap_and_recommend_the_fewest_changes():
-    """0.5% apart with runs 2% noisy: after two runs each they are within one standard error,
-    so the third round (the cap) is not measured."""
+def test_a_simpler_finalist_shown_within_the_tolerance_is_recommended_before_the_cap():
+    """0.5% apart on a quiet machine: after three runs each the upper 95% bound of the
+    simpler one's slowdown is below 2%, so the cap (5) is not reached."""
+    run = Scripted({BASE: 100, FOUR: 200, FOUR_BIG: 201}, QUIET)
+    pool = Pool()
+    out = confirm([FOUR_BIG.params(), FOUR.params()], BASE.params(), 5, run, pool, lambda x: x, None, 0.02)
+    assert out is not None and out.rounds < 5 and out.rule == "equivalent"
+    assert out.winner == FOUR.params() and out.fastest == FOUR_BIG.params()  # one change, not two
+    assert run.calls.count(BASE) == 1  # the baseline joins the first round only
+    assert "below the 2% tolerance" in out.notes[0] and "95% interval" in out.notes[0]
+
+
+def test_a_simpler_finalist_within_the_noise_but_not_shown_within_the_tolerance_loses_at_the_cap():
+    """0.5% apart with runs 1.6% noisy: the interval stays wider than the tolerance through
+    every round, so the fastest median is the answer, never the simpler one on a hunch."""
     run = Scripted({BASE: 100, FOUR: 200, FOUR_BIG: 201})
     pool = Pool()
-    out = confirm([FOUR_BIG.params(), FOUR.params()], BASE.params(), 3, run, pool, lambda x: x, None)
-    assert out is not None and out.rounds == 2
-    assert out.winner == FOUR.params()  # one change from the baseline, not two
-    assert run.calls.count(BASE) == 1  # the baseline joins the first round only
-    assert len(out.equals) == 2
-    assert any("simplest of equals" in n for n in out.notes)
+    out = confirm([FOUR_BIG.params(), FOUR.params()], BASE.params(), 3, run, pool, lambda x: x, None, 0.02)
+    assert out is not None and out.rounds == 3 and out.rule == "cap"
+    assert out.winner == FOUR_BIG.params()
+    assert "the fastest median is kept" in out.notes[0]
+
+
+def test_a_gain_larger_than_the_tolerance_is_never_given_back_to_a_simpler_finalist():
+    """3.8% apart (the old rule's floor let this one win every time): the simpler finalist is
+    decided beyond the tolerance, or the cap keeps the fastest."""
+    for jitter in (QUIET, JITTER):
+        run = Scripted({BASE: 100, FOUR: 200, FOUR_BIG: 207.6}, jitter)
+        out = confirm([FOUR_BIG.params(), FOUR.params()], BASE.params(), 4, run, Pool(), lambda x: x, None, 0.02)
+        assert out is not None and out.winner == FOUR_BIG.params(), jitter
 
 
 def test_a_finalist_left_behind_is_no_longer_measured():
-    run = Scripted({BASE: 100, TWO: 150, FOUR: 151, FOUR_BIG: 60})
+    run = Scripted({BASE: 100, TWO: 150, FOUR: 151, FOUR_BIG: 60}, QUIET)
     pool = Pool()
-    confirm([FOUR.params(), TWO.params(), FOUR_BIG.params()], BASE.params(), 3, run, pool, lambda x: x, None)
+    out = confirm([FOUR.params(), TWO.params(), FOUR_BIG.params()], BASE.params(), 3, run, pool, lambda x: x,
+                  None, 0.02)
     assert run.calls.count(FOUR_BIG) == 1  # dropped after the first round
-    assert run.calls.count(FOUR) == 2  # then equal to TWO within one standard error: done
+    # TWO and FOUR make one change each: once the fastest is shown to cost under 2% against
+    # the other, more rounds cannot change the answer
+    assert out is not None and out.rounds < 3 and out.winner == FOUR.params()
 
 
-def test_finalists_neither_apart_nor_equal_go_on_to_the_cap():
-    """4% apart with runs at the 2% noise floor: more than one standard error of the
-    difference, less than two, after every round."""
-    run = Scripted({BASE: 100, TWO: 104, FOUR: 100})
-    run.jitter[TWO] = run.jitter[FOUR] = itertools.repeat(1.0)
+def test_finalists_undecided_go_on_to_the_cap():
+    """4% apart with runs 1.6% noisy, the slower one simpler: neither within 2% nor beyond
+    it with 95% confidence after any round."""
+    run = Scripted({BASE: 100, TWO: 104, FOUR_BIG: 100})
     pool = Pool()
-    out = confirm([TWO.params(), FOUR.params()], BASE.params(), 3, run, pool, lambda x: x, None)
+    out = confirm([FOUR_BIG.params(), TWO.params()], BASE.params(), 3, run, pool, lambda x: x, None, 0.02)
     assert out is not None and out.rounds == 3 and run.calls.count(TWO) == 3
 
 
@@ -168,27 +194,72 @@ def test_attribution_measures_only_the_points_it_lacks():
     assert table is not None and [r.knob for r in table.rows] == ["num_workers", "micro_batch_size"]
 
 
+def decide_for(best: Config, base: Config, pool: Pool, space, recipe, fastest: Config | None = None):
+    from tuner.tuning.finalists import Confirmation, table
+    from tuner.tuning.recommend import decide
+
+    attribution = table(base.params(), best.params(), pool, make, recipe.tolerance)
+    confirmed = Confirmation(winner=best.params(), fastest=(fastest or best).params())
+    return decide(best.params(), confirmed, attribution, pool, base.params(), make, recipe, None, space)
+
+
 def test_a_knob_left_out_of_the_answer_must_leave_a_point_of_the_space(toy):
     """The baseline has no workers, so its persistent_workers is the default false; the best
-    runs 4 workers, persistent. That persistence buys nothing measurable: the best without
-    it is recommended where the space allows false, never where the recipe fixes it true."""
+    runs 4 workers, persistent. That persistence costs nothing measurable (shown within 2%):
+    the best without it is recommended where the space allows false, never where the
+    recipe fixes it true."""
     import tuner
-    from tuner.tuning.recommend import simpler
     from tuner.tuning.searchspace import Space
 
     base = config()
     best = config(num_workers=4, persistent_workers=True)
     without = config(num_workers=4, persistent_workers=False)
-    run = Scripted({base: 100, best: 200, without: 199})
+    run = Scripted({base: 100, best: 200, without: 199.8}, QUIET)
     pool = confirmed_twice(run, base, best, without)
-    table = attribute(base.params(), best.params(), 1, run, pool, make, None)
-    assert table is not None
+    pool.add(run(best), "confirmation")
+    pool.add(run(without), "confirmation")
     recipe = tuner.load_recipe(toy())
     choices = {k: (v,) for k, v in base.params().items() if k not in ("grad_accum_steps", "engine")}
     choices["num_workers"] = (0, 4)
     free = Space({**choices, "persistent_workers": (False, True)})
     fixed = Space({**choices, "persistent_workers": (True,)})
-    picked = simpler(best.params(), table, pool, base.params(), make, recipe, None, free)
-    assert picked is not None and picked[0] == without.params() and "without persistent_workers" in picked[1]
-    assert simpler(best.params(), table, pool, base.params(), make, recipe, None, fixed) is None
+    picked = decide_for(best, base, pool, free, recipe)
+    assert picked.params == without.params() and picked.rule == "leave-one-out"
+    assert any("without persistent_workers" in n and "below the 2% tolerance" in n for n in picked.notes)
+    kept = decide_for(best, base, pool, fixed, recipe)
+    assert kept.params == best.params()
     assert fixed.holds(base.params(), 1)  # without workers persistent_workers means nothing
+
+
+def test_each_change_kept_says_its_gain_and_interval_and_a_cheap_one_is_dropped(toy):
+    """A task whose ranking is known: workers are worth 5% given the rest, a larger
+    micro-batch 0%. The 5% is kept with its interval; the 0% goes."""
+    import tuner
+    from tuner.tuning.searchspace import Space
+
+    base, best = config(), config(num_workers=4, micro_batch_size=16)
+    no_workers, no_micro = config(micro_batch_size=16), config(num_workers=4)
+    run = Scripted({base: 100, best: 200, no_workers: 200 / 1.05, no_micro: 200}, QUIET)
+    pool = confirmed_twice(run, base, best, no_workers, no_micro)
+    recipe = tuner.load_recipe(toy())
+    choices = {k: (v,) for k, v in base.params().items() if k not in ("grad_accum_steps", "engine")}
+    space = Space({**choices, "num_workers": (0, 4), "micro_batch_size": (8, 16)})
+    got = decide_for(best, base, pool, space, recipe)
+    assert got.params == no_micro.params() and got.rule == "leave-one-out"
+    knobs = {k["knob"]: k for k in got.knobs}
+    assert knobs["num_workers"]["kept"] and not knobs["micro_batch_size"]["kept"]
+    assert 0.03 < knobs["num_workers"]["slowdown"]["low"] < 0.0477 < knobs["num_workers"]["slowdown"]["high"] < 0.07
+    kept = "num_workers=4 kept: 4.8% faster than without it, 95% interval"
+    assert any(n.startswith(kept) for n in got.notes), got.notes
+
+
+def test_changes_the_attribution_left_open_are_settled_by_more_runs(toy):
+    """A leave-one-out measured twice at 1.6% noise cannot be decided at 2%; settling measures
+    the answer and it, interleaved, until it is (here: within), or the cap."""
+    base, best, without = config(), config(num_workers=4, micro_batch_size=16), config(num_workers=4)
+    run = Scripted({base: 100, best: 200, without: 200}, JITTER)
+    pool = confirmed_twice(run, base, best, without)
+    rounds = settle(best.params(), best.params(), [without], 8, run, pool, lambda x: x, None, 0.02)
+    s = pool.slowdown(best.params(), without.params())
+    assert 0 < rounds <= 8 and s is not None and (s.within(0.02) or rounds == 8)
+    assert run.calls.count(without) == rounds

@@ -16,6 +16,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
+from tuner.analysis.interval import Slowdown, slowdown
 from tuner.config.space import KNOBS, conflict
 
 ORDER = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "amp_dtype",
@@ -107,6 +108,29 @@ class Row:
     """What putting it back costs, as a share of the total gain (log scale)."""
     risk: str
     failed: str | None = None
+    gain_low: float | None = None
+    gain_high: float | None = None
+    """The 95% interval of ``gain`` (:mod:`tuner.analysis.interval`; None without a measured noise)."""
+    mark: str | None = None
+    """``gain`` / ``loss`` (beyond the tolerance, 95% confidence), ``negligible`` (inside
+    ±tolerance, 95% confidence) or ``unclear`` (neither), against the search's tolerance."""
+    without_slowdown: dict[str, Any] | None = None
+    """What putting this knob back costs the best: :meth:`Slowdown.to_json` of the
+    leave-one-out against the best."""
+
+
+def mark(s: Slowdown | None, tolerance: float) -> str | None:
+    """A change's verdict from the interval of how much slower the configuration before it
+    is than the one after it."""
+    if s is None:
+        return None
+    if s.low > tolerance:
+        return "gain"
+    if s.high < -tolerance:
+        return "loss"
+    if s.low > -tolerance and s.high < tolerance:
+        return "negligible"
+    return "unclear"
 
 
 @dataclass
@@ -118,15 +142,18 @@ class Attribution:
     spread: float = 0.0
     """Largest relative half-range of the repeats over all configurations measured."""
     notes: list[str] = field(default_factory=list)
+    tolerance: float = 0.02
+    """The search's tolerance the rows' marks are read against."""
 
     def to_json(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "best": self.best, "repeats": self.repeats, "spread": self.spread,
-                "notes": self.notes, "rows": [asdict(r) for r in self.rows]}
+                "tolerance": self.tolerance, "notes": self.notes, "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Attribution":
         return cls(data.get("baseline"), data.get("best"), [Row(**r) for r in data.get("rows", [])],
-                   int(data.get("repeats", 0)), float(data.get("spread", 0.0)), list(data.get("notes", [])))
+                   int(data.get("repeats", 0)), float(data.get("spread", 0.0)), list(data.get("notes", [])),
+                   float(data.get("tolerance", 0.02)))
 
 
 def attribute(
@@ -135,6 +162,8 @@ def attribute(
     rates: Mapping[str, Sequence[float]],
     failures: Mapping[str, str],
     batch_norm: bool = False,
+    tolerance: float = 0.02,
+    run_wide: tuple[float, int] = (0.0, 0),
 ) -> Attribution:
     """The table from the measured rates.
 
@@ -142,6 +171,9 @@ def attribute(
         rates: samples/s of each repeat, by :func:`key` of the configuration.
         failures: why a configuration never ran, by key.
         batch_norm: the model holds BatchNorm layers (sharpens the micro-batch risk note).
+        tolerance: the search's tolerance: each row's :func:`mark` is read against it.
+        run_wide: the run's pooled spread (:func:`tuner.analysis.interval.spread`), for
+            configurations without repeats of their own.
     """
     def median(config: Mapping[str, Any]) -> float | None:
         values = rates.get(key(config))
@@ -150,12 +182,15 @@ def attribute(
     forward, loo = path(baseline, best), dict(leave_one_out(baseline, best))
     base_rate, best_rate = median(forward[0][1]), median(best)
     total = math.log(best_rate / base_rate) if base_rate and best_rate else None
-    out = Attribution(base_rate, best_rate, repeats=max((len(v) for v in rates.values()), default=0))
+    out = Attribution(base_rate, best_rate, repeats=max((len(v) for v in rates.values()), default=0),
+                      tolerance=tolerance)
     spreads = [(max(v) - min(v)) / 2 / statistics.median(v) for v in rates.values() if len(v) > 1]
     out.spread = max(spreads, default=0.0)
-    previous = base_rate
+    previous, before = base_rate, forward[0][1]
     for knob, config in forward[1:]:
         rate = median(config)
+        step = slowdown(rates.get(key(config), ()), rates.get(key(before), ()), run_wide)
+        loo_slowdown = slowdown(rates.get(key(best), ()), rates.get(key(loo[knob]), ()), run_wide)
         gain = rate / previous if rate and previous else None
         without = median(loo[knob])
         risk = "; ".join(RISKS[k] for k in knob.split("+"))
@@ -167,8 +202,12 @@ def attribute(
             without=without,
             loo_share=math.log(best_rate / without) / total if without and best_rate and total else None,
             risk=risk, failed=failures.get(key(config)),
+            gain_low=1 / (1 - step.low) if step and step.low < 1 else None,
+            gain_high=1 / (1 - step.high) if step and step.high < 1 else None,
+            mark=mark(step, tolerance),
+            without_slowdown=loo_slowdown.to_json() if loo_slowdown else None,
         ))
-        previous = rate
+        previous, before = rate, config
     if total is not None and out.rows:
         threshold = max(INTERACTION, 2 * out.spread / abs(total)) if total else INTERACTION
         mixed = [r.knob for r in out.rows if r.share is not None and r.loo_share is not None

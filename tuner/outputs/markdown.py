@@ -90,8 +90,9 @@ def _attribution_lines(a: Attribution | None) -> list[str]:
     if a is None or not a.rows:
         return []
     lines = ["", "## Attribution: baseline to best, one knob at a time", "",
-             f"Each configuration measured {a.repeats} time(s), interleaved; medians. The repeats spread "
-             f"up to ±{a.spread:.0%}: a gain inside that is marked as noise. Gain share: the change's part "
+             f"Each configuration measured up to {a.repeats} time(s), interleaved; medians. Each change is marked "
+             f"against the search's tolerance ({a.tolerance:.0%}) by the 95% interval of its gain: gain or loss "
+             "beyond it, negligible inside it, unclear where the interval reaches both. Gain share: the change's part "
              "of the total gain (log scale; the shares add up to 100%). Without it: the best with only that "
              "knob put back, and what that costs.", "",
              "| knob | from → to | samples/s | gain vs previous | gain share | without it | risk |",
@@ -103,8 +104,10 @@ def _attribution_lines(a: Attribution | None) -> list[str]:
         if row.without and a.best:
             without += f" ({row.without / a.best - 1:+.0%})"
         gain = f"{row.gain:.2f}x" if row.gain else "-"
-        if row.gain and abs(row.gain - 1) <= a.spread:
-            gain += " (within noise)"
+        if row.gain_low is not None and row.gain_high is not None:
+            gain += f" [{row.gain_low:.2f}-{row.gain_high:.2f}]"
+        if row.mark:
+            gain += f" {row.mark}"
         lines.append(f"| {row.knob} | {row.before} → {row.after} | {rate} | {gain} | "
                      f"{_fmt(row.share, '.0%')} | {without} | {row.risk} |")
     lines += [""] + [f"- {note}" for note in a.notes]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from tuner.config.space import Config, Machine, make_config, reference_knobs
+from tuner.analysis.attribution import leave_one_out
+from tuner.config.space import KNOBS, Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed
 from tuner.scriptmode.launcher import ScriptTrials
 from tuner.trial import engines, watchdog
@@ -109,7 +110,7 @@ def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confi
     order = distributed.broadcast(
         {"finalists": planner.finalists(), "baseline": planner.baseline_config.params()} if planner else None)
     confirmed = finalists.confirm(order["finalists"], order["baseline"], confirm, run, pool,
-                                  distributed.broadcast, events)
+                                  distributed.broadcast, events, recipe.tolerance)
     if confirmed is not None and events is not None:
         for note in confirmed.notes:
             events.note(note)
@@ -121,7 +122,16 @@ def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confi
     def make(knobs: dict[str, Any]) -> Config:
         return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)[0]
 
-    return confirmed, finalists.attribute(plan["baseline"], plan["best"], repeats, run, pool, make, events)
+    attribution = finalists.attribute(plan["baseline"], plan["best"], repeats, run, pool, make, events,
+                                      recipe.tolerance)
+    if attribution is not None and confirm > 0:
+        fastest = confirmed.fastest if confirmed is not None and confirmed.fastest else plan["best"]
+        simpler = [make({k: v for k, v in c.items() if k in KNOBS}) for _, c in leave_one_out(plan["baseline"],
+                                                                                              plan["best"])]
+        finalists.settle(plan["best"], fastest, simpler, confirm, run, pool, distributed.broadcast, events,
+                         recipe.tolerance)
+        attribution = finalists.table(plan["baseline"], plan["best"], pool, make, recipe.tolerance)
+    return confirmed, attribution
 
 
 def run_one(recipe: "Recipe", config: Config, ctx: "DistContext", scripts: ScriptTrials | None,

@@ -37,9 +37,9 @@ if TYPE_CHECKING:
     from tuner.trial.result import PruneRule
     from tuner.tuning.finalists import Confirmation
 
-CONVERGED_GAIN = 0.05
-"""The least gain over the best that counts as progress (and the bar while the noise is
-not yet known: no configuration measured twice); whole trials here differ by 5-10%."""
+UNKNOWN_GAIN = 0.05
+"""The least gain that counts as progress while no configuration has been measured twice;
+whole trials here differ by 5-10%."""
 MAX_RESAMPLES = 50
 """Times the sampler may propose an already-measured configuration before the space is
 considered exhausted."""
@@ -237,8 +237,11 @@ class Planner:
             self.streak += 1
 
     def _progress_bar(self) -> float:
+        """The least gain over the best that counts as progress: the search's tolerance (a
+        gain below it would not be kept either), and no less than twice one run's noise, nor
+        than :data:`UNKNOWN_GAIN` before the noise is known."""
         noise = self.pool.known_noise()
-        return max(CONVERGED_GAIN, 2 * noise) if noise is not None else CONVERGED_GAIN
+        return max(self.recipe.tolerance, 2 * noise if noise is not None else UNKNOWN_GAIN)
 
     def _count_saving(self, steps: int, rate: float) -> None:
         """A pruned trial skipped the rest of its window and the steps after it."""
@@ -324,11 +327,12 @@ class Planner:
         best_trial = study_mod.best_feasible(self.study)
         best_params = confirmed.winner if confirmed is not None else (
             best_trial.user_attrs["params"] if best_trial is not None else None)
-        if best_params is not None and attribution is not None:
-            simpler = recommend.simpler(best_params, attribution, pool, self.baseline_config.params(),
-                                         self._config, self.recipe, self.reference, self.space)
-            if simpler is not None:
-                best_params, note = simpler
+        decision = None
+        if best_params is not None:
+            decision = recommend.decide(best_params, confirmed, attribution, pool, self.baseline_config.params(),
+                                        self._config, self.recipe, self.reference, self.space)
+            best_params = decision.params
+            for note in decision.notes:
                 notes.append(note)
                 self.events.note(note)
         baseline_trial = next((t for t in study_mod.measured(self.study) if t.user_attrs.get("baseline")), None)
@@ -354,6 +358,7 @@ class Planner:
             world_size=r.world_size, pruned=self.pruned, pruning_saved_s=self.saved_s,
             wall_s=time.monotonic() - self.started, study=self.study,
             memory_prediction=self.memory.error(memory.SETTLED_AFTER) if self.memory is not None else None,
+            decision=decision.to_json() if decision is not None else None,
         )
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:

@@ -17,19 +17,19 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tuner.analysis.interval import Slowdown, relative_sd, slowdown, spread
 from tuner.harness.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
     from tuner.trial.result import TrialResult
 
-NOISE_FLOOR = 0.02
-"""The smallest relative noise ever assumed: below this, two configurations are called
-apart on luck when their repeats happen to agree closely."""
 NOISE_UNKNOWN = 0.10
-"""The noise assumed before any configuration has been measured twice (one step's cost
-varies 30-50% between processes on a shared 2-core machine; whole windows ~5-10%)."""
-Z = 2.0
-"""Standard errors the gap between two medians must exceed to call them apart."""
+"""The relative noise of one run assumed before any configuration has been measured twice
+(one step's cost varies 30-50% between processes on a shared 2-core machine; whole windows
+~5-10%). Only a screen for what need not be measured again (a finalist or baseline 35%
+behind on single runs); nothing is kept or dropped on it (:mod:`tuner.analysis.interval`)."""
+SCREEN_Z = 2.0
+"""Standard errors of the assumed noise a single-run gap must exceed for that screen."""
 
 
 def key(params: Mapping[str, Any]) -> str:
@@ -78,39 +78,36 @@ class Pool:
         return statistics.median(rates) if rates else None
 
     def noise(self) -> float:
-        """Relative standard deviation of one measurement, pooled over every configuration
-        measured more than once (never below :data:`NOISE_FLOOR`)."""
+        """One run's relative standard deviation, pooled over every configuration measured
+        more than once (:data:`NOISE_UNKNOWN` while none is)."""
         known = self.known_noise()
         return NOISE_UNKNOWN if known is None else known
 
     def known_noise(self) -> float | None:
         """:meth:`noise`, or ``None`` while no configuration has been measured twice."""
-        squares, dof = 0.0, 0
-        for entry in self.entries.values():
-            rates = entry.rates
-            if len(rates) < 2:
-                continue
-            mean = statistics.fmean(rates)
-            squares += sum((r / mean - 1.0) ** 2 for r in rates)
-            dof += len(rates) - 1
-        if dof == 0:
-            return None
-        return max(NOISE_FLOOR, math.sqrt(squares / dof))
+        return relative_sd(*self.spread())
 
-    def gap(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, float] | None:
-        """``(relative gap of a's median over b's, the gap the noise alone could make)``."""
-        ra, rb = self.rates(a), self.rates(b)
-        if not ra or not rb:
-            return None
-        ma, mb = statistics.median(ra), statistics.median(rb)
-        # the median of k samples is ~1.25x noisier than their mean
-        margin = Z * 1.25 * self.noise() * math.sqrt(1 / len(ra) + 1 / len(rb))
-        return (ma - mb) / max(ma, mb), margin
+    def spread(self) -> tuple[float, int]:
+        """The run's pooled log-rate spread (:func:`tuner.analysis.interval.spread`)."""
+        return spread(e.rates for e in self.entries.values())
+
+    def slowdown(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> Slowdown | None:
+        """How much slower ``b`` is than ``a``, with its 95% interval (``None``: no noise
+        measured yet, or either not measured)."""
+        return slowdown(self.rates(a), self.rates(b), self.spread())
 
     def apart(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-        """Whether ``a`` is faster than ``b`` beyond the noise."""
-        g = self.gap(a, b)
-        return g is not None and g[0] > g[1]
+        """Whether ``a`` is faster than ``b`` beyond the noise: the 95% interval of ``b``'s
+        slowdown lies above 0. Before any repeat, a screen on the assumed noise
+        (:data:`NOISE_UNKNOWN`), used only to skip re-measuring what is far behind."""
+        s = self.slowdown(a, b)
+        if s is not None:
+            return s.low > 0
+        ra, rb = self.rates(a), self.rates(b)
+        if not ra or not rb:
+            return False
+        gap = 1 - statistics.median(rb) / statistics.median(ra)
+        return gap > SCREEN_Z * NOISE_UNKNOWN * math.sqrt(1 / len(ra) + 1 / len(rb))
 
     def metrics(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
         """The median of every metric over the configuration's successful runs."""

@@ -53,6 +53,9 @@ class SearchResult:
     memory_prediction: dict[str, Any] | None = None
     """How right the memory model's predictions were: median and worst relative error of
     ``predicted_peak_gib`` against ``peak_mem_gib`` after the first trials."""
+    decision: dict[str, Any] | None = None
+    """How the answer was decided: the tolerance, the rule, each change kept or dropped with
+    its 95% interval (:class:`tuner.tuning.recommend.Decision`)."""
     study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -80,6 +83,7 @@ class SearchResult:
             "pruning": {"trials": self.pruned, "saved_s": self.pruning_saved_s},
             "wall_s": self.wall_s,
             "memory_prediction": self.memory_prediction,
+            "decision": self.decision,
         }
 
     @classmethod
@@ -105,7 +109,7 @@ class SearchResult:
             memory_budget_gib=data.get("memory_budget_gib"), world_size=int(data.get("world_size") or 1),
             pruned=int((data.get("pruning") or {}).get("trials") or 0),
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
-            memory_prediction=data.get("memory_prediction"),
+            memory_prediction=data.get("memory_prediction"), decision=data.get("decision"),
         )
 
 
