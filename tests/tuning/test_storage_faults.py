@@ -113,3 +113,32 @@ def test_only_database_errors_are_intercepted():
     passing, message = storage_mod.classify(err, "runs/x/study.db")
     assert passing and "stayed unreachable or locked" in message
     assert storage_mod.where("postgresql://me:secret@db:5432/t") == "postgresql://me:***@db:5432/t"
+
+
+def test_a_trial_this_process_left_running_is_put_back_not_waited_for(tmp_path):
+    """The full-disk hang: a search whose storage refused a trial's result leaves that trial
+    RUNNING under this process's own worker name. The next search in the same process must
+    not wait for it as another worker's (it did, up to 900 s): it is failed, with why, and
+    put back to be measured."""
+    from tuner.tuning.workers import Workers
+
+    study = optuna.create_study(study_name="orphans", storage=f"sqlite:///{tmp_path / 'study.db'}")
+    first = Workers(study)
+    trial = study.ask()
+    trial.suggest_int("num_workers", 0, 4)
+    first.claim(trial, "num_workers=2")
+    first.begin(trial)
+    first.close()  # the first search ends here, its trial never told (the disk was full)
+    assert first._beat.join(5) is None and not first._beat.is_alive()
+    second = Workers(study)
+    start = time.monotonic()
+    try:
+        assert second.lead() is None  # it finishes the search itself
+    finally:
+        second.close()
+    assert time.monotonic() - start < 5
+    orphan = study.trials[trial.number]
+    assert orphan.state == optuna.trial.TrialState.FAIL
+    assert "an earlier search in this process stopped mid-trial" in orphan.user_attrs["reason"]
+    again = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    assert [t.params for t in again] == [orphan.params]  # measured again by the next ask

@@ -43,6 +43,17 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
         freeze()
     pool = Pool()
     planner = Planner(recipe, space, machine, events or SearchEvents(), pool) if ctx.is_main else None
+    try:
+        return _search(recipe, ctx, confirm, attribute, machine, pool, planner, on_result)
+    finally:  # the heartbeat thread and the finishing lock, also when storage or a trial failed
+        if planner is not None:
+            planner.workers.close()
+        watchdog.recorder = None
+
+
+def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None, machine: Machine,
+            pool: Pool, planner: Planner | None,
+            on_result: "Callable[[SearchResult], None] | None") -> "SearchResult | None":
     scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
     watchdog.recorder = planner.record_hung if planner else None
     stopped = "interrupted"
@@ -64,7 +75,6 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
                         planner.events.note(f"worker done ({planner.workers.id}): {other} confirms the finalists "
                                             "and writes the run folder")
                         planner.events.stop()
-                        planner.workers.close()
                     return None
                 leading = True
                 continue  # the others' trials are in: a dead worker's, put back, may still be to run
@@ -98,8 +108,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     with interrupt.deferred():
         result = planner.finish(stopped, confirmed, attribution)
         if on_result is not None:
-            on_result(result)
-        planner.workers.close()  # after the run folder: the next search of the study may finish again
+            on_result(result)  # the workers close after the run folder: the next search may finish again
     return result
 
 

@@ -142,11 +142,16 @@ class Workers:
         storage, gone = self.study._storage, 0
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             who = t.user_attrs.get("worker")
-            if who is None or t._trial_id == self._trial_id or alive(who) is not False:
+            if who is None or t._trial_id == self._trial_id:
                 continue
+            orphan = self.mine(who)  # an earlier search in this process left it (seen: a full disk)
+            if not orphan and alive(who) is not False:
+                continue
+            why = ("an earlier search in this process stopped mid-trial (its result could not be recorded)"
+                   if orphan else f"its worker ({name(who)}) stopped mid-trial")
             try:  # another worker may be failing it at the same moment: one of them does
                 storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
-                storage.set_trial_user_attr(t._trial_id, "reason", f"its worker ({name(who)}) stopped mid-trial")
+                storage.set_trial_user_attr(t._trial_id, "reason", why)
                 if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
                     retry_stale(self.study, storage.get_trial(t._trial_id))
                     gone += 1
@@ -157,6 +162,14 @@ class Workers:
         if gone:
             self._note(f"{gone} trial(s) of a worker that stopped failed and put back to be measured again")
         return gone
+
+    def mine(self, who: Mapping[str, Any]) -> bool:
+        """Whether ``who`` (a trial's ``worker``) is this very process."""
+        try:
+            return (who.get("host"), who.get("pid")) == (self.me["host"], self.me["pid"]) and \
+                abs(float(who.get("since", 0.0)) - float(self.me["since"])) < 1.0
+        except (TypeError, ValueError):
+            return False
 
     def elsewhere(self, mine: int | None = None) -> dict[str, "FrozenTrial"]:
         """Other workers' trials in flight, by their claim (``mine``: a trial id of this worker's)."""
@@ -240,6 +253,7 @@ class Workers:
         lock.set_user_attr("holder", self.me)
         lock.set_user_attr("beat", time.time())
         self._holding = True
+        self.reap()  # this process's own orphans are no other worker's trials in flight
         deadline, said = time.monotonic() + WAIT_OTHERS_S, False
         while self.elsewhere() and time.monotonic() < deadline:
             if not said:
