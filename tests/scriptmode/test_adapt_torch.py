@@ -34,7 +34,7 @@ def test_a_flag_script_is_searched_and_the_knobs_really_reach_it(tmp_path):
     result = tuner.search(recipe, trials=3, confirm=0, attribute=0, quiet=True)
     assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
     with (tmp_path / "run" / "trials.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+        rows = [r for r in csv.DictReader(f)]
     assert len(rows) == 3 and all(r["state"] == "ok" for r in rows), rows
     for r in rows:
         assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
@@ -57,7 +57,7 @@ def test_a_loop_without_a_dataloader_reports_null_data_wait_as_a_module(tmp_path
     recipe.write_text(recipe.read_text().replace("script: null\n", ""))
     result = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)
     with (tmp_path / "run" / "trials.csv").open() as f:
-        rows = {r["micro_batch_size"]: r for r in csv.DictReader(f) if not r["duplicate_of"]}
+        rows = {r["micro_batch_size"]: r for r in csv.DictReader(f)}
     assert set(rows) == {"16", "8"} and all(r["state"] == "ok" for r in rows.values()), rows
     assert rows["8"]["grad_accum_steps"] == "2" and float(rows["8"]["samples_per_s"]) > 0
     assert all(r["data_wait_share"] == "" and r["stall_free_samples_per_s"] == "" for r in rows.values())
@@ -140,7 +140,7 @@ def test_a_trainer_script_with_hf_argument_parser_is_tuned_unchanged(tmp_path):
     # two trials: the baseline, then the guided step to more workers (the loop waits on data)
     result = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)
     with (tmp_path / "run" / "trials.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+        rows = [r for r in csv.DictReader(f)]
     assert [r["num_workers"] for r in rows] == ["0", "2"] and all(r["state"] == "ok" for r in rows), rows
     for r in rows:
         assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
@@ -161,7 +161,7 @@ def test_a_lightning_script_is_tuned_unchanged(tmp_path):
     # two trials: the baseline, then the guided step to more workers (the loop waits on data)
     result = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)
     with (tmp_path / "run" / "trials.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if not r["duplicate_of"]]
+        rows = [r for r in csv.DictReader(f)]
     assert [r["num_workers"] for r in rows] == ["0", "2"], rows
     assert all(r["state"] == "ok" for r in rows), [r["reason"] for r in rows]
     for r in rows:

@@ -56,9 +56,8 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
 
     DeepSpeedConfig(ds)  # accepted by DeepSpeed as written (it checks the batch arithmetic)
     table = rows(out)
-    measured = [r for r in table if not r["duplicate_of"]]
-    assert len(measured) == 6 and table[0]["baseline"] == "True"
-    assert all(r["state"] in ("ok", "pruned") for r in measured)
+    assert len(table) == 6 and table[0]["baseline"] == "True"
+    assert all(r["state"] in ("ok", "pruned") for r in table)
 
 
 def test_rerunning_resumes_and_the_budget_counts_what_was_done(toy, tmp_path):
@@ -67,10 +66,23 @@ def test_rerunning_resumes_and_the_budget_counts_what_was_done(toy, tmp_path):
     tuner.search(recipe, trials=3, out=out, confirm=0, quiet=True)
     again = tuner.search(recipe, trials=5, out=out, confirm=0, quiet=True)
     assert again.trials == 5
-    numbers = [int(r["number"]) for r in rows(out) if not r["duplicate_of"]]
+    numbers = [int(r["number"]) for r in rows(out)]
     assert numbers[:3] == [0, 1, 2]  # the first run's trials are still there
     done = tuner.search(recipe, trials=5, out=out, confirm=0, quiet=True)
     assert done.stopped == "trials" and done.trials == 5  # nothing left to run
+
+
+def test_a_space_measured_through_stops_at_once_and_trials_csv_has_one_row_each(toy, tmp_path):
+    """Four configurations and a budget of 30: the search stops as exhausted after the
+    fourth, and the sampler's repeated proposals are no rows (a 12-point job once wrote 111)."""
+    recipe = toy(task_args=LATENCY, space={"num_workers": [0, 1], "micro_batch_size": [8, 16]})
+    out = tmp_path / "run"
+    result = tuner.search(recipe, trials=30, out=out, confirm=0, quiet=True, full_budget=True)
+    assert result.stopped == "exhausted" and result.trials == 4
+    table = rows(out)
+    keys = [(r["num_workers"], r["micro_batch_size"]) for r in table]
+    assert len(table) == 4 and len(set(keys)) == 4
+    assert "duplicate_of" not in table[0]
 
 
 def test_target_and_time_budget_stop_early(toy, tmp_path):
@@ -145,7 +157,7 @@ def test_search_command_under_two_ranks_with_zero_stages_and_an_oom_rank(toy, tm
     proc = torchrun(2, "-m", "tuner.search", str(recipe), "--trials", "7", "--out", str(out), "--confirm", "0",
                     timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    table = [r for r in rows(out) if not r["duplicate_of"]]
+    table = [r for r in rows(out)]
     assert len(table) == 7
     for r in table:
         if r["micro_batch_size"] == "8":
@@ -191,7 +203,7 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
     resumed = run(cmd)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     table = rows(out)
-    finished = [r for r in table if not r["duplicate_of"] and r["state"] in ("ok", "pruned")]
+    finished = [r for r in table if r["state"] in ("ok", "pruned")]
     assert len(finished) >= 4
     for number in left_running:  # a trial SIGKILL cut short is recorded, never lost
         assert "left running by an interrupted search" in table[number]["reason"]

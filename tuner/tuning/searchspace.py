@@ -39,15 +39,14 @@ class Space:
         """Every distinct configuration (a knob that does not apply collapses to its default;
         values that cannot go together, FSDP2 with ZeRO, are no configuration)."""
         keys = list(self.choices)
-        out: list[Config] = []
+        out: dict[Config, None] = {}
         for values in itertools.product(*(self.choices[k] for k in keys)):
             try:
                 config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine)
             except RecipeError:  # values that are no configuration (FSDP2 with ZeRO, ...)
                 continue
-            if config not in out:
-                out.append(config)
-        return out
+            out[config] = None
+        return list(out)
 
 
 def build_space(recipe: "Recipe", machine: Machine) -> Space:
