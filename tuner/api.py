@@ -8,16 +8,18 @@ work, without their argument parsing).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from tuner.analysis.gate import DEFAULT_REPEATS, CheckResult, differences, verdict
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Recipe, check_tolerance, load_recipe
 from tuner.config.space import parse_knobs
 from tuner.harness import distributed
+from tuner.harness.as_found import as_found
 from tuner.harness.environment import environment
 from tuner.trial.result import Instruments
 from tuner.tuning import interrupt
@@ -28,6 +30,20 @@ from tuner.tuning.result import SearchResult
 __all__ = ["CapacityPlan", "Measurement", "SearchResult", "check", "measure", "plan", "search"]
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _as_found(call: _F) -> _F:
+    """The call leaves the caller's process as it found it (:mod:`tuner.harness.as_found`)."""
+    @functools.wraps(call)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with as_found():
+            return call(*args, **kwargs)
+
+    return wrapped  # type: ignore[return-value]
+
+
+@_as_found
 def measure(
     recipe: Recipe | str | os.PathLike[str],
     *,
@@ -56,6 +72,7 @@ def measure(
                           first, Instruments(nvtx=nvtx))
 
 
+@_as_found
 def search(
     recipe: Recipe | str | os.PathLike[str],
     *,
@@ -174,6 +191,7 @@ def _wait_for(helpers: list[Any]) -> None:
         log.close()
 
 
+@_as_found
 def plan(
     recipe: Recipe | str | os.PathLike[str],
     *,
@@ -205,6 +223,7 @@ def plan(
     return result
 
 
+@_as_found
 def check(
     recipe_path: str | os.PathLike[str],
     against: str | os.PathLike[str],

@@ -229,8 +229,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_command(command: Callable[[], int]) -> NoReturn:
     """Exit with the command's code; Ctrl-C outside what the command handles itself (while
-    importing torch, before the study is open) is exit 130 with one line, not a traceback."""
+    importing torch, before the study is open) is exit 130 with one line, not a traceback.
+    The process is the tuner's own: its heap may be frozen (:func:`tuner.trial.run.own_process`)."""
     try:
+        from tuner.trial.run import own_process
+
+        own_process()
         code = command()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

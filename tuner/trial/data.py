@@ -17,9 +17,13 @@ if TYPE_CHECKING:
     from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
 
-# Trials choose their worker counts on purpose; torch's advice against more workers than
-# cores would repeat on every trial.
-warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+
+
+def quiet_worker_advice() -> None:
+    """Trials choose their worker counts on purpose; torch's advice against more workers
+    than cores would repeat on every trial. (A filter, set per trial: a library call puts
+    the caller's filters back afterwards, :mod:`tuner.harness.as_found`.)"""
+    warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
 
 def warmup_steps(warmup: int, config: "Config") -> int:

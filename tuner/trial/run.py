@@ -21,6 +21,7 @@ from tuner.harness.flops import peak_flops
 from tuner.harness.metrics import Window, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory
 from tuner.trial import after, watchdog
+from tuner.trial.data import quiet_worker_advice
 from tuner.trial.failures import TrialStop, classify
 from tuner.trial.loop import Job
 from tuner.trial.result import Instruments, PruneRule, State, TrialResult
@@ -47,6 +48,7 @@ def run_trial(
         instruments: a profiler trace of the window, NVTX ranges.
     """
     freeze_once()
+    quiet_worker_advice()
     memory = HostMemory(exact_peak=True).start()
     dog = watchdog.start(recipe, config, ctx)
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
@@ -153,6 +155,15 @@ def _allocator_end(window: Window, device: torch.device, before: dict[str, Any])
 
 _LIBC: Any = None
 _FROZEN = False
+_OWN = False
+"""Set by the command lines (:func:`own_process`)."""
+
+
+def own_process() -> None:
+    """This process is the tuner's own command line: :func:`freeze` may freeze its heap (in a
+    user's process, where ``tuner.measure()`` is a library call, it never does)."""
+    global _OWN
+    _OWN = True
 
 
 def freeze_once() -> None:
@@ -175,6 +186,8 @@ def freeze() -> None:
     it, since the ~600 modules DeepSpeed imports lazily come then (frozen only before,
     teardown still read 0.26 s a trial; frozen after too, 0.05-0.07 s)."""
     global _FROZEN
+    if not _OWN:
+        return
     gc.collect()
     gc.freeze()
     _FROZEN = True
