@@ -73,6 +73,15 @@ def test_gpu_host_bound_needs_an_idle_gpu():
     assert "host-bound" not in kinds(diagnose({**busy_host, "gpu_util": 0.95}, device="cuda"))
 
 
+def test_a_ceiling_taken_from_the_window_itself_is_never_cited():
+    """``window minus waits`` is rate / (1 - wait): citing it as the compute-bound verdict's
+    evidence would prove the wait from the wait."""
+    replayed = diagnose({**BASE, "stall_free_method": "replayed"})
+    shortcut = diagnose({**BASE, "stall_free_method": "window minus waits"})
+    assert any("stall-free ceiling" in v.evidence for v in replayed), replayed
+    assert all("stall-free ceiling" not in v.evidence for v in shortcut), shortcut
+
+
 def test_data_wait_with_no_headroom_is_not_data_bound():
     """Waiting 20% but the stall-free ceiling is barely higher: a faster loader buys little."""
     metrics = {**BASE, "data_wait_share": 0.2, "stall_free_samples_per_s": 1100.0}

@@ -132,6 +132,16 @@ def test_stall_free_ceiling_matches_back_to_back_steps(toy):
     print("ceiling", ceiling, "truth", truth)
     assert ceiling == pytest.approx(truth, rel=0.10), (ceiling, truth)
     assert ceiling > 1.5 * m.metrics["samples_per_s"]  # the data pipeline is what holds it back
+    assert m.metrics["stall_free_method"] == "replayed"
+
+
+def test_a_window_without_data_wait_says_its_ceiling_is_the_window_less_its_waits(toy):
+    """Data in memory: the loop never waits, so the ceiling comes from the window's own steps
+    less their waits, which is rate / (1 - wait) by construction: the result says so and no
+    verdict cites it as evidence."""
+    m = tuner.measure(toy(task_args={"cached": True, "step_ms": 10.0}), num_workers=0)
+    assert m.state == "ok" and m.metrics["stall_free_method"] == "window minus waits", m.metrics
+    assert all("stall-free ceiling" not in v.evidence for v in m.diagnosis)
 
 
 def _toy_module():

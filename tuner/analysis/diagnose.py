@@ -69,6 +69,10 @@ class Facts:
 
     @property
     def ceiling(self) -> float | None:
+        """The stall-free rate, where it is evidence: replayed steps. The window's own steps
+        less their waits give ``rate / (1 - wait)`` by construction, so no verdict cites it."""
+        if self.metrics.get("stall_free_method") == "window minus waits":
+            return None
         return self.metrics.get("stall_free_samples_per_s")
 
     @property

@@ -26,7 +26,17 @@ METRIC_NAMES = (
     "measured_steps", "measured_s", "samples_per_s_ci",
     # the levers' own costs: compilation before the window, recompute inside it
     "compile_s", "recompute_share",
+    # how stall_free_samples_per_s was had: "replayed" steps, or the "window minus waits"
+    "stall_free_method",
 )
+
+
+def median_of(values: list[Any]) -> Any:
+    """The median of a metric's values over runs; for a word (``stall_free_method``), the
+    most common one."""
+    if all(isinstance(v, (int, float)) for v in values):
+        return statistics.median(values)
+    return max(dict.fromkeys(values), key=values.count)
 
 
 @dataclass
@@ -47,6 +57,8 @@ class Window:
     gpu_util: float | None = None
     """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
     stall_free_step_times: list[float] = field(default_factory=list)
+    stall_free_method: str | None = None
+    """How the stall-free steps were had: ``replayed`` or ``window minus waits``."""
     """Seconds per step re-training on one batch already on the device (no data wait)."""
     transfer_waits: list[float] | None = None
     """Host seconds copying each step's batches to the device (part of ``data_waits``);
@@ -145,6 +157,8 @@ def summarize(
     if k:
         ceiling_step = statistics.fmean(max(w.stall_free_step_times[i] for w in windows) for i in range(k))
         out["stall_free_samples_per_s"] = statistics.fmean(global_samples) / ceiling_step
+        methods = {w.stall_free_method for w in windows}
+        out["stall_free_method"] = "replayed" if "replayed" in methods else next(iter(methods))
     hosts = [w.peak_host_bytes for w in windows if w.peak_host_bytes is not None]
     devices = [w.peak_device_bytes for w in windows if w.peak_device_bytes is not None]
     host_gib = max(hosts) / GIB if hosts else None

@@ -139,6 +139,8 @@ def breakdown(metrics: dict[str, Any]) -> dict[str, float]:
     data = metrics.get("data_wait_share") or 0.0
     comm = metrics.get("comm_share") or 0.0
     rate, ceiling = metrics.get("samples_per_s"), metrics.get("stall_free_samples_per_s")
+    if metrics.get("stall_free_method") == "window minus waits":  # 1 - wait by construction: say only that
+        ceiling = None
     compute = min(rate / ceiling, 1.0) if rate and ceiling else max(0.0, 1.0 - data - comm)
     compute = min(compute, max(0.0, 1.0 - data - comm))
     return {"data wait": data, "communication": comm, "compute": compute,

@@ -39,21 +39,28 @@ _FLOPS: dict[str, float | None] = {}
 """FLOPs per sample, counted once per task and task_args in this process."""
 
 
-def stall_free(job: "Job", window: "Window") -> list[float]:
-    """Step times on the last batch, already on the device, over and over: the ceiling a
-    perfect data pipeline would reach. One warm-up step, then up to 10 measured; or, when
-    no rank waited for data :data:`CEILING_FROM_WINDOW_BELOW` of its window, the window's
-    own steps less their data waits (every rank decides the same: one all-reduce)."""
+REPLAYED, WINDOW_MINUS_WAITS = "replayed", "window minus waits"
+"""The values of the ``stall_free_method`` metric."""
+
+
+def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
+    """``(step times, how they were had)``: the step on the last batch, already on the
+    device, over and over (``replayed``): the ceiling a perfect data pipeline would reach.
+    One warm-up step, then up to 10 measured; or, when no rank waited for data
+    :data:`CEILING_FROM_WINDOW_BELOW` of its window, the window's own steps less their data
+    waits (``window minus waits``; every rank decides the same: one all-reduce). That
+    shortcut's ceiling is ``rate / (1 - wait)`` by construction: evidence read from it
+    would be circular, so the diagnosis and the plots do not cite it."""
     waited = window.wall_s > 0 and sum(window.data_waits) / window.wall_s >= CEILING_FROM_WINDOW_BELOW
     if not distributed.any_rank(waited):
-        return [max(step - wait, 0.0) for step, wait in zip(window.step_times, window.data_waits)]
+        return [max(step - wait, 0.0) for step, wait in zip(window.step_times, window.data_waits)], WINDOW_MINUS_WAITS
     n = min(job.measured_steps, STALL_FREE_STEPS)
     probe = ProbeCore(1, n, job.ctx.device, collectives=False, monitors=False)
     batches = probe.loader(itertools.repeat(job.last_batch))
     while not probe.done:
         job.extra_step(batches)
         probe.step()
-    return probe.finish().step_times
+    return probe.finish().step_times, REPLAYED
 
 
 def profiled_comm_share(job: "Job") -> float | None:

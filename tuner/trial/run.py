@@ -112,7 +112,7 @@ def _measure(job: Job, timings: dict[str, float]) -> Window:
     timings["warmup"] = job.warmup_s
     timings["measure"] = window.wall_s
     t_ceiling = time.perf_counter()
-    window.stall_free_step_times = after.stall_free(job, window)
+    window.stall_free_step_times, window.stall_free_method = after.stall_free(job, window)
     timings["stall_free"] = time.perf_counter() - t_ceiling
     if job.ctx.device.type == "cuda" and job.ctx.world_size > 1:
         window.comm_share = after.profiled_comm_share(job)

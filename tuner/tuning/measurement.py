@@ -9,7 +9,6 @@ failures are counted, never dropped.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,7 @@ from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.config.errors import RecipeError
 from tuner.config.space import Config, Machine, make_config
 from tuner.harness.environment import environment
-from tuner.harness.metrics import METRIC_NAMES
+from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.scriptmode.launcher import ScriptTrials
 from tuner.trial import engines
 from tuner.trial.result import Instruments, State, TrialResult
@@ -103,8 +102,8 @@ def combine(recipe: "Recipe", config: Config, runs: list[TrialResult], notes: li
         metrics = {}
         for name in METRIC_NAMES:
             values = [m[name] for m in good if m.get(name) is not None]
-            metrics[name] = statistics.median(values) if values else None
-            if values:
+            metrics[name] = median_of(values) if values else None
+            if values and name != "stall_free_method":
                 spread[name] = [min(values), max(values)]
     env = environment(world)
     return Measurement(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.interval import Slowdown, relative_sd, slowdown, spread
-from tuner.harness.metrics import METRIC_NAMES
+from tuner.harness.metrics import METRIC_NAMES, median_of
 
 if TYPE_CHECKING:
     from tuner.trial.result import TrialResult
@@ -117,7 +117,7 @@ class Pool:
         out: dict[str, Any] = {}
         for name in METRIC_NAMES:
             values = [m[name] for m in good if m.get(name) is not None]
-            out[name] = statistics.median(values) if values else None
+            out[name] = median_of(values) if values else None
         return out
 
     def source(self, params: Mapping[str, Any]) -> str:
