@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import csv
 
+import accelerate  # noqa: F401  (a dependency of the package: its absence is a failure, not a skip)
 import psutil
 import pytest
 
 import tuner
 
 from conftest import ROOT, TESTS, write_recipe
-
-pytest.importorskip("accelerate")
 
 
 def _rows(out):
@@ -83,7 +82,6 @@ def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
 def test_a_deepspeed_script_without_tuner_code_gets_the_trial_in_its_config(tmp_path):
     """recipes/scripts/train_deepspeed.py passes --deepspeed_config ds_config.json (ZeRO 0,
     fp32, micro-batch 16); the trial's stage, precision, micro-batch and loader reach it."""
-    pytest.importorskip("deepspeed")
     m = tuner.measure(ROOT / "recipes" / "script_deepspeed.yaml", overrides=[f"out={tmp_path / 'run'}"],
                       num_workers=2, amp_dtype="bf16", micro_batch_size=8, zero_stage=2)
     assert m.state == "ok", m.reason

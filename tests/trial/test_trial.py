@@ -57,15 +57,19 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
 
 
 def test_a_b_a_gives_a_back(toy):
-    """Measuring B in between must not change A: same throughput within noise, same memory."""
-    recipe = toy(task_args={"read_ms": 0.5, "width": 256}, steps={"warmup": 3, "measure": 12})
+    """Measuring B in between must not change A: the same throughput within 15%, the same
+    memory. A's step is mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two
+    workers), so its rate is steady: A measured 4 times with B between each read 595-628
+    samples/s (±3%) on this 2-core machine; 15% is five times that, and far below what a
+    worker or thread B left behind would cost (A's first figure against B's own 4 workers)."""
+    recipe = toy(task_args={"read_ms": 0.5, "width": 256, "step_ms": 10.0}, steps={"warmup": 3, "measure": 12})
     a = dict(num_workers=2, micro_batch_size=8)
     b = dict(num_workers=4, micro_batch_size=16, amp_dtype="bf16", prefetch_factor=8)
     first = tuner.measure(recipe, **a)
     tuner.measure(recipe, **b)
     again = tuner.measure(recipe, **a)
     ratio = again.metrics["samples_per_s"] / first.metrics["samples_per_s"]
-    assert 0.6 < ratio < 1.6, ratio
+    assert 0.85 < ratio < 1.18, ratio
     # Memory that B left behind would show here; 10% covers allocator noise.
     assert again.metrics["peak_mem_gib"] <= first.metrics["peak_mem_gib"] * 1.10
 
@@ -204,16 +208,24 @@ def _config(**knobs):
 
 
 def test_a_short_trial_counts_what_its_loader_workers_hold(tmp_path):
-    """Each loader worker builds its own 128 MiB index on its first read; a trial of a few
-    tenths of a second ends before the memory thread's next tick. Its peak must still hold
-    both workers' indexes (a bench run read 0.35 GiB with two and three workers against 0.47
-    with none, before the trial read PSS once more with its workers alive)."""
+    """Each loader worker builds its own index on its first read; a trial of a few tenths of
+    a second ends before the memory thread's next tick. Its peak must still hold both
+    workers' indexes (a bench run read 0.35 GiB with two and three workers against 0.47
+    with none, before the trial read PSS once more with its workers alive).
+
+    The truth is the task's own: the same two workers with a 128 MiB index and with a 1 MiB
+    one differ by two indexes, 2 x 127 MiB = 0.248 GiB, whatever else the process holds.
+    (Comparing two workers with none, as this test once did, also counted what the workers
+    themselves hold, which depends on what earlier tests left in the parent: 0.148 GiB
+    when tests/trial ran alone, against a bar of 0.15.)"""
     from conftest import ROOT, write_recipe
 
-    recipe = write_recipe(tmp_path, {
-        "name": "index", "task": str(ROOT / "scripts" / "memory_tasks" / "worker_index.py"),
-        "task_args": {"index_mib": 128, "read_ms": 0.0}, "global_batch_size": 16,
-        "steps": {"warmup": 1, "measure": 3}})
-    alone = tuner.measure(recipe, num_workers=0).metrics["peak_mem_gib"]
-    two = tuner.measure(recipe, num_workers=2).metrics["peak_mem_gib"]
-    assert two - alone > 0.15, (alone, two)  # two 0.125 GiB indexes in the workers, one in the main process
+    def peak(index_mib: int, tag: str) -> float:
+        recipe = write_recipe(tmp_path, {
+            "name": "index", "task": str(ROOT / "scripts" / "memory_tasks" / "worker_index.py"),
+            "task_args": {"index_mib": index_mib, "read_ms": 0.0}, "global_batch_size": 16,
+            "steps": {"warmup": 1, "measure": 3}}, name=f"{tag}.yaml")
+        return tuner.measure(recipe, num_workers=2).metrics["peak_mem_gib"]
+
+    small, large = peak(1, "small"), peak(128, "large")
+    assert 0.2 < large - small < 0.3, (small, large)

@@ -25,13 +25,19 @@ def _recipe(folder: Path, **fields):
     return write_recipe(folder, body)
 
 
+STATED = 0.15
+"""How far a measured peak may be from the plan's prediction: the README's stated bound for
+the fitted model (about ±10%), with room for PSS noise on a shared 2-core machine."""
+
+
 def _tuner(*args: str):
     return run([sys.executable, "-m", "tuner", *args])
 
 
 def test_the_plan_agrees_with_what_then_runs_and_seeds_the_search(tmp_path):
     """The plan's largest fitting micro-batch without checkpointing fits when measured, the
-    next size up does not (or reads within the plan's own error bound); a search in the same
+    next size up does not (or reads within 15% of what the plan said: a fixed bar, not the
+    plan's own bound, which the code under test computes); a search in the same
     folder starts from the plan: its first trial after the baseline is that micro-batch, and
     no trial it measures ends over the budget."""
     recipe, out = _recipe(tmp_path), tmp_path / "run"
@@ -46,7 +52,7 @@ def test_the_plan_agrees_with_what_then_runs_and_seeds_the_search(tmp_path):
     plain = rows["none"]
     assert plain["micro_batch_size"] in (64, 256), plain  # 16 fits with room to spare: never the answer
     assert rows["full"]["micro_batch_size"] == 256, rows["full"]  # checkpointing buys the largest
-    slack = 1 + plan["bound"]
+    slack = 1 + STATED
 
     def measured(micro: int, checkpointing: str = "none") -> float:
         p = _tuner("measure", str(recipe), "--json", "--set", f"micro_batch_size={micro}",
@@ -58,7 +64,8 @@ def test_the_plan_agrees_with_what_then_runs_and_seeds_the_search(tmp_path):
     assert fit <= BUDGET * slack, (fit, plain)
     if plain["next_micro_batch_size"] is not None:  # over the budget, or as the plan said within its bound
         above, said = measured(plain["next_micro_batch_size"]), plain["next_predicted_gib"]
-        assert above > BUDGET or abs(above - said) <= said * plan["bound"], (above, plain)
+        assert above > BUDGET or abs(above - said) <= said * STATED, (above, plain)
+    assert abs(fit - plain["predicted_gib"]) <= plain["predicted_gib"] * STATED, (fit, plain)
 
     proc = _tuner("search", str(recipe), "--out", str(out), "--confirm", "0", "--attribute", "0", "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -149,17 +149,28 @@ def _state_of(outcomes):
     return lambda knobs: outcomes.get(str(sorted(knobs.items())))
 
 
+def _walk(space, incumbent, tried, verdicts=(), outcome=lambda knobs: None):
+    """Every guided step from ``incumbent`` until the neighbourhood is exhausted (each one
+    marked tried as the search would)."""
+    tried, steps = list(tried), []
+    while (step := guided_next(space, incumbent, {"data_wait_share": 0.0}, lambda k: k in tried, verdicts,
+                               outcome)) is not None:
+        assert step.knobs not in tried and len(steps) < 50
+        steps.append(step.knobs)
+        tried.append(step.knobs)
+    return steps
+
+
 def test_along_an_ordered_knob_the_walk_ends_at_the_first_value_that_lost():
     """ZeRO 1 ran and lost to ZeRO 0: stages 2 and 3 are not the guided step's (DeepSpeed's
     autotuner stops there too); the smaller micro-batch past one that lost is not either."""
-    tried = [dict(BASE, zero_stage=1), dict(BASE, micro_batch_size=16), dict(BASE, amp_dtype="bf16"),
-             dict(BASE, micro_batch_size=4)]
-    step = guided_next(ZERO, BASE, {"data_wait_share": 0.0}, lambda k: k in tried)
-    assert step is None or step.knobs["zero_stage"] not in (2, 3), step
+    steps = _walk(ZERO, BASE, [dict(BASE, zero_stage=1)])
+    assert steps and all(s["zero_stage"] == 0 for s in steps), steps  # the rest of the neighbourhood, no ZeRO
+    assert dict(BASE, micro_batch_size=16) in steps and dict(BASE, amp_dtype="bf16") in steps
     on_16 = dict(BASE, micro_batch_size=16)
-    tried = [dict(on_16, micro_batch_size=8), dict(on_16, amp_dtype="bf16"), dict(on_16, zero_stage=1)]
-    step = guided_next(ZERO, on_16, {"data_wait_share": 0.0}, lambda k: k in tried)
-    assert step is None or step.knobs["micro_batch_size"] != 4, step
+    steps = _walk(ZERO, on_16, [dict(on_16, micro_batch_size=8)])
+    assert steps and all(s["micro_batch_size"] == 16 for s in steps), steps  # 4 is past 8, which lost
+    assert dict(on_16, zero_stage=1) in steps
 
 
 def test_a_value_that_did_not_fit_does_not_end_the_walk_towards_less_memory():
@@ -171,7 +182,6 @@ def test_a_value_that_did_not_fit_does_not_end_the_walk_towards_less_memory():
     # a larger micro-batch past one that did not fit cannot fit either
     small = dict(BASE, micro_batch_size=4)
     oom = dict(small, micro_batch_size=8)
-    tried = [oom, dict(small, amp_dtype="bf16"), dict(small, zero_stage=1)]
-    step = guided_next(ZERO, small, {"data_wait_share": 0.0}, lambda k: k in tried, (),
-                       _state_of({str(sorted(oom.items())): "oom"}))
-    assert step is None or step.knobs["micro_batch_size"] != 16, step
+    steps = _walk(ZERO, small, [oom], (), _state_of({str(sorted(oom.items())): "oom"}))
+    assert steps and all(s["micro_batch_size"] == 4 for s in steps), steps
+    assert dict(small, zero_stage=1) in steps  # more memory relief is still tried
