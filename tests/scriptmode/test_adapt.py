@@ -5,12 +5,11 @@ from __future__ import annotations
 import csv
 
 import accelerate  # noqa: F401  (a dependency of the package: its absence is a failure, not a skip)
-import psutil
 import pytest
 
 import tuner
 
-from conftest import ROOT, TESTS, write_recipe
+from conftest import ROOT, TESTS, leftovers, write_recipe
 
 
 def _rows(out):
@@ -36,7 +35,7 @@ def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     # 8-step window under load: seen once in a fresh-clone CI)
     with_workers = [float(r["worker_cpu_util"] or 0) for r in rows if r["num_workers"] != "0"]
     assert not with_workers or max(with_workers) > 0, rows
-    assert psutil.Process().children(recursive=True) == []
+    assert leftovers() == []
 
 
 def _modes(tmp_path, *flags: str):
@@ -76,7 +75,7 @@ def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
     rows = _rows(out)
     assert [r["state"] for r in rows] == ["ok"], [r["reason"] for r in rows]
     assert result.best["metrics"]["samples_per_s"] > 0
-    assert psutil.Process().children(recursive=True) == []
+    assert leftovers() == []
 
 
 def test_a_deepspeed_script_without_tuner_code_gets_the_trial_in_its_config(tmp_path):

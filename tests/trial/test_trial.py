@@ -6,13 +6,12 @@ import json
 import sys
 import threading
 
-import psutil
 import pytest
 
 import tuner
 from tuner.harness.metrics import METRIC_NAMES
 
-from conftest import run
+from conftest import leftovers, run
 
 
 def test_loader_workers_speed_up_a_latency_bound_dataset(toy):
@@ -52,7 +51,7 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
     before = threading.active_count()
     m = tuner.measure(toy(), num_workers=3, persistent_workers=True)
     assert m.state == "ok"
-    assert psutil.Process().children(recursive=True) == []
+    assert leftovers() == []
     assert threading.active_count() == before
 
 
@@ -85,7 +84,7 @@ def test_failures_are_recorded_with_their_reason(toy, fail, state, reason):
     m = tuner.measure(recipe, num_workers=1)
     assert m.state == state and reason in m.reason
     assert m.metrics is None and m.failures == 1
-    assert psutil.Process().children(recursive=True) == []
+    assert leftovers() == []
     assert tuner.measure(toy(), num_workers=1).state == "ok"  # the next trial is unaffected
 
 

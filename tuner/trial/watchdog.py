@@ -8,9 +8,11 @@ rank waits for the trial's end; past the limit it publishes the main thread's in
 Python frame (``compute_loss (toy.py:112)``, or ``_engine_run_backward`` for a rank
 waiting in the backward's all-reduce) through the process group's store, rank 0 reads
 every rank's, has the trial recorded ``hung`` with that reason (:data:`recorder`, set by
-the search), and every rank exits with :data:`EXIT_HUNG`. Under ``torchrun
---max-restarts=N`` the search restarts and resumes: the hung trial is recorded, not run
-again. The limit is script mode's (:class:`~tuner.trial.limits.Limits`): ``steps.timeout_s``
+the search), and every rank exits with :data:`EXIT_HUNG`. Re-running the same command
+resumes: the hung trial is recorded, not run again. (``torchrun --max-restarts=N`` is not
+advised: its restarted gloo ranks sat in their rendezvous for 480 s and more without
+forming a group, as in pytorch/pytorch#167288 for NCCL, where a re-run resumes in
+seconds.) The limit is script mode's (:class:`~tuner.trial.limits.Limits`): ``steps.timeout_s``
 until a trial of the recipe has finished here, then what its measured steps say.
 """
 
@@ -65,8 +67,8 @@ class Watchdog:
         if self._done.wait(self.limit_s):
             return
         reason = f"hung: the trial ran past its {self.limit_s:.0f} s limit; " + self._where()
-        print(f"tuner: {reason}. Recorded as hung; re-run the same command to resume "
-              "(under torchrun, --max-restarts=N does it)", file=sys.stderr, flush=True)
+        print(f"tuner: {reason}. Recorded as hung; re-run the same command to resume", file=sys.stderr,
+              flush=True)
         if self.ctx.rank == 0:
             try:
                 if recorder is not None:
