@@ -10,13 +10,20 @@ with its own launcher. DeepSpeed's launcher reaches even the local host through 
 pdsh when given a hostfile (its only way to use 2 CPU ranks), so this needs passwordless
 ``ssh localhost`` and ``pdsh``; without them it says so and stops.
 
+The autotuner runs at its defaults (``fast`` mode, its own profile steps), told only the
+job's micro-batch range; ``--autotuner-grid`` gives it the full grid over all 4
+micro-batches with profile steps 3-8 instead. Its experiment count leaves out its
+model-info profiling run (not a configuration it tried).
+
 Each method runs ``--runs`` times, alternating (the machine's minute-to-minute noise falls
-on both); wall times are medians. The answers are then re-measured interleaved; where
-both methods answered the same configuration the ratio of their speeds is 1 by identity
-(the re-measurements are printed, their difference is the harness's noise).
+on both); wall times are medians. Every run's answer, not only the most frequent one, is
+then re-measured ``--rounds`` times, all answers interleaved in each round; a run scores its
+answer's median rate, and each method's score is the median over its runs (a method that
+answers differently from run to run is scored on all of its answers).
 
     python scripts/bench_autotuner.py               # 3 runs each, 3 re-measurement rounds
     python scripts/bench_autotuner.py --runs 1 --rounds 3
+    python scripts/bench_autotuner.py --autotuner-grid
 """
 
 from __future__ import annotations
@@ -71,20 +78,20 @@ def run_tuner(work: Path) -> tuple[float, dict]:
                   "trials": best["trials"], "stopped": best["stopped"]}
 
 
-def run_autotuner(work: Path) -> tuple[float, dict]:
+def run_autotuner(work: Path, grid: bool) -> tuple[float, dict]:
     folder = work / "autotuner"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     shutil.copy(HERE / "mlp_job.py", folder)
     (folder / "hostfile").write_text(f"localhost slots={WORLD}\n")
+    autotuning = {"enabled": True, "min_train_micro_batch_size_per_gpu": 16,
+                  "max_train_micro_batch_size_per_gpu": 128, "arg_mappings": {}}
+    if grid:  # every micro-batch of the job's space, and longer profiles than its default
+        autotuning.update({"fast": False, "tuner_type": "gridsearch", "num_tuning_micro_batch_sizes": 4,
+                           "start_profile_step": 3, "end_profile_step": 8})
     (folder / "ds_config.json").write_text(json.dumps({
-        "train_batch_size": GLOBAL_BATCH,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-        "autotuning": {"enabled": True, "fast": False, "tuner_type": "gridsearch",
-                       "min_train_micro_batch_size_per_gpu": 16, "max_train_micro_batch_size_per_gpu": 128,
-                       "num_tuning_micro_batch_sizes": 4, "start_profile_step": 3, "end_profile_step": 8,
-                       "arg_mappings": {}},
-    }))
+        "train_batch_size": GLOBAL_BATCH, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "autotuning": autotuning}))
     start = time.perf_counter()
     proc = sh(["deepspeed", "--hostfile", "hostfile", "--master_addr", "127.0.0.1", "--autotuning", "tune",
                "--num_gpus", str(WORLD), "--num_nodes", "1", "mlp_job.py", "--deepspeed_config", "ds_config.json"],
@@ -94,9 +101,9 @@ def run_autotuner(work: Path) -> tuple[float, dict]:
     if not optimal.exists():
         sys.exit(f"the autotuner found no configuration: {(proc.stdout + proc.stderr)[-3000:]}")
     config = json.loads(optimal.read_text())
-    exps = len(list((folder / "autotuning_exps").glob("*.json")))
+    exps = [p for p in (folder / "autotuning_exps").glob("*.json") if "model_info" not in p.name]
     return wall, {"micro_batch_size": config["train_micro_batch_size_per_gpu"],
-                  "zero_stage": (config.get("zero_optimization") or {}).get("stage", 0), "trials": exps}
+                  "zero_stage": (config.get("zero_optimization") or {}).get("stage", 0), "trials": len(exps)}
 
 
 def measure(answer: dict, work: Path) -> float:
@@ -112,7 +119,9 @@ def measure(answer: dict, work: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of each method, alternating")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved re-measurements of both answers")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved re-measurements of every answer")
+    parser.add_argument("--autotuner-grid", action="store_true",
+                        help="the autotuner over the full grid with profile steps 3-8 (default: its own defaults)")
     args = parser.parse_args()
     missing = prerequisites()
     if missing:
@@ -123,39 +132,34 @@ def main() -> None:
         measure({"micro_batch_size": 64, "zero_stage": 1}, work)  # DeepSpeed's JIT builds, paid by neither
         for i in range(args.runs):
             runs["tuner"].append(run_tuner(work))
-            runs["autotuner"].append(run_autotuner(work))
+            runs["autotuner"].append(run_autotuner(work, args.autotuner_grid))
             print(f"run {i + 1}: tuner {runs['tuner'][-1]}, autotuner {runs['autotuner'][-1]}", file=sys.stderr)
-        answers = {k: _answer(v) for k, v in runs.items()}
-        rates: dict[str, list[float]] = {"tuner": [], "autotuner": []}
+        answers = {_key(r): r for v in runs.values() for _, r in v}  # every run's answer, once
+        rates: dict[tuple[int, int], list[float]] = {k: [] for k in answers}
         for _ in range(args.rounds):
-            for key in rates:
-                rates[key].append(measure(answers[key], work))
-    walls = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+            for key, answer in answers.items():
+                rates[key].append(measure(answer, work))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"| method | wall s (median of {args.runs}) | runs' wall s | trials | answer (micro, ZeRO) | "
-          f"re-measured samples/s (median of {args.rounds}) |")
+    walls = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+    scores = {k: statistics.median(med[_key(r)] for _, r in v) for k, v in runs.items()}
+    mode = "full grid, profile steps 3-8" if args.autotuner_grid else "its defaults (fast)"
+    print(f"| method | wall s (median of {args.runs}) | runs' wall s | trials | answers (micro, ZeRO) | "
+          f"answer's samples/s, re-measured (median of {args.rounds}), per run |")
     print("|---|---|---|---|---|---|")
-    for key, name in (("tuner", "tuner.search"), ("autotuner", "DeepSpeed autotuner")):
-        a = answers[key]
+    for key, name in (("tuner", "tuner.search"), ("autotuner", f"DeepSpeed autotuner, {mode}")):
         print(f"| {name} | {walls[key]:.0f} | {', '.join(f'{w:.0f}' for w, _ in runs[key])} | "
-              f"{', '.join(str(r['trials']) for _, r in runs[key])} | {a['micro_batch_size']}, {a['zero_stage']} | "
-              f"{med[key]:,.0f} {[round(r) for r in rates[key]]} |")
-    same = _key(answers["tuner"]) == _key(answers["autotuner"])
-    speed = 1.0 if same else med["tuner"] / med["autotuner"]
-    print(f"wall time, tuner / autotuner: {walls['tuner'] / walls['autotuner']:.2f}x; answer's speed, tuner / "
-          f"autotuner: {speed:.3f}x" + (f" (the same configuration; re-measured {med['tuner'] / med['autotuner']:.3f}x "
-                                        "apart: the harness's noise)" if same else ""))
+              f"{', '.join(str(r['trials']) for _, r in runs[key])} | "
+              f"{'; '.join(', '.join(map(str, _key(r))) for _, r in runs[key])} | "
+              f"{', '.join(f'{med[_key(r)]:,.0f}' for _, r in runs[key])} |")
+    for key in answers:
+        print(f"answer {key}: re-measured {[round(r) for r in rates[key]]}")
+    print(f"wall time, tuner / autotuner: {walls['tuner'] / walls['autotuner']:.2f}x; answers' speed, tuner / "
+          f"autotuner: {scores['tuner'] / scores['autotuner']:.3f}x (median over each method's runs of its "
+          "answer's re-measured rate)")
 
 
 def _key(answer: dict) -> tuple[int, int]:
     return answer["micro_batch_size"], answer["zero_stage"]
-
-
-def _answer(runs: list[tuple[float, dict]]) -> dict:
-    """The method's answer over its runs: the one it gave most often (the first on a tie)."""
-    keys = [_key(r) for _, r in runs]
-    top = max(keys, key=keys.count)
-    return next(r for _, r in runs if _key(r) == top)
 
 
 if __name__ == "__main__":
