@@ -168,3 +168,17 @@ def test_shipped_recipes_are_valid():
     root = ROOT / "recipes"
     recipe = load_recipe(root / "quickstart.yaml", world_size=2)
     assert recipe.name == "quickstart"
+
+
+@pytest.mark.parametrize("value", [0.7, -0.01, "2%", True])
+def test_a_tolerance_outside_zero_to_a_half_is_refused_with_what_is_allowed(toy, value):
+    with pytest.raises(RecipeError, match=r"tolerance: expected a fraction in \[0, 0.5\) such as 0.02"):
+        load_recipe(toy(tolerance=value))
+    assert load_recipe(toy(tolerance=0.05)).tolerance == 0.05
+    assert load_recipe(toy()).tolerance == 0.02
+
+
+def test_the_search_flag_tolerance_is_one_line_when_wrong(toy):
+    proc = run([sys.executable, "-m", "tuner.search", str(toy()), "--tolerance", "5"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --tolerance: expected a fraction"), proc.stderr

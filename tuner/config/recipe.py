@@ -100,9 +100,8 @@ class Recipe:
     engine: EngineName = "auto"
     seed: int = 0
     tolerance: float = 0.02
-    """The largest slowdown a simpler answer may cost against the fastest (``--tolerance``):
-    a change is dropped, or a finalist with fewer changes preferred, only when the upper 95%
-    bound of its slowdown is below it (:mod:`tuner.analysis.interval`)."""
+    """The largest slowdown a simpler answer may cost against the fastest: upper 95% bound
+    (``--tolerance``; :mod:`tuner.analysis.interval`)."""
     out: Path = Path("runs")
     storage: str = ""
     knob_overrides: dict[str, Any] = field(default_factory=dict)
@@ -267,8 +266,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
         micros = values.get("micro_batch_size", (global_batch // world_size,))
         check_routes(script, values, {global_batch // (m * world_size) for m in micros})
     seed = _int(raw.get("seed", 0), "seed", minimum=0)
-    tolerance = check_tolerance(raw.get("tolerance", 0.02), "tolerance")
-    out_path, storage = _out(raw, name)
+    tolerance, (out_path, storage) = check_tolerance(raw.get("tolerance", 0.02), "tolerance"), _out(raw, name)
 
     task: Task | None = None
     task_ref = (str(script.path or script.module)) if script is not None else raw["task"]
@@ -279,9 +277,8 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
 
     return Recipe(
         name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
-        world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target,
-        precision=precision, baseline=baseline, space=space, engine=engine, seed=seed, tolerance=tolerance,
-        out=out_path, storage=storage,
+        world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target, precision=precision,
+        baseline=baseline, space=space, engine=engine, seed=seed, tolerance=tolerance, out=out_path, storage=storage,
         knob_overrides=overrides, script=script,
     )
 
@@ -389,7 +386,6 @@ def _int(value: Any, where: str, minimum: int) -> int:
 
 
 def check_tolerance(value: Any, where: str) -> float:
-    """A search tolerance: a fraction in [0, 0.5) (0.02 = a simpler answer may cost 2%)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 0.5:
         raise RecipeError(f"{where}: expected a fraction in [0, 0.5) such as 0.02 (2%), got {value!r}")
     return float(value)

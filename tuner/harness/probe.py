@@ -12,9 +12,8 @@ tuner's own loop and, as ``tuner.Probe``, a loop the tuner does not own::
         if probe.done: break
     print(probe.summary())
 
-This is the core: it knows nothing of script mode. What happens when a step is counted
-or the window closes beyond measuring (script mode's report to the search) is a hook
-given by the layer above (:class:`tuner.scriptmode.probe.Probe`, the public ``tuner.Probe``).
+This is the core: it knows nothing of script mode. What happens when a step is counted or
+the window closes (script mode's report to the search) is a hook from the layer above.
 
 Under torchrun every rank runs its own probe; :meth:`Probe.summary` is then a collective
 that returns the metrics of all ranks combined (on every rank). On CPU (gloo) the time
@@ -318,13 +317,10 @@ class ProbeCore:
         return bool(distributed.broadcast(self._auto.enough(self.window.step_times)))
 
     def _open_window(self, back: float = 0.0) -> float:
-        """Start what the window measures, then its clock (``back`` seconds before now: a wait
-        already spent): the monitors' start-up (a PSS sample of the process tree, NVML) is
-        the tuner's own work, not the loop's (before, it fell into the first measured step:
-        5.9 ms of a loop whose steps took 5-14 us)."""
+        """The monitors first, then the clock (``back`` s before now: a wait already spent);
+        their start-up is the tuner's work (it was 5.9 ms of the first measured step)."""
         self.comm.take()
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        if world == 1:
+        if (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1) == 1:
             self.window.comm_share = 0.0  # nobody to talk to
         elif not self._cuda:
             self.window.comm_waits = []
@@ -338,9 +334,7 @@ class ProbeCore:
         self._workers_start = children_cpu(self._proc)
         if self._cuda:
             self._record_event()
-        now = time.perf_counter() - back
-        self.window_start = now
-        self._last = now
+        self.window_start = self._last = now = time.perf_counter() - back
         return now
 
     def _stop_monitors(self) -> None:

@@ -41,6 +41,7 @@ def render_markdown(data: ReportData) -> str:
         lines += _comparison_table(r)
     else:
         lines.append("No configuration ran successfully inside the budget.")
+    lines += _decision_lines(r.decision)
     lines += _attribution_lines(r.attribution)
     failures = [t for t in trials if t["state"] != State.OK]
     lines += ["", f"Trials: {len(trials)} measured, {len(failures)} failed or infeasible"
@@ -83,6 +84,28 @@ def _verdict_lines(r: SearchResult) -> list[str]:
             lines.append(f"- **{name}**: no clear bottleneck.")
         for v in verdicts:
             lines.append(f"- **{name}: {v.kind}**: {v.evidence}. Next: {v.next_step}.")
+    return lines
+
+
+RULES = {
+    "fastest": "the fastest finalist, kept: every other finalist decided against it",
+    "equivalent": "a finalist with fewer changes, shown within the tolerance of the fastest",
+    "cap": "the fastest median: the confirmation's rounds ran out with finalists undecided",
+    "leave-one-out": "the fastest less one change shown to cost less than the tolerance",
+    "search": "the best search trial (no confirmation ran)",
+}
+"""What each decision rule means, in the report's words."""
+
+
+def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
+    """How the answer was decided: the rule, the tolerance, each change with its interval."""
+    if not decision:
+        return []
+    rule = decision.get("rule", "")
+    lines = ["", "## How the answer was decided", "",
+             f"Rule: **{rule}**: {RULES.get(rule, rule)}. Tolerance {decision.get('tolerance', 0):.0%}: a change is "
+             "dropped only when the upper 95% bound of what dropping it costs is below it.", ""]
+    lines += [f"- {k['text']}" for k in decision.get("knobs", [])]
     return lines
 
 

@@ -46,6 +46,18 @@ def converged_after(space_size: int, measured: int) -> int:
     return max(low, min(high, math.ceil(max(0, space_size - measured) / 5)))
 
 
+UNKNOWN_GAIN = 0.05
+"""The least gain that counts as progress while no configuration has been measured twice;
+whole trials here differ by 5-10%."""
+
+
+def progress_bar(noise: float | None, tolerance: float) -> float:
+    """The least gain over the best that counts as progress towards convergence: the
+    search's tolerance (a gain below it would not be kept either), and no less than twice
+    one run's noise, nor than :data:`UNKNOWN_GAIN` before the noise is known."""
+    return max(tolerance, 2 * noise if noise is not None else UNKNOWN_GAIN)
+
+
 def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
     """Whether measured ``metrics`` reach the recipe's target (samples/s or tokens/s)."""
     if not metrics:

@@ -37,13 +37,6 @@ if TYPE_CHECKING:
     from tuner.trial.result import PruneRule
     from tuner.tuning.finalists import Confirmation
 
-UNKNOWN_GAIN = 0.05
-"""The least gain that counts as progress while no configuration has been measured twice;
-whole trials here differ by 5-10%."""
-COUNTED_UP_TO = 4096
-"""Spaces of at most this many points are counted exactly at the start (a few ms), so a
-search that has measured every one stops at once as ``exhausted`` instead of asking the
-sampler again (seen: a 12-point job wrote 111 trials.csv rows for 11 measured trials)."""
 MAX_RESAMPLES = 50
 """Times the sampler may propose an already-measured configuration before the space is
 considered exhausted."""
@@ -70,10 +63,7 @@ class Planner:
             events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
         self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
-        self.points = ({searchspace.config_key(c) for c in space.configs(
-            recipe.global_batch_size, recipe.world_size, machine, recipe.engine)}
-            if space.size() <= COUNTED_UP_TO else None)
-        """Every configuration of the space, by key (``None``: too many to count)."""
+        self.points = searchspace.every_key(space, recipe, machine)
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
         self.earlier_s = sum(t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration)
@@ -248,11 +238,7 @@ class Planner:
             self.streak += 1
 
     def _progress_bar(self) -> float:
-        """The least gain over the best that counts as progress: the search's tolerance (a
-        gain below it would not be kept either), and no less than twice one run's noise, nor
-        than :data:`UNKNOWN_GAIN` before the noise is known."""
-        noise = self.pool.known_noise()
-        return max(self.recipe.tolerance, 2 * noise if noise is not None else UNKNOWN_GAIN)
+        return budget.progress_bar(self.pool.known_noise(), self.recipe.tolerance)
 
     def _count_saving(self, steps: int, rate: float) -> None:
         """A pruned trial skipped the rest of its window and the steps after it."""

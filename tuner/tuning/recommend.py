@@ -53,7 +53,8 @@ def decide(best: dict[str, Any], confirmed: "Confirmation | None", attribution: 
            pool: "Pool", baseline: dict[str, Any], make: Callable[[dict[str, Any]], Config], recipe: "Recipe",
            reference: list[float] | None, space: "Space") -> Decision:
     """The answer and why: the confirmation's winner, less the one change whose removal
-    costs least when that is shown below the tolerance (see the module's docstring)."""
+    costs least when that is shown below the tolerance, or when the answer without it
+    measured faster (a change measured as a loss is never given; see the module's docstring)."""
     tolerance = recipe.tolerance
     fastest = (confirmed.fastest if confirmed is not None and confirmed.fastest else best)
     out = Decision(dict(best), tolerance, confirmed.rule if confirmed is not None else "search")
@@ -68,10 +69,12 @@ def decide(best: dict[str, Any], confirmed: "Confirmation | None", attribution: 
             out.knobs.append({"knob": row.knob, "value": value, "kept": True, "slowdown": None,
                               "text": f"{row.knob}={value} kept: {why}"})
             continue
-        entry = {"knob": row.knob, "value": value, "kept": not s.within(tolerance), "slowdown": s.to_json()}
-        if s.within(tolerance):
-            entry["text"] = (f"{row.knob}={value} may go: without it {s.text()} against the fastest, below the "
-                             f"{tolerance:.0%} tolerance")
+        goes = s.within(tolerance) or s.estimate < 0  # shown cheap, or a loss: without it is the faster
+        entry = {"knob": row.knob, "value": value, "kept": not goes, "slowdown": s.to_json()}
+        if goes:
+            why = (f"below the {tolerance:.0%} tolerance" if s.within(tolerance) else
+                   "the change measured as a loss: the simpler configuration is the faster")
+            entry["text"] = f"{row.knob}={value} may go: without it {s.text()} against the fastest, {why}"
             droppable.append((pool.median(params) or 0.0, row.knob, params))
         else:
             entry["text"] = f"{row.knob}={value} kept: {s.gain_text('than without it')}{_interaction(row)}"

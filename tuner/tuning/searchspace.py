@@ -49,6 +49,19 @@ class Space:
         return list(out)
 
 
+COUNTED_UP_TO = 4096
+"""Spaces of at most this many points are counted exactly at the start (a few ms), so a
+search that has measured every one stops at once as ``exhausted`` instead of asking the
+sampler again (seen: a 12-point job wrote 111 trials.csv rows for 11 measured trials)."""
+
+
+def every_key(space: Space, recipe: "Recipe", machine: Machine) -> set[tuple] | None:
+    """Every configuration of the space, by :func:`config_key` (``None``: too many to count)."""
+    if space.size() > COUNTED_UP_TO:
+        return None
+    return {config_key(c) for c in space.configs(recipe.global_batch_size, recipe.world_size, machine, recipe.engine)}
+
+
 def build_space(recipe: "Recipe", machine: Machine) -> Space:
     """The recipe's space on this machine. A searched knob (a list) also holds the
     baseline's value, so the baseline is a point of the search; a fixed knob (a scalar)
