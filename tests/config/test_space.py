@@ -61,3 +61,21 @@ def test_this_machine_is_detected():
 
     machine = Machine.detect()
     assert machine.cuda == torch.cuda.is_available()
+
+
+def test_bf16_counts_only_where_the_device_runs_it_natively():
+    """torch.cuda.is_bf16_supported() says yes on a V100 by default (emulated); the tuner
+    asks for native support, and keeps working on a torch whose check has no such option."""
+    from types import SimpleNamespace
+
+    from tuner.config.space import native_bf16
+
+    asked = []
+
+    def new_style(including_emulation: bool = True) -> bool:  # torch >= 2.3's signature, a V100's answers
+        asked.append(including_emulation)
+        return including_emulation
+
+    assert native_bf16(SimpleNamespace(cuda=SimpleNamespace(is_bf16_supported=new_style))) is False
+    assert asked == [False]
+    assert native_bf16(SimpleNamespace(cuda=SimpleNamespace(is_bf16_supported=lambda: True))) is True

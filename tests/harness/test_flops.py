@@ -21,6 +21,39 @@ def test_peak_table_by_device_name_and_dtype():
     assert peak_for_name("NVIDIA A10G", "bf16") == pytest.approx(70e12)  # not the A10's figure
     assert peak_for_name("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 tensor cores
     assert peak_for_name("Some Future GPU", "bf16") is None  # unknown: no MFU, not a guess
+
+
+@pytest.mark.parametrize("name, dtype, tflops", [
+    ("NVIDIA L40", "bf16", 181.0),  # holds the text "L4": once read the L4's 121 (MFU > 1)
+    ("NVIDIA L40S", "bf16", 362.1),
+    ("NVIDIA L4", "bf16", 121.0),
+    ("NVIDIA H100 NVL", "bf16", 835.5),  # not the SXM's 989.4
+    ("NVIDIA H200 NVL", "bf16", 835.5),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.4),  # how CUDA names the SXM part
+    ("NVIDIA H200", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.0),
+    ("NVIDIA GH200 480GB", "bf16", 989.4),
+    ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
+])
+def test_the_peak_table_matches_whole_model_names_only(name, dtype, tflops):
+    """Data-sheet dense figures (half the sparsity ones), matched by whole tokens."""
+    assert peak_for_name(name, dtype) == pytest.approx(tflops * 1e12)
+
+
+def test_fp32_convolutions_use_the_tf32_peak_where_cudnn_allows_tf32():
+    """cuDNN runs fp32 convolutions in TF32 by default: against plain FP32's 19.5 TFLOP/s an
+    fp32 ResNet on an A100 would read an MFU above 1 (its TF32 peak is 156)."""
+    from tuner.harness.flops import tf32_in_use
+
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:  # PyTorch's defaults: TF32 off for matmuls, on for cuDNN
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = False, True
+        assert tf32_in_use(convolutions=True) and not tf32_in_use(convolutions=False)
+        assert peak_for_name("NVIDIA A100-SXM4-80GB", "fp32", tf32_in_use(True)) == pytest.approx(156e12)
+        torch.backends.cuda.matmul.allow_tf32 = True  # set_float32_matmul_precision("high")
+        assert tf32_in_use(convolutions=False)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
     assert peak_flops(torch.device("cpu"), "fp32") is None
 
 

@@ -15,38 +15,54 @@ import torch
 
 TFLOPS = 1e12
 
-# name fragment (matched in order, first hit wins) -> dense peak TFLOP/s by dtype
-PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("H100", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("GH200", {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("A10G", {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}),
-    ("A10", {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
-    ("V100", {"fp16": 125.0, "fp32": 15.7}),
-    ("T4", {"fp16": 65.0, "fp32": 8.1}),
+PEAKS: tuple[tuple[frozenset[str], frozenset[str], dict[str, float]], ...] = (
+    # (tokens the name must hold, tokens it must not, dense peak TFLOP/s by dtype)
+    (frozenset({"H200", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (frozenset({"H200"}), frozenset({"NVL"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    (frozenset({"H100", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
+    (frozenset({"H100", "PCIE"}), frozenset(), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    (frozenset({"H100"}), frozenset({"NVL", "PCIE"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    (frozenset({"GH200"}), frozenset(), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    (frozenset({"A100"}), frozenset(), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    (frozenset({"L40S"}), frozenset(), {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
+    (frozenset({"L40"}), frozenset(), {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}),
+    (frozenset({"L4"}), frozenset(), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    (frozenset({"A10G"}), frozenset(), {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}),
+    (frozenset({"A10"}), frozenset(), {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
+    (frozenset({"V100"}), frozenset(), {"fp16": 125.0, "fp32": 15.7}),
+    (frozenset({"T4"}), frozenset(), {"fp16": 65.0, "fp32": 8.1}),
 )
-"""Sources: NVIDIA data sheets (H100/H200 SXM, H100 PCIe, A100, L40S, L4, A10, A10G, V100,
-T4), dense figures. Extend here; nothing else needs to change."""
+"""Sources: NVIDIA data sheets (H100/H200 SXM and NVL, H100 PCIe, GH200, A100, L40S, L40,
+L4, A10, A10G, V100, T4), dense figures (half the sparsity ones). A name is matched by
+whole tokens (split at spaces and hyphens), never by substring: ``NVIDIA L40`` holds the
+text "L4" and once read the L4's 121 TFLOP/s (an MFU above 1 on an L40's 181); ``NVIDIA
+H100 NVL`` once read the SXM's 989. Extend here; nothing else needs to change."""
 
 
-def peak_flops(device: torch.device, amp_dtype: str) -> float | None:
+def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False) -> float | None:
     """Dense peak FLOP/s of ``device`` for matmuls in ``amp_dtype``; ``None`` when unknown
-    (every CPU, a GPU not in :data:`PEAKS`, a dtype the device has no tensor cores for)."""
+    (every CPU, a GPU not in :data:`PEAKS`, a dtype the device has no tensor cores for).
+    ``convolutions``: the model has convolutions, which cuDNN runs in TF32 by default."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    return peak_for_name(name, amp_dtype, torch.backends.cuda.matmul.allow_tf32)
+    return peak_for_name(torch.cuda.get_device_name(device), amp_dtype, tf32_in_use(convolutions))
+
+
+def tf32_in_use(convolutions: bool) -> bool:
+    """Whether fp32 work runs on TF32 tensor cores: matmuls when PyTorch allows it
+    (``set_float32_matmul_precision("high")``; off by default), convolutions when cuDNN does
+    (on by default). Then the fp32 peak is TF32's: against plain FP32's an fp32 ResNet on an
+    A100 would read an MFU above 1."""
+    backends = torch.backends
+    return bool(backends.cuda.matmul.allow_tf32 or (convolutions and backends.cudnn.allow_tf32))
 
 
 def peak_for_name(name: str, amp_dtype: str, allow_tf32: bool = False) -> float | None:
     """The table lookup behind :func:`peak_flops`, by the name CUDA reports."""
     key = "tf32" if amp_dtype == "fp32" and allow_tf32 else amp_dtype
-    for fragment, peaks in PEAKS:
-        if fragment in name:
+    tokens = set(name.upper().replace("-", " ").split())
+    for required, excluded, peaks in PEAKS:
+        if required <= tokens and not excluded & tokens:
             value = peaks.get(key)
             return value * TFLOPS if value is not None else None
     return None

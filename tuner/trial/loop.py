@@ -56,6 +56,8 @@ class Job:
         self.timer = CommTimer()
         self.losses: list[torch.Tensor] = []
         self.batch_norm = False
+        self.convolutions = False
+        """The model holds convolutions (cuDNN runs fp32 ones in TF32 by default: the MFU peak)."""
         self.loader: DataLoader | None = None
         self.batches: Iterator[Any] | None = None
         self.engine: Any = None
@@ -75,6 +77,7 @@ class Job:
         self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
         module = getattr(self.engine.model, "module", self.engine.model)
         self.batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+        self.convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
         self.bad = torch.zeros((), dtype=torch.bool, device=ctx.device)
 
     def run(self) -> Window:

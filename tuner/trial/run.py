@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.flops import peak_flops
+from tuner.harness.flops import peak_flops, tf32_in_use
 from tuner.harness.metrics import Window, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory
 from tuner.trial import after, watchdog
@@ -89,7 +89,7 @@ def run_trial(
     t_teardown = time.perf_counter()
     memory.sample()  # the loader workers, still alive: a trial shorter than one tick sees them here
     job.close()
-    window_start = job.window_start
+    window_start, convolutions = job.window_start, job.convolutions
     del job
     peak_host = memory.stop()
     gpu.stop()
@@ -101,7 +101,7 @@ def run_trial(
         window.gpu_mem_used_bytes = gpu.peak_used
         _allocator_end(window, ctx.device, alloc_before)
     result = _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
-                                                     pruned_at), window)
+                                                     pruned_at), window, convolutions)
     watchdog.learn(recipe, config, dog.stop(), result)
     return result
 
@@ -121,7 +121,7 @@ def _measure(job: Job, timings: dict[str, float]) -> Window:
 
 
 def _agree(recipe: "Recipe", config: "Config", ctx: "DistContext", result: TrialResult,
-           window: Window | None) -> TrialResult:
+           window: Window | None, convolutions: bool = False) -> TrialResult:
     """Every rank reports; a failure anywhere fails the trial everywhere; the windows of
     all ranks become the metrics."""
     reports = distributed.all_gather((result.state, result.reason, window))
@@ -131,7 +131,9 @@ def _agree(recipe: "Recipe", config: "Config", ctx: "DistContext", result: Trial
         return result
     assert recipe.task is not None
     tps = recipe.task.tokens_per_sample(recipe.task_args) if recipe.task.tokens_per_sample else None
-    peak = peak_flops(ctx.device, config.amp_dtype)
+    peak = peak_flops(ctx.device, config.amp_dtype, convolutions)
+    if peak is not None and config.amp_dtype == "fp32" and tf32_in_use(convolutions):
+        result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
     result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(recipe), peak)
     return result
 

@@ -151,7 +151,7 @@ def _answer(contenders: list[Config], baseline: dict[str, Any], pool: Pool, roun
         out.notes.append(
             f"confirmation: after {rounds} round(s) (the cap, --confirm {cap}) {len(undecided)} finalist(s) still "
             f"undecided against the fastest at a {tolerance:.0%} tolerance: the fastest median is kept")
-    elif len(contenders) > 1 or rounds:
+    else:
         out.notes.append(f"confirmation: the fastest finalist is kept after {rounds} round(s): no simpler one is "
                          f"within {tolerance:.0%} of it with 95% confidence")
     return out
