@@ -35,6 +35,7 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.comm import DEEPSPEED_COLLECTIVES, TORCH_COLLECTIVES, CommTimer
+from tuner.harness.devices import cuda_index
 from tuner.harness.metrics import Window, percentile, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
 from tuner.harness.nvtx import Ranges
@@ -87,6 +88,7 @@ class ProbeCore:
         monitors: bool = True,
         on_step: Callable[[int, int], None] | None = None,
         on_close: Callable[["ProbeCore"], None] | None = None,
+        reset_peaks: bool = True,
     ) -> None:
         if warmup < 0 or not (measure is None or measure == "auto" or (isinstance(measure, int) and measure >= 1)):
             raise ValueError(f"warmup must be >= 0 and measure >= 1, 'auto' or None, got {warmup} and {measure!r}")
@@ -94,7 +96,8 @@ class ProbeCore:
         self.measure = measure
         self._auto: Auto | None = AUTO if measure == "auto" else None
         self._check = AUTO.min_steps
-        self.device = torch.device(device) if device is not None else None
+        self.device = cuda_index(device)
+        self._reset_peaks = reset_peaks  # the tuner's trial; a user's probe leaves the counters alone
         self.tokens_per_sample = tokens_per_sample
         self.flops_per_sample = flops_per_sample
         self.amp_dtype = amp_dtype
@@ -225,8 +228,7 @@ class ProbeCore:
 
     def serve(self, port: int = 9400, addr: str = "127.0.0.1") -> int:
         """Serve the live metrics to Prometheus at ``http://addr:port/metrics`` (needs
-        ``prometheus-client``; localhost only unless ``addr`` says otherwise). Returns the
-        port (useful with ``port=0``)."""
+        ``prometheus-client``; localhost unless ``addr`` says otherwise); returns the port."""
         from tuner.harness.prometheus import serve
 
         self._server, bound = serve(self.live, port, addr)
@@ -242,17 +244,15 @@ class ProbeCore:
             self._server = None
 
     def use_device(self, device: torch.device | str) -> None:
-        """The training device, for a probe made before it was known (an adapter that
-        learns it from the first optimizer step); only before the window opens."""
+        """The training device, for a probe made before it was known; before the window opens."""
         if self.window_start is not None:
             raise RuntimeError("use_device() must come before the measured window opens")
-        self.device = torch.device(device)
-        self._cuda = self.device.type == "cuda"
+        self.device = cuda_index(device)
+        self._cuda = self.device is not None and self.device.type == "cuda"
 
     @property
     def nvtx(self) -> Ranges:
-        """The probe's NVTX ranges (no-ops unless asked for and available), for a loop
-        that wants to mark its own phases in the same timeline."""
+        """The probe's NVTX ranges (no-ops unless asked for), for a loop marking its own phases."""
         return self._nvtx
 
     @property
@@ -328,7 +328,7 @@ class ProbeCore:
         if self._monitors:
             self._memory = HostMemory(MEMORY_INTERVAL_S).start()
             self._gpu = GpuUtil(self.device.index if self._cuda and self.device is not None else None).start()
-            if self._cuda:
+            if self._cuda and self._reset_peaks:
                 torch.cuda.reset_peak_memory_stats(self.device)
         self._cpu_start = cpu_seconds(self._proc)
         self._workers_start = children_cpu(self._proc)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from tuner.harness.devices import default_device
 from tuner.harness.probe import ProbeCore
 from tuner.scriptmode import trialfile
 
@@ -34,6 +35,10 @@ class Probe(ProbeCore):
             percent; ``None`` measures every step after warm-up and ``done`` never
             becomes true (a script-mode trial sets its own).
         device: the training device; CUDA step times come from events on its stream.
+            Default: the current CUDA device where CUDA is available (``cuda`` means that
+            one too), else the host clock. The process's peak-memory counters are never
+            reset: ``peak_mem_gib`` is ``max_memory_reserved`` since the process started
+            or your own last reset.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.
         flops_per_sample: forward + backward FLOPs of one sample; gives
             ``achieved_tflops``, and ``mfu`` on a GPU of the peak table.
@@ -58,9 +63,9 @@ class Probe(ProbeCore):
         trial = trialfile.read_trial()
         if trial is not None:  # a script-mode trial: the tuner sets the window
             warmup, measure = int(trial["warmup"]), trial["measure"]
-        super().__init__(warmup, measure, device, tokens_per_sample, flops_per_sample=flops_per_sample,
-                         amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
-                         on_step=_step_check(trial), on_close=_reporter(trial))
+        super().__init__(warmup, measure, device if device is not None else default_device(), tokens_per_sample,
+                         flops_per_sample=flops_per_sample, amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
+                         on_step=_step_check(trial), on_close=_reporter(trial), reset_peaks=False)
         self.notes: list[str] = []
         """What the search should know about this trial's numbers (reported with them)."""
         self.unmeasured: set[str] = set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from typing import Any, Iterator
 
+from tuner.harness.devices import accelerator_of
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 
@@ -73,9 +74,9 @@ class _Watch:
         self.probe.step(None if self.training is not None else per_rank)
 
     def _first_step(self, optimizer: Any) -> None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if params:
-            self.probe.use_device(params[0].device)
+        device = accelerator_of(p for group in optimizer.param_groups for p in group["params"])
+        if device is not None and self.probe.window_start is None:  # not the CPU copies under offload
+            self.probe.use_device(device)
         self.training = self.last_loader
         if self.training is None:
             self.probe.unmeasured.update({"data_wait_share", "transfer_share", "stall_free_samples_per_s"})

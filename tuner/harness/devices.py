@@ -1,0 +1,40 @@
+"""Which device a measurement is about.
+
+A probe on a GPU node must time the GPU's stream and read its allocator: a probe built
+without a device used to fall back to the host clock, no NVML and the host's PSS as the
+peak, then be compared with a GPU memory budget. These helpers pick the device the way
+the training loop does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+
+def cuda_index(device: torch.device | str | None) -> torch.device | None:
+    """``device`` as a ``torch.device``; ``cuda`` with its index (the current device's when
+    none is given: CUDA events and memory counters are per device)."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def default_device() -> torch.device | None:
+    """The current CUDA device when CUDA is available, else ``None`` (the host clock)."""
+    return cuda_index("cuda") if torch.cuda.is_available() else None
+
+
+def accelerator_of(parameters: Iterable[Any]) -> torch.device | None:
+    """The device of the first parameter that lives on an accelerator: under optimizer
+    offload the optimizer's first parameters (or their fp32 copies) sit on the CPU, while
+    the model trains on the GPU. ``None`` when every parameter is on the host."""
+    for p in parameters:
+        device = getattr(p, "device", None)
+        if device is not None and device.type not in ("cpu", "meta"):
+            return cuda_index(device)
+    return None
