@@ -56,11 +56,12 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
 
 
 def test_a_b_a_gives_a_back(toy):
-    """Measuring B in between must not change A: the same throughput within 15%, the same
+    """Measuring B in between must not slow A: no more than 15% below the first, the same
     memory. A's step is mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two
     workers), so its rate is steady: A measured 4 times with B between each read 595-628
-    samples/s (±3%) on this 2-core machine; 15% is five times that, and far below what a
-    worker or thread B left behind would cost (A's first figure against B's own 4 workers)."""
+    samples/s (±3%) on this 2-core machine; 15% is five times that, and below what a worker
+    or thread B left behind would cost. One-sided: a machine that gets quieter between the
+    two (seen in CI with other tests beside it: 1.86x) speeds A up, which B cannot cause."""
     recipe = toy(task_args={"read_ms": 0.5, "width": 256, "step_ms": 10.0}, steps={"warmup": 3, "measure": 12})
     a = dict(num_workers=2, micro_batch_size=8)
     b = dict(num_workers=4, micro_batch_size=16, amp_dtype="bf16", prefetch_factor=8)
@@ -68,7 +69,7 @@ def test_a_b_a_gives_a_back(toy):
     tuner.measure(recipe, **b)
     again = tuner.measure(recipe, **a)
     ratio = again.metrics["samples_per_s"] / first.metrics["samples_per_s"]
-    assert 0.85 < ratio < 1.18, ratio
+    assert ratio > 0.85, ratio
     # Memory that B left behind would show here; 10% covers allocator noise.
     assert again.metrics["peak_mem_gib"] <= first.metrics["peak_mem_gib"] * 1.10
 
@@ -175,7 +176,9 @@ def test_data_wait_share_matches_the_recorded_truth_without_workers(toy):
     m = tuner.measure(recipe, num_workers=0)
     assert m.state == "ok"
     truth = _recorded_data_wait(12, 0)
-    assert 0.4 < truth < 0.9  # the loop really does wait on reads
+    # the loop really does wait on reads (0.36 with other tests loading both cores: the step's
+    # own work grows, the reads' sleeps do not); the check that matters is the one below
+    assert 0.25 < truth < 0.9
     print("data wait: measured", m.metrics["data_wait_share"], "truth", truth)
     assert m.metrics["data_wait_share"] == pytest.approx(truth, abs=0.05)
 

@@ -148,7 +148,7 @@ class Planner:
             config = self._config(knobs)
             seen = self.known.get(searchspace.config_key(config))
             why = self.workers.claim(trial, _claim(config)) if seen is None else None
-            if why == "budget":  # the trials in flight took the last of the budget: decide again
+            if why in ("budget", "finishing"):  # the last of the budget taken, or a finisher: decide again
                 return {"skipped": True}
             if why is not None:
                 continue  # another worker measures it

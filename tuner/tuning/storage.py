@@ -32,8 +32,13 @@ RETRY_S = 60.0
 PASSING = ("database is locked", "database table is locked", "could not connect", "connection refused",
            "server closed the connection", "terminating connection", "connection reset", "broken pipe",
            "lost connection", "can't connect", "connection timed out", "the database system is starting up",
-           "the database system is shutting down", "ssl syscall error")
-"""Errors a retry can cure: another process's lock, a server restarting or not up yet."""
+           "the database system is shutting down", "ssl syscall error",
+           # several workers creating Optuna's schema on a fresh database at once: PostgreSQL
+           # refuses the later CREATEs of the same table or type; the retry finds them made
+           # (seen: 3 of 4 runs of three workers on a fresh database, one worker out with exit 3)
+           "pg_type_typname_nsp_index", "already exists")
+"""Errors a retry can cure: another process's lock, a server restarting or not up yet, a
+schema another worker is creating."""
 
 LASTING = (
     ("database or disk is full", "the disk holding {where} is full: free space, then re-run the same command to "

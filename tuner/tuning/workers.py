@@ -26,6 +26,7 @@ is had from the storage alone, with no process of ours in between:
 
 from __future__ import annotations
 
+import datetime
 import os
 import random
 import socket
@@ -171,10 +172,19 @@ class Workers:
         except (TypeError, ValueError):
             return False
 
-    def elsewhere(self, mine: int | None = None) -> dict[str, "FrozenTrial"]:
-        """Other workers' trials in flight, by their claim (``mine``: a trial id of this worker's)."""
-        return {t.user_attrs["claim"]: t for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                if t.user_attrs.get("claim") and t._trial_id not in (self._trial_id, mine)}
+    def elsewhere(self, mine: int | None = None, unclaimed: bool = False) -> dict[str, "FrozenTrial"]:
+        """Other workers' trials in flight, by their claim (``mine``: a trial id of this worker's).
+        ``unclaimed``: also trials asked but not yet claimed, younger than :data:`GRACE_S` (a
+        worker between ``ask`` and its claim; keyed ``asked:N``)."""
+        now, out = datetime.datetime.now(), {}
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if t._trial_id in (self._trial_id, mine):
+                continue
+            if t.user_attrs.get("claim"):
+                out[t.user_attrs["claim"]] = t
+            elif unclaimed and t.datetime_start and (now - t.datetime_start).total_seconds() < GRACE_S:
+                out[f"asked:{t.number}"] = t
+        return out
 
     def _taken(self, key: str, mine: int) -> bool:
         """Whether another trial holds ``key``: in flight, or measured (it may have finished
@@ -186,11 +196,14 @@ class Workers:
     def claim(self, trial: optuna.Trial, key: str) -> str | None:
         """Claim ``key`` (a configuration) for ``trial``, inside the budget.
         ``None``: claimed; else why ``trial`` was withdrawn: ``"taken"`` (another worker
-        measures it) or ``"budget"`` (the trials in flight fill the budget: the same
-        write-then-read keeps workers from overshooting it; seen: 10 trials on a budget of 9)."""
+        measures it), ``"budget"`` (the trials in flight fill the budget: the same
+        write-then-read keeps workers from overshooting it; seen: 10 trials on a budget of 9)
+        or ``"finishing"`` (the worker finishing the search has stopped waiting for trials in
+        flight since this one last looked: nobody would wait for this one)."""
         trial.set_user_attr("worker", self.me)
         trial.set_user_attr("claim", key)
-        why = "taken" if self._taken(key, trial._trial_id) else None
+        why = ("taken" if self._taken(key, trial._trial_id) else
+               "finishing" if self.finishing_elsewhere(closed=True) else None)
         if why is None and self._room is not None:
             room = self._room()
             flying = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -198,8 +211,9 @@ class Workers:
         if why is None:
             return None
         trial.set_user_attr("state", "yielded")
-        trial.set_user_attr("reason", "another worker measures this configuration" if why == "taken" else
-                            "other workers' trials in flight fill the trial budget")
+        trial.set_user_attr("reason", {"taken": "another worker measures this configuration",
+                                       "budget": "other workers' trials in flight fill the trial budget",
+                                       "finishing": "another worker is finishing the search"}[why])
         self.study.tell(trial, state=TrialState.FAIL)
         time.sleep(random.uniform(0.05, 0.5))  # two that withdrew at once do not meet again
         return why
@@ -222,11 +236,14 @@ class Workers:
     def _lock_study(self) -> optuna.Study:
         return optuna.load_study(study_name=self._lock_name(), storage=self.study._storage)
 
-    def finishing_elsewhere(self) -> str | None:
-        """The worker that finishes the search, if another one live does."""
+    def finishing_elsewhere(self, closed: bool = False) -> str | None:
+        """The worker that finishes the search, if another one live does (``closed``: only
+        once it has stopped waiting for the trials in flight)."""
         try:
             attrs = self._lock_study().user_attrs
         except KeyError:
+            return None
+        if closed and not attrs.get("closed"):
             return None
         holder = attrs.get("holder")
         if holder is None or holder == self.me:
@@ -255,12 +272,18 @@ class Workers:
         self._holding = True
         self.reap()  # this process's own orphans are no other worker's trials in flight
         deadline, said = time.monotonic() + WAIT_OTHERS_S, False
-        while self.elsewhere() and time.monotonic() < deadline:
-            if not said:
-                self._note(f"waiting for {len(self.elsewhere())} trial(s) of other workers to finish")
-                said = True
-            time.sleep(1.0)
-            self.reap()
+        # a trial another worker has asked for but not yet claimed is in flight too: finishing
+        # past it, two workers once both confirmed and wrote the run folder (1 run in 5 here).
+        # Closed, a claim made after is withdrawn; one made before is waited for (the second pass)
+        for _ in range(2):
+            while self.elsewhere(unclaimed=True) and time.monotonic() < deadline:
+                if not said:
+                    self._note(f"waiting for {len(self.elsewhere(unclaimed=True))} trial(s) of other workers to "
+                               "finish")
+                    said = True
+                time.sleep(1.0 if not lock.user_attrs.get("closed") else 0.2)
+                self.reap()
+            lock.set_user_attr("closed", True)
         return None
 
     def release(self) -> None:
