@@ -205,8 +205,9 @@ def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
     table = rows(out)
     finished = [r for r in table if r["state"] in ("ok", "pruned")]
     assert len(finished) >= 4
+    by_number = {int(r["number"]): r for r in table}  # one row per configuration: not one per trial
     for number in left_running:  # a trial SIGKILL cut short is recorded, never lost
-        assert "left running by an interrupted search" in table[number]["reason"]
+        assert "left running by an interrupted search" in by_number[number]["reason"]
 
 
 def test_ctrl_c_that_python_drops_still_stops_the_search(toy, tmp_path, monkeypatch):

@@ -109,6 +109,8 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
         result = planner.finish(stopped, confirmed, attribution)
         if on_result is not None:
             on_result(result)  # the workers close after the run folder: the next search may finish again
+        if stopped != "interrupted":
+            planner.workers.mark_finished()
     return result
 
 

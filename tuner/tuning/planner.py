@@ -143,7 +143,7 @@ class Planner:
             self.study.enqueue_trial(step.knobs, user_attrs={"guided": True, "why": step.why})
         self.sampled = step is None and best is not None
         for _ in range(MAX_RESAMPLES):
-            trial = workers.ask(self.study)
+            trial = workers.ask(self.study, self.workers.me)
             knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
             config = self._config(knobs)
             seen = self.known.get(searchspace.config_key(config))

@@ -72,8 +72,8 @@ def decide(best: dict[str, Any], confirmed: "Confirmation | None", attribution: 
         goes = s.within(tolerance) or s.estimate < 0  # shown cheap, or a loss: without it is the faster
         entry = {"knob": row.knob, "value": value, "kept": not goes, "slowdown": s.to_json()}
         if goes:
-            why = (f"below the {tolerance:.0%} tolerance" if s.within(tolerance) else
-                   "the change measured as a loss: the simpler configuration is the faster")
+            why = ("the change measured as a loss: the simpler configuration is the faster" if s.estimate < 0
+                   else f"below the {tolerance:.0%} tolerance")
             entry["text"] = f"{row.knob}={value} may go: without it {s.text()} against the fastest, {why}"
             droppable.append((pool.median(params) or 0.0, row.knob, params))
         else:
@@ -87,7 +87,8 @@ def decide(best: dict[str, Any], confirmed: "Confirmation | None", attribution: 
                 entry["text"] = entry["text"].replace(" may go:", " dropped:")
             elif not entry["kept"]:
                 entry["kept"] = True
-                entry["text"] = entry["text"].replace(" may go:", " kept (one change dropped at a time):")
+                entry["text"] = entry["text"].replace(" may go:", " kept (one change is dropped at a time; this one "
+                                                      "was read against the answer before that drop):")
         out.notes.append(f"recommending the answer without {knob}: " + next(
             e["text"].split(": ", 1)[1] for e in out.knobs if e["knob"] == knob))
     out.notes += [e["text"] for e in out.knobs if e["kept"]]

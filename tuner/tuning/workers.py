@@ -96,6 +96,7 @@ class Workers:
         self.study, self._room = study, room
         self.me = identity()
         self.id = name(self.me)
+        self.started = time.time()
         self._note = events_note or (lambda text: None)
         self._trial_id: int | None = None
         self._holding = False
@@ -154,7 +155,8 @@ class Workers:
                 storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
                 storage.set_trial_user_attr(t._trial_id, "reason", why)
                 if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                    retry_stale(self.study, storage.get_trial(t._trial_id))
+                    if t.user_attrs.get("claim"):  # asked but never claimed: nothing to measure again
+                        retry_stale(self.study, storage.get_trial(t._trial_id))
                     gone += 1
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass
@@ -182,7 +184,8 @@ class Workers:
                 continue
             if t.user_attrs.get("claim"):
                 out[t.user_attrs["claim"]] = t
-            elif unclaimed and t.datetime_start and (now - t.datetime_start).total_seconds() < GRACE_S:
+            elif unclaimed and t.datetime_start and (now - t.datetime_start).total_seconds() < GRACE_S \
+                    and alive(t.user_attrs.get("worker")) is not False:
                 out[f"asked:{t.number}"] = t
         return out
 
@@ -258,7 +261,7 @@ class Workers:
     def lead(self) -> str | None:
         """Become the worker that finishes: ``None`` if this one does (after the others' trials
         in flight finished), else the one that does."""
-        other = self.finishing_elsewhere()
+        other = self.finishing_elsewhere() or self._finished_meanwhile()
         if other is not None:
             return other
         if os.environ.get(FOLLOW_ENV):  # a node-group worker of a parallel Slurm search
@@ -286,6 +289,21 @@ class Workers:
             lock.set_user_attr("closed", True)
         return None
 
+    def _finished_meanwhile(self) -> str | None:
+        """The worker that finished the search since this one started (its trials are in the
+        run folder: the finisher waited for every trial in flight). A worker slowed past the
+        whole finish once finished again, a second confirmation and run folder; a search
+        started after the finish (a re-run to resume) still finishes."""
+        done = self.study.user_attrs.get("finished")
+        if done and done.get("by") != self.id and float(done.get("at", 0.0)) > self.started:
+            return f"{done['by']} (already done)"
+        return None
+
+    def mark_finished(self) -> None:
+        """This worker finished the search and wrote the run folder (see :meth:`_finished_meanwhile`)."""
+        if self._holding:
+            self.study.set_user_attr("finished", {"by": self.id, "at": time.time()})
+
     def release(self) -> None:
         """The search is finished: the next search of this study may finish again."""
         self._holding = False
@@ -305,12 +323,17 @@ class Workers:
                 "their numbers are not comparable with this node's; confirmation re-measures the finalists here")
 
 
-def ask(study: optuna.Study) -> optuna.Trial:
+def ask(study: optuna.Study, who: Mapping[str, Any] | None = None) -> optuna.Trial:
     """``study.ask()``, without Optuna's warning that heartbeats are meant for ``optimize``:
-    this module beats for the asked trial itself."""
+    this module beats for the asked trial itself. ``who`` (:func:`identity`) is stamped on
+    the trial at once, before its claim: a process killed between the two leaves a trial
+    others can tell is dead (unstamped, a resumed search waited out the 60 s grace)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Heartbeat of storage")
-        return study.ask()
+        trial = study.ask()
+    if who is not None:
+        trial.set_user_attr("worker", dict(who))
+    return trial
 
 
 def _beats(storage: Any) -> bool:
