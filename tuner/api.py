@@ -37,7 +37,9 @@ def _as_found(call: _F) -> _F:
     """The call leaves the caller's process as it found it (:mod:`tuner.harness.as_found`)."""
     @functools.wraps(call)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with as_found():
+        from tuner.trial.run import frozen_for_the_call
+
+        with as_found(), frozen_for_the_call():
             return call(*args, **kwargs)
 
     return wrapped  # type: ignore[return-value]

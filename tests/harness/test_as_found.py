@@ -8,6 +8,8 @@ import json
 import sys
 import textwrap
 
+import pytest
+
 from conftest import run
 
 USER = textwrap.dedent('''
@@ -55,6 +57,28 @@ def test_measure_and_search_from_python_leave_gc_warnings_loggers_and_environmen
         assert got[call]["env"] == before["env"], call
         assert got[call]["loggers"] == before["loggers"], call
         assert got[call]["optuna"] == before["optuna"] == 20, call  # INFO, the user's
+
+
+def test_a_library_call_freezes_only_for_its_own_length_and_keeps_a_callers_freeze():
+    """Each trial collects twice; unfrozen, that scans the caller's whole heap. The call
+    freezes for its length and unfreezes on the way out; a caller's own frozen objects stay."""
+    import gc
+
+    from tuner.trial import run as trial_run
+
+    assert gc.get_freeze_count() == 0 or pytest.skip("this process froze objects before the test")
+    with trial_run.frozen_for_the_call():
+        trial_run.freeze()
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # the caller's own
+    try:
+        mine = gc.get_freeze_count()
+        with trial_run.frozen_for_the_call():
+            trial_run.freeze()
+        assert gc.get_freeze_count() == mine
+    finally:
+        gc.unfreeze()
 
 
 def test_the_command_line_freezes_its_own_heap_and_a_library_call_never_does():

@@ -8,11 +8,12 @@ next trial in the same process measures from the same starting point.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import gc
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
@@ -166,6 +167,28 @@ def own_process() -> None:
     user's process, where ``tuner.measure()`` is a library call, it never does)."""
     global _OWN
     _OWN = True
+
+
+@contextlib.contextmanager
+def frozen_for_the_call() -> Iterator[None]:
+    """Inside a library call (``tuner.measure()`` in a user's process): :func:`freeze` may
+    freeze the heap for the call's trials, and it is unfrozen on the way out, so the caller's
+    collector is as it was. Without it every trial's two collections scanned the caller's
+    whole heap (65-190 ms each with torch, DeepSpeed and Optuna loaded; a test file of
+    searches ran 35% slower). A caller that froze objects of its own keeps them frozen: then
+    nothing is frozen or unfrozen here."""
+    global _OWN, _FROZEN
+    if _OWN or gc.get_freeze_count():
+        yield
+        return
+    _OWN = True
+    try:
+        yield
+    finally:
+        _OWN = False
+        if _FROZEN:
+            gc.unfreeze()
+            _FROZEN = False
 
 
 def freeze_once() -> None:
