@@ -163,8 +163,7 @@ def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run
     """Every configuration on the baseline-to-best path and every leave-one-out: those the
     pool does not already know measured ``repeats`` times, interleaved; the table from the
     pool, so each configuration has one median everywhere."""
-    points = [c for _, c in [*attribution_mod.path(base, best), *attribution_mod.leave_one_out(base, best)]]
-    configs = {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
+    configs = _attribution_configs(base, best, make)
     if len(configs) < 2:
         return None
     ends = pool.apart(best, base)  # False unless both ends have runs
@@ -187,11 +186,17 @@ def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run
     return table(base, best, pool, make, tolerance)
 
 
+def _attribution_configs(base: dict[str, Any], best: dict[str, Any],
+                          make: Callable[[dict[str, Any]], Config]) -> dict[str, Config]:
+    """Every configuration on the baseline-to-best path and every leave-one-out, by key."""
+    points = [c for _, c in [*attribution_mod.path(base, best), *attribution_mod.leave_one_out(base, best)]]
+    return {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
+
+
 def table(base: dict[str, Any], best: dict[str, Any], pool: Pool, make: Callable[[dict[str, Any]], Config],
           tolerance: float) -> Attribution:
     """The attribution table from what the pool holds (one median per configuration)."""
-    points = [c for _, c in [*attribution_mod.path(base, best), *attribution_mod.leave_one_out(base, best)]]
-    configs = {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
+    configs = _attribution_configs(base, best, make)
     failures = {k: why for k, c in configs.items()
                 if (why := next((f"{r.state}: {r.reason}" for r in pool.entry(c.params()).runs if not r.ok), None))}
     batch_norm = any("BatchNorm" in n for e in pool.entries.values() for r in e.runs for n in r.notes)
