@@ -95,3 +95,25 @@ def test_cuda_rule_counts_nccl_kernels_not_covered_by_compute():
     ]
     assert exposed_share(events, 20, "cuda") == pytest.approx(5 / 20)
     assert exposed_share(events, 0, "cuda") == 0.0
+
+
+def test_the_profilers_events_read_in_memory_are_its_chrome_trace(tmp_path):
+    """What the GPU profiler window reads in memory (no trace file written and parsed back)
+    holds the same spans as the profiler's own Chrome-trace export of the same run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tuner.harness.comm import trace_events
+
+    a = torch.randn(256, 256)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            (a @ a).relu().sum()
+    mine = trace_events(prof)
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    exported = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"
+                and e.get("cat") == "cpu_op"]
+    ops = [e for e in mine if e["cat"] == "cpu_op"]
+    assert sorted(e["name"] for e in ops) == sorted(e["name"] for e in exported)
+    assert sum(e["dur"] for e in ops) == pytest.approx(sum(e["dur"] for e in exported), rel=0.01)
+    assert {e["name"] for e in ops} >= {"aten::mm", "aten::relu", "aten::sum"}

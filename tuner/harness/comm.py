@@ -136,6 +136,24 @@ class CommTimer:
         finally:
             self._local.inside = inside
 
+    def patch_python_collectives(self, say: bool) -> contextlib.ExitStack:
+        """Time the collectives called from Python (``torch.distributed``'s, and
+        ``deepspeed.comm``'s where DeepSpeed is loaded) until the returned stack is closed;
+        ``say``: tell rank 0's user that DDP's own all-reduces are not among them."""
+        import sys
+
+        import torch.distributed as dist
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.patched(dist, TORCH_COLLECTIVES))
+        ds_comm = sys.modules.get("deepspeed.comm")
+        if ds_comm is not None:
+            stack.enter_context(self.patched(ds_comm, DEEPSPEED_COLLECTIVES))
+        if say and not ds_comm and dist.get_rank() == 0:
+            print("tuner: timing collectives called from Python only; give a DDP model to probe.watch() "
+                  "to time its all-reduces too", file=sys.stderr)
+        return stack
+
     @contextlib.contextmanager
     def patched(self, module: Any, names: Iterable[str]) -> Iterator[None]:
         """Time the named collectives of ``module`` while the context is open."""
@@ -267,6 +285,17 @@ def _in_flight(ops: list[dict[str, Any]], work: list[dict[str, Any]], compute: l
         start, end = _iv(launch)[0], _iv(job)[1]
         i = bisect.bisect_left(starts, end)
         out.append((start, starts[i] if i < len(starts) else end))
+    return out
+
+
+def trace_events(prof: Any) -> list[dict[str, Any]]:
+    """A finished ``torch.profiler.profile``'s events as Chrome-trace spans (``ph``, ``cat``,
+    ``name``, ``ts``/``dur`` in microseconds, ``tid``), read in memory from its Kineto
+    results: what :func:`exposed_share` reads, without writing a trace file."""
+    out = []
+    for e in prof.profiler.kineto_results.events():
+        out.append({"ph": "X", "cat": e.activity_type(), "name": e.name(), "ts": e.start_ns() / 1000.0,
+                    "dur": e.duration_ns() / 1000.0, "tid": e.start_thread_id()})
     return out
 
 

@@ -46,7 +46,8 @@ class Window:
     step_times: list[float] = field(default_factory=list)
     """Seconds per optimizer step (host clock, or CUDA events on a GPU)."""
     data_waits: list[float] = field(default_factory=list)
-    """Host seconds blocked on the next batch (and its copy to the device), per step."""
+    """Exposed seconds waiting for the next batch (and its copy to the device), per step:
+    host time blocked on a CPU, the device's idle gap on a GPU (:mod:`tuner.harness.timing`)."""
     samples: list[int] = field(default_factory=list)
     """Samples this rank processed, per step."""
     wall_s: float = 0.0
@@ -61,7 +62,7 @@ class Window:
     """How the stall-free steps were had: ``replayed`` or ``window minus waits``."""
     """Seconds per step re-training on one batch already on the device (no data wait)."""
     transfer_waits: list[float] | None = None
-    """Host seconds copying each step's batches to the device (part of ``data_waits``);
+    """Seconds of each step's copies to the device as the stream ran them (part of ``data_waits``);
     ``None`` when there is no copy (CPU training)."""
     comm_waits: list[float] | None = None
     """Exposed collective seconds per step (CPU/gloo: host time blocked on collectives);
@@ -126,13 +127,14 @@ def summarize(
         step_time_max_s=max(steps),
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
-        data_wait_share=max(_share(sum(w.data_waits[:n]), w.wall_s) for w in windows),
+        data_wait_share=max(_share(sum(w.data_waits[:n]), sum(w.step_times[:n])) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
         measured_steps=n,
         measured_s=sum(steps),
         samples_per_s_ci=rate_uncertainty(steps),
     )
-    transfers = [_share(sum(w.transfer_waits[:n]), w.wall_s) for w in windows if w.transfer_waits is not None]
+    transfers = [_share(sum(w.transfer_waits[:n]), sum(w.step_times[:n])) for w in windows
+                 if w.transfer_waits is not None]
     out["transfer_share"] = max(transfers, default=None)
     comm = [_comm_share(w, n) for w in windows]
     out["comm_share"] = max((c for c in comm if c is not None), default=None)

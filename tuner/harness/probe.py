@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import sys
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -34,11 +33,12 @@ import psutil
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.comm import DEEPSPEED_COLLECTIVES, TORCH_COLLECTIVES, CommTimer
+from tuner.harness.comm import CommTimer
 from tuner.harness.devices import cuda_index
 from tuner.harness.metrics import Window, percentile, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
 from tuner.harness.nvtx import Ranges
+from tuner.harness.timing import Fetch, Step, Timing, samples_in, settle, source_for
 from tuner.harness.window import AUTO, Auto
 
 RECENT_STEPS = 100  # steps the live view (Prometheus) summarises
@@ -71,6 +71,9 @@ class ProbeCore:
             (the tuner's trial runs its own over the whole trial).
         on_step: called after each counted step with (steps done, samples in it).
         on_close: called with the probe when the measured window closes.
+        reset_peaks: reset the CUDA peak-memory counters when the window opens (the tuner's
+            trial; a user's probe leaves them alone).
+        timing: the clock (default: CUDA events on a CUDA device, else the host's).
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class ProbeCore:
         on_step: Callable[[int, int], None] | None = None,
         on_close: Callable[["ProbeCore"], None] | None = None,
         reset_peaks: bool = True,
+        timing: Timing | None = None,
     ) -> None:
         if warmup < 0 or not (measure is None or measure == "auto" or (isinstance(measure, int) and measure >= 1)):
             raise ValueError(f"warmup must be >= 0 and measure >= 1, 'auto' or None, got {warmup} and {measure!r}")
@@ -113,9 +117,13 @@ class ProbeCore:
         self.recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=RECENT_STEPS)
         """(step seconds, data-wait seconds, samples) of the latest steps, for the live view."""
         self._cuda = self.device is not None and self.device.type == "cuda"
-        self._events: list[torch.cuda.Event] = []
+        self._timing: Timing = timing if timing is not None else source_for(self.device)
+        """Marks on the host clock, or on the device's stream (:mod:`tuner.harness.timing`)."""
+        self._steps: list[Step] = []
+        self._settled = 0
+        self._start_mark: Any = None
+        self._fetches: list[Fetch] = []
         self._wait = 0.0
-        self._transfer = 0.0
         self._samples = 0
         self._last = time.perf_counter()
         self._cpu_start = 0.0
@@ -136,7 +144,8 @@ class ProbeCore:
 
     def loader(self, iterable: Iterable[Any], transfer: Callable[[Any], Any] | None = None) -> Iterator[Any]:
         """Yield from ``iterable``, timing each ``next()`` (and ``transfer``, the copy to the
-        device when it is not overlapped) as data wait."""
+        device) as data wait: on a GPU, as the gap the device sat idle for the batch
+        (:mod:`tuner.harness.timing`)."""
         it = iter(iterable)
         nvtx = self._nvtx
         if self.steps_done == 0:
@@ -145,58 +154,61 @@ class ProbeCore:
             nvtx.push("step 1")
             self._nvtx_step = True
         while True:
-            start = time.perf_counter()
-            if self.window_start is None and self.warmup == 0 and self.steps_done == 0:
-                start = self._open_window()
+            asked = self.mark()
             nvtx.push("data wait")
             try:
                 batch = next(it)
             except StopIteration:
                 nvtx.pop()
                 return
+            ready = self._timing.mark()
+            copied = None
             if transfer is not None:
-                copy_start = time.perf_counter()
                 batch = transfer(batch)
-                self._transfer += time.perf_counter() - copy_start
+                copied = self._timing.mark()
             nvtx.pop()
-            self._wait += time.perf_counter() - start
-            self._samples += _leading_dim(batch)
+            self._fetched(Fetch(asked, ready, copied), samples_in(batch))
             yield batch
 
-    def record_batch(self, wait_s: float, batch: Any = None) -> None:
-        """For loops whose iterator the probe cannot wrap (trainer callbacks): ``wait_s``
-        seconds were spent getting ``batch`` (its leading dimension counts as samples)."""
+    def mark(self) -> Any:
+        """A point on the probe's timeline, for a loop that fetches its batches itself: make
+        one before fetching (or at the end of the previous batch) and give it to
+        :meth:`record_fetch` with the batch."""
         if self.window_start is None and self.warmup == 0 and self.steps_done == 0:
-            self._open_window(back=wait_s)
-        self._wait += wait_s
-        if batch is not None:
-            self._samples += _leading_dim(batch)
+            return self._open_window()
+        return self._timing.mark()
+
+    def record_fetch(self, asked: Any, batch: Any = None) -> None:
+        """For loops whose iterator the probe cannot wrap (trainer callbacks): the batch asked
+        for at the :meth:`mark` ``asked`` is here now (its leading dimension counts as
+        samples)."""
+        self._fetched(Fetch(asked, self._timing.mark()), samples_in(batch) if batch is not None else 0)
+
+    def _fetched(self, fetch: Fetch, samples: int) -> None:
+        timing = self._timing
+        end = fetch.copied if fetch.copied is not None else fetch.ready
+        self._wait += timing.host(end) - timing.host(fetch.asked)  # the live figures' host clock
+        self._fetches.append(fetch)
+        self._samples += samples
 
     def step(self, samples: int | None = None) -> None:
         """One optimizer step has finished; ``samples`` overrides the inferred count."""
-        now = time.perf_counter()
+        end = self._timing.mark()
+        now = self._timing.host(end)
         self.steps_done += 1
         n = samples if samples is not None else self._samples
         if self._on_step is not None:
             self._on_step(self.steps_done, n)
         elapsed = now - self._last
         if self.measuring_step:
-            w = self.window
-            w.step_times.append(elapsed)
-            w.data_waits.append(self._wait)
-            w.samples.append(n)
-            if self._transfer or w.transfer_waits is not None:
-                if w.transfer_waits is None:
-                    w.transfer_waits = [0.0] * (len(w.step_times) - 1)
-                w.transfer_waits.append(self._transfer)
-            if w.comm_waits is not None:
-                w.comm_waits.append(self.comm.take())
-            if self._cuda:
-                self._record_event()
-            if self._window_complete(len(w.step_times)):
+            self._steps.append(Step(end, self._fetches, n))
+            if self.window.comm_waits is not None:
+                self.window.comm_waits.append(self.comm.take())
+            self._settle(block=False)
+            if self._window_complete(len(self._steps)):
                 self._close_window(now)
         elif self.steps_done == self.warmup:
-            now = self._open_window()
+            now = self._timing.host(self._open_window())
         self.recent.append((elapsed, self._wait, n))
         self.total_samples += n
         self.total_wait += self._wait
@@ -207,17 +219,32 @@ class ProbeCore:
             self._nvtx_step = True
         self._last = now
         self._wait = 0.0
-        self._transfer = 0.0
+        self._fetches = []
         self._samples = 0
+
+    @property
+    def measured(self) -> int:
+        """Steps counted inside the window so far (some maybe not yet reached by the device)."""
+        return len(self._steps)
+
+    def _settle(self, block: bool) -> None:
+        """Move the measured steps the timeline has passed into the window (all of them
+        with ``block``, after the window): on a GPU, decisions inside the window use only
+        what the device has done (:func:`tuner.harness.timing.settle`)."""
+        self._settled = settle(self._timing, self._start_mark, self._steps, self._settled, self.window, block)
 
     def watch(self, model: Any) -> Any:
         """Time the collectives a wrapped model runs: a DDP model's gradient all-reduces
         (through a communication hook; call before its first backward) or a DeepSpeed
-        engine's (``deepspeed.comm``, while the window is open). Returns ``model``."""
+        engine's (``deepspeed.comm``, while the window is open). Returns ``model``. On NCCL
+        the probe attaches nothing: a model's own communication hook keeps working."""
         from torch.nn.parallel import DistributedDataParallel
 
         if isinstance(model, DistributedDataParallel):
-            self.comm.attach_ddp(model)
+            # Only on gloo does the hook's host clock see the all-reduce; on NCCL it would
+            # measure nothing and replace a hook of the script's own.
+            if torch.distributed.get_backend(model.process_group) == "gloo":
+                self.comm.attach_ddp(model)
             self._watched.append("ddp")
         elif type(model).__module__.startswith("deepspeed"):
             self._watched.append("deepspeed")
@@ -249,6 +276,8 @@ class ProbeCore:
             raise RuntimeError("use_device() must come before the measured window opens")
         self.device = cuda_index(device)
         self._cuda = self.device is not None and self.device.type == "cuda"
+        self._timing = source_for(self.device)
+        self._fetches = []  # warm-up batches, marked on the clock before
 
     @property
     def nvtx(self) -> Ranges:
@@ -268,15 +297,12 @@ class ProbeCore:
     # --- results --------------------------------------------------------------------------
 
     def finish(self) -> Window:
-        """Close the window (if still open) and return what this rank recorded."""
+        """Close the window (if still open) and return what this rank recorded: on a GPU,
+        once the device has run every measured step (reading the events is free then)."""
         if self.window_start is not None and self.window_end is None:
             self._close_window(self._last)
-        w = self.window
-        if self._cuda and len(self._events) > 1:
-            self._events[-1].synchronize()  # after the window: reading events is free then
-            w.step_times = [a.elapsed_time(b) / 1000.0 for a, b in zip(self._events, self._events[1:])]
-            self._events = []
-        return w
+        self._settle(block=True)
+        return self.window
 
     def summary(self) -> dict[str, Any]:
         """The metrics (DESIGN.md names). Under a process group of several ranks this is a
@@ -316,9 +342,9 @@ class ProbeCore:
         self._check = self._auto.next_check(n)
         return bool(distributed.broadcast(self._auto.enough(self.window.step_times)))
 
-    def _open_window(self, back: float = 0.0) -> float:
-        """The monitors first, then the clock (``back`` s before now: a wait already spent);
-        their start-up is the tuner's work (it was 5.9 ms of the first measured step)."""
+    def _open_window(self) -> Any:
+        """The monitors first, then the clock; their start-up is the tuner's work (it was
+        5.9 ms of the first measured step). Returns the window's opening mark."""
         self.comm.take()
         if (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1) == 1:
             self.window.comm_share = 0.0  # nobody to talk to
@@ -332,10 +358,9 @@ class ProbeCore:
                 torch.cuda.reset_peak_memory_stats(self.device)
         self._cpu_start = cpu_seconds(self._proc)
         self._workers_start = children_cpu(self._proc)
-        if self._cuda:
-            self._record_event()
-        self.window_start = self._last = now = time.perf_counter() - back
-        return now
+        self._start_mark = mark = self._timing.mark()
+        self.window_start = self._last = self._timing.host(mark)
+        return mark
 
     def _stop_monitors(self) -> None:
         w = self.window
@@ -366,35 +391,10 @@ class ProbeCore:
             self._on_close(self)
 
     def _patch(self) -> None:
-        if not self._collectives or self._patches is not None:
-            return
-        stack = contextlib.ExitStack()
-        stack.enter_context(self.comm.patched(torch.distributed, TORCH_COLLECTIVES))
-        ds_comm = sys.modules.get("deepspeed.comm")
-        if ds_comm is not None:
-            stack.enter_context(self.comm.patched(ds_comm, DEEPSPEED_COLLECTIVES))
-        self._patches = stack
-        if "ddp" not in self._watched and not ds_comm and torch.distributed.get_rank() == 0:
-            print("tuner: timing collectives called from Python only; give a DDP model to probe.watch() "
-                  "to time its all-reduces too", file=sys.stderr)
+        if self._collectives and self._patches is None:
+            self._patches = self.comm.patch_python_collectives(say="ddp" not in self._watched)
 
     def _unpatch(self) -> None:
         if self._patches is not None:
             self._patches.close()
             self._patches = None
-
-    def _record_event(self) -> None:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        self._events.append(event)
-
-
-def _leading_dim(batch: Any) -> int:
-    """Samples in a batch: the leading dimension of its first tensor."""
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else 1
-    if isinstance(batch, dict):
-        return _leading_dim(next(iter(batch.values()), None))
-    if isinstance(batch, (list, tuple)) and batch:
-        return _leading_dim(batch[0])
-    return 0

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import tempfile
-import time
 from typing import TYPE_CHECKING
 
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.comm import exposed_share
+from tuner.harness.comm import exposed_share, trace_events
 from tuner.harness.flops import count_flops
 from tuner.harness.probe import ProbeCore
 from tuner.trial.failures import TrialStop
@@ -51,7 +48,8 @@ def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
     waits (``window minus waits``; every rank decides the same: one all-reduce). That
     shortcut's ceiling is ``rate / (1 - wait)`` by construction: evidence read from it
     would be circular, so the diagnosis and the plots do not cite it."""
-    waited = window.wall_s > 0 and sum(window.data_waits) / window.wall_s >= CEILING_FROM_WINDOW_BELOW
+    span = sum(window.step_times)  # the device's own span on a GPU, as the waits are
+    waited = span > 0 and sum(window.data_waits) / span >= CEILING_FROM_WINDOW_BELOW
     if not distributed.any_rank(waited):
         return [max(step - wait, 0.0) for step, wait in zip(window.step_times, window.data_waits)], WINDOW_MINUS_WAITS
     n = min(job.measured_steps, STALL_FREE_STEPS)
@@ -65,28 +63,33 @@ def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
 
 def profiled_comm_share(job: "Job") -> float | None:
     """GPU: exposed communication kernel time over a few profiled steps (communication
-    kernels not covered by compute kernels). ``None`` when the profiler cannot run (CUPTI
-    missing)."""
-    from torch.profiler import ProfilerActivity, profile
+    kernels not covered by compute kernels), over the span the device was running them.
+
+    The first profiled step is the profiler's warm-up: ranks start profiling at different
+    moments, and a rank that starts early sees its first collective wait for the others
+    (skew, not communication). The events are read in memory: exporting a Chrome trace and
+    parsing it back cost seconds per rank on large models. ``None`` when the profiler cannot
+    run (CUPTI missing) or saw no kernel."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     batches = itertools.repeat(job.last_batch)
     try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            start = time.perf_counter()
-            for _ in range(COMM_PROFILE_STEPS):
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                     schedule=schedule(wait=0, warmup=1, active=COMM_PROFILE_STEPS)) as prof:
+            for _ in range(1 + COMM_PROFILE_STEPS):
                 job.extra_step(batches)
+                prof.step()
             torch.cuda.synchronize(job.ctx.device)
-            wall_us = (time.perf_counter() - start) * 1e6
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "comm.json")
-            prof.export_chrome_trace(path)
-            with open(path) as f:
-                events = json.load(f)["traceEvents"]
+        events = trace_events(prof)
     except TrialStop:
         raise
     except Exception:  # noqa: BLE001 - no CUPTI, profiler already running: no signal
         return None
-    return exposed_share(events, wall_us, "cuda")
+    kernels = [e for e in events if e["cat"] == "kernel"]
+    if not kernels:
+        return None
+    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
+    return exposed_share(events, span, "cuda")
 
 
 def count_task_flops(job: "Job") -> None:

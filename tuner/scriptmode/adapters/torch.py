@@ -20,7 +20,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 from tuner.harness.devices import accelerator_of
@@ -52,15 +51,14 @@ class _Watch:
             if self.rebuilt is not None and loader is self.training and not switched:
                 _shutdown(source)
                 source, switched = original_iter(self.rebuilt), True
-            start = time.perf_counter()
+            asked = self.probe.mark() if loader is self.training else None
             try:
                 batch = next(source)
             except StopIteration:
                 return
-            wait = time.perf_counter() - start
             self.last_loader = loader
-            if loader is self.training:
-                self.probe.record_batch(wait, batch)
+            if asked is not None:
+                self.probe.record_fetch(asked, batch)
             yield batch
 
     def stepped(self, optimizer: Any) -> None:

@@ -17,7 +17,6 @@ with ``accumulate_grad_batches=k``, k batches.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import lightning.pytorch as pl
@@ -33,7 +32,7 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
 
     def __init__(self, warmup: int = 5, measure: int | str | None = None, **kwargs: Any) -> None:
         super().__init__(warmup, measure, **kwargs)
-        self._batch_end: float | None = None
+        self._batch_end: Any = None
         self._steps_seen = 0
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -44,8 +43,8 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         assert self.probe is not None
-        wait = time.perf_counter() - self._batch_end if self._batch_end is not None else 0.0
-        self.probe.record_batch(wait, batch)
+        # From the previous batch's end (or now): on a GPU, the gap the device sat idle.
+        self.probe.record_fetch(self._batch_end if self._batch_end is not None else self.probe.mark(), batch)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -55,7 +54,7 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
             self.probe.step()
             if self.stop_when_done and self.probe.done:
                 trainer.should_stop = True
-        self._batch_end = time.perf_counter()
+        self._batch_end = self.probe.mark()
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._batch_end = None  # a validation run between batches is not data wait
