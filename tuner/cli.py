@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
@@ -65,8 +66,36 @@ def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], 
             print(json.dumps(result.to_json(), indent=2))
         else:
             show(result)
+    code = 0 if ok(result) else 1
+    restart = getattr(result, "restart", None)
+    if restart:  # its device or group is broken: no barrier, no teardown that could wait on it
+        if distributed.is_main_process():
+            print(f"tuner: {restart}; this process stopped there", file=sys.stderr)
+        distributed.leave_after_rank_0("tuner/restart/said")
+        _exit_now(code)
     distributed.shutdown()
-    return 0 if ok(result) else 1
+    return code
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit once the output is flushed, without the interpreter's finalization.
+
+    After a CUDA error or a broken collective a barrier or a communicator's destruction
+    can wait forever. And a rank of a torchrun job that has said everything and taken its
+    process group down can still abort in finalization ("terminate called without an
+    active exception", seen twice on the two-rank ``tuner plan`` in loaded CI runs): C++
+    threads of torch (gloo's workers, the autograd engine's, a comm hook's callbacks) that
+    touch Python objects while the interpreter is being torn down are ended by a forced
+    unwind that C++ turns into ``std::terminate`` (pytorch/pytorch#179291 describes the
+    gloo case). Nothing is left to do in finalization here: the study and the run folder
+    are written, the group is destroyed, loader workers and compile workers end with
+    their parent."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def search_main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +135,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
 
     from tuner.api import search
     from tuner.harness import distributed
+    from tuner.trial.failures import ProcessPoisoned
 
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
@@ -116,6 +146,11 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except ProcessPoisoned as exc:  # the trial is recorded on rank 0 before any rank goes
+        if distributed.is_main_process():
+            print(f"tuner: {exc}", file=sys.stderr)
+        distributed.leave_after_rank_0("tuner/restart/said")
+        _exit_now(exc.exit_code)
     if result is not None and result.stopped == "interrupted":
         distributed.shutdown_quietly()  # the other ranks may be gone: no barrier
         return 130
@@ -239,6 +274,8 @@ def run_command(command: Callable[[], int]) -> NoReturn:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _exit_now(code)
     sys.exit(code)
 
 

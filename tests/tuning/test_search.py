@@ -151,21 +151,25 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
 def test_search_command_under_two_ranks_with_zero_stages_and_an_oom_rank(toy, tmp_path):
     """Rank 1 runs out of memory for micro-batches of 8: those trials are infeasible, the
     other rank does not hang. A sharded trial that failed on one rank can leave the other's
-    collectives queued, so the search records it and exits 75 with one line; the same
-    command resumes and finishes with ZeRO stages compared."""
+    collectives queued, so the search records it and its ranks exit 75 with one line (torchrun
+    itself exits 1); the same command resumes and finishes with ZeRO stages compared. (ZeRO-3
+    is left out: its forward runs collectives before the task's loss can fail, so a rank
+    failing there is a hang the watchdog ends, tests/tuning/test_hangs.py.)"""
     recipe = toy(task_args={"oom_at_micro": 8, "read_ms": 0.2}, steps={"warmup": 1, "measure": 4},
-                 space={"micro_batch_size": [2, 4, 8], "zero_stage": [0, 2, 3]})
+                 space={"micro_batch_size": [2, 4, 8], "zero_stage": [0, 2]})
     out = tmp_path / "run"
     command = ["-m", "tuner.search", str(recipe), "--trials", "6", "--out", str(out), "--confirm", "0"]
     restarts = 0
-    for _ in range(4):  # at most the two sharded micro-batch-8 configurations, then done
+    for _ in range(3):  # at most the one sharded micro-batch-8 configuration, then done
         proc = torchrun(2, *command, timeout=300)
-        if proc.returncode != 75:
+        if proc.returncode == 0:
             break
+        assert "exitcode  : 75" in proc.stderr, proc.stderr[-3000:]
         restarts += 1
         said = [line for line in proc.stderr.splitlines() if "re-run the same command to resume" in line]
         assert len(said) == 1 and "collectives queued" in said[0] and "recorded as oom" in said[0], proc.stderr
-        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        # torchrun prints its own traceback for a child's non-zero exit; none comes from the tuner
+        assert not [line for line in proc.stderr.splitlines() if 'File "' in line and "/tuner/" in line], proc.stderr
     assert proc.returncode == 0, proc.stderr[-4000:]
     table = [r for r in rows(out)]
     assert len(table) == 6

@@ -38,3 +38,14 @@ def accelerator_of(parameters: Iterable[Any]) -> torch.device | None:
         if device is not None and device.type not in ("cpu", "meta"):
             return cuda_index(device)
     return None
+
+
+def room(device: torch.device | None = None) -> int:
+    """Bytes this process can have on its CUDA device: what the device has free now
+    (``cudaMemGetInfo``, which sees the CUDA context, NCCL's buffers and every other
+    process) plus what this process's allocator already reserves, and may reuse. The
+    card's total memory is not room: an 80 GiB card with a 0.5 GiB context and another
+    job's 10 GiB has 69.5 GiB of it."""
+    index = cuda_index(device or "cuda")
+    free, _ = torch.cuda.mem_get_info(index)
+    return int(free) + int(torch.cuda.memory_reserved(index))

@@ -47,16 +47,21 @@ def context() -> DistContext:
     return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
+BACKEND_ENV = "TUNER_DIST_BACKEND"
+"""Overrides the default group's backend (``gloo`` for two ranks sharing one GPU, which NCCL
+refuses: ``scripts/gpu_acceptance.py``)."""
+
+
 def ensure_process_group(device: torch.device) -> None:
-    """Create the default group once: NCCL on CUDA, gloo on CPU."""
+    """Create the default group once: NCCL on CUDA, gloo on CPU (or ``$TUNER_DIST_BACKEND``)."""
     if dist.is_initialized():
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = os.environ.get(BACKEND_ENV) or ("nccl" if device.type == "cuda" else "gloo")
     if "MASTER_ADDR" not in os.environ:  # one process without torchrun (e.g. DeepSpeed alone)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                           RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(minutes=10)}
-    if device.type == "cuda":
+    if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
     # A gloo group still alive when the interpreter exits aborts the process
@@ -156,6 +161,23 @@ def is_main_process() -> bool:
     if dist.is_initialized():
         return dist.get_rank() == 0
     return int(os.environ.get("RANK", "0")) == 0
+
+
+def leave_after_rank_0(key: str, wait_s: float = 60.0) -> None:
+    """Before this process exits without the group: rank 0 says through the store that it
+    is done (its record written, its output printed); the other ranks wait for that, since
+    the first rank to exit has torchrun end the others, rank 0 included, mid-write. The
+    store, not a collective: the group may be what is broken."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        if dist.get_rank() == 0:
+            store.set(key, "1")
+        else:
+            store.wait([key], timedelta(seconds=wait_s))
+    except Exception:  # noqa: BLE001 - the store's host is gone, or rank 0 never came: exit anyway
+        pass
 
 
 def shutdown_quietly() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import traceback
 
 import torch
@@ -32,3 +33,44 @@ def classify(exc: BaseException) -> tuple[State, str]:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
     return State.ERROR, first + where
+
+
+EXIT_RESTART = 75
+"""The exit status of a search whose process can run no more trials (``EX_TEMPFAIL``, as a
+hung trial's): the trial is recorded, and the same command resumes in a fresh process."""
+
+_DEVICE_FAULT = re.compile(
+    r"AcceleratorError|DistBackendError|CUDA error|device-side assert|illegal memory access|"
+    r"illegal instruction|misaligned address|CUBLAS_STATUS|CUDNN_STATUS|NCCL|unspecified launch failure")
+"""What a reason says when the device or the process group is broken for good: CUDA's
+errors are sticky (every later call in the process fails with the same one), and a
+communicator that aborted cannot be used again."""
+
+
+class ProcessPoisoned(Exception):
+    """This process can run no more trials (:func:`poisons`); the trial that broke it is
+    recorded, and the same command resumes in a fresh process."""
+
+    exit_code = EXIT_RESTART
+
+    def __init__(self, why: str, state: str, reason: str | None) -> None:
+        super().__init__(f"{why}; the trial is recorded as {state} ({reason}); re-run the same command to resume")
+        self.why = why
+
+
+def poisons(state: str, reason: str | None, engine: str, world_size: int) -> str | None:
+    """Why no further trial can run in this process after a trial that ended in ``state``
+    (agreed by every rank), or ``None`` when the next one can.
+
+    A CUDA error that is not an out-of-memory (a device-side assert, an illegal address, an
+    NCCL abort) fails every later CUDA call in the process. A sharded engine on several
+    ranks that failed on one of them (in the forward, say) leaves the others' collectives
+    queued on the device or the process group: the next trial's first collective would
+    meet them instead of its own."""
+    if state not in (State.ERROR, State.OOM):
+        return None
+    if state == State.ERROR and reason is not None and _DEVICE_FAULT.search(reason):
+        return "a CUDA or communication error leaves this process's device or process group unusable"
+    if world_size > 1 and engine in ("deepspeed", "fsdp"):
+        return f"a failed {engine} trial on {world_size} ranks can leave collectives queued on the other ranks"
+    return None

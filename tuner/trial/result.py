@@ -77,6 +77,8 @@ class TrialResult:
     pruned_at: tuple[int, float] | None = None
     """(measured steps, samples/s) where a pruned trial was cut, for the sampler (reported
     to Optuna after the trial, never from inside the measured loop)."""
+    restart: str | None = None
+    """Why this process can run no more trials after this one (:func:`tuner.trial.failures.poisons`)."""
 
     @property
     def ok(self) -> bool:

@@ -23,7 +23,7 @@ from tuner.harness.metrics import Window, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory
 from tuner.trial import after, watchdog
 from tuner.trial.data import quiet_worker_advice
-from tuner.trial.failures import TrialStop, classify
+from tuner.trial.failures import TrialStop, classify, poisons
 from tuner.trial.loop import Job
 from tuner.trial.result import Instruments, PruneRule, State, TrialResult
 
@@ -89,22 +89,35 @@ def run_trial(
         raise
     t_teardown = time.perf_counter()
     memory.sample()  # the loader workers, still alive: a trial shorter than one tick sees them here
-    job.close()
     window_start, convolutions = job.window_start, job.convolutions
-    del job
+    try:
+        job.close()
+        del job
+        _release_memory(ctx.device)
+        if window is not None:
+            _allocator_end(window, ctx.device, alloc_before)
+    except Exception as exc:  # noqa: BLE001 - a CUDA error is asynchronous: it can surface only here
+        state, reason, window = *_teardown_failure(state, reason, exc), None
     peak_host = memory.stop()
     gpu.stop()
-    _release_memory(ctx.device)
     timings["teardown"] = time.perf_counter() - t_teardown
     if window is not None:
         window.peak_host_bytes = peak_host
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
         window.gpu_mem_used_bytes = gpu.peak_used
-        _allocator_end(window, ctx.device, alloc_before)
     result = _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
                                                      pruned_at), window, convolutions)
+    result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size)
     watchdog.learn(recipe, config, dog.stop(), result)
     return result
+
+
+def _teardown_failure(state: str, reason: str | None, exc: Exception) -> tuple[str, str | None]:
+    """The trial's state and reason once its teardown raised: the teardown's failure, or
+    the first failure's with the teardown's after it."""
+    if state == State.OK:
+        return classify(exc)
+    return state, f"{reason}; then {classify(exc)[1]}"
 
 
 def _measure(job: Job, timings: dict[str, float]) -> Window:

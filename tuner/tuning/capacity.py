@@ -71,6 +71,8 @@ class CapacityPlan:
     parameters: int = 0
     world_size: int = 1
     wall_s: float = 0.0
+    restart: str | None = None
+    """Why profiling stopped early: a trial left the process unable to run another."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -206,15 +208,16 @@ def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _budget(recipe: "Recipe", machine: Machine) -> tuple[float, str]:
-    """``budget.memory_gib``, else what the device holds (a GPU's memory; on a CPU-only
-    machine the host's memory available now, shared by the ranks)."""
+    """``budget.memory_gib``, else what this process can have of the device: on a GPU what
+    was free when the plan started plus what this process already holds (the card's total
+    would count the CUDA context and other processes' memory as room); on a CPU-only
+    machine the host's memory available now, shared by the ranks."""
     if recipe.budget.memory_gib is not None:
         return recipe.budget.memory_gib, "budget.memory_gib"
     if machine.cuda:
-        import torch
+        from tuner.harness.devices import room
 
-        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        return total / memory.GIB, "the GPU's memory (no budget.memory_gib)"
+        return room() / memory.GIB, "the GPU's free memory at start plus this process's own (no budget.memory_gib)"
     import psutil
 
     available = psutil.virtual_memory().available / max(1, recipe.world_size)
@@ -227,6 +230,7 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
     machine = Machine.detect()
     short = dataclasses.replace(recipe, steps=PROFILE_STEPS)
     profiler = Profiler(recipe, machine) if ctx.is_main else None
+    restart = None
     while True:
         knobs = distributed.broadcast(profiler.next() if profiler else None)
         if knobs is None:
@@ -235,4 +239,11 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
         result = run_one(short, config, ctx, None)
         if profiler:
             profiler.observe(config.params(), result)
-    return profiler.plan(time.monotonic() - started) if profiler else None
+        if result.restart:  # agreed on every rank: the plan is made from what was profiled
+            restart = result.restart
+            break
+    if profiler is None:
+        return None
+    plan = profiler.plan(time.monotonic() - started)
+    plan.restart = restart
+    return plan

@@ -16,6 +16,7 @@ from tuner.config.space import KNOBS, Config, Machine, make_config, reference_kn
 from tuner.harness import distributed
 from tuner.scriptmode.launcher import ScriptTrials
 from tuner.trial import engines, watchdog
+from tuner.trial.failures import ProcessPoisoned
 from tuner.trial.run import freeze, run_trial
 from tuner.tuning import budget, finalists, interrupt, searchspace
 from tuner.tuning.events import SearchEvents
@@ -61,7 +62,9 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
     attribution: Attribution | None = None
 
     def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
-        return run_one(recipe, config, ctx, scripts, prune)
+        """A confirmation's or an attribution's run; the search's own trials go through
+        :func:`_poisoned` once recorded."""
+        return _poisoned(run_one(recipe, config, ctx, scripts, prune))
 
     leading = False
     """This worker finishes the search (:meth:`~tuner.tuning.workers.Workers.lead`)."""
@@ -90,10 +93,11 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 pool.add(reference, "search")
                 if planner:
                     planner.set_reference(reference)
-            result = run(config, prune)
+            result = run_one(recipe, config, ctx, scripts, prune)
             pool.add(result, "search")
             if planner:
                 planner.record(result)
+            _poisoned(result)  # recorded first: the same command resumes without it
         if stopped != "interrupted":
             confirmed, attribution = _finalise(recipe, machine, planner, confirm, attribute, run, pool)
     except KeyboardInterrupt:
@@ -143,6 +147,14 @@ def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confi
                          recipe.tolerance)
         attribution = finalists.table(plan["baseline"], plan["best"], pool, make, recipe.tolerance)
     return confirmed, attribution
+
+
+def _poisoned(result: "TrialResult") -> "TrialResult":
+    """The result, unless its trial left this process unable to run another: then every
+    rank stops here (the trial is recorded; the command line exits for a re-run)."""
+    if result.restart:
+        raise ProcessPoisoned(result.restart, result.state, result.reason)
+    return result
 
 
 def run_one(recipe: "Recipe", config: Config, ctx: "DistContext", scripts: ScriptTrials | None,

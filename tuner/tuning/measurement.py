@@ -51,6 +51,11 @@ class Measurement:
     def failures(self) -> int:
         return sum(not r.ok for r in self.repeats)
 
+    @property
+    def restart(self) -> str | None:
+        """Why the process that measured can run nothing more (a repeat broke it)."""
+        return next((r.restart for r in self.repeats if r.restart), None)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "recipe": self.recipe,
@@ -80,7 +85,12 @@ def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: In
         scripts = ScriptTrials(recipe, recipe.out / "measure")
         return combine(recipe, config, [scripts.run(config) for _ in range(repeats)], notes, recipe.world_size)
     engines.prepare(config, ctx.device)
-    runs = [run_trial(recipe, config, ctx, instruments=first if i == 0 else rest) for i in range(repeats)]
+    runs: list[TrialResult] = []
+    for i in range(repeats):
+        runs.append(run_trial(recipe, config, ctx, instruments=first if i == 0 else rest))
+        if runs[-1].restart:  # nothing more can run in this process
+            notes.append(f"{runs[-1].restart}: {len(runs)} of {repeats} repeats ran")
+            break
     return combine(recipe, config, runs, notes, ctx.world_size)
 
 
