@@ -18,9 +18,25 @@ import warnings
 import torch
 
 import tuner
+from tuner.config import export
 from tuner.config.space import Config
 from tuner.harness.distributed import ensure_process_group
 from tuner.trial import engines
+from tuner.trial.engines import deepspeed_engine
+
+built: list[dict] = []
+"""What each DeepSpeed trial gave DeepSpeed, and what DeepSpeed itself read of its offload."""
+_init = deepspeed_engine.DeepSpeedEngine.__init__
+
+
+def _recording_init(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    offload = self.model._config.zero_config.offload_optimizer
+    built.append({"given": self.ds_config,
+                  "read": offload.model_dump(mode="json", include={"device", "pin_memory"}) if offload else None})
+
+
+deepspeed_engine.DeepSpeedEngine.__init__ = _recording_init
 
 warnings.filterwarnings("ignore")
 recipe, out = sys.argv[1], sys.argv[2]
@@ -50,8 +66,10 @@ configs = [
 ]
 rows = []
 for knobs in configs:
+    built.clear()
     m = tuner.measure(recipe, **knobs)
     gc.collect()
+    exported = export.ds_config(Config(**m.params), torch.distributed.get_world_size()) if built else None
     rows.append({
         "knobs": knobs,
         "params": m.params,
@@ -62,6 +80,7 @@ for knobs in configs:
         "notes": m.repeats[0].notes if m.repeats else [],
         "live_parameters": sum(isinstance(o, torch.nn.Parameter) for o in gc.get_objects()),
         "process_groups": len(torch.distributed.distributed_c10d._world.pg_map),
+        "deepspeed": {"exported": exported, "given": built[0]["given"], "read": built[0]["read"]} if built else None,
     })
 if torch.distributed.get_rank() == 0:
     with open(out, "w") as f:

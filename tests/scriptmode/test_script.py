@@ -120,3 +120,24 @@ def test_only_the_levers_the_recipe_tunes_replace_the_scripts_own(monkeypatch, t
     assert "optim" not in args and "ddp_bucket_cap_mb" not in args and "fsdp" not in args  # not tuned: the script's
     zero = cfg.ds_config({"zero_optimization": {"stage": 0, "reduce_bucket_size": 77}})["zero_optimization"]
     assert zero == {"stage": 2, "reduce_bucket_size": 77, "overlap_comm": True}  # the untuned bucket is the script's
+
+
+def test_a_tuned_offload_keeps_the_scripts_own_offload_keys(monkeypatch, tmp_path):
+    """The script's ``offload_optimizer`` block (its buffer count, its own pin_memory) is
+    merged with the tuned device, not replaced; and the tuned block keeps the script's
+    optimizer, as the trial did (DeepSpeed would otherwise demand its CPU Adam)."""
+    trial = tmp_path / "trial.json"
+    trial.write_text(json.dumps({
+        "knobs": {"micro_batch_size": 4, "zero_stage": 2, "offload_optimizer": "cpu"},
+        "given": ["micro_batch_size", "zero_stage", "offload_optimizer"],
+        "global_batch_size": 16, "warmup": 2, "measure": 5}))
+    monkeypatch.setenv("TUNER_TRIAL", str(trial))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cfg = tuner.config(global_batch_size=16)
+    own = {"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "none", "buffer_count": 8,
+                                                                   "pin_memory": True}}}
+    out = cfg.ds_config(own)
+    assert out["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "buffer_count": 8, "pin_memory": True}
+    assert out["zero_force_ds_cpu_optimizer"] is False
+    plain = cfg.ds_config({})["zero_optimization"]["offload_optimizer"]
+    assert plain == {"device": "cpu", "pin_memory": torch.cuda.is_available()}  # pinned exactly where CUDA runs

@@ -95,6 +95,9 @@ def test_every_lever_trains_under_two_ranks_in_one_process_and_leaves_nothing(tm
         gap = max(abs(a - b) / abs(b) for a, b in zip(row["losses"], reference["losses"]))
         exact = knobs.get("amp_dtype", "fp32") == "fp32" and not knobs.get("compile")
         assert gap <= (1e-5 if exact else 0.05), (knobs, gap)
+    offloaded = next(r for r in rows if r["knobs"].get("zero_stage") and r["knobs"].get("offload_optimizer"))
+    ds = offloaded["deepspeed"]  # what was measured is what ds_config.json says, and DeepSpeed read it so
+    assert ds["given"] == ds["exported"] and ds["read"] == {"device": "cpu", "pin_memory": False}, ds
     assert any("blocks: 4 x GPT2Block (from the task's blocks(model))" in n for row in rows for n in row["notes"])
     assert len({row["process_groups"] for row in rows[rows.index(next(r for r in rows if r["knobs"].get(
         "zero_stage"))):]}) == 1  # after DeepSpeed's own groups, no trial leaves one behind

@@ -22,6 +22,9 @@ def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str
     ``train_batch_size`` = micro x accumulation x world size, as DeepSpeed checks. The
     ZeRO keys are written only for the stages that read them, and always explicitly:
     DeepSpeed's own default for ``overlap_comm`` differs by stage (on for ZeRO-3).
+    Offload pins its host buffers on CUDA (a pageable copy is a synchronous one), and keeps
+    the job's own optimizer, the one the trial stepped on the host partitions (DeepSpeed
+    otherwise refuses any optimizer but its CPU Adam under offload).
     """
     zero: dict[str, Any] = {"stage": config.zero_stage}
     if config.zero_stage >= 1:
@@ -31,7 +34,7 @@ def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str
         zero["allgather_bucket_size"] = config.allgather_bucket_size
     if config.zero_stage >= 1 and config.offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": config.offload_optimizer, "pin_memory": cuda}
-    return {
+    out: dict[str, Any] = {
         "train_batch_size": config.micro_batch_size * config.grad_accum_steps * world_size,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
@@ -39,6 +42,9 @@ def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str
         "bf16": {"enabled": config.amp_dtype == "bf16"},
         "fp16": {"enabled": config.amp_dtype == "fp16"},
     }
+    if "offload_optimizer" in zero:
+        out["zero_force_ds_cpu_optimizer"] = False
+    return out
 
 
 def dataloader_kwargs(config: "Config") -> dict[str, Any]:

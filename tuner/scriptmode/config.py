@@ -81,10 +81,16 @@ class TrialConfig:
                 out = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"ds_config: cannot read {path} as a DeepSpeed JSON config: {exc}") from None
-        tuned = export.ds_config(self._config(), self.world_size)
+        tuned = export.ds_config(self._config(), self.world_size, cuda=_cuda())
         zero = dict(out.get("zero_optimization") or {})
         zero["stage"] = self.zero_stage
-        zero.update({k: v for k, v in tuned["zero_optimization"].items() if k in self.given})
+        for key, value in tuned["zero_optimization"].items():
+            if key not in self.given:
+                continue
+            own = zero.get(key)
+            # The script's own offload block keeps its keys (buffer_count, ratio, its own
+            # pin_memory); the tuner sets only where to offload.
+            zero[key] = {**value, **own, "device": value["device"]} if isinstance(own, Mapping) else value
         if "offload_optimizer" in self.given and self.offload_optimizer == "none":
             zero.pop("offload_optimizer", None)
         out.update({k: v for k, v in tuned.items() if k not in ("zero_optimization", "bf16", "fp16")})
@@ -112,6 +118,13 @@ class TrialConfig:
         if self.zero_stage > 0:
             args["deepspeed"] = self.ds_config()
         return args
+
+
+def _cuda() -> bool:
+    """Whether the script trains on CUDA (offload pins its host buffers there)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
