@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
 from tuner.config.errors import RecipeError
+from tuner.config.gpus import default_nproc
 from tuner.config.space import KNOBS
 
 AdaptMode = Literal["torch", "hf", "lightning", "accelerate", "deepspeed"]
@@ -157,7 +158,9 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     timeout = raw.get("timeout_s", 600.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise RecipeError(f"timeout_s: expected a positive number of seconds, got {timeout!r}")
-    return Script(path, tuple(str(a) for a in args), _int(raw.get("nproc_per_node", 1), "nproc_per_node"), env,
+    nproc = raw.get("nproc_per_node")
+    nproc = default_nproc() if nproc is None else _int(nproc, "nproc_per_node")  # one rank per visible GPU
+    return Script(path, tuple(str(a) for a in args), nproc, env,
                   float(timeout), nnodes, endpoint, backend, adapt, module, _knobs(raw.get("knobs")), folder,
                   launcher, parallel)
 

@@ -247,6 +247,7 @@ class GpuUtil(_Sampler):
         self.peak_used: int | None = None
         """Peak NVML memory used on the device, bytes (every process's, and the context)."""
         self._handle = _nvml_handle(device_index) if device_index is not None else None
+        self._util_ok = self._memory_ok = True
 
     @property
     def available(self) -> bool:
@@ -266,16 +267,27 @@ class GpuUtil(_Sampler):
         return sum(inside) / len(inside) if inside else None
 
     def sample(self) -> bool:
+        """One reading of each signal; a signal NVML refuses is dropped alone (utilization
+        is not offered on some virtualised GPUs, where memory still is), and sampling stops
+        only when neither can be read."""
         import pynvml
 
-        try:
-            rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
-            used = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-        except pynvml.NVMLError:
-            return False
-        self.samples.append((time.perf_counter(), rates.gpu / 100.0))
-        self.peak_used = max(self.peak_used or 0, used)
-        return True
+        util = used = None
+        if self._util_ok:
+            try:
+                util = pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
+            except pynvml.NVMLError:
+                self._util_ok = False
+        if self._memory_ok:
+            try:
+                used = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+            except pynvml.NVMLError:
+                self._memory_ok = False
+        if util is not None:
+            self.samples.append((time.perf_counter(), util))
+        if used is not None:
+            self.peak_used = max(self.peak_used or 0, used)
+        return self._util_ok or self._memory_ok
 
 
 def _nvml_handle(device_index: int) -> object | None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
-from tuner.scriptmode import adapters, slurm
+from tuner.scriptmode import adapters, gpus, slurm
 from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
 from tuner.trial.limits import Limits
@@ -45,7 +45,8 @@ ENDED = "ended"
 """Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.scriptmode.agent`)."""
 
 
-def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
+           devices: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """One node's ``torchrun`` command and environment for a trial: the search's own, and
     each agent's on the other nodes (:mod:`tuner.scriptmode.agent`), built alike from the recipe and
     the trial file."""
@@ -66,7 +67,7 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[
            f"--nproc_per_node={script.nproc_per_node}",
            *target, *script.args, *script.knob_words(values)]
     env = {**os.environ, **script.trial_env(values), "TUNER_TRIAL": str(folder / "trial.json"),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", **(devices or {})}
     if script.module:  # python -m finds the module from the recipe's folder
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(script.folder), env.get("PYTHONPATH")) if p)
     if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.scriptmode.adapters)
@@ -76,8 +77,10 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any]) -> tuple[list[
     return cmd, env
 
 
-def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits) -> TrialResult:
-    """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``."""
+def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits,
+                     devices: dict[str, str] | None = None) -> TrialResult:
+    """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``.
+    ``devices``: the GPUs it may use (``CUDA_VISIBLE_DEVICES``)."""
     script = recipe.script
     assert script is not None
     folder = folder.resolve()  # the script runs in its own folder
@@ -94,7 +97,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
              "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}"}
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
     (folder / ENDED).unlink(missing_ok=True)
-    cmd, env = launch(recipe, folder, trial)
+    cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     start = time.monotonic()
     state, reason, metrics, notes = State.OK, None, None, []
@@ -217,9 +220,20 @@ class ScriptTrials:
         self.recipe, self.out = recipe, out
         self.limits = Limits(recipe.script.timeout_s)
         self.count = 0
+        self.gpus: gpus.Claim | None = None
+        """This worker's GPUs on a single node (Slurm and several nodes assign their own)."""
         if recipe.script.launcher == "slurm":
             slurm.my_group(recipe.script)  # inside an allocation with the nodes it needs, before any trial
+        elif recipe.script.nnodes == 1:
+            self.gpus = gpus.claim(recipe.script.nproc_per_node)
 
     def run(self, config: "Config") -> TrialResult:
         self.count += 1
-        return run_script_trial(self.recipe, config, self.out / "trials" / f"{self.count:03d}", self.limits)
+        held = self.gpus.wait_free() if self.gpus is not None else None
+        if held:
+            print(f"tuner: {held}", file=sys.stderr)
+        result = run_script_trial(self.recipe, config, self.out / "trials" / f"{self.count:03d}", self.limits,
+                                  self.gpus.env() if self.gpus is not None else None)
+        if held:
+            result.notes.append(held)
+        return result
