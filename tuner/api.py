@@ -133,10 +133,13 @@ def search(
     if recipe.script is not None and ctx.world_size > 1:
         raise RecipeError(f"script: run a script recipe's search as one process (python -m tuner.search "
                           f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+    recipe, said = _gpu_budget(recipe, ctx)
     live = None
     if ctx.is_main:
         recipe.out.mkdir(parents=True, exist_ok=True)
         live = Live(recipe, quiet)
+        if said:
+            live.note(said)
 
     def write(result: SearchResult) -> None:
         run_folder.write_run(result, recipe)
@@ -194,6 +197,21 @@ def _wait_for(helpers: list[Any]) -> None:
 
 
 @_as_found
+def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, str | None]:
+    """A task recipe's search on GPUs without ``budget.memory_gib``: the budget is what each
+    rank's GPU had free at the start plus what its process already holds there, the least
+    over the ranks (DESIGN.md), and the search says so once."""
+    if recipe.script is not None or ctx.device.type != "cuda" or recipe.budget.memory_gib is not None:
+        return recipe, None
+    from tuner.harness.devices import room
+
+    gib = min(distributed.all_gather(room(ctx.device) / 2**30))
+    budget = dataclasses.replace(recipe.budget, memory_gib=round(gib, 2))
+    return dataclasses.replace(recipe, budget=budget), (
+        f"budget: {gib:.1f} GiB per GPU, what was free at the start plus this process's own "
+        "(no budget.memory_gib)")
+
+
 def plan(
     recipe: Recipe | str | os.PathLike[str],
     *,

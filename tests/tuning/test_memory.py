@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.tuning.memory import GIB, MemoryModel, states_bytes
+from tuner.tuning.memory import GIB, MemoryModel, Prediction, states_bytes
 
 P = 1_000_000  # parameters
 
@@ -151,3 +151,20 @@ def test_each_measured_group_gets_its_own_slope_whatever_the_prior():
         model.observe(knobs, model.predict(knobs).peak_gib, truth(micro, amp))
     assert model.predict({"micro_batch_size": 16, "amp_dtype": "fp32"}).peak_gib == pytest.approx(truth(16, "fp32"),
                                                                                                    rel=1e-6)
+
+
+def test_memory_outside_the_allocator_is_learnt_from_trials_and_skips_with_it():
+    """Trials measured 1.5 GiB more in NVML's count of the process than the allocator's
+    peak (a CUDA context and NCCL's buffers): a configuration predicted at 9 GiB against a
+    10 GiB budget is then over it, and the reason says by what; before any GPU trial, or on
+    a CPU (no process figure), nothing is added."""
+    model = MemoryModel(parameters=1000, overhead_bytes=0.0, world_size=1, host_is_device=False)
+    assert model.outside_gib() == 0.0
+    assert model.skip_reason(Prediction(9.0, "analytic"), 10.0) is None
+    for micro, peak in ((4, 4.0), (8, 6.0), (16, 10.0)):
+        model.observe({"micro_batch_size": micro}, peak, peak, "fitted", process_gib=peak + 1.5)
+    model.observe({"micro_batch_size": 2}, 3.0, 3.0, "fitted")  # no process figure: nothing learnt
+    assert model.outside_gib() == 1.5 and len(model.outside) == 3
+    why = model.skip_reason(Prediction(9.0, "fitted"), 10.0)
+    assert why is not None and "less 1.50 GiB outside the allocator" in why
+    assert model.skip_reason(Prediction(8.0, "fitted"), 10.0) is None

@@ -43,9 +43,14 @@ def accelerator_of(parameters: Iterable[Any]) -> torch.device | None:
 def room(device: torch.device | None = None) -> int:
     """Bytes this process can have on its CUDA device: what the device has free now
     (``cudaMemGetInfo``, which sees the CUDA context, NCCL's buffers and every other
-    process) plus what this process's allocator already reserves, and may reuse. The
+    process) plus what this process already holds there (NVML's count for this process:
+    context and allocator reserve; the allocator's reserve where NVML cannot say). The
     card's total memory is not room: an 80 GiB card with a 0.5 GiB context and another
     job's 10 GiB has 69.5 GiB of it."""
     index = cuda_index(device or "cuda")
+    assert index is not None
     free, _ = torch.cuda.mem_get_info(index)
-    return int(free) + int(torch.cuda.memory_reserved(index))
+    from tuner.harness.monitors import own_device_bytes
+
+    own = own_device_bytes(index.index if index.index is not None else torch.cuda.current_device())
+    return int(free) + max(int(torch.cuda.memory_reserved(index)), own or 0)

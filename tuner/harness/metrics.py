@@ -28,6 +28,8 @@ METRIC_NAMES = (
     "compile_s", "recompute_share",
     # how stall_free_samples_per_s was had: "replayed" steps, or the "window minus waits"
     "stall_free_method",
+    # what this process holds on its GPU (context, allocator, NCCL), what a budget is checked against
+    "gpu_mem_process_gib",
 )
 
 
@@ -73,6 +75,8 @@ class Window:
     """CPU seconds of the loader workers (all descendants) over the window."""
     gpu_mem_used_bytes: int | None = None
     """Peak NVML "memory used" on this rank's GPU (all processes, context included)."""
+    gpu_mem_process_bytes: int | None = None
+    """Peak NVML memory of this rank's process on its GPU (context, allocator, NCCL)."""
     alloc_retries: int | None = None
     """cudaMalloc retries (the caching allocator freed its cache to satisfy a request:
     a near-OOM signal) during the trial."""
@@ -146,6 +150,8 @@ def summarize(
         out["mfu"] = per_device / peak_flops if peak_flops else None
     used = [w.gpu_mem_used_bytes for w in windows if w.gpu_mem_used_bytes is not None]
     out["gpu_mem_used_gib"] = max(used) / GIB if used else None
+    own = [w.gpu_mem_process_bytes for w in windows if w.gpu_mem_process_bytes is not None]
+    out["gpu_mem_process_gib"] = max(own) / GIB if own else None
     for name in ("alloc_retries", "cuda_ooms"):
         counts = [getattr(w, name) for w in windows if getattr(w, name) is not None]
         out[name] = sum(counts) if counts else None

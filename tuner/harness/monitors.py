@@ -246,8 +246,13 @@ class GpuUtil(_Sampler):
         """(perf_counter time, utilization 0..1)."""
         self.peak_used: int | None = None
         """Peak NVML memory used on the device, bytes (every process's, and the context)."""
+        self.peak_own: int | None = None
+        """Peak NVML memory of this process on the device, bytes: its CUDA context, the
+        allocator's reserve, NCCL's buffers, cuBLAS workspaces (``None`` where NVML does not
+        attribute memory to processes, or sees another pid namespace)."""
         self._handle = _nvml_handle(device_index) if device_index is not None else None
-        self._util_ok = self._memory_ok = True
+        self._util_ok = self._memory_ok = self._own_ok = True
+        self._pid = os.getpid()
 
     @property
     def available(self) -> bool:
@@ -283,11 +288,45 @@ class GpuUtil(_Sampler):
                 used = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
             except pynvml.NVMLError:
                 self._memory_ok = False
+        if self._own_ok:
+            own = self._own_bytes(pynvml)
+            if own is not None:
+                self.peak_own = max(self.peak_own or 0, own)
         if util is not None:
             self.samples.append((time.perf_counter(), util))
         if used is not None:
             self.peak_used = max(self.peak_used or 0, used)
         return self._util_ok or self._memory_ok
+
+    def _own_bytes(self, pynvml: Any) -> int | None:
+        try:
+            return process_device_bytes(self._handle, self._pid)
+        except pynvml.NVMLError:
+            self._own_ok = False
+            return None
+
+
+def process_device_bytes(handle: Any, pid: int) -> int | None:
+    """Process ``pid``'s memory on the device of NVML ``handle``, from NVML's list of
+    compute processes (``None`` when it is not listed, or NVML gives no figure: some
+    drivers, another pid namespace). Raises NVML's error when the list cannot be read."""
+    import pynvml
+
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        if p.pid == pid and isinstance(p.usedGpuMemory, int):
+            return int(p.usedGpuMemory)
+    return None
+
+
+def own_device_bytes(device_index: int) -> int | None:
+    """This process's memory on CUDA device ``device_index`` as NVML counts it, or ``None``."""
+    handle = _nvml_handle(device_index)
+    if handle is None:
+        return None
+    try:
+        return process_device_bytes(handle, os.getpid())
+    except Exception:  # noqa: BLE001 - NVML refused: no figure
+        return None
 
 
 def _nvml_handle(device_index: int) -> object | None:

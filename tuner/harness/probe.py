@@ -371,7 +371,7 @@ class ProbeCore:
             self._gpu.stop()
             start = self.window_start or 0.0
             w.gpu_util = self._gpu.mean(start, start + w.wall_s)
-            w.gpu_mem_used_bytes = self._gpu.peak_used
+            w.gpu_mem_used_bytes, w.gpu_mem_process_bytes = self._gpu.peak_used, self._gpu.peak_own
             self._gpu = None
             if self._cuda:
                 w.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counter

@@ -104,7 +104,7 @@ def run_trial(
     if window is not None:
         window.peak_host_bytes = peak_host
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
-        window.gpu_mem_used_bytes = gpu.peak_used
+        window.gpu_mem_used_bytes, window.gpu_mem_process_bytes = gpu.peak_used, gpu.peak_own
     result = _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
                                                      pruned_at), window, convolutions)
     result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size)

@@ -97,6 +97,14 @@ class MemoryModel:
     """|predicted - measured| / measured of each measured trial, predicted before it ran."""
     fitted_errors: list[float] = field(default_factory=list)
     """The same, for the predictions that came from the fit (what skipping trusts)."""
+    outside: list[float] = field(default_factory=list)
+    """Per measured GPU trial, bytes its process held on the device beyond the allocator's
+    peak (CUDA context, NCCL's buffers, cuBLAS workspaces): the budget is checked against
+    both, so skipping adds it, as measured, not as a claim."""
+
+    def outside_gib(self) -> float:
+        """What the allocator does not see, as measured so far (median; 0 before any GPU trial)."""
+        return statistics.median(self.outside) / GIB if self.outside else 0.0
 
     def predict(self, knobs: Mapping[str, Any]) -> Prediction:
         states = states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
@@ -118,10 +126,13 @@ class MemoryModel:
         return Prediction(max(peak, states) / GIB, "fitted" if measured else "prior")
 
     def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float,
-                basis: str | None = None, reported: bool = True) -> None:
+                basis: str | None = None, reported: bool = True, process_gib: float | None = None) -> None:
         """A trial's measured peak (and what was predicted for it, for the error so far).
         ``reported=False``: a trial of another run (``tuner plan``'s profile), whose error
-        counts for trusting the model but not in this run's reported error."""
+        counts for trusting the model but not in this run's reported error. ``process_gib``:
+        what the trial's process held on its GPU (NVML), for :attr:`outside`."""
+        if process_gib is not None and process_gib > peak_gib:
+            self.outside.append((process_gib - peak_gib) * GIB)
         if predicted_gib is not None and peak_gib > 0:
             error = abs(predicted_gib - peak_gib) / peak_gib
             if reported:
@@ -133,20 +144,26 @@ class MemoryModel:
     def skip_reason(self, prediction: Prediction, budget_gib: float | None) -> str | None:
         """Why a configuration need not run: predicted over the budget by more than the
         model's worst error so far (two fitted predictions measured at least), or its model
-        states and overhead alone, a lower bound, over it. ``None``: run it."""
-        if budget_gib is None or prediction.peak_gib <= budget_gib:
+        states and overhead alone, a lower bound, over it. ``None``: run it. On a GPU the
+        measured memory beyond the allocator (:meth:`outside_gib`) counts against the budget too."""
+        if budget_gib is None:
+            return None
+        outside = self.outside_gib()
+        said = f"budget {budget_gib:g} GiB" + (f" less {outside:.2f} GiB outside the allocator" if outside else "")
+        budget_gib -= outside
+        if prediction.peak_gib <= budget_gib:
             return None
         if prediction.basis == "analytic":  # before any trial: overhead + states, all else only adds
             if self.observed:
                 return None
-            return (f"predicted {prediction.peak_gib:.2f} GiB > budget {budget_gib:g} GiB (model states and "
+            return (f"predicted {prediction.peak_gib:.2f} GiB > {said} (model states and "
                     "overhead alone, before any activation: a lower bound)")
         if prediction.basis == "prior" or len(self.fitted_errors) < 2:
             return None
         error = max(self.fitted_errors)
         if prediction.peak_gib <= budget_gib * (1 + error):
             return None
-        return (f"predicted {prediction.peak_gib:.2f} GiB > budget {budget_gib:g} GiB "
+        return (f"predicted {prediction.peak_gib:.2f} GiB > {said} "
                 f"(model error so far ±{error:.0%})")
 
     def error(self, skip_first: int = 0) -> dict[str, Any]:

@@ -215,7 +215,8 @@ class Planner:
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
             self.memory.observe(self.current.params(), frozen.user_attrs.get("predicted_peak_gib"),
-                                result.metrics["peak_mem_gib"], frozen.user_attrs.get("prediction"))
+                                result.metrics["peak_mem_gib"], frozen.user_attrs.get("prediction"),
+                                process_gib=result.metrics.get("gpu_mem_process_gib"))
         self._progress(before)
         if result.pruned_at is not None:
             self._count_saving(*result.pruned_at)

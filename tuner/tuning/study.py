@@ -158,9 +158,12 @@ def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", reci
 
 
 def over_budget(metrics: Mapping[str, Any], recipe: "Recipe") -> tuple[float, str] | None:
-    """(how far over, why) when a measured trial breaks the memory budget."""
+    """(how far over, why) when a measured trial breaks the memory budget: the allocator's
+    peak, and on a GPU what the process holds there (its CUDA context and NCCL's buffers
+    too, which the allocator does not see)."""
     b = recipe.budget
-    limits = (("peak_mem_gib", b.memory_gib, "memory_gib"), ("host_mem_gib", b.host_memory_gib, "host_memory_gib"))
+    limits = (("peak_mem_gib", b.memory_gib, "memory_gib"), ("gpu_mem_process_gib", b.memory_gib, "memory_gib"),
+              ("host_mem_gib", b.host_memory_gib, "host_memory_gib"))
     for key, limit, name in limits:
         value = metrics.get(key)
         if limit is not None and value is not None and value > limit:
