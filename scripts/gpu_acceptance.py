@@ -382,6 +382,10 @@ def checks(lab: Lab) -> list[tuple[str, Callable[[], list[Row]]]]:
                        None if nvml is None else nvml / 2**30, "within 10%",
                        used is not None and nvml is not None and relative(used * 2**30, nvml) <= 0.10,
                        "" if nvml is not None else "NVML not readable"))
+        own = m.metrics.get("gpu_mem_process_gib")
+        out.append(row("gpu_mem_process_gib: above the allocator's peak, within the device's used, GiB", own,
+                       f"{m.metrics['peak_mem_gib']:.2f}..{used}", "between", own is not None and used is not None
+                       and m.metrics["peak_mem_gib"] < own <= used + 0.01))
         index = lab.device.index or 0
         from tuner.harness.devices import room
 
