@@ -155,6 +155,9 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         distributed.shutdown_quietly()  # the other ranks may be gone: no barrier
         return 130
     distributed.shutdown()
+    if result is not None and result.stopped == "broken":
+        print(f"error: {result.broken}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -135,3 +135,23 @@ def test_a_trials_time_limit_follows_what_was_measured():
     from tuner.harness.window import AUTO
 
     assert limits.limit(2, "auto") == 2 * 10.0 + 5 * (2 * 1.5 + AUTO.max_s + 1.5)
+
+
+def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
+    """A script broken whatever the knobs (here: it asks for NCCL on a machine without GPUs,
+    as a single-GPU script run on the wrong node does): the baseline fails with the script's
+    own error, and the search stops there, in one line that says where the output is, exit 1,
+    nothing else run (the budget was 5 trials)."""
+    script = tmp_path / "train.py"
+    script.write_text("raise RuntimeError('ProcessGroupNCCL is only supported with GPUs, no GPUs found!')\n")
+    recipe = write_recipe(tmp_path, {"name": "broken", "script": str(script), "global_batch_size": 8,
+                                     "space": {"num_workers": [0, 1, 2]}, "out": str(tmp_path / "run")})
+    proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "5", "--quiet"])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(said) == 1 and "the baseline failed, so every trial would" in said[0], proc.stderr[-2000:]
+    assert "ProcessGroupNCCL is only supported with GPUs" in said[0] and "output.log" in said[0]
+    assert "Traceback" not in proc.stderr.replace(said[0], "")
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        assert [r["state"] for r in csv.DictReader(f)] == ["error"]
+    assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"

@@ -98,7 +98,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
             if planner:
                 planner.record(result)
             _poisoned(result)  # recorded first: the same command resumes without it
-        if stopped != "interrupted":
+        if stopped not in ("interrupted", "broken"):  # nothing to confirm in a job that fails anyway
             confirmed, attribution = _finalise(recipe, machine, planner, confirm, attribute, run, pool)
     except KeyboardInterrupt:
         if planner is None:

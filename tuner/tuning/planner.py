@@ -42,6 +42,15 @@ MAX_RESAMPLES = 50
 considered exhausted."""
 
 
+BROKEN_AFTER = 3
+"""The first trials that, all failing with one error, stop the search as ``broken``."""
+
+
+def _signature(reason: str | None) -> str:
+    """A failure's reason up to its details (the output's tail, a trial's own paths)."""
+    return (reason or "").split("; output ends")[0].split(" at /")[0]
+
+
 class Planner:
     """Decides each next trial on rank 0 and records what every trial gave."""
 
@@ -55,6 +64,8 @@ class Planner:
         """The trial in flight came from the sampler with the guided neighbourhood exhausted."""
         self._environment: dict[str, Any] | None = None
         self.pruned, self.saved_s = 0, 0.0
+        self.broken: str | None = None
+        """Why the search stopped as ``broken`` (:meth:`_broken`)."""
         """Trials pruned in this run, and the measuring seconds that saved (estimated)."""
         for note in space.notes:
             events.note(note)
@@ -122,6 +133,12 @@ class Planner:
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
             self.events.note(f"exhausted: all {len(self.points)} configurations of the space are measured")
             stop = "exhausted"
+        if stop is None:
+            broken = self._broken()
+            if broken:
+                self.broken = broken
+                self.events.note(f"stopped: {broken}")
+                return {"stop": "broken"}
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}
         if self.workers.lost_baseline(_claim(self.baseline_config), set(self.known)):
@@ -224,6 +241,27 @@ class Planner:
         self.events.finish_trial(frozen, outcome, self._best_value())
         self.trial = self.current = None
         self.workers.end()
+
+    def _broken(self) -> str | None:
+        """Why no further trial can tell anything: the baseline failed with an error of its
+        own (not an OOM, a time limit or a pruning: the job itself is broken, and every
+        trial would fail the same way), or the first :data:`BROKEN_AFTER` trials all failed
+        with the same error. ``None`` otherwise."""
+        ran = study_mod.measured(self.study)
+        errors = [t for t in ran if t.user_attrs.get("state") == State.ERROR]
+        if not errors:
+            return None
+        first = _signature(errors[0].user_attrs.get("reason"))
+        baseline = next((t for t in ran if t.user_attrs.get("baseline")), None)
+        where = (f"; each trial's whole output is in {self.recipe.out / 'trials'}/NNN/output.log"
+                 if self.recipe.script is not None else "")
+        if baseline is not None and baseline.user_attrs.get("state") == State.ERROR:
+            return f"the baseline failed, so every trial would: {baseline.user_attrs.get('reason')}{where}"
+        if len(ran) >= BROKEN_AFTER and all(t.user_attrs.get("state") == State.ERROR and
+                                            _signature(t.user_attrs.get("reason")) == first
+                                            for t in ran[:BROKEN_AFTER]):
+            return f"the first {BROKEN_AFTER} trials failed alike: {errors[0].user_attrs.get('reason')}{where}"
+        return None
 
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""
@@ -356,7 +394,7 @@ class Planner:
             world_size=r.world_size, pruned=self.pruned, pruning_saved_s=self.saved_s,
             wall_s=time.monotonic() - self.started, study=self.study,
             memory_prediction=self.memory.error(memory.SETTLED_AFTER) if self.memory is not None else None,
-            decision=decision.to_json() if decision is not None else None,
+            decision=decision.to_json() if decision is not None else None, broken=self.broken,
         )
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:

@@ -30,7 +30,8 @@ class SearchResult:
     speedup: float | None
     target_met: bool
     stopped: str
-    """Why the search stopped: target, trials, minutes, converged, exhausted, interrupted."""
+    """Why the search stopped: target, trials, minutes, converged, exhausted, interrupted,
+    broken (the job fails whatever the knobs: :attr:`broken`)."""
     trials: int
     """Trials measured in the study (all runs of this command together)."""
     environment: dict[str, Any] = field(default_factory=dict)
@@ -56,6 +57,8 @@ class SearchResult:
     decision: dict[str, Any] | None = None
     """How the answer was decided: the tolerance, the rule, each change kept or dropped with
     its 95% interval (:class:`tuner.tuning.recommend.Decision`)."""
+    broken: str | None = None
+    """Why the search stopped as ``broken``: the baseline's own error, or the first trials'."""
     study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -71,6 +74,7 @@ class SearchResult:
             "environment": self.environment,
             "source": self.best.get("source"),
             "stopped": self.stopped,
+            "broken": self.broken,
             "trials": self.trials,
             "command": self.best.get("command"),
             "recipe": self.recipe,
@@ -100,7 +104,7 @@ class SearchResult:
             baseline={"params": base.get("params"), "metrics": base.get("metrics"),
                       "failures": failures.get("baseline", 0)},
             speedup=data.get("speedup"), target_met=bool(data.get("target_met")),
-            stopped=data.get("stopped") or "unknown", trials=int(data.get("trials") or 0),
+            stopped=data.get("stopped") or "unknown", broken=data.get("broken"), trials=int(data.get("trials") or 0),
             environment=dict(data.get("environment") or {}),
             diagnosis={name: [Verdict.from_json(v) for v in verdicts]
                        for name, verdicts in (data.get("diagnosis") or {}).items()},
