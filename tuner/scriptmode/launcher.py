@@ -128,6 +128,9 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                 log.write(f"\ntuner: scancel {' '.join(steps) or '(the step had ended)'}\n".encode())
             end_tree(proc)
             (folder / ENDED).touch()  # other nodes' agents end their part of the trial
+            if metrics is not None:  # what the script printed as it was ended is not a crash
+                log.write(b"\ntuner: the trial reported its window; the tuner then ended the script's processes "
+                          b"(SIGTERM, then SIGKILL): a traceback just above for signal 15 is that end, not a crash\n")
     elapsed = time.monotonic() - start
     if metrics is not None:
         steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most)
