@@ -103,7 +103,10 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
     hf.pop("deepspeed", None)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, **hf)
     assert args.torch_compile == config.compile
-    assert args.optim.value == ("adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch")
+    if config.optimizer_impl == "default":  # the job's own optimizer: no optim key, the Trainer's default stands
+        assert "optim" not in hf and args.optim.value == TrainingArguments(output_dir=str(tmp_path)).optim.value
+    else:
+        assert args.optim.value == ("adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch")
     if config.engine != "fsdp":
         assert bool(args.activation_checkpointing) == (config.activation_checkpointing != "none")
 

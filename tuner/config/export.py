@@ -110,7 +110,8 @@ HF_LEVER_FIELDS = {"torch_compile": "compile", "optim": "optimizer_impl", "ddp_b
 """The ``TrainingArguments`` fields each lever sets (script mode sets only the recipe's)."""
 HF_LEVER_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None, "fsdp": False,
                 "fsdp_config": None, "ddp_bucket_cap_mb": None}
-"""What a tuned lever's fields read when it is off (``None``: the Trainer's default)."""
+"""What a tuned lever's fields read when it is off (``None``: the Trainer's default; a field
+not listed, ``optim``, is left out: the script's own optimizer stands)."""
 
 
 def hf_training_args(config: "Config") -> dict[str, Any]:
@@ -123,8 +124,12 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
         "bf16": config.amp_dtype == "bf16",
         "fp16": config.amp_dtype == "fp16",
         "torch_compile": config.compile,
-        "optim": "adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch",
     }
+    # optimizer_impl default is the job's own optimizer as it builds it (an HF script's Trainer
+    # default is adamw_torch_fused in transformers 5): no optim key, so pasting changes nothing
+    # that was not measured; fused and foreach name AdamW's kernels.
+    if config.optimizer_impl != "default":
+        args["optim"] = "adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch"
     if config.num_workers > 0:
         args["dataloader_prefetch_factor"] = config.prefetch_factor
         args["dataloader_persistent_workers"] = config.persistent_workers

@@ -113,8 +113,8 @@ class TrialConfig:
         for name, knob in export.HF_LEVER_FIELDS.items():  # a lever the recipe does not tune stays the script's
             if knob not in self.given:
                 args.pop(name, None)
-            elif name not in args:
-                args[name] = export.HF_LEVER_OFF.get(name)
+            elif name not in args and name in export.HF_LEVER_OFF:
+                args[name] = export.HF_LEVER_OFF[name]
         if self.zero_stage > 0:
             args["deepspeed"] = self.ds_config()
         return args
