@@ -156,3 +156,32 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     with (tmp_path / "run" / "trials.csv").open() as f:
         assert [r["state"] for r in csv.DictReader(f)] == ["error"]
     assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"
+
+
+def test_one_process_runs_as_its_user_runs_it_and_torchrun_only_when_asked(tmp_path):
+    """A single-process script that starts a process group when it sees WORLD_SIZE (as many
+    single-GPU scripts do) is run as `python script.py` by default: no distributed
+    environment, so no DDP it would never have. `launcher: torchrun` still runs it under a
+    one-rank torchrun, where it does take that branch."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, torch, tuner\n"
+        "cfg = tuner.config(micro_batch_size=8, global_batch_size=8)\n"
+        "print('distributed:', 'WORLD_SIZE' in os.environ, flush=True)\n"
+        "model = torch.nn.Linear(8, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "probe = tuner.Probe(warmup=1)\n"
+        "for x in probe.loader(torch.randn(8, 8) for _ in range(10_000)):\n"
+        "    model(x).sum().backward(); opt.step(); opt.zero_grad(); probe.step()\n")
+    said = {}
+    for launcher in (None, "torchrun"):
+        body = {"name": f"one-{launcher}", "script": str(script), "global_batch_size": 8,
+                "steps": {"warmup": 1, "measure": 3}, "out": str(tmp_path / f"run-{launcher}")}
+        if launcher:
+            body["launcher"] = launcher
+        m = tuner.measure(write_recipe(tmp_path, body, f"{launcher}.yaml"))
+        assert m.state == "ok", m.reason
+        log = next((tmp_path / f"run-{launcher}").rglob("output.log")).read_text()
+        said[launcher] = ("torch.distributed.run" in log.splitlines()[0], "distributed: True" in log)
+    assert said[None] == (False, False), said  # python train.py: no torchrun, no WORLD_SIZE
+    assert said["torchrun"] == (True, True), said

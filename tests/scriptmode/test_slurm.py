@@ -94,7 +94,8 @@ def test_slurm_recipes_that_cannot_run_say_so_in_one_line(slurm, tmp_path, monke
              ({"launcher": "slurm"}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": ""}, "names no nodes"),
              ({"launcher": "slurm", "parallel": 3}, {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1"}, "need 3 nodes"),
              ({"parallel": 2}, {}, "needs launcher: slurm"),
-             ({"launcher": "pbs"}, {}, "launcher: expected torchrun")]
+             ({"launcher": "pbs"}, {}, "launcher: expected python"),
+             ({"launcher": "python", "nproc_per_node": 2}, {}, "need launcher: torchrun")]
     for fields, extra, said in cases:
         for key, value in extra.items():
             monkeypatch.setenv(key, value)

@@ -74,8 +74,10 @@ class Script:
     folder: Path = Path(".")
     """Where the trial runs: the script's folder, or the recipe's for a module."""
     launcher: str = "torchrun"
-    """``torchrun`` (this node, agents on the others) or ``slurm`` (``srun`` inside the
-    allocation the search runs in: :mod:`tuner.scriptmode.slurm`)."""
+    """``python`` (one process, no distributed environment: how a single-process script's
+    user runs it; the default for one process on one node), ``torchrun`` (this node, agents
+    on the others) or ``slurm`` (``srun`` inside the allocation the search runs in:
+    :mod:`tuner.scriptmode.slurm`)."""
     parallel: int = 1
     """Trials at once on disjoint node groups of the allocation (``launcher: slurm``)."""
 
@@ -141,10 +143,17 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     endpoint = raw.get("rdzv_endpoint")
     if endpoint is not None and (not isinstance(endpoint, str) or not re.match(r"^[^\s:]+:\d+$", endpoint)):
         raise RecipeError(f"rdzv_endpoint: expected host:port (where torchrun's nodes meet), got {endpoint!r}")
-    launcher = raw.get("launcher", "torchrun")
-    if launcher not in ("torchrun", "slurm"):
-        raise RecipeError(f"launcher: expected torchrun (this node; tuner.agent on the others) or slurm (srun inside "
-                          f"the allocation), got {launcher!r}")
+    nproc = raw.get("nproc_per_node")
+    nproc = default_nproc() if nproc is None else _int(nproc, "nproc_per_node")  # one rank per visible GPU
+    # One process is run as its user runs it (python script.py): under a one-rank torchrun a
+    # script that reads RANK or WORLD_SIZE starts a process group and wraps DDP it never has.
+    launcher = raw.get("launcher", "python" if nproc == 1 and nnodes == 1 else "torchrun")
+    if launcher not in ("torchrun", "slurm", "python"):
+        raise RecipeError(f"launcher: expected python (one process, as you run it), torchrun (this node; tuner.agent "
+                          f"on the others) or slurm (srun inside the allocation), got {launcher!r}")
+    if launcher == "python" and (nproc > 1 or nnodes > 1):
+        raise RecipeError(f"launcher: python runs one process (python script.py); nproc_per_node: {nproc} and "
+                          f"nnodes: {nnodes} need launcher: torchrun (or slurm)")
     parallel = _int(raw.get("parallel", 1), "parallel")
     if parallel > 1 and launcher != "slurm":
         raise RecipeError(f"parallel: {parallel} trials at once needs launcher: slurm (disjoint node groups of the "
@@ -158,8 +167,6 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     timeout = raw.get("timeout_s", 600.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise RecipeError(f"timeout_s: expected a positive number of seconds, got {timeout!r}")
-    nproc = raw.get("nproc_per_node")
-    nproc = default_nproc() if nproc is None else _int(nproc, "nproc_per_node")  # one rank per visible GPU
     return Script(path, tuple(str(a) for a in args), nproc, env,
                   float(timeout), nnodes, endpoint, backend, adapt, module, _knobs(raw.get("knobs")), folder,
                   launcher, parallel)

@@ -55,6 +55,8 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
     prefix: list[str] = []
     if script.launcher == "slurm":  # one srun step on this worker's node group (tuner.scriptmode.slurm)
         prefix, rendezvous = slurm.wrap(script, trial)
+    elif script.launcher == "python":
+        rendezvous = []
     elif script.nnodes > 1:
         rendezvous = [f"--nnodes={script.nnodes}", f"--rdzv-backend={script.rdzv_backend}",
                       f"--rdzv-endpoint={script.rdzv_endpoint}", f"--rdzv-id={trial['rdzv_id']}",
@@ -63,9 +65,12 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
         rendezvous = ["--standalone"]
     target = ["-m", "tuner.scriptmode.adapters", *script.target()] if script.adapt else script.target()
     values = {**trial["knobs"], "grad_accum_steps": trial["grad_accum_steps"]}
-    cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", *rendezvous,
-           f"--nproc_per_node={script.nproc_per_node}",
-           *target, *script.args, *script.knob_words(values)]
+    if script.launcher == "python":  # as its user runs it: python script.py args
+        runner = [sys.executable, "-u"]
+    else:
+        runner = [*prefix, sys.executable, "-m", "torch.distributed.run", *rendezvous,
+                  f"--nproc_per_node={script.nproc_per_node}"]
+    cmd = [*runner, *target, *script.args, *script.knob_words(values)]
     env = {**os.environ, **script.trial_env(values), "TUNER_TRIAL": str(folder / "trial.json"),
            "PYTHONUNBUFFERED": "1", **(devices or {})}
     if script.module:  # python -m finds the module from the recipe's folder
