@@ -47,3 +47,9 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cores() -> int:
+    """CPUs this process may run on (its affinity, as taskset or a Slurm allocation sets it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else (os.cpu_count() or 1)

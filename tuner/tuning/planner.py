@@ -9,7 +9,6 @@ never measured twice; slow trials are pruned (:mod:`tuner.tuning.budget`).
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,10 +18,11 @@ from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Seen, revise
 from tuner.analysis.guard import divergence
 from tuner.config.space import Config, Machine, make_config, numerics
-from tuner.harness.environment import environment
+from tuner.harness.environment import cores, environment
 from tuner.trial.result import State, TrialResult
 from tuner.tuning import budget, guided, memory, recommend, searchspace, workers
 from tuner.tuning import study as study_mod
+from tuner.tuning.broken import why_broken
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.finalists import FINALISTS
 from tuner.tuning.pool import Pool
@@ -40,15 +40,6 @@ if TYPE_CHECKING:
 MAX_RESAMPLES = 50
 """Times the sampler may propose an already-measured configuration before the space is
 considered exhausted."""
-
-
-BROKEN_AFTER = 3
-"""The first trials that, all failing with one error, stop the search as ``broken``."""
-
-
-def _signature(reason: str | None) -> str:
-    """A failure's reason up to its details (the output's tail, a trial's own paths)."""
-    return (reason or "").split("; output ends")[0].split(" at /")[0]
 
 
 class Planner:
@@ -133,12 +124,10 @@ class Planner:
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
             self.events.note(f"exhausted: all {len(self.points)} configurations of the space are measured")
             stop = "exhausted"
-        if stop is None:
-            broken = self._broken()
-            if broken:
-                self.broken = broken
-                self.events.note(f"stopped: {broken}")
-                return {"stop": "broken"}
+        if stop is None and (broken := why_broken(study_mod.measured(self.study), self.recipe)):
+            self.broken = broken
+            self.events.note(f"stopped: {broken}")
+            return {"stop": "broken"}
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}
         if self.workers.lost_baseline(_claim(self.baseline_config), set(self.known)):
@@ -241,27 +230,6 @@ class Planner:
         self.events.finish_trial(frozen, outcome, self._best_value())
         self.trial = self.current = None
         self.workers.end()
-
-    def _broken(self) -> str | None:
-        """Why no further trial can tell anything: the baseline failed with an error of its
-        own (not an OOM, a time limit or a pruning: the job itself is broken, and every
-        trial would fail the same way), or the first :data:`BROKEN_AFTER` trials all failed
-        with the same error. ``None`` otherwise."""
-        ran = study_mod.measured(self.study)
-        errors = [t for t in ran if t.user_attrs.get("state") == State.ERROR]
-        if not errors:
-            return None
-        first = _signature(errors[0].user_attrs.get("reason"))
-        baseline = next((t for t in ran if t.user_attrs.get("baseline")), None)
-        where = (f"; each trial's whole output is in {self.recipe.out / 'trials'}/NNN/output.log"
-                 if self.recipe.script is not None else "")
-        if baseline is not None and baseline.user_attrs.get("state") == State.ERROR:
-            return f"the baseline failed, so every trial would: {baseline.user_attrs.get('reason')}{where}"
-        if len(ran) >= BROKEN_AFTER and all(t.user_attrs.get("state") == State.ERROR and
-                                            _signature(t.user_attrs.get("reason")) == first
-                                            for t in ran[:BROKEN_AFTER]):
-            return f"the first {BROKEN_AFTER} trials failed alike: {errors[0].user_attrs.get('reason')}{where}"
-        return None
 
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""
@@ -404,7 +372,7 @@ class Planner:
         found = diagnose_run(metrics, params, self.recipe.budget.memory_gib, self._env())
         seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in study_mod.measured(self.study)
                 if t.user_attrs.get("metrics")]
-        return revise(found, params, metrics, seen, _cores())
+        return revise(found, params, metrics, seen, cores())
 
     def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
         """Params and metrics of one configuration: its pooled median, else its search trial."""
@@ -430,9 +398,3 @@ def _claim(config: Config) -> str:
 def _chosen_by(trial: "optuna.Trial") -> str:
     """What chose a trial, for the search log: a guided step's verdict, the baseline, or TPE."""
     return trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline") else "the sampler (TPE)")
-
-
-def _cores() -> int:
-    """CPUs this process may run on (its affinity, as taskset or a Slurm allocation sets it)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity else (os.cpu_count() or 1)

@@ -39,6 +39,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.trial.result import State
+from tuner.tuning import interrupt
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -327,12 +328,17 @@ def ask(study: optuna.Study, who: Mapping[str, Any] | None = None) -> optuna.Tri
     """``study.ask()``, without Optuna's warning that heartbeats are meant for ``optimize``:
     this module beats for the asked trial itself. ``who`` (:func:`identity`) is stamped on
     the trial at once, before its claim: a process killed between the two leaves a trial
-    others can tell is dead (unstamped, a resumed search waited out the 60 s grace)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Heartbeat of storage")
-        trial = study.ask()
-    if who is not None:
-        trial.set_user_attr("worker", dict(who))
+    others can tell is dead (unstamped, a resumed search waited out the 60 s grace). A
+    Ctrl-C between the two is held until the stamp is written, then raised (seen in a
+    loaded CI run: an unstamped trial, failed 60 s later without its reason)."""
+    with interrupt.deferred():
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = study.ask()
+        if who is not None:
+            trial.set_user_attr("worker", dict(who))
+    if interrupt.pressed():
+        raise KeyboardInterrupt
     return trial
 
 

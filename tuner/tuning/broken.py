@@ -1,0 +1,45 @@
+"""When a search cannot learn anything: the job fails whatever the knobs.
+
+A held-out public script, run on the wrong node, failed every trial with the same
+"ProcessGroupNCCL is only supported with GPUs": eleven trials on a budget of five. A
+baseline that fails with an error of its own (not an OOM, a time limit or a pruning: those
+are about the configuration), or a first few trials that fail alike, stop the search.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from tuner.trial.result import State
+
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+    from tuner.config.recipe import Recipe
+
+BROKEN_AFTER = 3
+"""The first trials that, all failing with one error, stop the search as ``broken``."""
+
+
+def signature(reason: str | None) -> str:
+    """A failure's reason without its details (the output's tail, a trial's own paths)."""
+    return (reason or "").split("; output ends")[0].split(" at /")[0]
+
+
+def why_broken(ran: Sequence["FrozenTrial"], recipe: "Recipe") -> str | None:
+    """Why no further trial can tell anything, from the trials measured so far (in order),
+    or ``None``."""
+    errors = [t for t in ran if t.user_attrs.get("state") == State.ERROR]
+    if not errors:
+        return None
+    where = (f"; each trial's whole output is in {recipe.out / 'trials'}/NNN/output.log"
+             if recipe.script is not None else "")
+    baseline = next((t for t in ran if t.user_attrs.get("baseline")), None)
+    if baseline is not None and baseline.user_attrs.get("state") == State.ERROR:
+        return f"the baseline failed, so every trial would: {baseline.user_attrs.get('reason')}{where}"
+    first = signature(errors[0].user_attrs.get("reason"))
+    if len(ran) >= BROKEN_AFTER and all(t.user_attrs.get("state") == State.ERROR
+                                        and signature(t.user_attrs.get("reason")) == first
+                                        for t in ran[:BROKEN_AFTER]):
+        return f"the first {BROKEN_AFTER} trials failed alike: {errors[0].user_attrs.get('reason')}{where}"
+    return None
