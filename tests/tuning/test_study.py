@@ -10,6 +10,8 @@ from tuner.config.space import Machine
 from tuner.tuning.guided import guided_next
 from tuner.tuning.searchspace import Space, baseline_knobs, build_space
 
+from conftest import toy_recipe
+
 CPU = Machine(cuda=False, bf16=True, fp16=False)
 SPACE = Space({
     "num_workers": (0, 1, 2, 4), "prefetch_factor": (2, 4), "pin_memory": (False,), "persistent_workers": (False, True),
@@ -185,3 +187,23 @@ def test_a_value_that_did_not_fit_does_not_end_the_walk_towards_less_memory():
     steps = _walk(ZERO, small, [oom], (), _state_of({str(sorted(oom.items())): "oom"}))
     assert steps and all(s["micro_batch_size"] == 4 for s in steps), steps
     assert dict(small, zero_stage=1) in steps  # more memory relief is still tried
+
+
+def test_a_trial_another_worker_ended_meanwhile_is_not_a_crash(tmp_path):
+    """A worker whose trial another worker failed meanwhile (judged dead: a late heartbeat)
+    records nothing over it and goes on: what the other worker recorded stands."""
+    import optuna
+
+    from tuner.trial.result import TrialResult
+    from tuner.tuning import study as study_mod
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s", direction="maximize")
+    trial = study.ask()
+    other = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
+    other._storage.set_trial_user_attr(trial._trial_id, "reason", "its worker stopped mid-trial")
+    other._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+    recipe = tuner.load_recipe(toy_recipe(tmp_path))
+    result = TrialResult({"num_workers": 0}, "ok", metrics={"samples_per_s": 10.0})
+    state, frozen = study_mod.record(study, trial, result, recipe)
+    assert state == "ok" and frozen.state == optuna.trial.TrialState.FAIL
+    assert frozen.user_attrs["reason"] == "its worker stopped mid-trial"

@@ -134,7 +134,20 @@ def _fail_left_running(study: optuna.Study) -> int:
 
 def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",
            extra: Mapping[str, Any] | None = None) -> tuple[State, optuna.trial.FrozenTrial]:
-    """Tell the study what ``result`` was; returns the outcome recorded and the finished trial."""
+    """Tell the study what ``result`` was; returns the outcome recorded and the finished trial.
+
+    Another worker may have ended the trial meanwhile (it judged this one dead: a heartbeat
+    late on a loaded machine; seen once in CI with two Slurm workers on one host). Then what
+    that worker recorded stands, and is returned: the result stays in this process's pool,
+    and the configuration, put back by that worker, is measured again."""
+    try:
+        return _record(study, trial, result, recipe, extra)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return State(result.state), study._storage.get_trial(trial._trial_id)
+
+
+def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",
+            extra: Mapping[str, Any] | None) -> tuple[State, optuna.trial.FrozenTrial]:
     state, reason, metrics = State(result.state), result.reason, result.metrics
     over = over_budget(metrics, recipe) if metrics else None
     if over:
