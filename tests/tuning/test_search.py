@@ -260,13 +260,21 @@ def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_pa
     # search quality only: no attribution
     result = tuner.search(recipe, trials=8, out=tmp_path / "run", confirm=2, attribute=0, quiet=True)
     assert result.speedup >= 1.25, result.speedup
-    grid = {w: tuner.measure(recipe, num_workers=w).metrics["samples_per_s"] for w in (0, 1, 2, 4)}
+    points = {w: tuner.measure(recipe, num_workers=w) for w in (0, 1, 2, 4)}
+    grid = {w: m.metrics["samples_per_s"] for w, m in points.items()}
     grid_best = max(grid, key=grid.get)
-    found = {k: v for k, v in result.best["params"].items() if k not in ("grad_accum_steps", "engine")}
+
+    def knobs(params: dict) -> dict:
+        return {k: v for k, v in params.items() if k not in ("grad_accum_steps", "engine")}
+
+    found = knobs(result.best["params"])
+    if found == knobs(points[grid_best].params):
+        return  # the grid's best itself: 1.0 by identity (measuring it twice only measures the order)
     ours, theirs = [], []
-    for _ in range(3):
-        ours.append(tuner.measure(recipe, **found).metrics["samples_per_s"])
-        theirs.append(tuner.measure(recipe, num_workers=grid_best).metrics["samples_per_s"])
+    for i in range(4):  # ABBA: a fresh loader measured first in a pair read 10% low in a loaded CI run
+        pair = [("ours", found), ("theirs", {"num_workers": grid_best})]
+        for side, kw in (pair if i % 2 == 0 else pair[::-1]):
+            (ours if side == "ours" else theirs).append(tuner.measure(recipe, **kw).metrics["samples_per_s"])
     ratio = statistics.median(ours) / statistics.median(theirs)
     assert ratio >= 0.92, (str(found), grid, ours, theirs)
 

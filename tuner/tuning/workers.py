@@ -203,7 +203,14 @@ class Workers:
         measures it), ``"budget"`` (the trials in flight fill the budget: the same
         write-then-read keeps workers from overshooting it; seen: 10 trials on a budget of 9)
         or ``"finishing"`` (the worker finishing the search has stopped waiting for trials in
-        flight since this one last looked: nobody would wait for this one)."""
+        flight since this one last looked: nobody would wait for this one). A trial another
+        worker ended meanwhile is ``"taken"`` too: it is not this worker's to run."""
+        try:
+            return self._claim(trial, key)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return "taken"
+
+    def _claim(self, trial: optuna.Trial, key: str) -> str | None:
         trial.set_user_attr("worker", self.me)
         trial.set_user_attr("claim", key)
         why = ("taken" if self._taken(key, trial._trial_id) else
