@@ -265,12 +265,10 @@ class Lab:
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, reach = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        if b > reach:
-            total += b - max(a, reach)
-            reach = b
-    return total
+    """Total length of ``intervals`` merged (the tuner's own interval union)."""
+    from tuner.harness.comm import union
+
+    return sum(b - a for a, b in union(intervals))
 
 
 def nvml_used_bytes(index: int) -> int | None:
