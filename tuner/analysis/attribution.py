@@ -17,34 +17,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis.interval import Slowdown, slowdown
+from tuner.config import levers
 from tuner.config.space import KNOBS, conflict
 
-ORDER = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "amp_dtype",
-         "activation_checkpointing", "micro_batch_size", "zero_stage", "fsdp", "offload_optimizer", "compile",
-         "optimizer_impl", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size")
+ORDER = levers.by("path")
 """The order the path changes knobs in: what feeds the step first, then the step itself.
 Checkpointing comes before the micro-batch: it is what lets the larger one fit."""
-
-RISKS = {
-    "num_workers": "host memory: every worker holds its own copy of what the dataset touches",
-    "prefetch_factor": "host memory: workers x prefetch_factor batches are in flight",
-    "persistent_workers": "workers keep their state between epochs (a dataset that changes per epoch must allow it)",
-    "pin_memory": "pinned host memory is locked: too much starves the OS",
-    "amp_dtype": "numerics: checked by the precision guard against the fp32 loss",
-    "micro_batch_size": "optimisation: same global batch, but BatchNorm statistics and padding are per micro-batch",
-    "zero_stage": "checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
-    "fsdp": "parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
-    "activation_checkpointing": "recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is "
-                                "replayed, so dropout matches)",
-    "compile": "compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
-               "the precision guard",
-    "optimizer_impl": "fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
-    "ddp_bucket_cap_mb": "larger buckets start all-reducing later in the backward",
-    "overlap_comm": "DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
-    "reduce_bucket_size": "larger buckets: more memory for the reduction, fewer and larger collectives",
-    "allgather_bucket_size": "larger buckets: more memory for the gathered parameters, fewer collectives",
-    "offload_optimizer": "host memory and PCIe traffic: the optimizer state and step live on the CPU",
-}
+RISKS = {name: lever.risk for name, lever in levers.LEVERS.items()}
 INTERACTION = 0.25
 """Forward and leave-one-out shares further apart than this (and than the repeats'
 spread) mean the knob's worth depends on the others."""

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
+from tuner.config import levers
+from tuner.config.machine import Machine
+
 THRESHOLDS: dict[str, float] = {
     "data_wait_share": 0.10,  # data-bound above this share of the step spent waiting for the next batch
     "stall_free_gap": 1.25,  # ...and the stall-free ceiling at least this many times the measured rate
@@ -195,9 +198,29 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     return Verdict(
         "compute-bound", f.busy_share,
         f"{f.rate:,.0f} samples/s with {f.wait:.0%} data wait{where}{util}",
-        "the data pipeline is not the limit: bf16/fp16, a larger micro-batch, fused or "
-        "compiled kernels (compile: true, optimizer_impl: fused) make the step itself faster",
+        "the data pipeline is not the limit; what makes the step itself faster: "
+        + (remedies("compute-bound", f.params, f.device) or "a faster device (every lever here is already set)"),
     )
+
+
+CPU_ONLY = Machine(cuda=False, bf16=True, fp16=False, cudnn=False)
+
+
+def remedies(kind: str, params: Mapping[str, Any], device: str) -> str:
+    """The levers a verdict points at (their ``suggest``, in its order), less those the
+    configuration already follows and, off a GPU, those a CPU cannot run."""
+    out = []
+    for name in levers.pointed_at(kind):
+        lever = levers.LEVERS[name]
+        if lever.suggest is None:
+            continue
+        already, words = lever.suggest
+        if params.get(name, lever.default) in already:
+            continue
+        if device != "cuda" and already and all(v in {r[0] for r in lever.refused(CPU_ONLY)} for v in already):
+            continue
+        out.append(words)
+    return ", ".join(out)
 
 
 def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis.diagnose import THRESHOLDS, Verdict
+from tuner.config import levers
 
-LOADER = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
+LOADER = levers.of("loader")
 """The loader's knobs: a change in these alone is a loader change."""
 NO_GAIN = 1.10
 """More workers that did not make samples/s at least this many times faster, while they
@@ -26,20 +27,10 @@ removed the wait or filled the cores, bought nothing a search can tell from nois
 trials differ by 5-10% on a shared machine; the issue's JPEG pipeline lost 6%)."""
 WAIT_GONE = 0.5
 """The data wait counts as removed when it fell below this fraction of what it was."""
-FAMILY_FIRST: dict[str, tuple[str, ...]] = {
-    "data-bound": ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory"),
-    "input-transfer-bound": ("pin_memory",),
-    "communication-bound": ("micro_batch_size", "zero_stage", "fsdp", "ddp_bucket_cap_mb", "overlap_comm",
-                            "reduce_bucket_size", "allgather_bucket_size"),
-    "memory-bound": ("fsdp", "zero_stage", "activation_checkpointing", "offload_optimizer", "micro_batch_size",
-                     "amp_dtype"),
-    "memory-bound (loader workers)": ("num_workers", "prefetch_factor"),
-    "host-cpu-saturated": ("amp_dtype", "micro_batch_size", "compile"),
-    "host-bound": ("micro_batch_size", "compile", "optimizer_impl", "amp_dtype"),
-    "compute-bound": ("compile", "amp_dtype", "micro_batch_size", "optimizer_impl"),
-}
-"""The knobs a verdict points at: the search tries them first (:mod:`tuner.tuning.guided`),
-and a verdict says which of them the trials already moved without gain."""
+FAMILY_FIRST: dict[str, tuple[str, ...]] = {kind: levers.pointed_at(kind) for kind in levers.verdict_kinds()}
+"""The knobs a verdict points at (each lever's ``verdicts``): the search tries them first
+(:mod:`tuner.tuning.guided`), and a verdict says which of them the trials already moved
+without gain."""
 SATURATED = 0.85
 """Busy cores (main process + workers) at or above this fraction of the cores available."""
 _CHEAPER = ("more workers will not help: make the per-sample work cheaper (decode once and cache decoded samples, "

@@ -14,13 +14,29 @@ import math
 from typing import Sequence
 
 
-def divergence(losses: Sequence[float], reference: Sequence[float], tolerance: float, amp: str) -> str | None:
+def divergence(losses: Sequence[float], reference: Sequence[float], tolerance: float, amp: str,
+               ordered: bool = True) -> str | None:
     """Why ``losses`` are not close enough to the fp32 ``reference`` (``None``: they are).
 
-    Steps are compared one by one over the steps both ran (warm-ups differ in length)."""
-    for step, (loss, ref) in enumerate(zip(losses, reference), start=1):
+    Steps are compared one by one over the steps both ran (warm-ups differ in length). A
+    configuration whose loader hands batches over out of order (``in_order: false``) meets
+    the same batches in another order, so step k is not the reference's step k: its mean
+    loss over the steps both ran is compared instead, with the same tolerance."""
+    for step, loss in enumerate(losses, start=1):
         if not math.isfinite(loss):
             return f"precision guard: the {amp} loss is not finite at step {step}"
+    if not ordered:
+        n = min(len(losses), len(reference))
+        if n == 0:
+            return None
+        mean, ref = sum(losses[:n]) / n, sum(reference[:n]) / n
+        gap = abs(mean - ref) / max(abs(ref), 1e-12)
+        if gap > tolerance:
+            return (f"precision guard: the {amp} mean loss {mean:.4g} over {n} steps (batches out of order) is "
+                    f"{gap:.1%} from the fp32 reference's {ref:.4g} (tolerance {tolerance:.0%}, recipe "
+                    "precision.tolerance)")
+        return None
+    for step, (loss, ref) in enumerate(zip(losses, reference), start=1):
         gap = abs(loss - ref) / max(abs(ref), 1e-12)
         if gap > tolerance:
             return (f"precision guard: the {amp} loss {loss:.4g} is {gap:.1%} from the fp32 reference "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tuner.config.levers import LEVERS
+
 if TYPE_CHECKING:
     from tuner.config.space import Config
 
@@ -103,13 +105,13 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-HF_LEVER_FIELDS = {"torch_compile": "compile", "optim": "optimizer_impl", "ddp_bucket_cap_mb": "ddp_bucket_cap_mb",
-                   "activation_checkpointing": "activation_checkpointing",
-                   "activation_checkpointing_kwargs": "activation_checkpointing",
-                   "fsdp": "fsdp", "fsdp_config": "fsdp"}
-"""The ``TrainingArguments`` fields each lever sets (script mode sets only the recipe's)."""
+HF_LEVER_FIELDS = {field.strip(): name for name, lever in LEVERS.items()
+                   if lever.group not in ("loader", "batch", "precision")
+                   for field in lever.exports.get("hf_training_args.json", "").split("/") if field.strip()}
+"""The ``TrainingArguments`` fields each lever beyond the loader, batch and precision sets
+(its ``exports``); script mode sets only the recipe's."""
 HF_LEVER_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None, "fsdp": False,
-                "fsdp_config": None, "ddp_bucket_cap_mb": None}
+                "fsdp_config": None, "ddp_bucket_cap_mb": None, "tf32": False}
 """What a tuned lever's fields read when it is off (``None``: the Trainer's default; a field
 not listed, ``optim``, is left out: the script's own optimizer stands)."""
 
@@ -130,6 +132,8 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
     # that was not measured; fused and foreach name AdamW's kernels.
     if config.optimizer_impl != "default":
         args["optim"] = "adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch"
+    if config.matmul_precision == "high":  # TrainingArguments' tf32 is "high"; "medium" (bf16) has no field
+        args["tf32"] = True
     if config.num_workers > 0:
         args["dataloader_prefetch_factor"] = config.prefetch_factor
         args["dataloader_persistent_workers"] = config.persistent_workers
@@ -181,6 +185,22 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
     lines += ["", "[optimizer]", f'implementation = "{implementation}"']
     if config.amp_dtype == "fp16":
         lines.insert(1, "# fp16: torchtitan trains in bf16 or fp32 (no loss scaling); bf16 is the nearest")
+    return "\n".join(lines) + "\n"
+
+
+def torch_settings(config: "Config") -> str:
+    """``torch_settings.py``: the measured settings no library's config holds (process-wide
+    flags, the model's memory format, DDP's buckets), as lines for the training script;
+    each lever's line is its ``exports["torch_settings.py"]`` with the trial's value."""
+    lines = ["# Settings the tuner measured that no config file above carries: run them in the training",
+             "# script, before the model is wrapped (levers at their defaults are left out).", "import torch"]
+    values = config.params()
+    for name, lever in LEVERS.items():
+        line = lever.exports.get("torch_settings.py")
+        if line and values[name] != lever.default and (name != "ddp_bucket_cap_mb" or config.engine == "torch"):
+            lines.append(f"{line.format(values[name])}  # {name}")
+    if len(lines) == 3:
+        lines.append("# nothing to set: every such lever is at its default")
     return "\n".join(lines) + "\n"
 
 

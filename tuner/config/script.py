@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
+from tuner.config import levers
 from tuner.config.errors import RecipeError
 from tuner.config.gpus import default_nproc
 from tuner.config.space import KNOBS
@@ -28,18 +29,14 @@ AdaptMode = Literal["torch", "hf", "lightning", "accelerate", "deepspeed"]
 ADAPT_MODES: tuple[str, ...] = get_args(AdaptMode)
 DERIVED = ("grad_accum_steps",)
 """Values a script may need that the tuner derives: accumulation = global / (micro x world)."""
-LOADER_KNOBS = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers")
+LOADER_KNOBS = levers.of("loader")
 ADAPTER_ROUTES: dict[str, tuple[str, ...]] = {
-    "torch": LOADER_KNOBS,  # by rebuilding the training DataLoader
-    "hf": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage", "compile",
-           "activation_checkpointing", "optimizer_impl", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
-           "allgather_bucket_size", "offload_optimizer"),  # TrainingArguments (and its DeepSpeed config)
-    "lightning": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage"),  # Trainer(...)
-    "accelerate": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps"),
-    "deepspeed": (*LOADER_KNOBS, "micro_batch_size", "amp_dtype", "grad_accum_steps", "zero_stage", "overlap_comm",
-                  "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer"),  # the script's ds config
+    mode: tuple(name for name, lever in levers.LEVERS.items() if mode in lever.adapters)
+    + (DERIVED if mode in levers.LEVERS["micro_batch_size"].adapters else ())
+    for mode in ADAPT_MODES
 }
-"""What each adapter delivers by itself; any other searched knob needs ``knobs:`` or ``env:``."""
+"""What each adapter delivers by itself (each lever's ``adapters``; accumulation with the
+micro-batch); any other searched knob needs ``knobs:`` or ``env:``."""
 ADAPTER_PACKAGES = {"hf": "transformers", "lightning": "lightning", "accelerate": "accelerate",
                     "deepspeed": "deepspeed"}
 """The library each adapter drives, refused before anything runs when it is not installed."""

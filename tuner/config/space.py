@@ -9,117 +9,35 @@ why). Everything downstream (engines, trial, exports) takes a ``Config``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from tuner.config.errors import RecipeError
+from tuner.config.lever import Lever
+from tuner.config.levers import DEEPSPEED_BUCKET, LEVERS
+from tuner.config.machine import Machine, native_bf16
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]
 """The autocast dtypes a trial can run in (fp32: no autocast)."""
 EngineName = Literal["auto", "torch", "deepspeed"]
 """The recipe's ``engine``: ``auto`` runs zero_stage 0 as DDP and stages 1-3 as DeepSpeed."""
-FsdpMode = Literal["off", "full_shard", "shard_grad_op"]
-"""FSDP2 ``fully_shard``: ``full_shard`` reshards parameters after the forward (ZeRO-3-like),
-``shard_grad_op`` keeps them gathered until the backward (ZeRO-2-like)."""
-CheckpointMode = Literal["none", "selective", "full"]
-"""Activation checkpointing of the repeated blocks: every block, or every other one."""
-OffloadMode = Literal["none", "cpu"]
-OptimizerImpl = Literal["default", "foreach", "fused"]
-"""torch.optim's implementations: the optimizer's own choice, multi-tensor, fused kernels."""
 AMP_DTYPES: tuple[str, ...] = get_args(AmpDtype)
 ENGINES: tuple[str, ...] = get_args(EngineName)
-DEEPSPEED_BUCKET = 500_000_000
-"""DeepSpeed's default ``reduce_bucket_size`` / ``allgather_bucket_size`` (elements)."""
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One tunable setting and the values it accepts."""
-
-    name: str
-    kind: type
-    default: Any
-    help: str
-    choices: tuple[Any, ...] | None = None
-    minimum: int | None = None
-    maximum: int | None = None
-    aliases: tuple[tuple[Any, Any], ...] = ()
-    """Values read as another: YAML 1.1 reads a bare ``off`` as false (``fsdp: [off, ...]``)."""
-
-    def parse(self, value: Any, where: str) -> Any:
-        """Check one value; ``where`` names it in the error (e.g. ``space.num_workers[2]``)."""
-        for alias, meant in self.aliases:
-            if value is alias or (type(value) is type(alias) and value == alias):
-                value = meant
-        if self.kind is bool:
-            if not isinstance(value, bool):
-                raise RecipeError(f"{where}: expected true or false, got {value!r}")
-            return value
-        if self.kind is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise RecipeError(f"{where}: expected an integer, got {value!r}")
-            if self.minimum is not None and value < self.minimum:
-                raise RecipeError(f"{where}: must be >= {self.minimum}, got {value}")
-            if self.maximum is not None and value > self.maximum:
-                raise RecipeError(
-                    f"{where}: must be between {self.minimum} and {self.maximum}, got {value}"
-                )
-            return value
-        if self.choices is not None and value not in self.choices:
-            allowed = ", ".join(map(str, self.choices))
-            raise RecipeError(f"{where}: expected one of {allowed}, got {value!r}")
-        return value
-
-
-KNOBS: dict[str, Knob] = {
-    k.name: k
-    for k in (
-        Knob("num_workers", int, 0, "DataLoader worker processes per rank", minimum=0),
-        Knob("prefetch_factor", int, 2, "batches each worker loads ahead", minimum=1),
-        Knob("pin_memory", bool, False, "page-locked host batches (CUDA only)"),
-        Knob("persistent_workers", bool, False, "keep workers alive between epochs"),
-        Knob("amp_dtype", str, "fp32", "autocast dtype", choices=AMP_DTYPES),
-        Knob("micro_batch_size", int, None, "samples per rank per forward", minimum=1),
-        Knob("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3),
-        Knob("fsdp", str, "off", "FSDP2 fully_shard per block and on the root", choices=get_args(FsdpMode),
-             aliases=((False, "off"),)),
-        Knob("activation_checkpointing", str, "none", "recompute block activations in the backward",
-             choices=get_args(CheckpointMode), aliases=((False, "none"), (None, "none"))),
-        Knob("compile", bool, False, "torch.compile of each block (or the model)"),
-        Knob("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1),
-        Knob("overlap_comm", bool, False, "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)"),
-        Knob("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)",
-             minimum=1),
-        Knob("allgather_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
-             minimum=1),
-        Knob("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
-             choices=get_args(OffloadMode), aliases=((False, "none"), (None, "none"))),
-        Knob("optimizer_impl", str, "default", "torch.optim implementation", choices=get_args(OptimizerImpl)),
-    )
-}
+Knob = Lever
+KNOBS: dict[str, Lever] = LEVERS
+"""Every knob (:mod:`tuner.config.levers`), by name."""
+__all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "KNOBS", "Config", "Knob", "Machine", "applies", "conflict",
+           "defaults", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space", "reference_knobs",
+           "restrict", "unsupported"]
 
 
 def applies(name: str, knobs: Mapping[str, Any], world_size: int) -> bool:
     """Whether a knob means anything given the others (``knobs`` holds every knob).
 
-    One table for two uses: :func:`make_config` resets a knob that means nothing to its
+    One rule for two uses: :func:`make_config` resets a knob that means nothing to its
     default (so two configurations that train the same way are one), and the search only
     asks the sampler for a knob where it applies.
     """
-    zero, fsdp = knobs["zero_stage"], knobs["fsdp"]
-    if name in ("prefetch_factor", "persistent_workers"):
-        return knobs["num_workers"] > 0
-    if name == "ddp_bucket_cap_mb":  # DDP exists only on several ranks, without sharding
-        return world_size > 1 and zero == 0 and fsdp == "off"
-    if name in ("overlap_comm", "reduce_bucket_size"):
-        return zero >= 1
-    if name == "allgather_bucket_size":  # ZeRO-3 gathers with stage3_prefetch_bucket_size instead
-        return zero in (1, 2)
-    if name == "offload_optimizer":
-        return zero >= 1 or fsdp != "off"
-    if name == "fsdp":
-        return zero == 0
-    return True
+    return LEVERS[name].needs(knobs, world_size)
 
 
 def defaults() -> dict[str, Any]:
@@ -127,28 +45,32 @@ def defaults() -> dict[str, Any]:
     return {name: knob.default for name, knob in KNOBS.items()}
 
 
-GUARDED = (("amp_dtype", "fp32"), ("compile", False), ("activation_checkpointing", "none"), ("fsdp", "off"))
+GUARDED = tuple((name, lever.reference) for name, lever in LEVERS.items() if lever.guarded)
 """Knobs that change a step's arithmetic, with the value the precision guard's reference
-runs at: reduced precision and compiled kernels round differently; checkpointing and
+runs at: reduced precision, TF32 and compiled kernels round differently; checkpointing and
 sharding should be exact up to reduction order, which the guard then shows."""
+PRECISION = "amp_dtype"
+"""The guarded knob every label starts with."""
 
 
 def numerics(params: Mapping[str, Any]) -> str | None:
     """How a configuration's arithmetic differs from the guard's reference ("bf16",
     "fp32 + compile", ...), or ``None`` when it is reference-like."""
-    changed = [name for name, ref in GUARDED[1:] if params.get(name, ref) != ref]
-    if params.get("amp_dtype", "fp32") == "fp32" and not changed:
+    changed = [name for name, ref in GUARDED if name != PRECISION and params.get(name, ref) != ref]
+    if params.get(PRECISION, "fp32") == "fp32" and not changed:
         return None
-    words = [str(params.get("amp_dtype", "fp32"))]
-    words += [name if name == "compile" else f"{name}={params[name]}" for name in changed]
+    words = [str(params.get(PRECISION, "fp32"))]
+    words += [name if LEVERS[name].kind is bool else f"{name}={params[name]}" for name in changed]
     return " + ".join(words)
 
 
 def reference_knobs(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The configuration the precision guard's reference curve comes from: the same, in
-    fp32, eager, without checkpointing or FSDP2 (and so without FSDP2's offload)."""
+    """The configuration the precision guard's reference curve comes from: the same, at
+    every guarded lever's reference (fp32, eager, no checkpointing or FSDP2, full-precision
+    matmuls), with what those leave meaningless (FSDP2's offload) and batches in order."""
     knobs = {k: v for k, v in params.items() if k in KNOBS}
     knobs.update({name: ref for name, ref in GUARDED})
+    knobs["in_order"] = True
     if knobs.get("zero_stage", 0) == 0:
         knobs["offload_optimizer"] = "none"
     return knobs
@@ -157,94 +79,49 @@ def reference_knobs(params: Mapping[str, Any]) -> dict[str, Any]:
 def conflict(knobs: Mapping[str, Any]) -> str | None:
     """Why a set of knob values is not a configuration at all (``None`` if it is one)."""
     knobs = {**defaults(), **knobs}
-    if knobs["fsdp"] != "off" and knobs["zero_stage"] > 0:
-        return (f"fsdp: {knobs['fsdp']} and zero_stage: {knobs['zero_stage']} are two ways to shard the same "
-                "model; choose one (fsdp: off, or zero_stage: 0)")
-    if knobs["offload_optimizer"] != "none" and knobs["zero_stage"] == 0 and knobs["fsdp"] == "off":
-        return ("offload_optimizer: cpu needs a sharded optimizer to offload; use it with zero_stage >= 1 "
-                "or fsdp: full_shard / shard_grad_op")
+    for lever in LEVERS.values():
+        why = lever.conflict(knobs) if lever.conflict is not None else None
+        if why is not None:
+            return why
     return None
 
 
-@dataclass(frozen=True)
-class Machine:
-    """What this machine can do, as far as the knobs care."""
-
-    cuda: bool
-    bf16: bool
-    fp16: bool
-    compiler: bool = True
-    """A C++ compiler for inductor's CPU code (a GPU build still compiles host code)."""
-    fsdp2: bool = True
-
-    @classmethod
-    def detect(cls) -> "Machine":
-        import shutil
-
-        import torch
-
-        cuda = torch.cuda.is_available()
-        # bf16 autocast runs on every CPU torch supports; on CUDA only where the device runs it
-        # natively (Ampere or newer): by default torch also says yes where it is emulated, and
-        # an emulated bf16 trial on a V100 or T4 is slower and measures nothing a user wants.
-        bf16 = native_bf16(torch) if cuda else True
-        compiler = cuda or any(shutil.which(c) for c in ("g++", "c++", "clang++"))
-        # FSDP2's fully_shard is public from torch 2.6; importing it to find out cost 0.3-0.7 s
-        # of every search's start (torch.distributed.fsdp loads its whole package).
-        fsdp2 = torch.distributed.is_available() and torch.__version__ >= (2, 6)
-        return cls(cuda=cuda, bf16=bf16, fp16=cuda, compiler=bool(compiler), fsdp2=fsdp2)
-
-
-def native_bf16(torch: Any) -> bool:
-    """Whether the current CUDA device runs bf16 natively, not emulated."""
-    import inspect
-
-    check = torch.cuda.is_bf16_supported
-    if "including_emulation" in inspect.signature(check).parameters:
-        return bool(check(including_emulation=False))
-    return bool(check())
-
-
-@dataclass(frozen=True)
-class Config:
-    """One complete configuration of a trial."""
+class _Fields:
+    """What a configuration does besides holding its knobs."""
 
     micro_batch_size: int
-    grad_accum_steps: int
-    num_workers: int = 0
-    prefetch_factor: int = 2
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    amp_dtype: AmpDtype = "fp32"
-    zero_stage: int = 0
-    fsdp: FsdpMode = "off"
-    activation_checkpointing: CheckpointMode = "none"
-    compile: bool = False
-    ddp_bucket_cap_mb: int = 25
-    overlap_comm: bool = False
-    reduce_bucket_size: int = DEEPSPEED_BUCKET
-    allgather_bucket_size: int = DEEPSPEED_BUCKET
-    offload_optimizer: OffloadMode = "none"
-    optimizer_impl: OptimizerImpl = "default"
-    engine: Literal["torch", "deepspeed", "fsdp"] = "torch"
-    """``torch`` (plain or DDP), ``deepspeed`` or ``fsdp`` (FSDP2); derived from ``zero_stage``,
-    ``fsdp`` and the recipe."""
+    num_workers: int
 
     def params(self) -> dict[str, Any]:
         """The knobs, as recorded in results (derived values included)."""
-        return dataclasses.asdict(self)
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler)."""
-        kwargs: dict[str, Any] = {
-            "batch_size": self.micro_batch_size,
-            "num_workers": self.num_workers,
-            "pin_memory": self.pin_memory,
-        }
-        if self.num_workers > 0:  # DataLoader refuses these without workers
-            kwargs["prefetch_factor"] = self.prefetch_factor
-            kwargs["persistent_workers"] = self.persistent_workers
+        """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler):
+        every loader lever that means something here (``prefetch_factor`` only with workers,
+        which the DataLoader enforces)."""
+        values = self.params()
+        kwargs = {"batch_size": self.micro_batch_size, "num_workers": self.num_workers}
+        kwargs.update({lever.loader_kwarg: values[name] for name, lever in LEVERS.items()
+                       if lever.loader_kwarg and name not in ("micro_batch_size", "num_workers")
+                       and lever.needs(values, 1) and (lever.kwarg_at_default or values[name] != lever.default)})
         return kwargs
+
+
+def _fields() -> list[tuple[str, Any, Any]]:
+    out: list[tuple[str, Any, Any]] = [("micro_batch_size", int, dataclasses.field()),
+                                       ("grad_accum_steps", int, dataclasses.field())]
+    out += [(name, lever.kind, dataclasses.field(default=lever.default))
+            for name, lever in LEVERS.items() if name != "micro_batch_size"]
+    return out + [("engine", str, dataclasses.field(default="torch"))]
+
+
+Config = dataclasses.make_dataclass("Config", _fields(), bases=(_Fields,), frozen=True)
+Config.__module__ = __name__
+Config.__doc__ = """One complete configuration of a trial: ``micro_batch_size``,
+``grad_accum_steps``, every lever of :mod:`tuner.config.levers` (its default when not
+given) and ``engine`` (``torch``: plain or DDP, ``deepspeed`` or ``fsdp``; derived from
+``zero_stage``, ``fsdp`` and the recipe)."""
 
 
 def parse_space(raw: Any, where: str = "space") -> dict[str, tuple[Any, ...]]:
@@ -359,22 +236,8 @@ def make_config(
 
 def unsupported(machine: Machine) -> list[tuple[str, Any, str, Any]]:
     """(knob, value, why it cannot run here, what to use instead)."""
-    rows = []
-    if not machine.compiler:
-        rows.append(("compile", True, "torch.compile's inductor needs a C++ compiler on the PATH "
-                     "(g++ or clang++) for CPU code, and none was found", False))
-    if not machine.fsdp2:
-        for mode in get_args(FsdpMode)[1:]:
-            rows.append(("fsdp", mode, "this PyTorch has no torch.distributed.fsdp.fully_shard (FSDP2 needs "
-                         "torch >= 2.6)", "off"))
-    if not machine.cuda:
-        rows.append(("pin_memory", True, "no CUDA device; pinned memory only speeds host-to-GPU copies", False))
-    if not machine.fp16:
-        why = "fp16 autocast and loss scaling need a CUDA device" if not machine.cuda else "this GPU lacks fp16"
-        rows.append(("amp_dtype", "fp16", why, "fp32"))
-    if not machine.bf16:
-        rows.append(("amp_dtype", "bf16", "this GPU does not support bf16 (needs compute capability 8.0+)", "fp32"))
-    return rows
+    return [(name, value, why, fallback) for name, lever in LEVERS.items()
+            for value, why, fallback in lever.refused(machine)]
 
 
 def _fmt(value: Any) -> str:

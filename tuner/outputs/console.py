@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
+from tuner.config.levers import LEVERS
 from tuner.config.space import KNOBS
 from tuner.harness.metrics import METRIC_NAMES
 
@@ -45,11 +46,9 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-LEVER_WORDS = (("fsdp", "fsdp={}"), ("activation_checkpointing", "ac={}"), ("compile", "compile"),
-               ("ddp_bucket_cap_mb", "bucket={}MB"), ("overlap_comm", "overlap"),
-               ("reduce_bucket_size", "reduce={:.0e}"), ("allgather_bucket_size", "gather={:.0e}"),
-               ("offload_optimizer", "offload={}"), ("optimizer_impl", "opt={}"))
-"""How a knob beyond the loader, precision, batch and ZeRO reads in a row, when not at its default."""
+LEVER_WORDS = tuple((name, lever.label) for name, lever in LEVERS.items() if lever.label)
+"""How a knob beyond the loader's workers, precision, batch and ZeRO (the row's title)
+reads in a row, when not at its default."""
 
 
 def levers(params: dict[str, Any]) -> str:

@@ -2,7 +2,8 @@
 
 Written by rank 0 at the end of a search: ``best.json`` (:meth:`SearchResult.to_json`),
 ``dataloader.json``, ``ds_config.json``, ``accelerate_config.yaml``,
-``hf_training_args.json``, ``torchtitan.toml``, ``trials.csv``, ``report.md`` and ``report.html``. The result is
+``hf_training_args.json``, ``torchtitan.toml``, ``torch_settings.py``, ``trials.csv``,
+``report.md`` and ``report.html``. The result is
 also kept in the study, so ``tuner.report`` rebuilds the report from the study alone.
 """
 
@@ -46,6 +47,7 @@ def write_run(result: "SearchResult", recipe: "Recipe") -> None:
         (out / "accelerate_config.yaml").write_text(export.accelerate_config(config, recipe.world_size, cuda))
         _json(out / "hf_training_args.json", export.hf_training_args(config))
         (out / "torchtitan.toml").write_text(export.torchtitan_toml(config, recipe.world_size))
+        (out / "torch_settings.py").write_text(export.torch_settings(config))
     record = result.to_json()
     _json(out / "best.json", record)
     study.set_user_attr("result", record)  # the report is rebuilt from the study alone

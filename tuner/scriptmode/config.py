@@ -14,44 +14,28 @@ measures, so the same script runs unchanged in production::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.config import export
-from tuner.config.space import DEEPSPEED_BUCKET, KNOBS, Config
+from tuner.config.space import KNOBS, Config
 from tuner.scriptmode.trialfile import read_trial
 
 
-@dataclass(frozen=True)
-class TrialConfig:
-    """The knobs a script trains with, and the settings derived from them."""
+class _TrialFields:
+    """What a script's configuration does besides holding its knobs (the fields come from
+    the lever registry, :data:`TrialConfig`)."""
 
-    num_workers: int
-    prefetch_factor: int
-    pin_memory: bool
-    persistent_workers: bool
-    amp_dtype: str
-    micro_batch_size: int
-    zero_stage: int
     global_batch_size: int
     world_size: int
-    tuned: bool
-    """True when the tuner chose these knobs (a trial), False for the script's defaults."""
-    fsdp: str = "off"
-    activation_checkpointing: str = "none"
-    compile: bool = False
-    ddp_bucket_cap_mb: int = 25
-    overlap_comm: bool = False
-    reduce_bucket_size: int = DEEPSPEED_BUCKET
-    allgather_bucket_size: int = DEEPSPEED_BUCKET
-    offload_optimizer: str = "none"
-    optimizer_impl: str = "default"
-    given: frozenset[str] = frozenset()
-    """The knobs the recipe sets (or the script's defaults name): only those of the levers
-    below the batch and precision replace what a script's own config says."""
+    micro_batch_size: int
+    zero_stage: int
+    amp_dtype: str
+    offload_optimizer: str
+    given: frozenset[str]
 
     @property
     def grad_accum_steps(self) -> int:
@@ -60,8 +44,9 @@ class TrialConfig:
 
     def _config(self) -> Config:
         knobs = {name: getattr(self, name) for name in KNOBS}
+        fsdp = knobs["fsdp"]
         knobs.update(grad_accum_steps=self.grad_accum_steps,
-                     engine="fsdp" if self.fsdp != "off" else "deepspeed" if self.zero_stage > 0 else "torch")
+                     engine="fsdp" if fsdp != "off" else "deepspeed" if self.zero_stage > 0 else "torch")
         return Config(**knobs)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -120,6 +105,29 @@ class TrialConfig:
         return args
 
 
+TrialConfig = dataclasses.make_dataclass(
+    "TrialConfig",
+    [("global_batch_size", int), ("world_size", int), ("tuned", bool),
+     *[(name, lever.kind, dataclasses.field(default=lever.default)) for name, lever in KNOBS.items()],
+     ("given", frozenset, dataclasses.field(default=frozenset()))],
+    bases=(_TrialFields,), frozen=True)
+TrialConfig.__module__ = __name__
+TrialConfig.__doc__ = """The knobs a script trains with (every lever's, by name), and the settings
+derived from them. ``tuned``: the tuner chose them (a trial), else the script's defaults;
+``given``: the knobs the recipe sets (or the script's defaults name): only those of the
+levers below the batch and precision replace what a script's own config says."""
+
+
+def _set_process_levers(values: dict[str, Any], given: frozenset[str]) -> None:
+    """Under a trial, the process-wide levers the recipe sets (TF32 matmuls, cuDNN's
+    algorithm search) take the trial's values here: the script process is the trial's, and
+    a script cannot forget one of them (its trials would measure the same thing twice)."""
+    if any(KNOBS[name].stage == "process" for name in given if name in KNOBS):
+        from tuner.trial.engines.process import set_process_levers
+
+        set_process_levers(values, only=given)
+
+
 def _cuda() -> bool:
     """Whether the script trains on CUDA (offload pins its host buffers there)."""
     import torch
@@ -129,8 +137,9 @@ def _cuda() -> bool:
 
 def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
     """The trial's knobs under the tuner, else ``defaults`` (knobs not given take the
-    tuner's defaults). ``global_batch_size`` defaults to micro-batch x world size (no
-    accumulation) when the script does not say."""
+    tuner's defaults). Under the tuner, the process-wide levers the recipe searches
+    (``matmul_precision``, ``cudnn_benchmark``) are set here too. ``global_batch_size``
+    defaults to micro-batch x world size (no accumulation) when the script does not say."""
     unknown = sorted(set(defaults) - set(KNOBS))
     if unknown:
         raise TypeError(f"tuner.config(): unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(KNOBS)}")
@@ -150,6 +159,9 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
     if global_batch_size % (values["micro_batch_size"] * world):
         raise ValueError(f"tuner.config(): global_batch_size {global_batch_size} is not divisible by "
                          f"micro_batch_size {values['micro_batch_size']} x world size {world}")
-    if values["num_workers"] == 0:  # as the DataLoader requires
-        values["persistent_workers"] = False
+    for name, lever in KNOBS.items():  # a loader lever without workers: the DataLoader refuses it
+        if lever.group == "loader" and not lever.needs(values, world):
+            values[name] = lever.default
+    if trial is not None:
+        _set_process_levers(values, given)
     return TrialConfig(global_batch_size=global_batch_size, world_size=world, tuned=tuned, given=given, **values)

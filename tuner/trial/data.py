@@ -90,13 +90,16 @@ def _too_small(size: int | None, micro: int, world: int) -> str:
             f"({have}); make it larger or the micro_batch_size smaller")
 
 
-def to_device(batch: Any, device: torch.device, non_blocking: bool) -> Any:
-    """The batch's tensors on ``device`` (dicts, lists, tuples and named tuples kept)."""
+def to_device(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool = False) -> Any:
+    """The batch's tensors on ``device`` (dicts, lists, tuples and named tuples kept);
+    with ``channels_last``, 4-D floating-point tensors (images) in that memory format."""
     if isinstance(batch, torch.Tensor):
+        if channels_last and batch.dim() == 4 and batch.is_floating_point():
+            return batch.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
         return batch.to(device, non_blocking=non_blocking)
     if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking) for k, v in batch.items()}
+        return {k: to_device(v, device, non_blocking, channels_last) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        moved = [to_device(v, device, non_blocking) for v in batch]
+        moved = [to_device(v, device, non_blocking, channels_last) for v in batch]
         return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
     return batch

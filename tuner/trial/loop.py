@@ -206,10 +206,13 @@ class Job:
         return distributed.any_rank(bool(self.bad))
 
     def _transfer(self) -> Any:
-        if self.ctx.device.type == "cpu":
+        """The copy to the device (on a CPU, none), in channels-last format when the config
+        asks (then on a CPU too: the conversion is a copy the input pipeline pays)."""
+        formatted = self.config.channels_last
+        if self.ctx.device.type == "cpu" and not formatted:
             return None
         device, non_blocking = self.ctx.device, self.config.pin_memory
-        return lambda batch: to_device(batch, device, non_blocking)
+        return lambda batch: to_device(batch, device, non_blocking, formatted)
 
     def _trace(self, warmup: int) -> Any:
         """A profiler that records exactly the measured steps and writes them out."""

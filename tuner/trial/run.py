@@ -23,6 +23,7 @@ from tuner.harness.metrics import Window, summarize
 from tuner.harness.monitors import GpuUtil, HostMemory
 from tuner.trial import after, watchdog
 from tuner.trial.data import quiet_worker_advice
+from tuner.trial.engines import process
 from tuner.trial.failures import TrialStop, classify, poisons
 from tuner.trial.loop import Job
 from tuner.trial.result import Instruments, PruneRule, State, TrialResult
@@ -47,7 +48,16 @@ def run_trial(
             least 3); when it says so the trial stops there as ``pruned``. Give it on
             every rank or on none: the other ranks receive rank 0's decision.
         instruments: a profiler trace of the window, NVTX ranges.
+
+    The process-wide levers (TF32 matmuls, cuDNN's algorithm search) hold from the build to
+    the metrics (the MFU peak reads them), then the process's own settings come back.
     """
+    with process.held(config):
+        return _run(recipe, config, ctx, prune, instruments)
+
+
+def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None,
+         instruments: Instruments) -> TrialResult:
     freeze_once()
     quiet_worker_advice()
     memory = HostMemory(exact_peak=True).start()

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.config import levers
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Steps
 from tuner.config.space import Config, Machine, conflict, make_config
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
     from tuner.trial.result import TrialResult
 
 PROFILE_STEPS = Steps(warmup=1, measure=2, repeats=1)
-SHARDING = ("zero_stage", "fsdp", "offload_optimizer")
-GROUP = ("amp_dtype", "activation_checkpointing")
+SHARDING = levers.with_memory("states")
+"""The levers that move the model states (analytic in the memory model)."""
+GROUP = memory.GROUP
 SECOND_PROFILE_RATIO = 4
 """The baseline group's second profiled micro-batch is at least this many times its first
 (or the largest there is): two close micro-batches pin the slope poorly."""

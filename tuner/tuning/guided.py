@@ -13,26 +13,21 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import Verdict
-from tuner.analysis.evidence import FAMILY_FIRST
+from tuner.config import levers
 from tuner.config.space import conflict
 from tuner.tuning.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05
 """A data-wait share above this says the loader is (part of) the bottleneck."""
-COORDINATE_ORDER = ("amp_dtype", "micro_batch_size", "zero_stage", "fsdp", "activation_checkpointing", "compile",
-                    "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "optimizer_impl",
-                    "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size",
-                    "offload_optimizer")
+COORDINATE_ORDER = levers.by("walk")
 """Knobs tried one at a time around the best so far, the likeliest large effects first."""
 SMALLER_FIRST = ("memory-bound", "memory-bound (loader workers)")
 """Verdicts under which smaller values come first (micro-batch, workers): they free memory."""
 NO_ROOM = ("oom", "over_budget", "skipped")
 """Trial states that say a configuration did not fit its memory."""
-ALTERNATIVES = {"fsdp": ("zero_stage", 0), "zero_stage": ("fsdp", "off")}
+ALTERNATIVES = {name: lever.alternative for name, lever in levers.LEVERS.items() if lever.alternative}
 """Moving to one sharding family leaves the other: FSDP2 and ZeRO never go together."""
-ORDERED = {"micro_batch_size": None, "zero_stage": None, "num_workers": None, "prefetch_factor": None,
-           "ddp_bucket_cap_mb": None, "reduce_bucket_size": None, "allgather_bucket_size": None,
-           "activation_checkpointing": ("none", "selective", "full")}
+ORDERED = tuple(name for name, lever in levers.LEVERS.items() if lever.ordered)
 """Knobs whose values lie on a line (by number, or as given), each step along it buying one
 thing at a growing price: a larger micro-batch fewer collectives per sample for memory, a
 higher ZeRO stage memory for communication, more checkpointing memory for recompute.
@@ -82,7 +77,7 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
     step = _checkpointed_larger(c, start, tried, outcome)
     if step is not None:
         return step
-    first = FAMILY_FIRST.get(kind, ())
+    first = levers.pointed_at(kind)
     for name in first + tuple(n for n in COORDINATE_ORDER if n not in first):
         values = list(c.get(name, ()))
         if name == "micro_batch_size" and kind not in SMALLER_FIRST:
@@ -108,7 +103,7 @@ def _past_a_loser(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, Any], na
     smaller micro-batch); only a larger micro-batch past it cannot fit either."""
     if name not in ORDERED or start.get(name) not in c[name]:
         return False
-    line = ORDERED[name] or tuple(sorted(c[name]))
+    line = levers.LEVERS[name].line(c[name])
     if value not in line or start[name] not in line:
         return False
     here, there = line.index(start[name]), line.index(value)

@@ -26,6 +26,7 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 import torch
 
+from tuner.config import levers
 from tuner.harness.monitors import HostMemory
 
 if TYPE_CHECKING:
@@ -41,8 +43,11 @@ if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
 
 GIB = 1024**3
-AMP_PRIOR = {"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}
-CHECKPOINT_PRIOR = {"none": 1.0, "selective": 0.5, "full": 0.1}
+GROUP = levers.with_memory("activations")
+"""The levers that scale the activations (amp dtype, checkpointing): a group of their values
+has one per-sample slope."""
+REFERENCE = tuple(str(levers.LEVERS[name].default) for name in GROUP)
+"""The group every lever's prior is relative to (fp32, no checkpointing)."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +80,13 @@ def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, hos
     return params + grads + optim
 
 
-def _group(knobs: Mapping[str, Any]) -> tuple[str, str]:
-    return str(knobs.get("amp_dtype", "fp32")), str(knobs.get("activation_checkpointing", "none"))
+def _group(knobs: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(knobs.get(name, levers.LEVERS[name].default)) for name in GROUP)
 
 
-def _prior(group: tuple[str, str]) -> float:
-    return AMP_PRIOR.get(group[0], 1.0) * CHECKPOINT_PRIOR.get(group[1], 1.0)
+def _prior(group: tuple[str, ...]) -> float:
+    """Each activation lever's prior for its value, multiplied (its declared ``prior``)."""
+    return math.prod(levers.LEVERS[name].prior.get(value, 1.0) for name, value in zip(GROUP, group))
 
 
 @dataclass
@@ -120,7 +126,7 @@ class MemoryModel:
             basis = "fitted" if (knobs["micro_batch_size"], _group(knobs)) in seen else "analytic"
             return Prediction(max(intercept + states + workers, states) / GIB, basis)
         group = _group(knobs)
-        slope = slopes.get(group, slopes[("fp32", "none")] * _prior(group))
+        slope = slopes.get(group, slopes[REFERENCE] * _prior(group))
         peak = intercept + states + slope * knobs["micro_batch_size"] + workers
         measured = any(_group(k) == group for k, _ in self.observed)
         return Prediction(max(peak, states) / GIB, "fitted" if measured else "prior")
@@ -175,7 +181,7 @@ class MemoryModel:
     def _states(self, knobs: Mapping[str, Any]) -> float:
         return states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
 
-    def _fit(self) -> tuple[float, dict[tuple[str, str], float] | None, float] | None:
+    def _fit(self) -> tuple[float, dict[tuple[str, ...], float] | None, float] | None:
         """Intercept, per-sample slope per (amp, checkpointing) group (``None`` while every
         trial had the same micro-batch: then the intercept holds that micro-batch's
         activations), per-worker bytes; ``None`` until two trials differ in their
@@ -187,7 +193,7 @@ class MemoryModel:
         fp32 at micro-batch 16 read 20% over, 11% with per-group slopes)."""
         rows = [(k, peak - self._states(k)) for k, peak in self.observed]
         workers = [k.get("num_workers", 0) for k, _ in rows]
-        by_group: dict[tuple[str, str], set[int]] = {}
+        by_group: dict[tuple[str, ...], set[int]] = {}
         for k, _ in rows:
             by_group.setdefault(_group(k), set()).add(k["micro_batch_size"])
         groups = sorted(by_group)
@@ -197,7 +203,7 @@ class MemoryModel:
         else:
             scaled = [k["micro_batch_size"] * _prior(_group(k)) for k, _ in rows]
             columns = [np.ones(len(rows))] + ([np.array(scaled, dtype=float)] if len(set(scaled)) >= 2 else [])
-            groups = [("fp32", "none")] if len(columns) > 1 else []
+            groups = [REFERENCE] if len(columns) > 1 else []
         workers_vary = len(set(workers)) >= 2
         if len(columns) == 1 and not workers_vary:
             return None
@@ -209,10 +215,10 @@ class MemoryModel:
         if not groups:
             return intercept, None, per_worker
         slopes = {g: max(0.0, float(c)) for g, c in zip(groups, coef[1:])}
-        if len(groups) == 1 and groups[0] == ("fp32", "none") and len(by_group) > 1:
-            slopes = {g: slopes[("fp32", "none")] * _prior(g) for g in by_group}  # prior-scaled: one slope
-        if ("fp32", "none") not in slopes:  # what the others' slopes say, by their priors
-            slopes[("fp32", "none")] = statistics.fmean(v / _prior(g) for g, v in slopes.items())
+        if len(groups) == 1 and groups[0] == REFERENCE and len(by_group) > 1:
+            slopes = {g: slopes[REFERENCE] * _prior(g) for g in by_group}  # prior-scaled: one slope
+        if REFERENCE not in slopes:  # what the others' slopes say, by their priors
+            slopes[REFERENCE] = statistics.fmean(v / _prior(g) for g, v in slopes.items())
         return intercept, slopes, per_worker
 
 

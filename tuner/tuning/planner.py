@@ -38,8 +38,7 @@ if TYPE_CHECKING:
     from tuner.tuning.finalists import Confirmation
 
 MAX_RESAMPLES = 50
-"""Times the sampler may propose an already-measured configuration before the space is
-considered exhausted."""
+"""Times the sampler may propose a measured configuration before the space counts as exhausted."""
 
 
 class Planner:
@@ -188,12 +187,12 @@ class Planner:
         return True
 
     def set_reference(self, result: TrialResult) -> None:
-        """The fp32 loss curve the precision guard compares with (an extra trial, run
-        only when the first reduced-precision trial comes before any fp32 one)."""
+        """The fp32 loss curve the precision guard compares with (an extra trial, run only
+        when the first reduced-precision trial comes before any fp32 one, batches in order)."""
         if result.ok and result.losses:
             self.reference = result.losses
-            self.events.note("precision guard: measured an fp32 reference curve (eager, no checkpointing or FSDP2) "
-                             "for the trials that change the arithmetic")
+            self.events.note("precision guard: measured an fp32 reference curve (eager, every guarded lever at its "
+                             "reference) for the trials that change the arithmetic")
         else:
             self.events.note(f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
                              "trials that change the arithmetic are not checked")
@@ -202,11 +201,12 @@ class Planner:
     def record(self, result: TrialResult) -> None:
         assert self.trial is not None and self.current is not None
         label = numerics(self.current.params())
-        if result.ok and label is None and not self.reference and result.losses:
+        if result.ok and label is None and not self.reference and result.losses and self.current.in_order:
             self.reference = result.losses
         elif result.state in (State.OK, State.PRUNED) and label is not None and self.reference and result.losses:
             # a pruned trial whose curve already left the reference is imprecise, not just slow
-            why = divergence(result.losses, self.reference, self.recipe.precision.tolerance, label)
+            tolerance, ordered = self.recipe.precision.tolerance, self.current.in_order
+            why = divergence(result.losses, self.reference, tolerance, label, ordered)
             if why:
                 result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
         changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size

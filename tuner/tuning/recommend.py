@@ -123,4 +123,5 @@ def imprecise(params: dict[str, Any], runs: "list[TrialResult]", reference: list
     label = numerics(params)
     if label is None or not reference:
         return False
-    return any(r.ok and divergence(r.losses, reference, recipe.precision.tolerance, label) for r in runs)
+    ordered = params.get("in_order", True)
+    return any(r.ok and divergence(r.losses, reference, recipe.precision.tolerance, label, ordered) for r in runs)

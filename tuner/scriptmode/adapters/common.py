@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from tuner.config.levers import LEVERS
+from tuner.config.script import LOADER_KNOBS
 from tuner.scriptmode.config import TrialConfig
 
 
@@ -27,19 +29,13 @@ def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate",
         raise AdaptError(f"tuner (adapt: {mode}): the script's DataLoader takes a batch_sampler, so the trial's "
                          "loader knobs cannot be set on it; give it batch_size=, or tune it with "
                          "tuner.config() (recipes/scripts/train_plain.py shows how)")
-    take = set(only) if only is not None else {"micro_batch_size", "num_workers", "prefetch_factor", "pin_memory",
-                                                "persistent_workers"}
-    workers = cfg.num_workers if "num_workers" in take else loader.num_workers
-    settings: dict[str, Any] = {
-        "batch_size": cfg.micro_batch_size if "micro_batch_size" in take else loader.batch_size,
-        "num_workers": workers,
-        "pin_memory": cfg.pin_memory if "pin_memory" in take else loader.pin_memory,
-    }
-    if workers > 0:  # DataLoader refuses these without workers
-        settings["prefetch_factor"] = (cfg.prefetch_factor if "prefetch_factor" in take
-                                       else loader.prefetch_factor or 2)
-        settings["persistent_workers"] = (cfg.persistent_workers if "persistent_workers" in take
-                                          else loader.persistent_workers)
+    take = set(only) if only is not None else {"micro_batch_size", *LOADER_KNOBS}
+    mine = {name: getattr(cfg, name) if name in take else _own(loader, name) for name in LOADER_KNOBS}
+    settings: dict[str, Any] = {"batch_size": cfg.micro_batch_size if "micro_batch_size" in take else loader.batch_size}
+    # prefetch_factor and the like only with workers; in_order only where it is not the default
+    settings.update({LEVERS[name].loader_kwarg: value for name, value in mine.items()
+                     if LEVERS[name].needs(mine, 1) and (LEVERS[name].kwarg_at_default
+                                                         or value != LEVERS[name].default)})
     kwargs: dict[str, Any] = dict(
         collate_fn=loader.collate_fn, drop_last=loader.drop_last, timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
@@ -51,6 +47,13 @@ def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate",
         elif not isinstance(loader.sampler, SequentialSampler):
             kwargs["sampler"] = loader.sampler
     return DataLoader(loader.dataset, **kwargs)
+
+
+def _own(loader: Any, name: str) -> Any:
+    """The script's loader's own value of a loader lever (the DataLoader's default where
+    it keeps none: ``prefetch_factor`` is ``None`` without workers)."""
+    value = getattr(loader, LEVERS[name].loader_kwarg or name, None)
+    return LEVERS[name].default if value is None else value
 
 
 def patch_method(obj: Any, name: str, wrapper: Any) -> None:

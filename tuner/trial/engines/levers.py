@@ -123,11 +123,24 @@ def prepare_model(module: torch.nn.Module, task: "Task | None", config: "Config"
     clock and notes (which blocks, when a lever used them)."""
     blocks, found = find_blocks(module, task)
     notes = [found] if (config.fsdp != "off" or config.activation_checkpointing != "none" or config.compile) else []
+    notes += channels_last(module, config.channels_last)
     recompute = Recompute(timed=device.type == "cpu" and not config.compile)
     checkpoint_blocks(blocks, config.activation_checkpointing, recompute)
     if config.compile:
         compile_model(module, blocks)
     return blocks, recompute, notes
+
+
+def channels_last(module: torch.nn.Module, on: bool) -> list[str]:
+    """The model's 4-D parameters (convolution weights) in channels-last memory format, so
+    its convolutions run NHWC kernels (the loop converts image batches alike). Returns a
+    note when the model has no 2-D convolution: then the format changes nothing it computes."""
+    if not on:
+        return []
+    module.to(memory_format=torch.channels_last)
+    if any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
+        return []
+    return ["channels_last: the model has no 2-D convolution, so the memory format changes nothing it computes"]
 
 
 def optimizer_kwargs(impl: str) -> dict[str, Any]:

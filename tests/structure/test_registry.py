@@ -1,0 +1,126 @@
+"""The lever registry is complete: every lever carries what each layer needs, and each
+layer's view of the levers covers them all (a lever a layer silently drops fails here)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.analysis import attribution, diagnose, evidence
+from tuner.config import export, levers
+from tuner.config.lever import ADAPTERS, EXPORT_FILES, Lever
+from tuner.config.script import ADAPTER_ROUTES
+from tuner.config.space import Config, Machine, conflict, make_config
+from tuner.outputs import console
+from tuner.scriptmode.config import TrialConfig
+from tuner.trial.engines.process import resolve
+from tuner.tuning import capacity, guided, memory
+
+LEVERS = levers.LEVERS
+TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")
+"""Shown in a result row's title, not among its levers."""
+WORLD = 2
+ANY = Machine(cuda=True, bf16=True, fp16=True, cudnn=True)
+CONTEXTS = ({}, {"num_workers": 2}, {"zero_stage": 1}, {"zero_stage": 2}, {"fsdp": "full_shard"})
+"""Where a lever is tried: the first of these in which it applies."""
+
+
+def _verdict_kinds() -> set[str]:
+    """Every verdict kind the analysis can emit, read from its string literals."""
+    kinds = set()
+    for module in (diagnose, evidence):
+        for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Verdict" and node.args \
+                    and isinstance(node.args[0], ast.Constant):
+                kinds.add(node.args[0].value)
+            if isinstance(node, ast.keyword) and node.arg == "kind" and isinstance(node.value, ast.Constant):
+                kinds.add(node.value.value)  # replace(verdict, kind=...)
+    return kinds
+
+
+@pytest.mark.parametrize("name", list(LEVERS))
+def test_every_lever_is_declared_whole(name: str) -> None:
+    lever = LEVERS[name]
+    assert lever.help and lever.risk, f"{name}: help and risk are what the recipe docs and attribution say"
+    assert lever.label or name in TITLE, f"{name}: no label for result rows"
+    assert lever.adapters <= set(ADAPTERS)
+    assert lever.exports and set(lever.exports) <= set(EXPORT_FILES), f"{name}: reaches no config to paste"
+    assert callable(resolve(lever.apply)), f"{name}: apply {lever.apply!r} names nothing"
+    assert (lever.loader_kwarg is not None) == (lever.stage == "loader" or name == "micro_batch_size")
+    if lever.memory == "activations":
+        assert set(lever.choices or ()) <= set(lever.prior), f"{name}: an activation prior for every value"
+    if lever.kind is not int:
+        assert lever.choices or lever.kind is bool, f"{name}: a string lever lists its values"
+        assert lever.parse(lever.default, name) == lever.default
+    assert set(lever.verdicts) <= _verdict_kinds(), f"{name}: points from a verdict the analysis never emits"
+    if lever.ordered:
+        assert lever.kind is int or lever.choices, f"{name}: ordered along what?"
+
+
+def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
+    for rank in ("path", "walk"):
+        ranks = [getattr(lever, rank) for lever in LEVERS.values()]
+        assert len(set(ranks)) == len(ranks), f"two levers share a {rank} rank"
+    assert set(attribution.ORDER) == set(LEVERS) == set(attribution.RISKS)
+    assert set(guided.COORDINATE_ORDER) == set(LEVERS)
+    assert {n for n, _ in console.LEVER_WORDS} | set(TITLE) == set(LEVERS)
+    assert set(capacity.SHARDING) | set(memory.GROUP) | {"micro_batch_size"} <= set(LEVERS)
+    assert set(ADAPTER_ROUTES) == set(ADAPTERS)
+    fields = [f.name for f in dataclasses.fields(Config)]
+    assert fields == ["micro_batch_size", "grad_accum_steps", *(n for n in LEVERS if n != "micro_batch_size"),
+                      "engine"]
+    assert set(LEVERS) <= {f.name for f in dataclasses.fields(TrialConfig)}
+
+
+def _where_it_applies(name: str) -> dict[str, Any]:
+    for context in CONTEXTS:
+        knobs = {**{k: v.default for k, v in LEVERS.items()}, **context}
+        if LEVERS[name].needs(knobs, WORLD) and conflict(context) is None:
+            return dict(context)
+    raise AssertionError(f"{name}: applies in none of {CONTEXTS}")
+
+
+def _other_value(lever: Lever) -> Any:
+    if lever.kind is bool:
+        return not lever.default
+    if lever.choices:
+        return next(v for v in lever.choices if v != lever.default)
+    if lever.name == "micro_batch_size":
+        return 4
+    if lever.maximum is not None:
+        return lever.maximum if lever.default != lever.maximum else lever.minimum
+    return lever.default * 2 if lever.default else 2
+
+
+def _file(name: str, config: Any) -> str:
+    return {
+        "dataloader.json": lambda: str(export.dataloader_kwargs(config)),
+        "ds_config.json": lambda: str(export.ds_config(config, WORLD)),
+        "accelerate_config.yaml": lambda: export.accelerate_config(config, WORLD, cuda=True),
+        "hf_training_args.json": lambda: str(export.hf_training_args(config)),
+        "torchtitan.toml": lambda: export.torchtitan_toml(config, WORLD),
+        "torch_settings.py": lambda: export.torch_settings(config),
+    }[name]()
+
+
+@pytest.mark.parametrize("name", list(LEVERS))
+def test_every_lever_reaches_the_files_it_names(name: str) -> None:
+    """Changing a lever changes each export file its declaration names: a lever an
+    exporter forgets fails here, not in a user's pasted config."""
+    lever, context = LEVERS[name], _where_it_applies(name)
+    base = make_config({**context, "micro_batch_size": 8}, 32, WORLD, ANY)[0]
+    moved = make_config({**context, "micro_batch_size": 8, name: _other_value(lever)}, 32, WORLD, ANY)[0]
+    assert getattr(moved, name) != getattr(base, name), f"{name}: the other value did not apply"
+    for file in lever.exports:
+        assert _file(file, base) != _file(file, moved), f"{name}: {file} does not change with it"
+
+
+def test_the_refusals_name_a_value_and_a_fallback_the_lever_takes() -> None:
+    bare = Machine(cuda=False, bf16=False, fp16=False, compiler=False, fsdp2=False, cudnn=False, in_order=False)
+    for name, lever in LEVERS.items():
+        for value, why, fallback in lever.refused(bare):
+            assert lever.parse(value, name) == value and lever.parse(fallback, name) == fallback and why

@@ -1,0 +1,137 @@
+"""What the tuner knows of one lever, in one declaration (:class:`Lever`).
+
+Every layer reads its part from here: the recipe its type and values, the space what
+applies and what conflicts, the trial where it is applied, the search its order and the
+verdicts that point at it, the memory model its effect, the attribution its risk, the
+console its label, script mode its routes, the exports the fields it sets. Before this,
+the same facts sat in nine hand-kept tables over six subpackages, and a knob missing from
+one (the attribution's order) was silently dropped there; ``tests/structure`` now checks
+each declaration is complete instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping
+
+from tuner.config.errors import RecipeError
+from tuner.config.machine import Machine
+
+Group = Literal["loader", "precision", "batch", "sharding", "model", "kernels", "communication", "optimizer"]
+"""What a lever acts on (the loader's levers are the ones a loader change is made of)."""
+Memory = Literal["states", "activations", "per_sample", "workers", "none"]
+"""How a lever moves a rank's peak memory, as the memory model and ``tuner plan`` take it:
+``states`` (parameters, gradients, optimizer: sharding and offload, analytic),
+``activations`` (scales the per-sample slope by :attr:`Lever.prior`), ``per_sample`` (the
+micro-batch itself), ``workers`` (what each loader worker holds), ``none``."""
+Stage = Literal["loader", "process", "model", "engine", "optimizer", "batch"]
+"""Where a trial applies it: DataLoader keyword, process-wide setting held for the trial
+(then restored), the model before the engine wraps it, the engine, the optimizer, the
+training loop's batch arithmetic."""
+ADAPTERS = ("torch", "hf", "lightning", "accelerate", "deepspeed")
+EXPORT_FILES = ("dataloader.json", "ds_config.json", "accelerate_config.yaml", "hf_training_args.json",
+                "torchtitan.toml", "torch_settings.py")
+"""The run folder's configs to paste; every lever reaches at least one."""
+UNGUARDED = object()
+""":attr:`Lever.reference` of a lever that leaves a step's arithmetic alone."""
+
+
+def always(knobs: Mapping[str, Any], world_size: int) -> bool:
+    return True
+
+
+def never_refused(machine: Machine) -> list[tuple[Any, str, Any]]:
+    return []
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One tunable setting: its values, and what every layer of the tuner does with it."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    choices: tuple[Any, ...] | None = None
+    minimum: int | None = None
+    maximum: int | None = None
+    aliases: tuple[tuple[Any, Any], ...] = ()
+    """Values read as another: YAML 1.1 reads a bare ``off`` as false (``fsdp: [off, ...]``)."""
+    group: Group = "model"
+    needs: Callable[[Mapping[str, Any], int], bool] = always
+    """Whether it means anything given the other knobs (all of them) and the world size; a
+    lever that means nothing takes its default, so two configurations that train alike are
+    one, and the sampler is not asked for it."""
+    conflict: Callable[[Mapping[str, Any]], str | None] | None = None
+    """Why a set of knob values with this lever is no configuration at all."""
+    refused: Callable[[Machine], list[tuple[Any, str, Any]]] = never_refused
+    """(value, why it cannot run on this machine, what runs instead)."""
+    path: int = 0
+    """Its place on the attribution's path from the baseline (what feeds the step first)."""
+    walk: int = 0
+    """Its place in the guided walk's one-knob-at-a-time order (likeliest large effect first)."""
+    verdicts: Mapping[str, int] = field(default_factory=dict)
+    """Verdict kind -> rank: the verdicts that point at this lever, and how early."""
+    ordered: bool = False
+    """Its values lie on a line (by number, else as the choices list them), each step buying
+    one thing at a growing price: the guided walk does not go past one that lost."""
+    alternative: tuple[str, Any] | None = None
+    """Moving to this lever leaves that one at that value (FSDP2 and ZeRO never together)."""
+    risk: str = ""
+    """What the change can cost besides speed, in the attribution table."""
+    label: str | None = None
+    """How a non-default value reads in a result row (``None``: it is in the row's title)."""
+    adapters: frozenset[str] = frozenset()
+    """Script mode's adapters that deliver it themselves (others need ``knobs:`` / ``env:``)."""
+    memory: Memory = "none"
+    prior: Mapping[Any, float] = field(default_factory=dict)
+    """For an ``activations`` lever: each value's activation memory against the default's,
+    until the trials measure it."""
+    exports: Mapping[str, str] = field(default_factory=dict)
+    """Export file -> the field it sets there (see :data:`EXPORT_FILES`)."""
+    stage: Stage = "engine"
+    apply: str = ""
+    """``module:function`` that applies it to a trial (resolved in the trial layer)."""
+    loader_kwarg: str | None = None
+    """Its ``torch.utils.data.DataLoader`` keyword (loader levers)."""
+    kwarg_at_default: bool = True
+    """Whether the keyword is passed at its default too (``False`` for one only recent
+    DataLoaders take: a pasted ``dataloader.json`` then runs on an older PyTorch)."""
+    suggest: tuple[tuple[Any, ...], str] | None = None
+    """What a verdict pointing at it suggests: (the values that already follow the advice,
+    the words); ``None``: the verdict's own words cover it."""
+    reference: Any = UNGUARDED
+    """The value the precision guard's reference runs at, for a lever that changes a
+    step's arithmetic (reduced precision and compiled kernels round differently)."""
+
+    def parse(self, value: Any, where: str) -> Any:
+        """Check one value; ``where`` names it in the error (e.g. ``space.num_workers[2]``)."""
+        for alias, meant in self.aliases:
+            if value is alias or (type(value) is type(alias) and value == alias):
+                value = meant
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise RecipeError(f"{where}: expected true or false, got {value!r}")
+            return value
+        if self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise RecipeError(f"{where}: expected an integer, got {value!r}")
+            if self.minimum is not None and value < self.minimum:
+                raise RecipeError(f"{where}: must be >= {self.minimum}, got {value}")
+            if self.maximum is not None and value > self.maximum:
+                raise RecipeError(
+                    f"{where}: must be between {self.minimum} and {self.maximum}, got {value}"
+                )
+            return value
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(map(str, self.choices))
+            raise RecipeError(f"{where}: expected one of {allowed}, got {value!r}")
+        return value
+
+    @property
+    def guarded(self) -> bool:
+        return self.reference is not UNGUARDED
+
+    def line(self, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        """An :attr:`ordered` lever's values in line order."""
+        return tuple(sorted(values)) if self.kind is int else tuple(v for v in self.choices or () if v in values)

@@ -1,0 +1,53 @@
+"""What this machine can do, as far as the levers care (read once, before a search)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this machine can do, as far as the knobs care."""
+
+    cuda: bool
+    bf16: bool
+    fp16: bool
+    compiler: bool = True
+    """A C++ compiler for inductor's CPU code (a GPU build still compiles host code)."""
+    fsdp2: bool = True
+    cudnn: bool = False
+    """cuDNN on a CUDA device (``cudnn_benchmark`` picks its convolution algorithms)."""
+    in_order: bool = True
+    """This PyTorch's DataLoader takes ``in_order`` (torch >= 2.6)."""
+
+    @classmethod
+    def detect(cls) -> "Machine":
+        import inspect
+        import shutil
+
+        import torch
+
+        cuda = torch.cuda.is_available()
+        # bf16 autocast runs on every CPU torch supports; on CUDA only where the device runs it
+        # natively (Ampere or newer): by default torch also says yes where it is emulated, and
+        # an emulated bf16 trial on a V100 or T4 is slower and measures nothing a user wants.
+        bf16 = native_bf16(torch) if cuda else True
+        compiler = cuda or any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+        # FSDP2's fully_shard is public from torch 2.6; importing it to find out cost 0.3-0.7 s
+        # of every search's start (torch.distributed.fsdp loads its whole package).
+        fsdp2 = torch.distributed.is_available() and torch.__version__ >= (2, 6)
+        cudnn = cuda and torch.backends.cudnn.is_available()
+        in_order = "in_order" in inspect.signature(torch.utils.data.DataLoader).parameters
+        return cls(cuda=cuda, bf16=bf16, fp16=cuda, compiler=bool(compiler), fsdp2=fsdp2, cudnn=cudnn,
+                   in_order=in_order)
+
+
+def native_bf16(torch: Any) -> bool:
+    """Whether the current CUDA device runs bf16 natively, not emulated."""
+    import inspect
+
+    check = torch.cuda.is_bf16_supported
+    if "including_emulation" in inspect.signature(check).parameters:
+        return bool(check(including_emulation=False))
+    return bool(check())
