@@ -134,7 +134,7 @@ def deepspeed_estimators(zero_rows: list[dict]) -> None:
     sys.path.insert(0, str(ROOT / "recipes"))
     from tasks.gpt2 import build_model  # type: ignore[import-not-found]
 
-    from tuner.tuning.memory import GIB, states_bytes
+    from tuner.memory.model import GIB, states_bytes
 
     with torch.device("meta"):
         model = build_model(GPT2_ARGS)

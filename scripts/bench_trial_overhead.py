@@ -76,9 +76,9 @@ def script_round(args: argparse.Namespace) -> list[float]:
     """``--trials`` script-mode trials of ``--script-recipe``, launched as the search does."""
     from tuner.config.recipe import load_recipe
     from tuner.config.space import Machine
+    from tuner.measurement import measured_config
     from tuner.scriptmode.launcher import ScriptTrials
     from tuner.trial.data import warmup_steps
-    from tuner.tuning.measurement import measured_config
 
     recipe = load_recipe(args.script_recipe)
     config, _ = measured_config(recipe, Machine.detect())
@@ -137,9 +137,9 @@ def worker(args: argparse.Namespace) -> None:
     from tuner.config.recipe import load_recipe
     from tuner.config.space import Machine
     from tuner.harness import distributed
+    from tuner.measurement import measured_config
     from tuner.trial import engines
     from tuner.trial.run import run_trial
-    from tuner.tuning.measurement import measured_config
 
     ctx = distributed.context()
     recipe = load_recipe(args.recipe, args.set, world_size=ctx.world_size)

@@ -194,7 +194,7 @@ def _full_disk(recipe: Path, folder: Path) -> tuple[int, int, float, bool]:
     """In a child process: SQLite's page limit fills the 'disk' after a trial or two."""
     code = f"""
 import sqlalchemy, sqlite3, tuner
-from tuner.tuning import study as study_mod
+from tuner.study import records as study_mod
 r = tuner.load_recipe({str(recipe)!r})
 study_mod.open_study(r, r.storage, 0)
 pages = sqlite3.connect({str(folder / 'run' / 'study.db')!r}).execute("PRAGMA page_count").fetchone()[0]

@@ -385,7 +385,7 @@ def checks(lab: Lab) -> list[tuple[str, Callable[[], list[Row]]]]:
                        f"{m.metrics['peak_mem_gib']:.2f}..{used}", "between", own is not None and used is not None
                        and m.metrics["peak_mem_gib"] < own <= used + 0.01))
         index = lab.device.index or 0
-        from tuner.harness.devices import room
+        from tuner.harness.system.devices import room
 
         free, total = torch.cuda.mem_get_info(lab.device)
         smi = nvml_used_bytes(index)

@@ -14,18 +14,18 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
+from tuner import runner
 from tuner.analysis.gate import DEFAULT_REPEATS, CheckResult, differences, verdict
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Recipe, check_tolerance, load_recipe
 from tuner.config.space import parse_knobs
-from tuner.harness import distributed
+from tuner.harness import distributed, interrupt
 from tuner.harness.as_found import as_found
-from tuner.harness.environment import environment
-from tuner.trial.result import Instruments
-from tuner.tuning import interrupt
-from tuner.tuning.capacity import CapacityPlan, plan_recipe
-from tuner.tuning.measurement import Measurement, measure_recipe
-from tuner.tuning.result import SearchResult
+from tuner.harness.system.environment import environment
+from tuner.measurement import Measurement, measure_recipe
+from tuner.memory.plan import CapacityPlan, plan_recipe
+from tuner.trial.trial_result import Instruments
+from tuner.tuning.search_result import SearchResult
 
 __all__ = ["CapacityPlan", "Measurement", "SearchResult", "check", "measure", "plan", "search"]
 
@@ -130,9 +130,7 @@ def search(
     recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage,
                                  tolerance=recipe.tolerance if tolerance is None else
                                  check_tolerance(tolerance, "--tolerance"))
-    if recipe.script is not None and ctx.world_size > 1:
-        raise RecipeError(f"script: run a script recipe's search as one process (python -m tuner.search "
-                          f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+    runner.check_launch(recipe, ctx, "search")
     recipe, said = _gpu_budget(recipe, ctx)
     live = None
     if ctx.is_main:
@@ -162,7 +160,7 @@ def _node_group_workers(recipe: Recipe, overrides: Sequence[str], knobs: dict[st
     import sys
 
     from tuner.scriptmode import slurm
-    from tuner.tuning.workers import FOLLOW_ENV
+    from tuner.study.workers import FOLLOW_ENV
 
     script = recipe.script
     if script is None or script.launcher != "slurm" or script.parallel < 2 or os.environ.get(slurm.GROUP_ENV):
@@ -201,9 +199,9 @@ def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, s
     """A task recipe's search on GPUs without ``budget.memory_gib``: the budget is what each
     rank's GPU had free at the start plus what its process already holds there, the least
     over the ranks (DESIGN.md), and the search says so once."""
-    if recipe.script is not None or ctx.device.type != "cuda" or recipe.budget.memory_gib is not None:
+    if not runner.in_process(recipe) or ctx.device.type != "cuda" or recipe.budget.memory_gib is not None:
         return recipe, None
-    from tuner.harness.devices import room
+    from tuner.harness.system.devices import room
 
     gib = min(distributed.all_gather(room(ctx.device) / 2**30))
     budget = dataclasses.replace(recipe.budget, memory_gib=round(gib, 2))
@@ -221,7 +219,7 @@ def plan(
 ) -> CapacityPlan | None:
     """What fits, without a search: the largest micro-batch predicted to fit the memory
     budget for each sharding x AMP x checkpointing combination of the recipe's space, from
-    the analytic model states and a few short profiled trials (:mod:`tuner.tuning.capacity`).
+    the analytic model states and a few short profiled trials (:mod:`tuner.memory.plan`).
 
     Rank 0 returns the plan (``None`` on other ranks) and writes ``plan.json`` into the run
     folder (``out``, default the recipe's), where a search of the same recipe then starts
@@ -231,7 +229,7 @@ def plan(
 
     ctx = distributed.context()
     recipe = _load(recipe, overrides, ctx.world_size, knobs)
-    if recipe.script is not None:
+    if not runner.in_process(recipe):
         raise RecipeError(f"plan: {recipe.path} is a script recipe; tuner plan needs a task recipe (it counts "
                           "the model's parameters itself). A search of a script still predicts each trial "
                           "from the peaks it measured")

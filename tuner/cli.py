@@ -40,7 +40,7 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
 
     from tuner.api import measure
     from tuner.outputs import console
-    from tuner.trial.result import State
+    from tuner.trial.trial_result import State
 
     def run() -> Any:
         return measure(args.recipe, repeats=args.repeats, overrides=args.sets, trace=args.trace, nvtx=args.nvtx)
@@ -217,7 +217,7 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     if not out.is_dir():
         print(f"error: {out} is not a folder (give the search's run folder)", file=sys.stderr)
         return 2
-    from tuner.outputs.report import build_report
+    from tuner.outputs.report_builder import build_report
 
     try:
         md, page = build_report(out, storage=args.storage)
@@ -229,7 +229,7 @@ def report_main(argv: Sequence[str] | None = None) -> int:
 
 
 def agent_main(argv: Sequence[str] | None = None) -> int:
-    from tuner.scriptmode import agent
+    from tuner.scriptmode import node_agent as agent
 
     parser = argparse.ArgumentParser(prog="python -m tuner.agent", description=(agent.__doc__ or "").split("\n\n")[0])
     parser.add_argument("recipe", help="the script recipe the search runs (nnodes > 1)")

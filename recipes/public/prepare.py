@@ -53,8 +53,8 @@ def _tokenizer(lines: list[str], folder: Path) -> None:
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(lines, vocab_size=512, special_tokens=["<|endoftext|>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>",
-                                   eos_token="<|endoftext|>", model_max_length=1024)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer,  # noqa: SLF001 - the fast tokenizer object
+                                   bos_token="<|endoftext|>", eos_token="<|endoftext|>", model_max_length=1024)
     fast.save_pretrained(folder)
 
 

@@ -56,23 +56,23 @@ def test_batch_norm_with_another_micro_batch_is_flagged(toy, tmp_path):
 def test_a_pruned_trial_whose_curve_left_the_reference_is_recorded_imprecise(toy, tmp_path):
     """Pruning cuts a bf16 trial after 2 measured steps; what it ran still goes to the guard."""
     from tuner.config.space import Machine
-    from tuner.trial.result import State, TrialResult
+    from tuner.study.searchspace import build_space
+    from tuner.trial.trial_result import State, TrialResult
+    from tuner.tuning.decider import Decider
     from tuner.tuning.events import SearchEvents
-    from tuner.tuning.planner import Planner
-    from tuner.tuning.searchspace import build_space
 
     recipe = tuner.load_recipe(toy(space={"amp_dtype": ["fp32", "bf16"]}, out=str(tmp_path / "run")))
     machine = Machine.detect()
-    planner = Planner(recipe, build_space(recipe, machine), machine, SearchEvents())
-    order = planner.next(False)
+    decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
+    order = decider.next(False)
     assert order["knobs"]["amp_dtype"] == "fp32"  # the baseline
     metrics = {"samples_per_s": 100.0, "peak_mem_gib": 0.1, "host_mem_gib": 0.1, "data_wait_share": 0.0}
-    planner.record(TrialResult(planner.current.params(), State.OK, metrics=metrics, losses=[2.6, 2.5, 2.4]))
-    order = planner.next(False)
+    decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[2.6, 2.5, 2.4]))
+    order = decider.next(False)
     assert order["knobs"]["amp_dtype"] == "bf16"
-    planner.record(TrialResult(planner.current.params(), State.PRUNED, reason="slower than the best so far",
+    decider.record(TrialResult(decider.current.params(), State.PRUNED, reason="slower than the best so far",
                                losses=[2.6, 1.3], pruned_at=(2, 30.0)))
-    last = planner.study.trials[-1]
+    last = decider.study.trials[-1]
     assert last.user_attrs["state"] == "imprecise", last.user_attrs
     assert "precision guard: the bf16 loss 1.3 is 48.0% from the fp32 reference 2.5 at step 2" in \
         last.user_attrs["reason"]

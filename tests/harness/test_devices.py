@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tuner
-from tuner.harness.devices import accelerator_of, cuda_index, default_device
+from tuner.harness.system.devices import accelerator_of, cuda_index, default_device
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only choice")
@@ -36,7 +36,7 @@ def test_under_offload_the_training_device_is_the_first_parameter_on_an_accelera
 
 
 def test_the_users_probe_leaves_the_processs_peak_counters_alone_and_the_trials_resets_them():
-    from tuner.harness.probe import ProbeCore
+    from tuner.harness.probe_core import ProbeCore
 
     assert tuner.Probe()._reset_peaks is False  # torch.cuda.reset_peak_memory_stats is the user's
     assert ProbeCore()._reset_peaks is True  # the tuner's own trial: the window's peak

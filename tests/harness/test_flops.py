@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import tuner
-from tuner.harness.flops import count_flops, peak_flops, peak_for_name
 from tuner.harness.metrics import Window, summarize
+from tuner.harness.system.flops import count_flops, peak_flops, peak_for_name
 
 from conftest import TOY
 
@@ -43,7 +43,7 @@ def test_the_peak_table_matches_whole_model_names_only(name, dtype, tflops):
 def test_fp32_convolutions_use_the_tf32_peak_where_cudnn_allows_tf32():
     """cuDNN runs fp32 convolutions in TF32 by default: against plain FP32's 19.5 TFLOP/s an
     fp32 ResNet on an A100 would read an MFU above 1 (its TF32 peak is 156)."""
-    from tuner.harness.flops import tf32_in_use
+    from tuner.harness.system.flops import tf32_in_use
 
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:  # PyTorch's defaults: TF32 off for matmuls, on for cuDNN

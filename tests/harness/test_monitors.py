@@ -9,7 +9,7 @@ import psutil
 import pynvml
 import torch
 
-from tuner.harness.monitors import GpuUtil, HostMemory, tree_pss_bytes
+from tuner.harness.system.monitors import GpuUtil, HostMemory, tree_pss_bytes
 
 
 def test_host_memory_sees_an_allocation_and_counts_children_once():

@@ -156,7 +156,7 @@ def test_the_core_probe_calls_its_hooks_and_never_reads_a_trial_file(monkeypatch
     """The harness knows nothing of script mode: with TUNER_TRIAL set, the core probe keeps
     its own window and writes no result; what happens at a step and at the window's close
     is what the layer above installs."""
-    from tuner.harness.probe import ProbeCore
+    from tuner.harness.probe_core import ProbeCore
 
     trial = tmp_path / "trial.json"
     trial.write_text(json.dumps({"warmup": 0, "measure": 2, "result": str(tmp_path / "result.json")}))

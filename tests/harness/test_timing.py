@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tuner.harness.metrics import summarize
-from tuner.harness.probe import ProbeCore
+from tuner.harness.probe_core import ProbeCore
 from tuner.harness.timing import Fetch, HostClock, step_waits
 
 

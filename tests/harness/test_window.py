@@ -7,7 +7,7 @@ import random
 import pytest
 
 import tuner
-from tuner.harness.window import AUTO, Auto, rate_uncertainty
+from tuner.harness.window_length import AUTO, Auto, rate_uncertainty
 
 
 def test_uncertainty_counts_correlated_steps_as_fewer_and_shrinks_with_length():

@@ -97,7 +97,7 @@ def _study(n: int, top: str):
     """A finished study of ``n`` feasible trials where ``top`` alone decides samples/s."""
     import optuna
 
-    from tuner.trial.result import State
+    from tuner.trial.trial_result import State
 
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     for _ in range(n):
@@ -113,7 +113,7 @@ def _study(n: int, top: str):
 
 def _with_attribution(top: str):
     from tuner.analysis.attribution import Attribution, Row
-    from tuner.tuning.result import SearchResult
+    from tuner.tuning.search_result import SearchResult
 
     row = Row(top, 0, 4, 300.0, 3.0, 1.0, 100.0, 1.0, "")
     return SearchResult(out=None, best={}, baseline={}, speedup=None, target_met=False, stopped="trials", trials=0,
@@ -121,7 +121,7 @@ def _with_attribution(top: str):
 
 
 def test_importance_shows_only_on_enough_trials_and_never_against_the_attribution():
-    from tuner.outputs.report import _importance, collect
+    from tuner.outputs.report_builder import _importance, collect
 
     few = _study(7, "num_workers")
     importance, note = _importance(few, collect(few, None).trials, _with_attribution("num_workers"))

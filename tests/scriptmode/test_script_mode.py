@@ -133,7 +133,7 @@ def test_a_trials_time_limit_follows_what_was_measured():
     assert limits.limit(2, 8) == 2 * 10.0 + 5 * 10 * 1.5
     assert Limits(60).limit(2, 8) == 60 and limits.limit(0, 1) == 30.0  # at least 30 s
     # an auto window: its longest (AUTO.max_s of steps, or its step cap), with the same margin
-    from tuner.harness.window import AUTO
+    from tuner.harness.window_length import AUTO
 
     assert limits.limit(2, "auto") == 2 * 10.0 + 5 * (2 * 1.5 + AUTO.max_s + 1.5)
 

@@ -15,10 +15,12 @@ from tuner.config import export, levers
 from tuner.config.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.config.script import ADAPTER_ROUTES
 from tuner.config.space import Config, Machine, conflict, make_config
+from tuner.memory import model as memory
+from tuner.memory import plan as capacity
 from tuner.outputs import console
 from tuner.scriptmode.config import TrialConfig
 from tuner.trial.engines.process import resolve
-from tuner.tuning import capacity, guided, memory
+from tuner.tuning import guided
 
 LEVERS = levers.LEVERS
 TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")

@@ -6,7 +6,7 @@ import csv
 import io
 import json
 
-from tuner.trial.result import INFEASIBLE, State, TrialResult
+from tuner.trial.trial_result import INFEASIBLE, State, TrialResult
 
 
 def test_a_state_is_its_plain_value_everywhere_it_is_written():

@@ -10,7 +10,7 @@ import pytest
 
 import tuner
 from tuner.config.space import Machine, conflict
-from tuner.tuning.searchspace import Space, suggest
+from tuner.study.searchspace import Space, suggest
 
 from conftest import TESTS, write_recipe
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.tuning.memory import GIB, MemoryModel, Prediction, states_bytes
+from tuner.memory.model import GIB, MemoryModel, Prediction, states_bytes
 
 P = 1_000_000  # parameters
 
@@ -68,55 +68,55 @@ def test_skipping_needs_evidence_or_a_lower_bound():
 def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_path):
     import tuner
     from tuner.config.space import Machine
-    from tuner.trial.result import State, TrialResult
-    from tuner.tuning import study as study_mod
+    from tuner.study import records as study_mod
+    from tuner.study.searchspace import build_space
+    from tuner.trial.trial_result import State, TrialResult
+    from tuner.tuning.decider import Decider
     from tuner.tuning.events import SearchEvents
-    from tuner.tuning.planner import Planner
-    from tuner.tuning.searchspace import build_space
 
     recipe = tuner.load_recipe(toy(space={"micro_batch_size": [1, 2, 4, 8, 16]}, baseline={"micro_batch_size": 1},
                                    budget={"memory_gib": 0.36, "trials": 10}, out=str(tmp_path / "run")))
     machine = Machine.detect()
-    planner = Planner(recipe, build_space(recipe, machine), machine, SearchEvents())
-    assert planner.next(False)["knobs"]["micro_batch_size"] == 1  # the baseline runs, whatever is predicted
+    decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
+    assert decider.next(False)["knobs"]["micro_batch_size"] == 1  # the baseline runs, whatever is predicted
 
     def peak(micro):  # what this job measures: 0.30 GiB and 0.01 GiB a sample
         return 0.30 + 0.01 * micro
 
     metrics = {"samples_per_s": 100.0, "peak_mem_gib": peak(1), "host_mem_gib": peak(1), "data_wait_share": 0.0}
-    planner.record(TrialResult(planner.current.params(), State.OK, metrics=metrics, losses=[1.0]))
+    decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
     for micro in (2, 4):  # what earlier trials taught it, as a resumed study would: fitted within 1%
-        knobs = {**planner.baseline_config.params(), "micro_batch_size": micro}
-        planner.memory.observe(knobs, peak(micro) * 1.01, peak(micro), "fitted")
-    order = planner.next(False)
-    skipped = [t for t in planner.study.trials if t.user_attrs.get("state") == State.SKIPPED]
+        knobs = {**decider.baseline_config.params(), "micro_batch_size": micro}
+        decider.memory.observe(knobs, peak(micro) * 1.01, peak(micro), "fitted")
+    order = decider.next(False)
+    skipped = [t for t in decider.study.trials if t.user_attrs.get("state") == State.SKIPPED]
     assert [t.user_attrs["params"]["micro_batch_size"] for t in skipped] == [16, 8]  # largest first, both over
     assert skipped[0].user_attrs["reason"] == "predicted 0.46 GiB > budget 0.36 GiB (model error so far ±1%)"
     assert order["knobs"]["micro_batch_size"] == 4  # predicted 0.34: it runs
-    assert [t.user_attrs["state"] for t in study_mod.measured(planner.study)] == ["ok", "skipped", "skipped"]
+    assert [t.user_attrs["state"] for t in study_mod.measured(decider.study)] == ["ok", "skipped", "skipped"]
     from tuner.tuning import budget
 
-    assert budget.stop_reason(planner.study, recipe.budget, recipe.target, 0.0) is None  # skips cost no trials
+    assert budget.stop_reason(decider.study, recipe.budget, recipe.target, 0.0) is None  # skips cost no trials
 
 
 def test_with_skipping_off_every_configuration_runs(toy, tmp_path):
     import tuner
     from tuner.config.space import Machine
-    from tuner.trial.result import State, TrialResult
+    from tuner.study.searchspace import build_space
+    from tuner.trial.trial_result import State, TrialResult
+    from tuner.tuning.decider import Decider
     from tuner.tuning.events import SearchEvents
-    from tuner.tuning.planner import Planner
-    from tuner.tuning.searchspace import build_space
 
     recipe = tuner.load_recipe(toy(space={"micro_batch_size": [1, 16]}, baseline={"micro_batch_size": 1},
                                    budget={"memory_gib": 0.36, "skip": False}, out=str(tmp_path / "run")))
     machine = Machine.detect()
-    planner = Planner(recipe, build_space(recipe, machine), machine, SearchEvents())
-    planner.next(False)
+    decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
+    decider.next(False)
     metrics = {"samples_per_s": 100.0, "peak_mem_gib": 0.31, "host_mem_gib": 0.31, "data_wait_share": 0.0}
-    planner.record(TrialResult(planner.current.params(), State.OK, metrics=metrics, losses=[1.0]))
+    decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
     for micro, peak in ((2, 0.32), (4, 0.34)):
-        planner.memory.observe({**planner.baseline_config.params(), "micro_batch_size": micro}, peak, peak, "fitted")
-    assert planner.next(False)["knobs"]["micro_batch_size"] == 16  # predicted 0.46 GiB, run anyway
+        decider.memory.observe({**decider.baseline_config.params(), "micro_batch_size": micro}, peak, peak, "fitted")
+    assert decider.next(False)["knobs"]["micro_batch_size"] == 16  # predicted 0.46 GiB, run anyway
 
 
 def test_loader_workers_alone_are_enough_to_fit_their_memory():

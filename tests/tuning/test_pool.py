@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 
 from tuner.config.space import Config, Machine, make_config
-from tuner.trial.result import State, TrialResult
+from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning.finalists import attribute, confirm, settle
 from tuner.tuning.pool import NOISE_UNKNOWN, Pool
 
@@ -209,7 +209,7 @@ def test_a_knob_left_out_of_the_answer_must_leave_a_point_of_the_space(toy):
     the best without it is recommended where the space allows false, never where the
     recipe fixes it true."""
     import tuner
-    from tuner.tuning.searchspace import Space
+    from tuner.study.searchspace import Space
 
     base = config()
     best = config(num_workers=4, persistent_workers=True)
@@ -235,7 +235,7 @@ def test_each_change_kept_says_its_gain_and_interval_and_a_cheap_one_is_dropped(
     """A task whose ranking is known: workers are worth 5% given the rest, a larger
     micro-batch 0%. The 5% is kept with its interval; the 0% goes."""
     import tuner
-    from tuner.tuning.searchspace import Space
+    from tuner.study.searchspace import Space
 
     base, best = config(), config(num_workers=4, micro_batch_size=16)
     no_workers, no_micro = config(micro_batch_size=16), config(num_workers=4)
@@ -270,7 +270,7 @@ def test_a_change_measured_as_a_loss_is_not_given_even_when_the_noise_is_wide(to
     had measured the answer without it (here 4% slower with it, at 1.6% noise: not shown
     within 2% either way). The answer without it is then the faster and the simpler: it wins."""
     import tuner
-    from tuner.tuning.searchspace import Space
+    from tuner.study.searchspace import Space
 
     base, best, without = config(), config(num_workers=4, micro_batch_size=16), config(micro_batch_size=16)
     run = Scripted({base: 100, best: 200, without: 208})

@@ -136,7 +136,7 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
 
     from tuner.config.space import Machine, make_config
     from tuner.harness import distributed
-    from tuner.tuning import study as study_mod
+    from tuner.study import records as study_mod
     from tuner.tuning.budget import prune_rule
 
     recipe = tuner.load_recipe(toy(steps={"warmup": 1, "measure": 12}, storage=f"sqlite:///{tmp_path}/s.db"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tuner.analysis.attribution import attribute, key
 from tuner.analysis.diagnose import diagnose
-from tuner.tuning.result import SearchResult
+from tuner.tuning.search_result import SearchResult
 
 
 def _result() -> SearchResult:

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy
 
 import tuner
-from tuner.tuning import storage as storage_mod
-from tuner.tuning import study as study_mod
+from tuner.study import records as study_mod
+from tuner.study import storage as storage_mod
 
 from conftest import run
 
@@ -120,7 +120,7 @@ def test_a_trial_this_process_left_running_is_put_back_not_waited_for(tmp_path):
     RUNNING under this process's own worker name. The next search in the same process must
     not wait for it as another worker's (it did, up to 900 s): it is failed, with why, and
     put back to be measured."""
-    from tuner.tuning.workers import Workers
+    from tuner.study.workers import Workers
 
     study = optuna.create_study(study_name="orphans", storage=f"sqlite:///{tmp_path / 'study.db'}")
     first = Workers(study)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import tuner
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import Machine
+from tuner.study.searchspace import Space, baseline_knobs, build_space
 from tuner.tuning.guided import guided_next
-from tuner.tuning.searchspace import Space, baseline_knobs, build_space
 
 from conftest import toy_recipe
 
@@ -78,7 +78,7 @@ def test_space_enumerates_distinct_configurations():
 def _open_at_once(path: str, barrier, results, tuner_side: bool) -> None:
     import optuna
 
-    from tuner.tuning import study as study_mod
+    from tuner.study import records as study_mod
 
     barrier.wait()
     try:
@@ -194,8 +194,8 @@ def test_a_trial_another_worker_ended_meanwhile_is_not_a_crash(tmp_path):
     records nothing over it and goes on: what the other worker recorded stands."""
     import optuna
 
-    from tuner.trial.result import TrialResult
-    from tuner.tuning import study as study_mod
+    from tuner.study import records as study_mod
+    from tuner.trial.trial_result import TrialResult
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="s", direction="maximize")
     trial = study.ask()

@@ -19,10 +19,10 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.config.recipe import load_recipe
-from tuner.tuning import storage as storage_mod
-from tuner.tuning import study as study_mod
-from tuner.tuning import workers as workers_mod
-from tuner.tuning.storage import Resilient
+from tuner.study import records as study_mod
+from tuner.study import storage as storage_mod
+from tuner.study import workers as workers_mod
+from tuner.study.storage import Resilient
 
 from conftest import ROOT, _free_port
 
@@ -46,7 +46,7 @@ def _dead_pid() -> dict:
 
 def test_two_workers_claiming_one_configuration_at_once_never_both_run_it(postgres):
     """Two workers (threads, each its own connection) claim the same configuration at the
-    same moment, 12 times, each retrying as the planner does until it holds the claim or sees
+    same moment, 12 times, each retrying as the decider does until it holds the claim or sees
     the other hold it: exactly one runs it every time (write-then-read, then the jitter)."""
     first = _study(postgres)
     second = optuna.load_study(study_name=first.study_name,

@@ -26,7 +26,7 @@ from tuner.config.task import Task, load_task
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 AUTO_MAX_STEPS = 2000
-"""The longest an ``auto`` measured window runs, in steps (:mod:`tuner.harness.window`)."""
+"""The longest an ``auto`` measured window runs, in steps (:mod:`tuner.harness.window_length`)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Steps:
     """Optimizer steps run before measuring (worker start-up, allocator warm-up)."""
     measure: int | str = "auto"
     """Optimizer steps measured, or ``auto``: until samples/s is known within a few percent
-    (:mod:`tuner.harness.window`)."""
+    (:mod:`tuner.harness.window_length`)."""
     repeats: int = 1
     """Times a configuration is measured; results are reported as the median."""
     timeout_s: float = 600.0
@@ -63,7 +63,7 @@ class Budget:
     whole budget."""
     skip: bool = True
     """Record a configuration predicted over ``memory_gib`` as ``skipped`` instead of running
-    it (:mod:`tuner.tuning.memory`); ``false`` runs everything."""
+    it (:mod:`tuner.memory.model`); ``false`` runs everything."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ def as_found() -> Iterator[None]:
         (gc.enable if enabled else gc.disable)()
         gc.set_threshold(*thresholds)
         warnings.filters[:] = filters
-        warnings._filters_mutated()  # type: ignore[attr-defined]  # the module's cache of the list
+        # the module's cache of the list: no public way to say it changed
+        warnings._filters_mutated()  # type: ignore[attr-defined]  # noqa: SLF001
         for key in set(os.environ) - set(environ):
             del os.environ[key]
         for key, value in environ.items():

@@ -97,7 +97,8 @@ class CommTimer:
                 # DDP queues its finalisation (which waits for every bucket) only when the
                 # last bucket is ready, after this: our callback queues a second one, which
                 # the engine runs after DDP's (callbacks run in order, added ones included).
-                queue = torch.autograd.Variable._execution_engine.queue_callback
+                # DDP itself queues through this private engine handle; there is no public one.
+                queue = torch.autograd.Variable._execution_engine.queue_callback  # noqa: SLF001
                 queue(lambda: queue(self._end_of_backward))
 
             def stamp(fut: torch.futures.Future) -> Any:
@@ -197,7 +198,7 @@ class _TimedWork:
         try:
             return self._work.wait(*args, **kwargs)
         finally:
-            self._timer._add(time.perf_counter() - start)
+            self._timer.add(time.perf_counter() - start)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)

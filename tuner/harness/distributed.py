@@ -171,7 +171,7 @@ def leave_after_rank_0(key: str, wait_s: float = 60.0) -> None:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
     try:
-        store = dist.distributed_c10d._get_default_store()
+        store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's store: no public getter
         if dist.get_rank() == 0:
             store.set(key, "1")
         else:

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tuner.harness.window import rate_uncertainty
+from tuner.harness.window_length import rate_uncertainty
 
 GIB = 1024**3
 

@@ -17,8 +17,8 @@ from tuner.harness.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult
-    from tuner.tuning.capacity import CapacityPlan
-    from tuner.tuning.measurement import Measurement
+    from tuner.measurement import Measurement
+    from tuner.memory.plan import CapacityPlan
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -13,13 +13,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.analysis.diagnose import headline
 from tuner.outputs.console import levers
-from tuner.trial.result import State
+from tuner.trial.trial_result import State
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
-    from tuner.tuning.result import SearchResult
+    from tuner.tuning.search_result import SearchResult
 
 STYLE = {State.OK: "green", State.PRUNED: "yellow"}
 """Colours of the outcomes in the live table; every other outcome is a failure, in red."""

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.config.space import KNOBS
-from tuner.trial.result import State
-from tuner.tuning.result import SearchResult
+from tuner.trial.trial_result import State
+from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution

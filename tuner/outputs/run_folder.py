@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING, Any
 from tuner.config import export
 from tuner.config.space import KNOBS, Config
 from tuner.harness.metrics import METRIC_NAMES
-from tuner.tuning import workers
+from tuner.study import workers
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Recipe
-    from tuner.tuning.capacity import CapacityPlan
-    from tuner.tuning.result import SearchResult
+    from tuner.memory.plan import CapacityPlan
+    from tuner.tuning.search_result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
 
 
 def write_run(result: "SearchResult", recipe: "Recipe") -> None:
     """Every file of the run folder, from the search's result and its study."""
-    from tuner.outputs.report import build_report
+    from tuner.outputs.report_builder import build_report
 
     out = Path(result.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from tuner.scriptmode import adapters, gpus, slurm
 from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
 from tuner.trial.limits import Limits
-from tuner.trial.result import State, TrialResult
+from tuner.trial.trial_result import State, TrialResult
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
@@ -42,13 +42,13 @@ GRACE_S = 5.0
 
 
 ENDED = "ended"
-"""Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.scriptmode.agent`)."""
+"""Marker file in a trial folder: the search has ended the trial (see :mod:`tuner.scriptmode.node_agent`)."""
 
 
 def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
            devices: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """One node's ``torchrun`` command and environment for a trial: the search's own, and
-    each agent's on the other nodes (:mod:`tuner.scriptmode.agent`), built alike from the recipe and
+    each agent's on the other nodes (:mod:`tuner.scriptmode.node_agent`), built alike from the recipe and
     the trial file."""
     script = recipe.script
     assert script is not None

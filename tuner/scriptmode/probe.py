@@ -4,7 +4,7 @@ Outside the tuner it only measures. Under the tuner's script mode (``TUNER_TRIAL
 the trial file sets the warm-up and the measured window, the second optimizer step is
 checked to take global batch / world size samples, and when the window closes the summary
 is written where the trial file says, for the search to read. The core
-(:class:`tuner.harness.probe.ProbeCore`) knows none of this: it is installed here as hooks.
+(:class:`tuner.harness.probe_core.ProbeCore`) knows none of this: it is installed here as hooks.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from tuner.harness.devices import default_device
-from tuner.harness.probe import ProbeCore
+from tuner.harness.probe_core import ProbeCore
+from tuner.harness.system.devices import default_device
 from tuner.scriptmode import trialfile
 
 

@@ -5,7 +5,7 @@ the same line in an ``sbatch`` script); each trial is one job step, ``srun`` on 
 ``nnodes`` of the allocation's nodes, one ``torchrun`` task per node, meeting at the c10d
 rendezvous on the group's first node (``--standalone`` for a group of one). With
 ``parallel: N`` the allocation is cut into N disjoint node groups, each worked by one
-worker of the same study (:mod:`tuner.tuning.workers`): N trials at once. A trial that ends
+worker of the same study (:mod:`tuner.study.workers`): N trials at once. A trial that ends
 (reported, failed, past its limit) is ended by the scheduler's own ``scancel`` of its step,
 then the local ``srun`` is ended as any trial's process tree is.
 """

@@ -80,8 +80,8 @@ def shutdown(loader: DataLoader | None, batches: Iterator[Any] | None) -> None:
     if loader is not None:
         iterator = getattr(loader, "_iterator", None)  # persistent workers live here
         if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
-        loader._iterator = None
+            iterator._shutdown_workers()  # noqa: SLF001 - DataLoader has no public shutdown
+        loader._iterator = None  # noqa: SLF001 - persistent workers live in the kept iterator
 
 
 def _too_small(size: int | None, micro: int, world: int) -> str:

@@ -8,7 +8,7 @@ import traceback
 import torch
 
 from tuner.config.errors import TrialError
-from tuner.trial.result import State
+from tuner.trial.trial_result import State
 
 
 class TrialStop(Exception):

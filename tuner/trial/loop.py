@@ -18,11 +18,11 @@ import torch
 from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
-from tuner.harness.probe import ProbeCore
+from tuner.harness.probe_core import ProbeCore
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
 from tuner.trial.engines import build_engine
 from tuner.trial.failures import TrialStop, classify
-from tuner.trial.result import Instruments, PruneRule, State
+from tuner.trial.trial_result import Instruments, PruneRule, State
 
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
@@ -89,8 +89,10 @@ class Job:
         self.loader = make_loader(dataset, config, recipe, ctx)
         self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
         module = getattr(self.engine.model, "module", self.engine.model)
-        self.batch_norm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
-        self.convolutions = any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
+        # the private bases of every BatchNorm and convolution class (torch names no public ones)
+        batch_norm, conv = torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.conv._ConvNd  # noqa: SLF001
+        self.batch_norm = any(isinstance(m, batch_norm) for m in module.modules())
+        self.convolutions = any(isinstance(m, conv) for m in module.modules())
         self.bad = torch.zeros((), dtype=torch.bool, device=ctx.device)
 
     def run(self) -> Window:

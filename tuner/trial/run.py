@@ -13,20 +13,21 @@ import ctypes
 import ctypes.util
 import gc
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.flops import peak_flops, tf32_in_use
 from tuner.harness.metrics import Window, summarize
-from tuner.harness.monitors import GpuUtil, HostMemory
-from tuner.trial import after, watchdog
+from tuner.harness.system.flops import peak_flops, tf32_in_use
+from tuner.harness.system.monitors import GpuUtil, HostMemory
+from tuner.trial import after_window as after
+from tuner.trial import watchdog
 from tuner.trial.data import quiet_worker_advice
 from tuner.trial.engines import process
 from tuner.trial.failures import TrialStop, classify, poisons
 from tuner.trial.loop import Job
-from tuner.trial.result import Instruments, PruneRule, State, TrialResult
+from tuner.trial.trial_result import Instruments, PruneRule, State, TrialResult
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
@@ -40,6 +41,7 @@ def run_trial(
     ctx: "DistContext",
     prune: PruneRule | None = None,
     instruments: Instruments = Instruments(),
+    on_hang: Callable[[str], None] | None = None,
 ) -> TrialResult:
     """Train ``config`` for the recipe's warm-up and measured steps on every rank.
 
@@ -48,20 +50,22 @@ def run_trial(
             least 3); when it says so the trial stops there as ``pruned``. Give it on
             every rank or on none: the other ranks receive rank 0's decision.
         instruments: a profiler trace of the window, NVTX ranges.
+        on_hang: rank 0 records the trial ``hung`` with it, past the trial's time limit,
+            before the process ends (:mod:`tuner.trial.watchdog`).
 
     The process-wide levers (TF32 matmuls, cuDNN's algorithm search) hold from the build to
     the metrics (the MFU peak reads them), then the process's own settings come back.
     """
     with process.held(config):
-        return _run(recipe, config, ctx, prune, instruments)
+        return _run(recipe, config, ctx, prune, instruments, on_hang)
 
 
 def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None,
-         instruments: Instruments) -> TrialResult:
+         instruments: Instruments, on_hang: Callable[[str], None] | None) -> TrialResult:
     freeze_once()
     quiet_worker_advice()
     memory = HostMemory(exact_peak=True).start()
-    dog = watchdog.start(recipe, config, ctx)
+    dog = watchdog.start(recipe, config, ctx, on_hang)
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
     alloc_before = _allocator_start(ctx.device)
     timings: dict[str, float] = {}

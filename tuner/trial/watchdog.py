@@ -7,8 +7,8 @@ interrupted from Python: the main thread is inside C++ or a system call. So a th
 rank waits for the trial's end; past the limit it publishes the main thread's innermost
 Python frame (``compute_loss (toy.py:112)``, or ``_engine_run_backward`` for a rank
 waiting in the backward's all-reduce) through the process group's store, rank 0 reads
-every rank's, has the trial recorded ``hung`` with that reason (:data:`recorder`, set by
-the search), and every rank exits with :data:`EXIT_HUNG`. Re-running the same command
+every rank's, has the trial recorded ``hung`` with that reason (``on_hang``: the search's
+record of the trial in flight), and every rank exits with :data:`EXIT_HUNG`. Re-running the same command
 resumes: the hung trial is recorded, not run again. (``torchrun --max-restarts=N`` is not
 advised: its restarted gloo ranks sat in their rendezvous for 480 s and more without
 forming a group, as in pytorch/pytorch#167288 for NCCL, where a re-run resumes in
@@ -31,13 +31,10 @@ if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
-    from tuner.trial.result import TrialResult
+    from tuner.trial.trial_result import TrialResult
 
 EXIT_HUNG = 75
 """The exit status of a process whose trial hung (``EX_TEMPFAIL``: run it again to resume)."""
-
-recorder: Callable[[str], None] | None = None
-"""Rank 0's way to record the trial in flight as ``hung`` before the process ends (the search's)."""
 
 _LIMITS: dict[tuple[str, str, bool], Limits] = {}
 """What finished trials taught about the time limit, in this process, per recipe, engine and
@@ -50,8 +47,10 @@ FLOOR_S = 60.0
 class Watchdog:
     """The limit of one trial on one rank."""
 
-    def __init__(self, limit_s: float, ctx: "DistContext") -> None:
+    def __init__(self, limit_s: float, ctx: "DistContext", on_hang: Callable[[str], None] | None = None) -> None:
         self.limit_s, self.ctx = limit_s, ctx
+        self.on_hang = on_hang
+        """Rank 0's way to record the trial in flight as ``hung`` before the process ends."""
         self.started = time.monotonic()
         self._done = threading.Event()
         self._main = threading.main_thread().ident
@@ -71,8 +70,8 @@ class Watchdog:
               flush=True)
         if self.ctx.rank == 0:
             try:
-                if recorder is not None:
-                    recorder(reason)
+                if self.on_hang is not None:
+                    self.on_hang(reason)
             except Exception as exc:  # noqa: BLE001 - the process ends either way; say why nothing was kept
                 print(f"tuner: the hung trial could not be recorded: {type(exc).__name__}: {exc}", file=sys.stderr)
             finally:
@@ -118,7 +117,7 @@ def _wait(store: object | None, key: str, seconds: float) -> None:
 
 
 def _frame(thread_id: int | None) -> str:
-    frame = sys._current_frames().get(thread_id) if thread_id is not None else None
+    frame = sys._current_frames().get(thread_id) if thread_id is not None else None  # noqa: SLF001 - documented
     if frame is None:
         return "an unknown place"
     return f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
@@ -130,7 +129,7 @@ def _store() -> object | None:
     if not dist.is_initialized():
         return None
     try:
-        return dist.distributed_c10d._get_default_store()
+        return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's store: no public getter
     except Exception:  # noqa: BLE001 - no store to reach the other ranks through: say our own
         return None
 
@@ -139,10 +138,11 @@ def _limits(recipe: "Recipe", config: "Config") -> Limits:
     return _LIMITS.setdefault((str(recipe.path), config.engine, config.compile), Limits(recipe.steps.timeout_s))
 
 
-def start(recipe: "Recipe", config: "Config", ctx: "DistContext") -> Watchdog:
-    """The watchdog of a trial of ``config`` starting now."""
+def start(recipe: "Recipe", config: "Config", ctx: "DistContext",
+          on_hang: Callable[[str], None] | None = None) -> Watchdog:
+    """The watchdog of a trial of ``config`` starting now (``on_hang``: see :class:`Watchdog`)."""
     limit = _limits(recipe, config).limit(recipe.steps.warmup, recipe.steps.measure)
-    return Watchdog(min(recipe.steps.timeout_s, max(FLOOR_S, limit)), ctx)
+    return Watchdog(min(recipe.steps.timeout_s, max(FLOOR_S, limit)), ctx, on_hang)
 
 
 def learn(recipe: "Recipe", config: "Config", elapsed_s: float, result: "TrialResult") -> None:

@@ -1,5 +1,6 @@
-"""The search: rank 0 decides (``planner``), every rank measures (``controller``), the
-budget and pruning (``budget``), the guided steps (``guided``) and the space they move in
-(``searchspace``), the Optuna study (``study``), the confirmation and attribution at the
-end (``finalists``), one configuration measured with repeats (``measurement``), and what
-comes out (``result``). It returns results; it draws and writes nothing itself."""
+"""The search: rank 0 decides (``decider``), every rank measures (``controller``), the
+budget and pruning (``budget``), the guided steps (``guided``), the pool of every run of a
+configuration (``pool``), the confirmation and attribution at the end (``finalists``,
+``recommend``), a search that cannot learn anything (``broken``), and what comes out
+(``search_result``). Trials run through :mod:`tuner.runner`, the study is :mod:`tuner.study`,
+the memory model :mod:`tuner.memory`. It returns results; it draws and writes nothing itself."""

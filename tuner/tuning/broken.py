@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from tuner.trial.result import State
+from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.config.recipe import Recipe
+    from tuner.runner import Runner
 
 BROKEN_AFTER = 3
 """The first trials that, all failing with one error, stop the search as ``broken``."""
@@ -26,14 +26,14 @@ def signature(reason: str | None) -> str:
     return (reason or "").split("; output ends")[0].split(" at /")[0]
 
 
-def why_broken(ran: Sequence["FrozenTrial"], recipe: "Recipe") -> str | None:
+def why_broken(ran: Sequence["FrozenTrial"], runner: "Runner | None" = None) -> str | None:
     """Why no further trial can tell anything, from the trials measured so far (in order),
-    or ``None``."""
+    or ``None``; it says where the ``runner`` keeps each trial's own output, if anywhere."""
     errors = [t for t in ran if t.user_attrs.get("state") == State.ERROR]
     if not errors:
         return None
-    where = (f"; each trial's whole output is in {recipe.out / 'trials'}/NNN/output.log"
-             if recipe.script is not None else "")
+    logs = runner.logs if runner is not None else None
+    where = f"; each trial's whole output is in {logs}/NNN/output.log" if logs is not None else ""
     baseline = next((t for t in ran if t.user_attrs.get("baseline")), None)
     if baseline is not None and baseline.user_attrs.get("state") == State.ERROR:
         return f"the baseline failed, so every trial would: {baseline.user_attrs.get('reason')}{where}"

@@ -2,7 +2,7 @@
 
 The stops are the recipe's: the target met, the trial budget spent, or the next trial
 expected to overrun the minutes. The prune rule is a pure function of a trial's window
-(:data:`tuner.trial.result.PruneRule`): the measured loop asks it and touches nothing else.
+(:data:`tuner.trial.trial_result.PruneRule`): the measured loop asks it and touches nothing else.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.harness.metrics import Window, window_rate
-from tuner.harness.window import AUTO
-from tuner.trial.after import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
-from tuner.trial.result import State
-from tuner.tuning import study as study_mod
+from tuner.harness.window_length import AUTO
+from tuner.study import records as study_mod
+from tuner.trial.after_window import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
+from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Budget, Recipe, Target
-    from tuner.trial.result import PruneRule
+    from tuner.trial.trial_result import PruneRule
     from tuner.tuning.pool import Pool
 
 PRUNE_BELOW = 0.5
@@ -110,7 +110,7 @@ def never(window: Window) -> bool:
 def pruning_saved_s(recipe: "Recipe", pool: "Pool", steps: int, rate: float) -> float:
     """The seconds a trial pruned after ``steps`` measured steps (at ``rate`` samples/s) did
     not spend: the rest of a typical window and the stall-free steps after it (where the
-    typical window waited for data enough to measure them, :mod:`tuner.trial.after`)."""
+    typical window waited for data enough to measure them, :mod:`tuner.trial.after_window`)."""
     runs = [r.metrics for e in pool.entries.values() for r in e.runs if r.ok and r.metrics]
     windows = [m["measured_steps"] for m in runs if m.get("measured_steps")]
     waits = [m["data_wait_share"] for m in runs if m.get("data_wait_share") is not None]

@@ -1,6 +1,6 @@
 """The search's distributed controller: rank 0 decides, every rank measures.
 
-Rank 0 owns the Optuna study (:class:`~tuner.tuning.planner.Planner`); every decision
+Rank 0 owns the Optuna study (:class:`~tuner.tuning.decider.Decider`); every decision
 (the next trial's knobs, or stop) is broadcast, every rank runs the trial, results are
 reduced to rank 0. The winner is then re-measured against the baseline, interleaved, and
 the speedup is the ratio of medians (:mod:`tuner.tuning.finalists`). The search returns
@@ -13,22 +13,21 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.analysis.attribution import leave_one_out
 from tuner.config.space import KNOBS, Config, Machine, make_config, reference_knobs
-from tuner.harness import distributed
-from tuner.scriptmode.launcher import ScriptTrials
-from tuner.trial import engines, watchdog
+from tuner.harness import distributed, interrupt
+from tuner.runner import Runner, runner_for
+from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
-from tuner.trial.run import freeze, run_trial
-from tuner.tuning import budget, finalists, interrupt, searchspace
+from tuner.tuning import budget, finalists
+from tuner.tuning.decider import Decider
 from tuner.tuning.events import SearchEvents
-from tuner.tuning.planner import Planner
 from tuner.tuning.pool import Pool
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
     from tuner.config.recipe import Recipe
     from tuner.harness.distributed import DistContext
-    from tuner.trial.result import PruneRule, TrialResult
-    from tuner.tuning.result import SearchResult
+    from tuner.trial.trial_result import PruneRule, TrialResult
+    from tuner.tuning.search_result import SearchResult
 
 
 def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None,
@@ -38,25 +37,21 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
     machine = Machine.detect()
     space = searchspace.build_space(recipe, machine)
-    if recipe.script is None:  # one-time costs (DeepSpeed, the compiler) before the first trial
-        freeze()
-        engines.prepare_all(_prepared_kinds(space, recipe, machine), ctx.device)
-        freeze()
+    runner = runner_for(recipe, ctx)
+    runner.prepare(_prepared_kinds(space, recipe, machine))  # one-time costs before the first trial
     pool = Pool()
-    planner = Planner(recipe, space, machine, events or SearchEvents(), pool) if ctx.is_main else None
+    decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner) if ctx.is_main else None
+    runner.on_hang = decider.record_hung if decider else None
     try:
-        return _search(recipe, ctx, confirm, attribute, machine, pool, planner, on_result)
+        return _search(recipe, ctx, confirm, attribute, machine, pool, decider, runner, on_result)
     finally:  # the heartbeat thread and the finishing lock, also when storage or a trial failed
-        if planner is not None:
-            planner.workers.close()
-        watchdog.recorder = None
+        if decider is not None:
+            decider.workers.close()
 
 
 def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None, machine: Machine,
-            pool: Pool, planner: Planner | None,
+            pool: Pool, decider: Decider | None, runner: Runner,
             on_result: "Callable[[SearchResult], None] | None") -> "SearchResult | None":
-    scripts = ScriptTrials(recipe, recipe.out) if recipe.script is not None else None
-    watchdog.recorder = planner.record_hung if planner else None
     stopped = "interrupted"
     confirmed: finalists.Confirmation | None = None
     attribution: Attribution | None = None
@@ -64,20 +59,20 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
     def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
         """A confirmation's or an attribution's run; the search's own trials go through
         :func:`_poisoned` once recorded."""
-        return _poisoned(run_one(recipe, config, ctx, scripts, prune))
+        return _poisoned(runner.run(config, prune))
 
     leading = False
-    """This worker finishes the search (:meth:`~tuner.tuning.workers.Workers.lead`)."""
+    """This worker finishes the search (:meth:`~tuner.study.workers.Workers.lead`)."""
     try:
         while True:
-            order = distributed.broadcast(planner.next(interrupt.pressed()) if planner else None)
+            order = distributed.broadcast(decider.next(interrupt.pressed()) if decider else None)
             if order["stop"] and order["stop"] != "interrupted" and not leading:
-                other = distributed.broadcast(planner.workers.lead() if planner else None)
+                other = distributed.broadcast(decider.workers.lead() if decider else None)
                 if other is not None:  # another worker shares this study and finishes it
-                    if planner:
-                        planner.events.note(f"worker done ({planner.workers.id}): {other} confirms the finalists "
+                    if decider:
+                        decider.events.note(f"worker done ({decider.workers.id}): {other} confirms the finalists "
                                             "and writes the run folder")
-                        planner.events.stop()
+                        decider.events.stop()
                     return None
                 leading = True
                 continue  # the others' trials are in: a dead worker's, put back, may still be to run
@@ -86,51 +81,51 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 break
             config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
             # Every rank must take part in the pruning decision, which rank 0 makes.
-            prune = ((planner.prune if planner else budget.never) if order["prune"] else None)
-            if order.get("reference") and scripts is None:  # the guard needs an fp32 curve first
+            prune = ((decider.prune if decider else budget.never) if order["prune"] else None)
+            if order.get("reference") and runner.curves:  # the guard needs an fp32 curve first
                 reference = run(make_config(reference_knobs(config.params()), recipe.global_batch_size,
                                             recipe.world_size, machine, recipe.engine)[0])
                 pool.add(reference, "search")
-                if planner:
-                    planner.set_reference(reference)
-            result = run_one(recipe, config, ctx, scripts, prune)
+                if decider:
+                    decider.set_reference(reference)
+            result = runner.run(config, prune)
             pool.add(result, "search")
-            if planner:
-                planner.record(result)
+            if decider:
+                decider.record(result)
             _poisoned(result)  # recorded first: the same command resumes without it
         if stopped not in ("interrupted", "broken"):  # nothing to confirm in a job that fails anyway
-            confirmed, attribution = _finalise(recipe, machine, planner, confirm, attribute, run, pool)
+            confirmed, attribution = _finalise(recipe, machine, decider, confirm, attribute, run, pool)
     except KeyboardInterrupt:
-        if planner is None:
+        if decider is None:
             raise
-        planner.interrupted()
+        decider.interrupted()
         stopped, confirmed, attribution = "interrupted", None, None
-    if planner is None:
+    if decider is None:
         return None
-    if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.tuning.interrupt)
+    if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.harness.interrupt)
         stopped, confirmed, attribution = "interrupted", None, None
     with interrupt.deferred():
-        result = planner.finish(stopped, confirmed, attribution)
+        result = decider.finish(stopped, confirmed, attribution)
         if on_result is not None:
             on_result(result)  # the workers close after the run folder: the next search may finish again
         if stopped != "interrupted":
-            planner.workers.mark_finished()
+            decider.workers.mark_finished()
     return result
 
 
-def _finalise(recipe: "Recipe", machine: Machine, planner: Planner | None, confirm: int, attribute: int | None,
+def _finalise(recipe: "Recipe", machine: Machine, decider: Decider | None, confirm: int, attribute: int | None,
               run: finalists.Run, pool: Pool) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
     """Confirmation, then attribution, on every rank; rank 0 says what to measure."""
-    events = planner.events if planner else None
+    events = decider.events if decider else None
     order = distributed.broadcast(
-        {"finalists": planner.finalists(), "baseline": planner.baseline_config.params()} if planner else None)
+        {"finalists": decider.finalists(), "baseline": decider.baseline_config.params()} if decider else None)
     confirmed = finalists.confirm(order["finalists"], order["baseline"], confirm, run, pool,
                                   distributed.broadcast, events, recipe.tolerance)
     if confirmed is not None and events is not None:
         for note in confirmed.notes:
             events.note(note)
     repeats = confirm if attribute is None else attribute
-    plan = distributed.broadcast(planner.attribution_plan(confirmed) if planner and repeats > 0 else None)
+    plan = distributed.broadcast(decider.attribution_plan(confirmed) if decider and repeats > 0 else None)
     if not plan:
         return confirmed, None
 
@@ -155,16 +150,6 @@ def _poisoned(result: "TrialResult") -> "TrialResult":
     if result.restart:
         raise ProcessPoisoned(result.restart, result.state, result.reason)
     return result
-
-
-def run_one(recipe: "Recipe", config: Config, ctx: "DistContext", scripts: ScriptTrials | None,
-            prune: "PruneRule | None" = None) -> "TrialResult":
-    """One trial: in this process (a task recipe, on every rank) or the user's script in a
-    process tree of its own (a script recipe; no pruning there)."""
-    if scripts is not None:
-        return scripts.run(config)
-    engines.prepare(config, ctx.device)
-    return run_trial(recipe, config, ctx, prune=prune)
 
 
 def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machine) -> list[Config]:

@@ -17,7 +17,7 @@ from tuner.config.space import KNOBS, Config
 from tuner.tuning.pool import Pool
 
 if TYPE_CHECKING:
-    from tuner.trial.result import TrialResult
+    from tuner.trial.trial_result import TrialResult
     from tuner.tuning.events import SearchEvents
 
 FINALISTS = 3

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 from tuner.analysis.diagnose import Verdict
 from tuner.config import levers
 from tuner.config.space import conflict
-from tuner.tuning.searchspace import Space
+from tuner.study.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05
 """A data-wait share above this says the loader is (part of) the bottleneck."""

@@ -21,7 +21,7 @@ from tuner.analysis.interval import Slowdown, relative_sd, slowdown, spread
 from tuner.harness.metrics import METRIC_NAMES, median_of
 
 if TYPE_CHECKING:
-    from tuner.trial.result import TrialResult
+    from tuner.trial.trial_result import TrialResult
 
 NOISE_UNKNOWN = 0.10
 """The relative noise of one run assumed before any configuration has been measured twice

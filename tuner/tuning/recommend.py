@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.analysis.guard import divergence
 from tuner.config.space import KNOBS, Config, conflict, numerics
-from tuner.tuning import study as study_mod
+from tuner.study import records as study_mod
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution, Row
     from tuner.config.recipe import Recipe
-    from tuner.trial.result import TrialResult
+    from tuner.study.searchspace import Space
+    from tuner.trial.trial_result import TrialResult
     from tuner.tuning.finalists import Confirmation
     from tuner.tuning.pool import Pool
-    from tuner.tuning.searchspace import Space
 
 
 @dataclass

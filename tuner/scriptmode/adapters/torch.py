@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from tuner.harness.devices import accelerator_of
+from tuner.harness.system.devices import accelerator_of
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 

@@ -76,7 +76,8 @@ class Recompute:
             return forward
 
         def timed_forward(*args: Any, **kwargs: Any) -> Any:
-            if torch._C._current_graph_task_id() < 0:  # the first forward, not a recompute
+            # the first forward, not a recompute: no public way to ask whether autograd is running
+            if torch._C._current_graph_task_id() < 0:  # noqa: SLF001
                 return forward(*args, **kwargs)
             start = time.perf_counter()
             try:  # checkpoint ends a recompute early by raising, once it has what it needs
@@ -203,7 +204,7 @@ def release_compiled() -> None:
     import torch._dynamo
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # noqa: SLF001 - torch.compiler.reset() does not drop the guards' fakes
     from torch._inductor import codecache
 
     # The loaded modules of this trial's kernels (the disk cache stays): without this the

@@ -14,39 +14,41 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import TrialState
 
-from tuner.analysis.diagnose import Verdict, diagnose_run
-from tuner.analysis.evidence import Seen, revise
+from tuner.analysis.diagnose import Verdict
 from tuner.analysis.guard import divergence
 from tuner.config.space import Config, Machine, make_config, numerics
-from tuner.harness.environment import cores, environment
-from tuner.trial.result import State, TrialResult
-from tuner.tuning import budget, guided, memory, recommend, searchspace, workers
-from tuner.tuning import study as study_mod
+from tuner.harness.system.environment import environment
+from tuner.memory import model as memory
+from tuner.study import records as study_mod
+from tuner.study import searchspace, workers
+from tuner.study.workers import Workers, fingerprint
+from tuner.trial.trial_result import State, TrialResult
+from tuner.tuning import budget, guided, recommend, summary
 from tuner.tuning.broken import why_broken
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.finalists import FINALISTS
 from tuner.tuning.pool import Pool
-from tuner.tuning.result import SearchResult, measure_command
-from tuner.tuning.workers import Workers, fingerprint
+from tuner.tuning.search_result import SearchResult, measure_command
 
 if TYPE_CHECKING:
     import optuna
 
     from tuner.analysis.attribution import Attribution
     from tuner.config.recipe import Recipe
-    from tuner.trial.result import PruneRule
+    from tuner.runner import Runner
+    from tuner.trial.trial_result import PruneRule
     from tuner.tuning.finalists import Confirmation
 
 MAX_RESAMPLES = 50
 """Times the sampler may propose a measured configuration before the space counts as exhausted."""
 
 
-class Planner:
+class Decider:
     """Decides each next trial on rank 0 and records what every trial gave."""
 
     def __init__(self, recipe: "Recipe", space: searchspace.Space, machine: Machine, events: SearchEvents,
-                 pool: Pool | None = None) -> None:
-        self.recipe, self.space, self.machine, self.events = recipe, space, machine, events
+                 pool: Pool | None = None, runner: "Runner | None" = None) -> None:
+        self.recipe, self.space, self.machine, self.events, self.runner = recipe, space, machine, events, runner
         self.pool = pool if pool is not None else Pool()
         self.streak = 0
         """Sampler trials in a row, since the guided neighbourhood ran out, without progress."""
@@ -80,7 +82,7 @@ class Planner:
         study, if it has one)."""
         self.notes_seen: set[str] = set()
         self.memory, why = memory.model_for(recipe, not machine.cuda, study_mod.measured(self.study))
-        """Predicts each trial's peak before it runs (:mod:`tuner.tuning.memory`)."""
+        """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
         if why:
             events.note(why)
         if not self.known:
@@ -121,9 +123,11 @@ class Planner:
         stop = "interrupted" if interrupted else budget.stop_reason(
             self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying))
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
-            self.events.note(f"exhausted: all {len(self.points)} configurations of the space are measured")
-            stop = "exhausted"
-        if stop is None and (broken := why_broken(study_mod.measured(self.study), self.recipe)):
+            stop, said = "exhausted", f"exhausted: all {len(self.points)} configurations of the space are measured"
+            if said not in self.notes_seen:  # asked again after the other workers' trials: said once
+                self.notes_seen.add(said)
+                self.events.note(said)
+        if stop is None and (broken := why_broken(study_mod.measured(self.study), self.runner)):
             self.broken = broken
             self.events.note(f"stopped: {broken}")
             return {"stop": "broken"}
@@ -343,7 +347,7 @@ class Planner:
         best = self._summary(best_params, pool)
         base = self._summary(baseline_trial.user_attrs["params"] if baseline_trial else None, pool)
         if best["params"]:
-            best["command"] = measure_command(self.recipe, best["params"])
+            best["command"] = measure_command(self.recipe, best["params"], self.runner)
         speedup = None
         if best["metrics"] and base["metrics"]:
             speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
@@ -367,27 +371,10 @@ class Planner:
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""
-        if not metrics or not params:
-            return []
-        found = diagnose_run(metrics, params, self.recipe.budget.memory_gib, self._env())
-        seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in study_mod.measured(self.study)
-                if t.user_attrs.get("metrics")]
-        return revise(found, params, metrics, seen, cores())
+        return summary.verdicts(self.study, self.recipe.budget.memory_gib, self._env(), params, metrics)
 
     def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
-        """Params and metrics of one configuration: its pooled median, else its search trial."""
-        if params is None:
-            return {"params": None, "metrics": None, "source": None}
-        trial = self.known.get(searchspace.config_key(Config(**params)))
-        number = trial.number if trial is not None else None
-        metrics = pool.metrics(params)
-        predicted = trial.user_attrs.get("predicted_peak_gib") if trial is not None else None
-        if metrics is not None:
-            return {"params": params, "metrics": metrics, "source": pool.source(params),
-                    "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
-        assert trial is not None, "a configuration with no measurement"
-        return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number,
-                "predicted_peak_gib": predicted}
+        return summary.of(params, pool, self.known)
 
 
 def _claim(config: Config) -> str:

@@ -15,8 +15,8 @@ from typing import Any
 from tuner.config.errors import RecipeError
 from tuner.outputs.markdown import ReportData, render_markdown
 from tuner.outputs.plots import render_html
-from tuner.tuning import study as study_mod
-from tuner.tuning.result import SearchResult
+from tuner.study import records as study_mod
+from tuner.tuning.search_result import SearchResult
 
 
 def build_report(out: str | Path, study: Any = None, storage: str | None = None) -> tuple[Path, Path]:

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import optuna
 from optuna.trial import TrialState
 
-from tuner.trial.result import State
-from tuner.tuning import interrupt
+from tuner.harness import interrupt
+from tuner.study import backend
+from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -108,11 +109,10 @@ class Workers:
     # --- heartbeats -----------------------------------------------------------------------
 
     def _beating(self) -> None:
-        storage = self.study._storage
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                if self._trial_id is not None and _beats(storage):
-                    storage.record_heartbeat(self._trial_id)
+                if self._trial_id is not None:
+                    backend.heartbeat(self.study, self._trial_id)
                 if self._holding:
                     self._lock_study().set_user_attr("beat", time.time())
             except Exception:  # noqa: BLE001 - a beat that fails is a late beat, never a crash
@@ -120,10 +120,8 @@ class Workers:
 
     def begin(self, trial: optuna.Trial) -> None:
         """``trial`` runs now: beat for it (Optuna's heartbeat record)."""
-        self._trial_id = trial._trial_id
-        storage = self.study._storage
-        if _beats(storage):
-            storage.record_heartbeat(trial._trial_id)
+        self._trial_id = backend.trial_id(trial)
+        backend.heartbeat(self.study, trial)
 
     def end(self) -> None:
         self._trial_id = None
@@ -142,10 +140,10 @@ class Workers:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)
-        storage, gone = self.study._storage, 0
+        gone = 0
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             who = t.user_attrs.get("worker")
-            if who is None or t._trial_id == self._trial_id:
+            if who is None or backend.trial_id(t) == self._trial_id:
                 continue
             orphan = self.mine(who)  # an earlier search in this process left it (seen: a full disk)
             if not orphan and alive(who) is not False:
@@ -153,11 +151,11 @@ class Workers:
             why = ("an earlier search in this process stopped mid-trial (its result could not be recorded)"
                    if orphan else f"its worker ({name(who)}) stopped mid-trial")
             try:  # another worker may be failing it at the same moment: one of them does
-                storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
-                storage.set_trial_user_attr(t._trial_id, "reason", why)
-                if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                backend.set_attr(self.study, t, "state", State.ERROR.value)
+                backend.set_attr(self.study, t, "reason", why)
+                if backend.fail(self.study, t):
                     if t.user_attrs.get("claim"):  # asked but never claimed: nothing to measure again
-                        retry_stale(self.study, storage.get_trial(t._trial_id))
+                        retry_stale(self.study, backend.read(self.study, t))
                     gone += 1
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass
@@ -181,7 +179,7 @@ class Workers:
         worker between ``ask`` and its claim; keyed ``asked:N``)."""
         now, out = datetime.datetime.now(), {}
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if t._trial_id in (self._trial_id, mine):
+            if backend.trial_id(t) in (self._trial_id, mine):
                 continue
             if t.user_attrs.get("claim"):
                 out[t.user_attrs["claim"]] = t
@@ -193,7 +191,7 @@ class Workers:
     def _taken(self, key: str, mine: int) -> bool:
         """Whether another trial holds ``key``: in flight, or measured (it may have finished
         since this worker last read the study)."""
-        return any(t.user_attrs.get("claim") == key and t._trial_id != mine
+        return any(t.user_attrs.get("claim") == key and backend.trial_id(t) != mine
                    and (t.state == TrialState.RUNNING or "params" in t.user_attrs)
                    for t in self.study.get_trials(deepcopy=False))
 
@@ -213,7 +211,7 @@ class Workers:
     def _claim(self, trial: optuna.Trial, key: str) -> str | None:
         trial.set_user_attr("worker", self.me)
         trial.set_user_attr("claim", key)
-        why = ("taken" if self._taken(key, trial._trial_id) else
+        why = ("taken" if self._taken(key, backend.trial_id(trial)) else
                "finishing" if self.finishing_elsewhere(closed=True) else None)
         if why is None and self._room is not None:
             room = self._room()
@@ -245,7 +243,7 @@ class Workers:
         return f"{self.study.study_name}.finishing"
 
     def _lock_study(self) -> optuna.Study:
-        return optuna.load_study(study_name=self._lock_name(), storage=self.study._storage)
+        return backend.load(self._lock_name(), self.study)
 
     def finishing_elsewhere(self, closed: bool = False) -> str | None:
         """The worker that finishes the search, if another one live does (``closed``: only
@@ -261,7 +259,7 @@ class Workers:
             return None if holder == self.me else "another worker"
         beat = float(attrs.get("beat", time.time()))
         if alive(holder) is False or (alive(holder) is None and time.time() - beat > GRACE_S):
-            optuna.delete_study(study_name=self._lock_name(), storage=self.study._storage)
+            backend.delete(self._lock_name(), self.study)
             self._note(f"the worker that was finishing ({name(holder)}) stopped: another one finishes")
             return None
         return name(holder)
@@ -275,7 +273,7 @@ class Workers:
         if os.environ.get(FOLLOW_ENV):  # a node-group worker of a parallel Slurm search
             return "the search that started this worker"
         try:
-            lock = optuna.create_study(study_name=self._lock_name(), storage=self.study._storage)
+            lock = backend.create(self._lock_name(), self.study)
         except optuna.exceptions.DuplicatedStudyError:
             return self.finishing_elsewhere() or "another worker"
         lock.set_user_attr("holder", self.me)
@@ -316,7 +314,7 @@ class Workers:
         """The search is finished: the next search of this study may finish again."""
         self._holding = False
         try:
-            optuna.delete_study(study_name=self._lock_name(), storage=self.study._storage)
+            backend.delete(self._lock_name(), self.study)
         except KeyError:
             pass
 
@@ -347,12 +345,6 @@ def ask(study: optuna.Study, who: Mapping[str, Any] | None = None) -> optuna.Tri
     if interrupt.pressed():
         raise KeyboardInterrupt
     return trial
-
-
-def _beats(storage: Any) -> bool:
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-
-    return is_heartbeat_enabled(storage)
 
 
 def retry_stale(study: optuna.Study, trial: "FrozenTrial") -> None:

@@ -23,12 +23,13 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.config.errors import RecipeError
-from tuner.trial.result import INFEASIBLE, State
-from tuner.tuning import storage as storage_mod
+from tuner.study import backend
+from tuner.study import storage as storage_mod
+from tuner.trial.trial_result import INFEASIBLE, State
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
-    from tuner.trial.result import TrialResult
+    from tuner.trial.trial_result import TrialResult
 
 
 _SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5
@@ -95,8 +96,8 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
 
     try:  # a lock or a server not up yet is waited out; a full disk or a damaged file is said
         resilient = storage_mod.Resilient(storage_mod.retrying(connect, place), place)
-        study = optuna.create_study(study_name=recipe.name, storage=resilient, direction="maximize",
-                                    sampler=sampler, load_if_exists=True)
+        study = backend.keep(optuna.create_study(study_name=recipe.name, storage=resilient, direction="maximize",
+                                                 sampler=sampler, load_if_exists=True), resilient)
     except storage_mod.StorageError:
         raise
     except Exception as exc:  # noqa: BLE001 - a bad URL, a missing driver
@@ -112,8 +113,8 @@ def _fail_left_running(study: optuna.Study) -> int:
     """Mark FAIL the trials a killed search left RUNNING: those of a dead process of this
     host (or of a study recorded before workers were), at once. A RUNNING trial of a live
     process, or of another host, is another worker's: its heartbeats decide
-    (:mod:`tuner.tuning.workers`)."""
-    from tuner.tuning.workers import GRACE_S, alive
+    (:mod:`tuner.study.workers`)."""
+    from tuner.study.workers import GRACE_S, alive
 
     stale = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -123,9 +124,9 @@ def _fail_left_running(study: optuna.Study) -> int:
         if who is None and t.datetime_start and (datetime.now() - t.datetime_start).total_seconds() < GRACE_S:
             continue  # asked a moment ago by a worker starting beside this one, not claimed yet
         try:
-            study._storage.set_trial_user_attr(t._trial_id, "state", State.ERROR.value)
-            study._storage.set_trial_user_attr(t._trial_id, "reason", "left running by an interrupted search")
-            study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            backend.set_attr(study, t, "state", State.ERROR.value)
+            backend.set_attr(study, t, "reason", "left running by an interrupted search")
+            backend.fail(study, t)
         except optuna.exceptions.UpdateFinishedTrialError:
             continue  # another worker failed it first
         stale += 1
@@ -143,7 +144,7 @@ def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", reci
     try:
         return _record(study, trial, result, recipe, extra)
     except optuna.exceptions.UpdateFinishedTrialError:
-        return State(result.state), study._storage.get_trial(trial._trial_id)
+        return State(result.state), backend.read(study, trial)
 
 
 def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",

@@ -13,14 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.diagnose import Verdict, diagnose_run
-from tuner.config.errors import RecipeError
 from tuner.config.space import Config, Machine, make_config
-from tuner.harness.environment import environment
 from tuner.harness.metrics import METRIC_NAMES, median_of
-from tuner.scriptmode.launcher import ScriptTrials
-from tuner.trial import engines
-from tuner.trial.result import Instruments, State, TrialResult
-from tuner.trial.run import run_trial
+from tuner.harness.system.environment import environment
+from tuner.runner import runner_for
+from tuner.trial.trial_result import Instruments, State, TrialResult
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
@@ -78,20 +75,14 @@ def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: In
     config, notes = measured_config(recipe, Machine.detect())
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if recipe.script is not None:
-        if ctx.world_size > 1:
-            raise RecipeError(f"script: measure a script recipe from one process (python -m tuner.measure "
-                              f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
-        scripts = ScriptTrials(recipe, recipe.out / "measure")
-        return combine(recipe, config, [scripts.run(config) for _ in range(repeats)], notes, recipe.world_size)
-    engines.prepare(config, ctx.device)
+    runner = runner_for(recipe, ctx, recipe.out / "measure", command="measure")
     runs: list[TrialResult] = []
     for i in range(repeats):
-        runs.append(run_trial(recipe, config, ctx, instruments=first if i == 0 else rest))
+        runs.append(runner.run(config, instruments=first if i == 0 else rest))
         if runs[-1].restart:  # nothing more can run in this process
             notes.append(f"{runs[-1].restart}: {len(runs)} of {repeats} repeats ran")
             break
-    return combine(recipe, config, runs, notes, ctx.world_size)
+    return combine(recipe, config, runs, notes, recipe.world_size if not runner.in_process else ctx.world_size)
 
 
 def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[str]]:

@@ -11,8 +11,8 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.comm import exposed_share, trace_events
-from tuner.harness.flops import count_flops
-from tuner.harness.probe import ProbeCore
+from tuner.harness.probe_core import ProbeCore
+from tuner.harness.system.flops import count_flops
 from tuner.trial.failures import TrialStop
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """What fits, before a search: ``tuner plan``. The largest micro-batch predicted to fit the
 memory budget for each sharding x AMP x checkpointing combination of the recipe's space.
 
-The prediction is the search's own memory model (:mod:`tuner.tuning.memory`): model states
+The prediction is the search's own memory model (:mod:`tuner.memory.model`): model states
 from the parameter count (analytic, exact per engine and sharding), plus what a few short
 profiled trials measure: the baseline's group (AMP dtype x checkpointing) at its smallest
 micro-batch and at one at least four times larger (the intercept and the activations per
@@ -27,13 +27,14 @@ from tuner.config.errors import RecipeError
 from tuner.config.recipe import Steps
 from tuner.config.space import Config, Machine, conflict, make_config
 from tuner.harness import distributed
-from tuner.tuning import memory, searchspace
-from tuner.tuning.controller import run_one
+from tuner.memory import model as memory
+from tuner.runner import InProcess
+from tuner.study import searchspace
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.harness.distributed import DistContext
-    from tuner.trial.result import TrialResult
+    from tuner.trial.trial_result import TrialResult
 
 PROFILE_STEPS = Steps(warmup=1, measure=2, repeats=1)
 SHARDING = levers.with_memory("states")
@@ -217,7 +218,7 @@ def _budget(recipe: "Recipe", machine: Machine) -> tuple[float, str]:
     if recipe.budget.memory_gib is not None:
         return recipe.budget.memory_gib, "budget.memory_gib"
     if machine.cuda:
-        from tuner.harness.devices import room
+        from tuner.harness.system.devices import room
 
         return room() / memory.GIB, "the GPU's free memory at start plus this process's own (no budget.memory_gib)"
     import psutil
@@ -232,13 +233,13 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
     machine = Machine.detect()
     short = dataclasses.replace(recipe, steps=PROFILE_STEPS)
     profiler = Profiler(recipe, machine) if ctx.is_main else None
-    restart = None
+    restart, runner = None, InProcess(short, ctx)
     while True:
         knobs = distributed.broadcast(profiler.next() if profiler else None)
         if knobs is None:
             break
         config, _ = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
-        result = run_one(short, config, ctx, None)
+        result = runner.run(config)
         if profiler:
             profiler.observe(config.params(), result)
         if result.restart:  # agreed on every rank: the plan is made from what was profiled

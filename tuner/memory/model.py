@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from tuner.config import levers
-from tuner.harness.monitors import HostMemory
+from tuner.harness.system.monitors import HostMemory
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

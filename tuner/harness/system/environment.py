@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tuner.harness.flops import host_matmul_flops
+from tuner.harness.system.flops import host_matmul_flops
 
 
 def environment(world_size: int) -> dict[str, Any]:

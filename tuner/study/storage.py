@@ -123,7 +123,7 @@ def retrying(call: Callable[[], Any], place: str) -> Any:
 
 class Resilient(BaseStorage, BaseHeartbeat):
     """Any Optuna storage, every call retried / explained by :func:`retrying`; its
-    heartbeats (:mod:`tuner.tuning.workers`) too, where it has them."""
+    heartbeats (:mod:`tuner.study.workers`) too, where it has them."""
 
     def __init__(self, inner: BaseStorage, place: str) -> None:
         self._inner, self._place = inner, place
@@ -138,7 +138,9 @@ class Resilient(BaseStorage, BaseHeartbeat):
         retrying(lambda: self._inner.record_heartbeat(trial_id), self._place)  # type: ignore[attr-defined]
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        return retrying(lambda: self._inner._get_stale_trial_ids(study_id), self._place)  # type: ignore[attr-defined]
+        # Optuna's fail_stale_trials calls this private method of the storage it is given
+        stale = self._inner._get_stale_trial_ids  # type: ignore[attr-defined]  # noqa: SLF001
+        return retrying(lambda: stale(study_id), self._place)
 
     def get_heartbeat_stale_trial_callback(self) -> Any:
         return self._inner.get_heartbeat_stale_trial_callback()  # type: ignore[attr-defined]
@@ -162,8 +164,8 @@ Resilient.__abstractmethods__ = frozenset()
 
 def rdb(url: str) -> BaseStorage:
     """Optuna's RDB storage for ``url`` with heartbeats, so that workers sharing it re-run a
-    dead worker's trial (:mod:`tuner.tuning.workers`)."""
-    from tuner.tuning import workers
+    dead worker's trial (:mod:`tuner.study.workers`)."""
+    from tuner.study import workers
 
     wanted = {"heartbeat_interval": workers.HEARTBEAT_S, "grace_period": workers.GRACE_S,
               "heartbeat_stale_trial_callback": workers.retry_stale, "failed_trial_callback": workers.retry_stale}
@@ -177,9 +179,3 @@ def rdb(url: str) -> BaseStorage:
     # unfinished trials are always read afresh); without it each decision reads every trial
     # several times over (the workers' checks)
     return optuna.storages.get_storage(inner)
-
-
-def open_storage(url: str) -> Resilient:
-    """The storage behind ``url`` (schema created or checked on the way), faults explained."""
-    place = where(url)
-    return Resilient(retrying(lambda: rdb(url), place), place)

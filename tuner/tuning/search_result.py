@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Recipe
+    from tuner.runner import Runner
 
 
 @dataclass
@@ -117,10 +118,11 @@ class SearchResult:
         )
 
 
-def measure_command(recipe: "Recipe", params: Mapping[str, Any]) -> str:
-    """The command that measures ``params`` again with the harness alone."""
-    single = recipe.world_size == 1 or recipe.script is not None  # a script trial launches torchrun itself
-    launch = ["python"] if single else ["torchrun", f"--nproc_per_node={recipe.world_size}"]
+def measure_command(recipe: "Recipe", params: Mapping[str, Any], runner: "Runner | None" = None) -> str:
+    """The command that measures ``params`` again with the harness alone (as ``runner``'s
+    trials launch: a script's trial starts its own torchrun; default a trial in this process)."""
+    launch = runner.launch(recipe.world_size) if runner is not None else \
+        ["python"] if recipe.world_size == 1 else ["torchrun", f"--nproc_per_node={recipe.world_size}"]
     sets: list[str] = []
     for name in KNOBS:
         value = params[name]

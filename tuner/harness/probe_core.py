@@ -34,12 +34,12 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
-from tuner.harness.devices import cuda_index
 from tuner.harness.metrics import Window, percentile, summarize
-from tuner.harness.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
 from tuner.harness.nvtx import Ranges
+from tuner.harness.system.devices import cuda_index
+from tuner.harness.system.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
 from tuner.harness.timing import Fetch, Step, Timing, samples_in, settle, source_for
-from tuner.harness.window import AUTO, Auto
+from tuner.harness.window_length import AUTO, Auto
 
 RECENT_STEPS = 100  # steps the live view (Prometheus) summarises
 
@@ -54,12 +54,12 @@ class ProbeCore:
 
     Args:
         warmup: steps to skip before measuring.
-        measure: steps to measure; ``"auto"``: until samples/s is known (:mod:`tuner.harness.window`);
+        measure: steps to measure; ``"auto"``: until samples/s is known (:mod:`tuner.harness.window_length`);
             ``None``: every step after warm-up (``done`` never becomes true).
         device: the training device; CUDA step times come from events on its stream.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.
         flops_per_sample: forward + backward FLOPs of one sample (see
-            :func:`tuner.harness.flops.count_flops`); gives ``achieved_tflops``, and ``mfu`` on a
+            :func:`tuner.harness.system.flops.count_flops`); gives ``achieved_tflops``, and ``mfu`` on a
             GPU of the peak table.
         amp_dtype: the dtype the matmuls run in (``fp32``, ``bf16``, ``fp16``), for the peak.
         nvtx: mark data wait and steps as NVTX ranges (for Nsight Systems).
@@ -256,7 +256,7 @@ class ProbeCore:
     def serve(self, port: int = 9400, addr: str = "127.0.0.1") -> int:
         """Serve the live metrics to Prometheus at ``http://addr:port/metrics`` (needs
         ``prometheus-client``; localhost unless ``addr`` says otherwise); returns the port."""
-        from tuner.harness.prometheus import serve
+        from tuner.harness.system.prometheus import serve
 
         self._server, bound = serve(self.live, port, addr)
         return bound
@@ -307,7 +307,7 @@ class ProbeCore:
     def summary(self) -> dict[str, Any]:
         """The metrics (DESIGN.md names). Under a process group of several ranks this is a
         collective: call it on every rank; each gets the metrics of all ranks combined."""
-        from tuner.harness.flops import peak_flops
+        from tuner.harness.system.flops import peak_flops
 
         window = self.finish()
         windows = distributed.all_gather(window)

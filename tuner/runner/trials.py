@@ -1,0 +1,115 @@
+"""The two trial runners and the one place that picks between them.
+
+- :class:`InProcess`: the tuner's own loop on the task's model, on every rank of this
+  process group; one-time setup (DeepSpeed's extension, the compiler) before the first
+  trial, pruning inside the window, a hang recorded through ``on_hang`` before the process
+  ends (the watchdog's).
+- :class:`Scripted`: each trial is the user's script in a process tree of its own
+  (:class:`~tuner.scriptmode.launcher.ScriptTrials`), started from one process; the
+  script's own output is in the trial's folder.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from tuner.config.errors import RecipeError
+from tuner.trial import engines
+from tuner.trial.run import freeze, run_trial
+from tuner.trial.trial_result import Instruments
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.harness.distributed import DistContext
+    from tuner.trial.trial_result import PruneRule, TrialResult
+
+
+class Runner(ABC):
+    """Runs one configuration's trial and returns its result; never raises for a trial's failure."""
+
+    in_process: bool
+    """The trial runs in this process (the tuner builds the model: parameters can be counted,
+    a GPU's free memory is this process's to budget)."""
+    prunes: bool
+    """A prune rule reaches the trial (it can stop a losing one inside its window)."""
+    curves: bool
+    """The trial records its loss at every step, from the recipe's seed: the precision guard's
+    input (a script's loss is its own business)."""
+    logs: Path | None = None
+    """Where each trial's own output is kept (``NNN/output.log`` under it), if anywhere."""
+    on_hang: Callable[[str], None] | None = None
+    """Rank 0 records the trial in flight ``hung`` with it before a hung process ends."""
+
+    def prepare(self, configs: Sequence["Config"]) -> None:  # noqa: B027 - most runners need none
+        """One-time setup for every kind of configuration a run may ask for, before the first
+        trial, so the first trial measures like the tenth."""
+
+    @abstractmethod
+    def run(self, config: "Config", prune: "PruneRule | None" = None,
+            instruments: Instruments = Instruments()) -> "TrialResult":
+        """One trial of ``config``."""
+
+    def launch(self, world_size: int) -> list[str]:
+        """How a user runs ``tuner.measure`` for this recipe: one process, or torchrun."""
+        return ["python"] if world_size == 1 or not self.in_process else \
+            ["torchrun", f"--nproc_per_node={world_size}"]
+
+
+class InProcess(Runner):
+    in_process, prunes, curves = True, True, True
+
+    def __init__(self, recipe: "Recipe", ctx: "DistContext",
+                 on_hang: Callable[[str], None] | None = None) -> None:
+        self.recipe, self.ctx, self.on_hang = recipe, ctx, on_hang
+
+    def prepare(self, configs: Sequence["Config"]) -> None:
+        freeze()  # what is alive now is the process's, not a trial's (see tuner.trial.run.freeze)
+        engines.prepare_all(list(configs), self.ctx.device)
+        freeze()
+
+    def run(self, config: "Config", prune: "PruneRule | None" = None,
+            instruments: Instruments = Instruments()) -> "TrialResult":
+        engines.prepare(config, self.ctx.device)
+        return run_trial(self.recipe, config, self.ctx, prune=prune, instruments=instruments, on_hang=self.on_hang)
+
+
+class Scripted(Runner):
+    """(A script trial past its limit is ended by its launcher: it is recorded, not hung.)"""
+
+    in_process, prunes, curves = False, False, False
+
+    def __init__(self, recipe: "Recipe", out: Path) -> None:
+        from tuner.scriptmode.launcher import ScriptTrials
+
+        self.trials = ScriptTrials(recipe, out)
+        self.logs = out / "trials"
+
+    def run(self, config: "Config", prune: "PruneRule | None" = None,
+            instruments: Instruments = Instruments()) -> "TrialResult":
+        return self.trials.run(config)
+
+
+def in_process(recipe: "Recipe") -> bool:
+    """Whether ``recipe``'s trials run in this process (a task recipe) or as its script."""
+    return recipe.script is None
+
+
+def check_launch(recipe: "Recipe", ctx: "DistContext", command: str = "search") -> None:
+    """A script recipe's trials launch their own torchrun, so the command that starts them
+    is one process: run under torchrun, it is refused in one line, before anything runs."""
+    if not in_process(recipe) and ctx.world_size > 1:
+        raise RecipeError(f"script: run a script recipe's {command} as one process (python -m tuner.{command} "
+                          f"{recipe.path}); each trial launches torchrun with nproc_per_node itself")
+
+
+def runner_for(recipe: "Recipe", ctx: "DistContext", out: Path | None = None,
+               on_hang: Callable[[str], None] | None = None, command: str = "search") -> Runner:
+    """The runner for ``recipe``'s trials (script trials keep their folders under ``out``,
+    default the recipe's); see :func:`check_launch`."""
+    check_launch(recipe, ctx, command)
+    if in_process(recipe):
+        return InProcess(recipe, ctx, on_hang)
+    return Scripted(recipe, out if out is not None else recipe.out)

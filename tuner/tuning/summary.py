@@ -1,0 +1,47 @@
+"""One configuration as the search's result shows it: its numbers (the pooled median of
+every run, else its search trial) and its verdicts (corrected by every trial measured)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from tuner.analysis.diagnose import Verdict, diagnose_run
+from tuner.analysis.evidence import Seen, revise
+from tuner.config.space import Config
+from tuner.harness.system.environment import cores
+from tuner.study import records
+from tuner.study.searchspace import config_key
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.tuning.pool import Pool
+
+
+def verdicts(study: "optuna.Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
+             params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
+    """A configuration's verdicts, corrected by every trial of ``study`` measured so far."""
+    if not metrics or not params:
+        return []
+    found = diagnose_run(metrics, params, memory_budget_gib, environment)
+    seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in records.measured(study)
+            if t.user_attrs.get("metrics")]
+    return revise(found, params, metrics, seen, cores())
+
+
+def of(params: dict[str, Any] | None, pool: "Pool",
+       known: Mapping[tuple, "optuna.trial.FrozenTrial"]) -> dict[str, Any]:
+    """Params and metrics of one configuration: its pooled median, else its search trial
+    (``known``: the study's trials by configuration)."""
+    if params is None:
+        return {"params": None, "metrics": None, "source": None}
+    trial = known.get(config_key(Config(**params)))
+    number = trial.number if trial is not None else None
+    metrics = pool.metrics(params)
+    predicted = trial.user_attrs.get("predicted_peak_gib") if trial is not None else None
+    if metrics is not None:
+        return {"params": params, "metrics": metrics, "source": pool.source(params),
+                "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
+    assert trial is not None, "a configuration with no measurement"
+    return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number,
+            "predicted_peak_gib": predicted}
