@@ -196,7 +196,7 @@ def _full_disk(recipe: Path, folder: Path) -> tuple[int, int, float, bool]:
 import sqlalchemy, sqlite3, tuner
 from tuner.study import records as study_mod
 r = tuner.load_recipe({str(recipe)!r})
-study_mod.open_study(r, r.storage, 0)
+study_mod.open_study(r.name, r.storage, 0)
 pages = sqlite3.connect({str(folder / 'run' / 'study.db')!r}).execute("PRAGMA page_count").fetchone()[0]
 sqlalchemy.event.listen(sqlalchemy.engine.Engine, "connect",
                         lambda c, _: c.execute(f"PRAGMA max_page_count = {{pages + 1}}"))

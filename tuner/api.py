@@ -140,7 +140,7 @@ def search(
             live.note(said)
 
     def write(result: SearchResult) -> None:
-        run_folder.write_run(result, recipe)
+        run_folder.write_run(result)
         if live is not None:
             live.summary(result)
 

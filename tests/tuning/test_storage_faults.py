@@ -46,7 +46,7 @@ def test_a_lock_held_past_sqlites_own_timeout_is_waited_out(toy, tmp_path):
     """Another process holds the study's write lock for 7 s (SQLite itself waits 5): the
     search waits it out and finishes, every trial recorded once."""
     recipe = _recipe(toy, tmp_path, trials=3)
-    study_mod.open_study(tuner.load_recipe(recipe), f"sqlite:///{tmp_path / 'run' / 'study.db'}", 0)
+    study_mod.open_study(tuner.load_recipe(recipe).name, f"sqlite:///{tmp_path / 'run' / 'study.db'}", 0)
     held = threading.Event()
 
     def hold() -> None:
@@ -76,7 +76,7 @@ def test_a_full_disk_stops_the_search_in_one_line_and_keeps_what_was_recorded(to
     recipe_path = _recipe(toy, tmp_path, trials=6)
     db = tmp_path / "run" / "study.db"
     recipe = tuner.load_recipe(recipe_path)
-    study_mod.open_study(recipe, f"sqlite:///{db}", 0)
+    study_mod.open_study(recipe.name, f"sqlite:///{db}", 0)
     pages = sqlite3.connect(db).execute("PRAGMA page_count").fetchone()[0]
 
     def limit(dbapi_connection, _record):

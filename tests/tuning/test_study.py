@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import tuner
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import Machine
@@ -83,7 +81,7 @@ def _open_at_once(path: str, barrier, results, tuner_side: bool) -> None:
     barrier.wait()
     try:
         if tuner_side:
-            study_mod.open_study(SimpleNamespace(name="race"), f"sqlite:///{path}", 0)
+            study_mod.open_study("race", f"sqlite:///{path}", 0)
         else:  # a poller (a dashboard, a test) opening the same new file
             optuna.load_study(study_name="race", storage=f"sqlite:///{path}")
         results.put("ok")
@@ -204,6 +202,6 @@ def test_a_trial_another_worker_ended_meanwhile_is_not_a_crash(tmp_path):
     other._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
     recipe = tuner.load_recipe(toy_recipe(tmp_path))
     result = TrialResult({"num_workers": 0}, "ok", metrics={"samples_per_s": 10.0})
-    state, frozen = study_mod.record(study, trial, result, recipe)
+    state, frozen = study_mod.record(study, trial, result, recipe.budget)
     assert state == "ok" and frozen.state == optuna.trial.TrialState.FAIL
     assert frozen.user_attrs["reason"] == "its worker stopped mid-trial"

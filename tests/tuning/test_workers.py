@@ -185,7 +185,7 @@ def test_a_postgresql_server_down_at_start_is_waited_for_then_said_in_one_line(p
     down = postgres.rsplit("@", 1)[0] + f"@127.0.0.1:{_free_port()}/tuner"
     start = time.monotonic()
     with pytest.raises(storage_mod.StorageError) as caught:
-        study_mod.open_study(load_recipe(toy()), down, 0)
+        study_mod.open_study(load_recipe(toy()).name, down, 0)
     said = str(caught.value)
     assert time.monotonic() - start >= 0.5 and "\n" not in said, said  # retried: 0.25 s, then 0.5 s
     assert "stayed unreachable or locked for 2 s" in said and "re-run the same command to resume" in said, said

@@ -29,6 +29,7 @@ import json
 import math
 import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
@@ -40,7 +41,7 @@ from tuner.harness.system.monitors import HostMemory
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from tuner.config.recipe import Recipe
+    from tuner.config.task import Task
 
 GIB = 1024**3
 GROUP = levers.with_memory("activations")
@@ -232,24 +233,25 @@ SETTLED_AFTER = 3
 (the first ones are analytic, or fitted on one or two points)."""
 
 
-def model_for(recipe: "Recipe", host_is_device: bool, measured: "list[FrozenTrial]") -> tuple[
-        MemoryModel | None, str | None]:
-    """The model for a task recipe (``None`` and why not for a script, or a model the meta
-    device cannot build), fed with the trials a resumed study already measured.
+def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, host_is_device: bool,
+              measured: "list[FrozenTrial]") -> tuple[MemoryModel | None, str | None]:
+    """The model for a recipe's task (``None`` and why not for a script, which has none, or
+    a model the meta device cannot build), fed with the trials a resumed study already
+    measured.
 
     The parameters are counted on the meta device: no memory is allocated, whatever the
     model's size. The overhead is the process tree's PSS now, before any trial (on a GPU the
     device holds nothing yet: 0, and the fit learns the CUDA context and allocator slack).
     """
-    if recipe.task is None:
+    if task is None:
         return None, None
     try:
         with torch.device("meta"):
-            parameters = count_parameters(recipe.task.build_model(recipe.task_args))
+            parameters = count_parameters(task.build_model(task_args))
     except Exception as exc:  # noqa: BLE001 - the user's code: prediction is optional, the search is not
         return None, f"memory prediction off: build_model does not build on the meta device ({type(exc).__name__})"
     overhead = float(HostMemory().sample()) if host_is_device else 0.0
-    model = MemoryModel(parameters, overhead, recipe.world_size, host_is_device)
+    model = MemoryModel(parameters, overhead, world_size, host_is_device)
     for t in measured:
         metrics = t.user_attrs.get("metrics") or {}
         if metrics.get("peak_mem_gib"):
@@ -270,12 +272,12 @@ def largest_fitting(model: MemoryModel, knobs: Mapping[str, Any], micros: "list[
     return best
 
 
-def feed_plan(model: MemoryModel, recipe: "Recipe") -> tuple[int, str | None]:
-    """What ``tuner plan`` profiled in this run folder (``plan.json``), fed to the model:
+def feed_plan(model: MemoryModel, out: Path, recipe: Path) -> tuple[int, str | None]:
+    """What ``tuner plan`` profiled in the run folder ``out`` (``plan.json``), fed to the model:
     the measured peaks, and the errors of what it predicted for them, so that a search's
     first predictions are fitted and its skipping can trust them. Only a plan of the same
     recipe, parameter count and world size counts. Returns the trials fed and a note."""
-    path = recipe.out / "plan.json"
+    path = out / "plan.json"
     if not path.is_file():
         return 0, None
     try:
@@ -284,7 +286,7 @@ def feed_plan(model: MemoryModel, recipe: "Recipe") -> tuple[int, str | None]:
     except (OSError, ValueError, KeyError, TypeError):
         return 0, f"memory prediction: {path} is not a plan tuner plan wrote; not used"
     if (plan.get("recipe"), plan.get("parameters"), plan.get("world_size")) != (
-            str(recipe.path), model.parameters, model.world_size):
+            str(recipe), model.parameters, model.world_size):
         return 0, (f"memory prediction: {path} was planned for another recipe, model or world size; not used "
                    "(run tuner plan again)")
     for p in profiled:

@@ -32,7 +32,7 @@ from tuner.runner import InProcess
 from tuner.study import searchspace
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
+    from tuner.config.recipe import Budget, Recipe
     from tuner.harness.distributed import DistContext
     from tuner.trial.trial_result import TrialResult
 
@@ -88,11 +88,11 @@ class Profiler:
         self.recipe, self.machine = recipe, machine
         self.space = searchspace.build_space(recipe, machine)
         self.base = searchspace.baseline_knobs(recipe, self.space, machine)
-        model, why = memory.model_for(recipe, not machine.cuda, [])
+        model, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda, [])
         if model is None:
             raise RecipeError(why or f"plan: {recipe.path} needs a task recipe")  # tuner.api.plan says why first
         self.model = model
-        self.budget_gib, self.budget_source = _budget(recipe, machine)
+        self.budget_gib, self.budget_source = _budget(recipe.budget, recipe.world_size, machine)
         self.profiled: list[dict[str, Any]] = []
         self.capped: dict[tuple[Any, ...], int] = {}
         """The smallest micro-batch per group that did not fit when profiled."""
@@ -210,20 +210,20 @@ def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(knobs[k] for k in GROUP)
 
 
-def _budget(recipe: "Recipe", machine: Machine) -> tuple[float, str]:
+def _budget(budget: "Budget", world_size: int, machine: Machine) -> tuple[float, str]:
     """``budget.memory_gib``, else what this process can have of the device: on a GPU what
     was free when the plan started plus what this process already holds (the card's total
     would count the CUDA context and other processes' memory as room); on a CPU-only
     machine the host's memory available now, shared by the ranks."""
-    if recipe.budget.memory_gib is not None:
-        return recipe.budget.memory_gib, "budget.memory_gib"
+    if budget.memory_gib is not None:
+        return budget.memory_gib, "budget.memory_gib"
     if machine.cuda:
         from tuner.harness.system.devices import room
 
         return room() / memory.GIB, "the GPU's free memory at start plus this process's own (no budget.memory_gib)"
     import psutil
 
-    available = psutil.virtual_memory().available / max(1, recipe.world_size)
+    available = psutil.virtual_memory().available / max(1, world_size)
     return available / memory.GIB, "the host's available memory per rank (no budget.memory_gib)"
 
 

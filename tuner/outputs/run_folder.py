@@ -22,14 +22,13 @@ from tuner.study import workers
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.config.recipe import Recipe
     from tuner.memory.plan import CapacityPlan
     from tuner.tuning.search_result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
 
 
-def write_run(result: "SearchResult", recipe: "Recipe") -> None:
+def write_run(result: "SearchResult") -> None:
     """Every file of the run folder, from the search's result and its study."""
     from tuner.outputs.report_builder import build_report
 
@@ -43,10 +42,10 @@ def write_run(result: "SearchResult", recipe: "Recipe") -> None:
         config = Config(**params)
         cuda = bool(result.environment.get("cuda"))
         _json(out / "dataloader.json", export.dataloader_kwargs(config))
-        _json(out / "ds_config.json", export.ds_config(config, recipe.world_size, cuda))
-        (out / "accelerate_config.yaml").write_text(export.accelerate_config(config, recipe.world_size, cuda))
+        _json(out / "ds_config.json", export.ds_config(config, result.world_size, cuda))
+        (out / "accelerate_config.yaml").write_text(export.accelerate_config(config, result.world_size, cuda))
         _json(out / "hf_training_args.json", export.hf_training_args(config))
-        (out / "torchtitan.toml").write_text(export.torchtitan_toml(config, recipe.world_size))
+        (out / "torchtitan.toml").write_text(export.torchtitan_toml(config, result.world_size))
         (out / "torch_settings.py").write_text(export.torch_settings(config))
     record = result.to_json()
     _json(out / "best.json", record)

@@ -28,7 +28,7 @@ from tuner.study import storage as storage_mod
 from tuner.trial.trial_result import INFEASIBLE, State
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
+    from tuner.config.recipe import Budget
     from tuner.trial.trial_result import TrialResult
 
 
@@ -70,7 +70,7 @@ def _racing(exc: BaseException) -> bool:
     return False
 
 
-def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study, int]:
+def open_study(name: str, storage: str, seed: int) -> tuple[optuna.Study, int]:
     """Create or resume the study; returns it and how many trials a killed run left RUNNING
     (now marked FAIL so they never count as results)."""
     if storage.startswith("sqlite:///"):
@@ -96,7 +96,7 @@ def open_study(recipe: "Recipe", storage: str, seed: int) -> tuple[optuna.Study,
 
     try:  # a lock or a server not up yet is waited out; a full disk or a damaged file is said
         resilient = storage_mod.Resilient(storage_mod.retrying(connect, place), place)
-        study = backend.keep(optuna.create_study(study_name=recipe.name, storage=resilient, direction="maximize",
+        study = backend.keep(optuna.create_study(study_name=name, storage=resilient, direction="maximize",
                                                  sampler=sampler, load_if_exists=True), resilient)
     except storage_mod.StorageError:
         raise
@@ -133,24 +133,25 @@ def _fail_left_running(study: optuna.Study) -> int:
     return stale
 
 
-def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",
+def record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", budget: "Budget",
            extra: Mapping[str, Any] | None = None) -> tuple[State, optuna.trial.FrozenTrial]:
-    """Tell the study what ``result`` was; returns the outcome recorded and the finished trial.
+    """Tell the study what ``result`` was (over ``budget``'s memory, it is ``over_budget``);
+    returns the outcome recorded and the finished trial.
 
     Another worker may have ended the trial meanwhile (it judged this one dead: a heartbeat
     late on a loaded machine; seen once in CI with two Slurm workers on one host). Then what
     that worker recorded stands, and is returned: the result stays in this process's pool,
     and the configuration, put back by that worker, is measured again."""
     try:
-        return _record(study, trial, result, recipe, extra)
+        return _record(study, trial, result, budget, extra)
     except optuna.exceptions.UpdateFinishedTrialError:
         return State(result.state), backend.read(study, trial)
 
 
-def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", recipe: "Recipe",
+def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", budget: "Budget",
             extra: Mapping[str, Any] | None) -> tuple[State, optuna.trial.FrozenTrial]:
     state, reason, metrics = State(result.state), result.reason, result.metrics
-    over = over_budget(metrics, recipe) if metrics else None
+    over = over_budget(metrics, budget) if metrics else None
     if over:
         state, reason = State.OVER_BUDGET, over[1]
     for key, value in {"state": state.value, "reason": reason, "metrics": metrics, "params": result.params,
@@ -171,11 +172,11 @@ def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", rec
     return state, study.tell(trial, state=TrialState.FAIL)
 
 
-def over_budget(metrics: Mapping[str, Any], recipe: "Recipe") -> tuple[float, str] | None:
+def over_budget(metrics: Mapping[str, Any], budget: "Budget") -> tuple[float, str] | None:
     """(how far over, why) when a measured trial breaks the memory budget: the allocator's
     peak, and on a GPU what the process holds there (its CUDA context and NCCL's buffers
     too, which the allocator does not see)."""
-    b = recipe.budget
+    b = budget
     limits = (("peak_mem_gib", b.memory_gib, "memory_gib"), ("gpu_mem_process_gib", b.memory_gib, "memory_gib"),
               ("host_mem_gib", b.host_memory_gib, "host_memory_gib"))
     for key, limit, name in limits:

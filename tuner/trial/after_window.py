@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,7 +16,7 @@ from tuner.harness.system.flops import count_flops
 from tuner.trial.failures import TrialStop
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
+    from tuner.config.task import Task
     from tuner.harness.metrics import Window
     from tuner.trial.loop import Job
 
@@ -95,7 +95,8 @@ def profiled_comm_share(job: "Job") -> float | None:
 def count_task_flops(job: "Job") -> None:
     """FLOPs per sample, once per task in this process, unless the task says them: one
     forward and backward of the last batch under FlopCounterMode."""
-    key = flops_key(job.recipe)
+    assert job.recipe.task is not None
+    key = flops_key(job.recipe.task, job.recipe.task_args)
     if key in _FLOPS:
         return
     task, args = job.recipe.task, job.recipe.task_args
@@ -117,13 +118,12 @@ def count_task_flops(job: "Job") -> None:
         _FLOPS[key] = None
 
 
-def task_flops(recipe: "Recipe") -> float | None:
-    """FLOPs per sample counted so far for this recipe's task (``None``: unknown)."""
-    return _FLOPS.get(flops_key(recipe))
+def task_flops(task: "Task", task_args: dict[str, Any]) -> float | None:
+    """FLOPs per sample counted so far for this task and its arguments (``None``: unknown)."""
+    return _FLOPS.get(flops_key(task, task_args))
 
 
-def flops_key(recipe: "Recipe") -> str:
-    assert recipe.task is not None
-    module = recipe.task.module
-    args = json.dumps(recipe.task_args, sort_keys=True, default=str)
+def flops_key(task: "Task", task_args: dict[str, Any]) -> str:
+    module = task.module
+    args = json.dumps(task_args, sort_keys=True, default=str)
     return f"{getattr(module, '__file__', None) or module.__name__}:{args}"

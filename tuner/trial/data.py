@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
@@ -13,7 +13,6 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 from tuner.config.errors import TrialError
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
     from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
 
@@ -38,22 +37,22 @@ def warmup_steps(warmup: int, config: "Config") -> int:
     return warmup + math.ceil(queued / config.grad_accum_steps)
 
 
-def make_loader(dataset: Any, config: "Config", recipe: "Recipe", ctx: "DistContext") -> DataLoader:
-    """The config's DataLoader: a seeded sampler (distributed on several ranks), the task's
-    collate function, full micro-batches only."""
+def make_loader(dataset: Any, config: "Config", ctx: "DistContext", seed: int,
+                collate: Callable[[list[Any]], Any] | None = None) -> DataLoader:
+    """The config's DataLoader: a sampler seeded with the recipe's ``seed`` (distributed on
+    several ranks), the task's ``collate`` function, full micro-batches only."""
     kwargs = config.dataloader_kwargs()
     if not isinstance(dataset, IterableDataset):
         if len(dataset) < config.micro_batch_size * ctx.world_size:
             raise TrialError(_too_small(len(dataset), config.micro_batch_size, ctx.world_size))
         if ctx.world_size > 1:
             kwargs["sampler"] = DistributedSampler(
-                dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=recipe.seed, drop_last=True
+                dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True
             )
         else:
-            kwargs["sampler"] = RandomSampler(dataset, generator=torch.Generator().manual_seed(recipe.seed))
-    assert recipe.task is not None
-    if recipe.task.collate is not None:
-        kwargs["collate_fn"] = recipe.task.collate
+            kwargs["sampler"] = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))
+    if collate is not None:
+        kwargs["collate_fn"] = collate
     return DataLoader(dataset, drop_last=True, **kwargs)
 
 

@@ -86,7 +86,7 @@ class Job:
         assert recipe.task is not None
         torch.manual_seed(recipe.seed)  # same initial weights on every rank and every trial
         dataset = recipe.task.build_dataset(recipe.task_args)
-        self.loader = make_loader(dataset, config, recipe, ctx)
+        self.loader = make_loader(dataset, config, ctx, recipe.seed, recipe.task.collate)
         self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
         module = getattr(self.engine.model, "module", self.engine.model)
         # the private bases of every BatchNorm and convolution class (torch names no public ones)

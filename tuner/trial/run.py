@@ -65,7 +65,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     freeze_once()
     quiet_worker_advice()
     memory = HostMemory(exact_peak=True).start()
-    dog = watchdog.start(recipe, config, ctx, on_hang)
+    dog = watchdog.start(recipe.path, recipe.steps, config, ctx, on_hang)
     gpu = GpuUtil(ctx.device.index if ctx.device.type == "cuda" else None).start()
     alloc_before = _allocator_start(ctx.device)
     timings: dict[str, float] = {}
@@ -122,7 +122,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     result = _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
                                                      pruned_at), window, convolutions)
     result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size)
-    watchdog.learn(recipe, config, dog.stop(), result)
+    watchdog.learn(recipe.path, recipe.steps, recipe.global_batch_size, config, dog.stop(), result)
     return result
 
 
@@ -162,7 +162,7 @@ def _agree(recipe: "Recipe", config: "Config", ctx: "DistContext", result: Trial
     peak = peak_flops(ctx.device, config.amp_dtype, convolutions)
     if peak is not None and config.amp_dtype == "fp32" and tf32_in_use(convolutions):
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
-    result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(recipe), peak)
+    result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(recipe.task, recipe.task_args), peak)
     return result
 
 

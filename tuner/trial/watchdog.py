@@ -23,12 +23,13 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tuner.trial.limits import Limits
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
+    from tuner.config.recipe import Steps
     from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
     from tuner.trial.trial_result import TrialResult
@@ -134,21 +135,23 @@ def _store() -> object | None:
         return None
 
 
-def _limits(recipe: "Recipe", config: "Config") -> Limits:
-    return _LIMITS.setdefault((str(recipe.path), config.engine, config.compile), Limits(recipe.steps.timeout_s))
+def _limits(recipe: Path, steps: "Steps", config: "Config") -> Limits:
+    return _LIMITS.setdefault((str(recipe), config.engine, config.compile), Limits(steps.timeout_s))
 
 
-def start(recipe: "Recipe", config: "Config", ctx: "DistContext",
+def start(recipe: Path, steps: "Steps", config: "Config", ctx: "DistContext",
           on_hang: Callable[[str], None] | None = None) -> Watchdog:
-    """The watchdog of a trial of ``config`` starting now (``on_hang``: see :class:`Watchdog`)."""
-    limit = _limits(recipe, config).limit(recipe.steps.warmup, recipe.steps.measure)
-    return Watchdog(min(recipe.steps.timeout_s, max(FLOOR_S, limit)), ctx, on_hang)
+    """The watchdog of a trial of ``config`` starting now (``recipe``: the file whose trials
+    teach the limit; ``steps``: its window; ``on_hang``: see :class:`Watchdog`)."""
+    limit = _limits(recipe, steps, config).limit(steps.warmup, steps.measure)
+    return Watchdog(min(steps.timeout_s, max(FLOOR_S, limit)), ctx, on_hang)
 
 
-def learn(recipe: "Recipe", config: "Config", elapsed_s: float, result: "TrialResult") -> None:
+def learn(recipe: Path, steps: "Steps", global_batch_size: int, config: "Config", elapsed_s: float,
+          result: "TrialResult") -> None:
     """A finished trial's time, for the next trials' limit (only a measured one teaches it)."""
     metrics = result.metrics
     if not metrics or not metrics.get("samples_per_s"):
         return
-    steps = recipe.steps.warmup + int(metrics.get("measured_steps") or recipe.steps.most)
-    _limits(recipe, config).learn(elapsed_s, steps, recipe.global_batch_size, metrics)
+    ran = steps.warmup + int(metrics.get("measured_steps") or steps.most)
+    _limits(recipe, steps, config).learn(elapsed_s, ran, global_batch_size, metrics)

@@ -20,7 +20,7 @@ from tuner.trial.trial_result import State
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.config.recipe import Budget, Recipe, Target
+    from tuner.config.recipe import Budget, Steps, Target
     from tuner.trial.trial_result import PruneRule
     from tuner.tuning.pool import Pool
 
@@ -107,18 +107,19 @@ def never(window: Window) -> bool:
     return False
 
 
-def pruning_saved_s(recipe: "Recipe", pool: "Pool", steps: int, rate: float) -> float:
+def pruning_saved_s(window: "Steps", global_batch_size: int, pool: "Pool", steps: int, rate: float) -> float:
     """The seconds a trial pruned after ``steps`` measured steps (at ``rate`` samples/s) did
-    not spend: the rest of a typical window and the stall-free steps after it (where the
-    typical window waited for data enough to measure them, :mod:`tuner.trial.after_window`)."""
+    not spend, given the recipe's ``steps`` (``window``): the rest of a typical window and
+    the stall-free steps after it (where the typical window waited for data enough to
+    measure them, :mod:`tuner.trial.after_window`)."""
     runs = [r.metrics for e in pool.entries.values() for r in e.runs if r.ok and r.metrics]
     windows = [m["measured_steps"] for m in runs if m.get("measured_steps")]
     waits = [m["data_wait_share"] for m in runs if m.get("data_wait_share") is not None]
     ceiling = not waits or statistics.median(waits) >= CEILING_FROM_WINDOW_BELOW
-    typical = recipe.steps.measure if isinstance(recipe.steps.measure, int) else (
+    typical = window.measure if isinstance(window.measure, int) else (
         statistics.median(windows) if windows else steps)
-    step_s = recipe.global_batch_size / rate
+    step_s = global_batch_size / rate
     window_s = max(0.0, typical - steps) * step_s
-    if not isinstance(recipe.steps.measure, int):
+    if not isinstance(window.measure, int):
         window_s = min(window_s, AUTO.max_s)  # an auto window ends at its time cap
-    return window_s + (min(recipe.steps.most, STALL_FREE_STEPS) * step_s if ceiling else 0.0)
+    return window_s + (min(window.most, STALL_FREE_STEPS) * step_s if ceiling else 0.0)

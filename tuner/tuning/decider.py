@@ -61,7 +61,7 @@ class Decider:
         """Trials pruned in this run, and the measuring seconds that saved (estimated)."""
         for note in space.notes:
             events.note(note)
-        self.study, stale = study_mod.open_study(recipe, recipe.storage, recipe.seed)
+        self.study, stale = study_mod.open_study(recipe.name, recipe.storage, recipe.seed)
         if stale:
             events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
         self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
@@ -81,14 +81,15 @@ class Decider:
         """The reference loss per step (fp32, eager), for the precision guard (from a resumed
         study, if it has one)."""
         self.notes_seen: set[str] = set()
-        self.memory, why = memory.model_for(recipe, not machine.cuda, study_mod.measured(self.study))
+        self.memory, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda,
+                                           study_mod.measured(self.study))
         """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
         if why:
             events.note(why)
         if not self.known:
             self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
             if self.memory is not None:
-                self._seed(*memory.feed_plan(self.memory, recipe))
+                self._seed(*memory.feed_plan(self.memory, recipe.out, recipe.path))
         events.start(self.done(), len(self.known))
 
     def _seed(self, fed: int, note: str | None) -> None:
@@ -222,7 +223,7 @@ class Decider:
         if self.current == self.baseline_config:
             extra["baseline"] = True
         before = self._best_value()
-        outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe, extra)
+        outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
             self.memory.observe(self.current.params(), frozen.user_attrs.get("predicted_peak_gib"),
                                 result.metrics["peak_mem_gib"], frozen.user_attrs.get("prediction"),
@@ -254,7 +255,8 @@ class Decider:
     def _count_saving(self, steps: int, rate: float) -> None:
         """A pruned trial skipped the rest of its window and the steps after it."""
         self.pruned += 1
-        self.saved_s += budget.pruning_saved_s(self.recipe, self.pool, steps, rate)
+        self.saved_s += budget.pruning_saved_s(
+            self.recipe.steps, self.recipe.global_batch_size, self.pool, steps, rate)
 
     def interrupted(self) -> None:
         """The trial in flight (if any) is recorded as failed: Ctrl-C ended it."""
@@ -347,7 +349,7 @@ class Decider:
         best = self._summary(best_params, pool)
         base = self._summary(baseline_trial.user_attrs["params"] if baseline_trial else None, pool)
         if best["params"]:
-            best["command"] = measure_command(self.recipe, best["params"], self.runner)
+            best["command"] = measure_command(self.recipe.path, self.recipe.world_size, best["params"], self.runner)
         speedup = None
         if best["metrics"] and base["metrics"]:
             speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]

@@ -24,7 +24,7 @@ from tuner.study import records as study_mod
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution, Row
-    from tuner.config.recipe import Recipe
+    from tuner.config.recipe import Budget, Recipe
     from tuner.study.searchspace import Space
     from tuner.trial.trial_result import TrialResult
     from tuner.tuning.finalists import Confirmation
@@ -61,7 +61,8 @@ def decide(best: dict[str, Any], confirmed: "Confirmation | None", attribution: 
     droppable: list[tuple[float, str, dict[str, Any]]] = []
     for row in attribution.rows if attribution is not None else []:
         params = _without(best, row.knob, baseline, make)
-        ok = params is not None and space.holds(params, recipe.world_size) and _fine(params, pool, recipe, reference)
+        ok = params is not None and space.holds(params, recipe.world_size) and _fine(params, pool, recipe.budget,
+                                                                                  recipe.precision.tolerance, reference)
         s = pool.slowdown(fastest, params) if params is not None else None
         value = row.after
         if not ok or s is None:
@@ -102,10 +103,11 @@ def _without(best: dict[str, Any], knob: str, baseline: dict[str, Any],
     return None if conflict(knobs) is not None else make(knobs).params()
 
 
-def _fine(params: dict[str, Any], pool: "Pool", recipe: "Recipe", reference: list[float] | None) -> bool:
+def _fine(params: dict[str, Any], pool: "Pool", budget: "Budget", tolerance: float,
+          reference: list[float] | None) -> bool:
     entry, metrics = pool.entry(params), pool.metrics(params)
-    return not (metrics is None or entry.failures or study_mod.over_budget(metrics, recipe) is not None
-                or imprecise(params, entry.runs, reference, recipe))
+    return not (metrics is None or entry.failures or study_mod.over_budget(metrics, budget) is not None
+                or imprecise(params, entry.runs, reference, tolerance))
 
 
 def _interaction(row: "Row") -> str:
@@ -118,10 +120,10 @@ def _interaction(row: "Row") -> str:
 
 
 def imprecise(params: dict[str, Any], runs: "list[TrialResult]", reference: list[float] | None,
-              recipe: "Recipe") -> bool:
-    """Whether any run of ``params`` left the fp32 reference curve beyond the tolerance."""
+              tolerance: float) -> bool:
+    """Whether any run of ``params`` left the fp32 reference curve beyond the precision ``tolerance``."""
     label = numerics(params)
     if label is None or not reference:
         return False
     ordered = params.get("in_order", True)
-    return any(r.ok and divergence(r.losses, reference, recipe.precision.tolerance, label, ordered) for r in runs)
+    return any(r.ok and divergence(r.losses, reference, tolerance, label, ordered) for r in runs)

@@ -16,7 +16,6 @@ from tuner.config.space import KNOBS
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.config.recipe import Recipe
     from tuner.runner import Runner
 
 
@@ -118,13 +117,15 @@ class SearchResult:
         )
 
 
-def measure_command(recipe: "Recipe", params: Mapping[str, Any], runner: "Runner | None" = None) -> str:
-    """The command that measures ``params`` again with the harness alone (as ``runner``'s
-    trials launch: a script's trial starts its own torchrun; default a trial in this process)."""
-    launch = runner.launch(recipe.world_size) if runner is not None else \
-        ["python"] if recipe.world_size == 1 else ["torchrun", f"--nproc_per_node={recipe.world_size}"]
+def measure_command(recipe: Path, world_size: int, params: Mapping[str, Any],
+                    runner: "Runner | None" = None) -> str:
+    """The command that measures ``params`` of the ``recipe`` file again with the harness
+    alone (as ``runner``'s trials launch: a script's trial starts its own torchrun; default
+    a trial in this process)."""
+    launch = runner.launch(world_size) if runner is not None else \
+        ["python"] if world_size == 1 else ["torchrun", f"--nproc_per_node={world_size}"]
     sets: list[str] = []
     for name in KNOBS:
         value = params[name]
         sets += ["--set", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
-    return " ".join(shlex.quote(x) for x in [*launch, "-m", "tuner.measure", str(recipe.path), *sets])
+    return " ".join(shlex.quote(x) for x in [*launch, "-m", "tuner.measure", str(recipe), *sets])
