@@ -82,7 +82,8 @@ def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: In
         if runs[-1].restart:  # nothing more can run in this process
             notes.append(f"{runs[-1].restart}: {len(runs)} of {repeats} repeats ran")
             break
-    return combine(recipe, config, runs, notes, recipe.world_size if not runner.in_process else ctx.world_size)
+    world = recipe.world_size if not runner.in_process else ctx.world_size
+    return combine(recipe.name, recipe.budget.memory_gib, config, runs, notes, world)
 
 
 def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[str]]:
@@ -93,22 +94,24 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
 
 
-def combine(recipe: "Recipe", config: Config, runs: list[TrialResult], notes: list[str], world: int) -> Measurement:
-    """The repeats as one measurement: medians, spreads, the first failure, the verdicts."""
+def combine(name: str, memory_budget_gib: float | None, config: Config, runs: list[TrialResult], notes: list[str],
+            world: int) -> Measurement:
+    """The repeats of recipe ``name`` as one measurement: medians, spreads, the first
+    failure, the verdicts (against the memory budget)."""
     good = [r.metrics for r in runs if r.ok and r.metrics is not None]
     first_bad = next((r for r in runs if not r.ok), None)
     metrics: dict[str, Any] | None = None
     spread: dict[str, list[float]] = {}
     if good:
         metrics = {}
-        for name in METRIC_NAMES:
-            values = [m[name] for m in good if m.get(name) is not None]
-            metrics[name] = median_of(values) if values else None
-            if values and name != "stall_free_method":
-                spread[name] = [min(values), max(values)]
+        for metric in METRIC_NAMES:
+            values = [m[metric] for m in good if m.get(metric) is not None]
+            metrics[metric] = median_of(values) if values else None
+            if values and metric != "stall_free_method":
+                spread[metric] = [min(values), max(values)]
     env = environment(world)
     return Measurement(
-        recipe=recipe.name,
+        recipe=name,
         params=config.params(),
         state=State.OK.value if first_bad is None else first_bad.state,
         reason=None if first_bad is None else first_bad.reason,
@@ -117,5 +120,5 @@ def combine(recipe: "Recipe", config: Config, runs: list[TrialResult], notes: li
         repeats=runs,
         environment=env,
         notes=notes,
-        diagnosis=diagnose_run(metrics, config.params(), recipe.budget.memory_gib, env),
+        diagnosis=diagnose_run(metrics, config.params(), memory_budget_gib, env),
     )

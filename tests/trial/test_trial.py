@@ -96,6 +96,7 @@ def test_measure_command_prints_json_with_design_names(toy):
     out = json.loads(proc.stdout)  # stdout is the JSON and nothing else
     assert list(out["metrics"]) == list(METRIC_NAMES)
     assert out["params"]["num_workers"] == 1 and out["params"]["grad_accum_steps"] == 1
+    assert out["recipe"] == "toy"  # the recipe's name, whatever the metrics are called
     assert len(out["repeats"]) == 2 and out["failures"] == 0
     assert set(out["environment"]) == {"torch", "cuda", "deepspeed", "python", "device", "device_count",
                                        "world_size", "cpu_count", "hostname", "host_matmul_tflops"}

@@ -32,6 +32,7 @@ from tuner.trial.trial_result import Instruments, PruneRule, State, TrialResult
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
+    from tuner.config.task import Task
     from tuner.harness.distributed import DistContext
 
 
@@ -119,8 +120,9 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
         window.peak_host_bytes = peak_host
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
         window.gpu_mem_used_bytes, window.gpu_mem_process_bytes = gpu.peak_used, gpu.peak_own
-    result = _agree(recipe, config, ctx, TrialResult(config.params(), state, reason, None, timings, losses, notes,
-                                                     pruned_at), window, convolutions)
+    assert recipe.task is not None
+    trial = TrialResult(config.params(), state, reason, None, timings, losses, notes, pruned_at)
+    result = _agree(recipe.task, recipe.task_args, config, ctx, trial, window, convolutions)
     result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size)
     watchdog.learn(recipe.path, recipe.steps, recipe.global_batch_size, config, dog.stop(), result)
     return result
@@ -148,21 +150,20 @@ def _measure(job: Job, timings: dict[str, float]) -> Window:
     return window
 
 
-def _agree(recipe: "Recipe", config: "Config", ctx: "DistContext", result: TrialResult,
+def _agree(task: "Task", task_args: dict[str, Any], config: "Config", ctx: "DistContext", result: TrialResult,
            window: Window | None, convolutions: bool = False) -> TrialResult:
     """Every rank reports; a failure anywhere fails the trial everywhere; the windows of
-    all ranks become the metrics."""
+    all ranks become the metrics (the ``task``'s tokens and FLOPs per sample with them)."""
     reports = distributed.all_gather((result.state, result.reason, window))
     failed = [(s, r) for s, r, _ in reports if s != State.OK]
     if failed:
         result.state, result.reason = failed[0]
         return result
-    assert recipe.task is not None
-    tps = recipe.task.tokens_per_sample(recipe.task_args) if recipe.task.tokens_per_sample else None
+    tps = task.tokens_per_sample(task_args) if task.tokens_per_sample else None
     peak = peak_flops(ctx.device, config.amp_dtype, convolutions)
     if peak is not None and config.amp_dtype == "fp32" and tf32_in_use(convolutions):
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
-    result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(recipe.task, recipe.task_args), peak)
+    result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(task, task_args), peak)
     return result
 
 
