@@ -4,7 +4,8 @@ way reference training scripts are (``adapt: torch`` tests).
     torchrun --nproc_per_node=2 flags_train.py --batch-size 16 --workers 2 --grad-accum-steps 2
 
 --eval-first iterates a validation loader (batches of 3, in order, no optimizer step)
-before training; --no-loader slices batches from a tensor in memory; --latency-ms is each
+before training; --own-comm-hook registers DDP's fp16-compression hook, as scripts that
+compress their gradients do; --no-loader slices batches from a tensor in memory; --latency-ms is each
 sample's read time.
 """
 
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=2048, help="samples per epoch")
     parser.add_argument("--eval-first", action="store_true")
     parser.add_argument("--no-loader", action="store_true")
+    parser.add_argument("--own-comm-hook", action="store_true")
     args = parser.parse_args()
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     if distributed:
@@ -50,6 +52,10 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
+        if args.own_comm_hook:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     dtype = getattr(torch, args.amp_dtype)
     if args.eval_first:

@@ -15,7 +15,9 @@
 - No DataLoader at all (batches sliced from an array): step times and samples/s (from the
   trial's global batch) are measured; ``data_wait_share`` is ``null`` with a note, never 0.
 - DDP's all-reduces are timed through a communication hook on every
-  ``DistributedDataParallel`` the script builds.
+  ``DistributedDataParallel`` the script builds, attached at its first forward: a script
+  that registers a hook of its own first keeps it (DDP takes one), and ``comm_share`` is
+  then reported unknown (null) with the reason.
 """
 
 from __future__ import annotations
@@ -71,6 +73,17 @@ class _Watch:
         per_rank = self.cfg.global_batch_size // self.cfg.world_size
         self.probe.step(None if self.training is not None else per_rank)
 
+    def ddp(self, model: Any, own_hook: bool) -> None:
+        """Time ``model``'s all-reduces, unless the script hooked it itself."""
+        if not own_hook:
+            self.probe.watch(model)
+            return
+        self.probe.unmeasured.add("comm_share")
+        note = ("adapt: torch: the script registers its own DDP communication hook (DDP takes one), so the "
+                "tuner's is not attached and comm_share is not measured (null)")
+        if note not in self.probe.notes:
+            self.probe.notes.append(note)
+
     def _first_step(self, optimizer: Any) -> None:
         device = accelerator_of(p for group in optimizer.param_groups for p in group["params"])
         if device is not None and self.probe.window_start is None:  # not the CPU copies under offload
@@ -93,6 +106,10 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
 
     watch = _Watch(cfg, list(trial.get("rebuild") or []))
     original_iter, original_ddp_init = DataLoader.__iter__, DistributedDataParallel.__init__
+    original_forward, original_register = DistributedDataParallel.forward, DistributedDataParallel.register_comm_hook
+    waiting: dict[int, Any] = {}
+    """DDP models built and not yet run: hooked at their first forward, after the script's own hook, if any."""
+    own_hook: set[int] = set()
 
     def __iter__(self: Any) -> Any:
         if self is watch.training and watch.rebuilt is not None:  # a later epoch: straight to the rebuilt one
@@ -101,10 +118,21 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
 
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_ddp_init(self, *args, **kwargs)
-        watch.probe.watch(self)  # the comm hook must be there before the first backward
+        waiting[id(self)] = self
+
+    def register_comm_hook(self: Any, state: Any, hook: Any) -> Any:
+        own_hook.add(id(self))
+        return original_register(self, state, hook)
+
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if waiting.pop(id(self), None) is not None:  # before its first backward, as DDP requires
+            watch.ddp(self, id(self) in own_hook)
+        return original_forward(self, *args, **kwargs)
 
     DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
     DistributedDataParallel.__init__ = ddp_init  # type: ignore[method-assign]
+    DistributedDataParallel.register_comm_hook = register_comm_hook  # type: ignore[method-assign]
+    DistributedDataParallel.forward = forward  # type: ignore[method-assign]
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: watch.stepped(optimizer))
 
 
