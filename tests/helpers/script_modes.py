@@ -1,7 +1,8 @@
 """A training script that misbehaves on purpose, chosen by its knobs (script-mode tests).
 
 micro_batch_size 4: raises; num_workers 1: finishes without ever using the probe;
-num_workers 2: hangs after a few steps; otherwise trains and reports normally.
+num_workers 2: hangs after a few steps; num_workers 3: every step takes 50x longer (a
+configuration the prune rule should cut); otherwise trains and reports normally.
 """
 
 import time
@@ -27,5 +28,5 @@ for step, x in enumerate(probe.loader(batches)):
     model(x).sum().backward()
     optimizer.step()
     optimizer.zero_grad()
-    time.sleep(0.002)
+    time.sleep(0.1 if cfg.num_workers == 3 else 0.002)
     probe.step()

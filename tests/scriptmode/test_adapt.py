@@ -26,7 +26,7 @@ def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     assert result.baseline["params"]["num_workers"] == 0 and result.baseline["params"]["micro_batch_size"] == 16
     assert result.speedup >= 1.3, (result.speedup, result.best["params"])
     rows = [r for r in _rows(out) if r["state"] == "ok"]
-    assert len(rows) >= 3, rows
+    assert len(rows) >= 2, rows  # a slower configuration may be pruned
     for r in rows:  # DDP's all-reduces were timed; no loader workers, no worker CPU
         assert float(r["comm_share"]) > 0, r
         if r["num_workers"] == "0":

@@ -61,6 +61,24 @@ def test_the_search_goes_on_past_a_crashing_configuration(tmp_path):
     assert json.loads((tmp_path / "run" / "best.json").read_text())["params"]["micro_batch_size"] == 8
 
 
+def test_a_losing_script_trial_is_pruned_by_the_searchs_rule(tmp_path):
+    """The trial file carries the rule; the script's probe cuts a trial 50x slower than the
+    baseline after its first measured steps, as the tuner's own loop would."""
+    recipe = _modes_recipe(tmp_path, space={"num_workers": [0, 3]}, baseline={"num_workers": 0},
+                           steps={"warmup": 2, "measure": 40})
+    result = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        rows = {r["num_workers"]: r for r in csv.DictReader(f)}
+    assert rows["0"]["state"] == "ok" and rows["3"]["state"] == "pruned", rows
+    assert "slower than the best so far after 2 measured steps" in rows["3"]["reason"]
+    assert result.pruned == 1 and result.pruning_saved_s > 2.0  # 38 steps of 0.1 s not run
+    trial = json.loads((tmp_path / "run" / "trials" / "002" / "trial.json").read_text())
+    assert trial["prune"]["checks"][0] == 2 and trial["prune"]["best"] > 0
+    log = (tmp_path / "run" / "trials" / "002" / "output.log").read_text()
+    assert "the trial reported that the prune rule cut it" in log
+    assert _no_script_processes()
+
+
 def test_script_recipe_errors_are_one_line(tmp_path):
     bad = _modes_recipe(tmp_path, script="missing.py")
     proc = run([sys.executable, "-m", "tuner.measure", str(bad)])

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tuner.config.errors import RecipeError
+from tuner.harness.prune import PruneBar
 from tuner.trial import engines
 from tuner.trial.run import freeze, run_trial
 from tuner.trial.trial_result import Instruments
@@ -33,8 +34,6 @@ class Runner(ABC):
     in_process: bool
     """The trial runs in this process (the tuner builds the model: parameters can be counted,
     a GPU's free memory is this process's to budget)."""
-    prunes: bool
-    """A prune rule reaches the trial (it can stop a losing one inside its window)."""
     curves: bool
     """The trial records its loss at every step, from the recipe's seed: the precision guard's
     input (a script's loss is its own business)."""
@@ -59,7 +58,7 @@ class Runner(ABC):
 
 
 class InProcess(Runner):
-    in_process, prunes, curves = True, True, True
+    in_process, curves = True, True
 
     def __init__(self, recipe: "Recipe", ctx: "DistContext",
                  on_hang: Callable[[str], None] | None = None) -> None:
@@ -77,9 +76,10 @@ class InProcess(Runner):
 
 
 class Scripted(Runner):
-    """(A script trial past its limit is ended by its launcher: it is recorded, not hung.)"""
+    """A script trial past its limit is ended by its launcher: it is recorded, not hung. The
+    prune rule travels in the trial file; the script's ``tuner.Probe`` applies it."""
 
-    in_process, prunes, curves = False, False, False
+    in_process, curves = False, False
 
     def __init__(self, recipe: "Recipe", out: Path) -> None:
         from tuner.scriptmode.launcher import ScriptTrials
@@ -89,7 +89,7 @@ class Scripted(Runner):
 
     def run(self, config: "Config", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
-        return self.trials.run(config)
+        return self.trials.run(config, prune if isinstance(prune, PruneBar) else None)
 
 
 def in_process(recipe: "Recipe") -> bool:

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
+from tuner.harness.prune import PruneBar
+from tuner.harness.prune import checks as prune_checks
 from tuner.scriptmode import adapters, gpus, slurm
 from tuner.scriptmode.trialfile import read_result
 from tuner.trial.data import warmup_steps
@@ -83,9 +85,10 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
 
 
 def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits,
-                     devices: dict[str, str] | None = None) -> TrialResult:
+                     devices: dict[str, str] | None = None, prune: PruneBar | None = None) -> TrialResult:
     """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``.
-    ``devices``: the GPUs it may use (``CUDA_VISIBLE_DEVICES``)."""
+    ``devices``: the GPUs it may use (``CUDA_VISIBLE_DEVICES``); ``prune``: the search's
+    rule, which the script's probe asks at the points the tuner's own loop would."""
     script = recipe.script
     assert script is not None
     folder = folder.resolve()  # the script runs in its own folder
@@ -99,13 +102,14 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
              "zero_searched": len(recipe.space.get("zero_stage", ())) > 1,
              "given": sorted({*recipe.space, *recipe.baseline, *recipe.knob_overrides}),
              "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
-             "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}"}
+             "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}",
+             "prune": {**prune.to_json(), "checks": sorted(prune_checks(recipe.steps.most))} if prune else None}
     (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
     (folder / ENDED).unlink(missing_ok=True)
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     start = time.monotonic()
-    state, reason, metrics, notes = State.OK, None, None, []
+    state, reason, metrics, notes, pruned = State.OK, None, None, [], None
     with log_path.open("wb") as log:
         log.write(f"tuner: {shlex.join(cmd)}\n".encode())  # the trial's command, first
         log.flush()
@@ -113,7 +117,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
         try:
             while True:
                 if result_path.exists():
-                    metrics, notes = read_result(result_path)
+                    metrics, notes, pruned = read_result(result_path)
                     break
                 code = proc.poll()
                 if code is not None:
@@ -133,14 +137,17 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                 log.write(f"\ntuner: scancel {' '.join(steps) or '(the step had ended)'}\n".encode())
             end_tree(proc)
             (folder / ENDED).touch()  # other nodes' agents end their part of the trial
-            if metrics is not None:  # what the script printed as it was ended is not a crash
-                log.write(b"\ntuner: the trial reported its window; the tuner then ended the script's processes "
+            if metrics is not None or pruned:  # what the script printed as it was ended is not a crash
+                said = b"its window" if metrics is not None else b"that the prune rule cut it"
+                log.write(b"\ntuner: the trial reported " + said + b"; the tuner then ended the script's processes "
                           b"(SIGTERM, then SIGKILL): a traceback just above for signal 15 is that end, not a crash\n")
     elapsed = time.monotonic() - start
     if metrics is not None:
         steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most)
         limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
-    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes)
+    if pruned is not None:
+        state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
+    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes, pruned_at=pruned)
 
 
 def rebuilt_knobs(script: "Script") -> list[str]:
@@ -235,13 +242,13 @@ class ScriptTrials:
         elif recipe.script.nnodes == 1:
             self.gpus = gpus.claim(recipe.script.nproc_per_node)
 
-    def run(self, config: "Config") -> TrialResult:
+    def run(self, config: "Config", prune: PruneBar | None = None) -> TrialResult:
         self.count += 1
         held = self.gpus.wait_free() if self.gpus is not None else None
         if held:
             print(f"tuner: {held}", file=sys.stderr)
         result = run_script_trial(self.recipe, config, self.out / "trials" / f"{self.count:03d}", self.limits,
-                                  self.gpus.env() if self.gpus is not None else None)
+                                  self.gpus.env() if self.gpus is not None else None, prune)
         if held:
             result.notes.append(held)
         return result

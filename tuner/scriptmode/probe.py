@@ -2,8 +2,10 @@
 
 Outside the tuner it only measures. Under the tuner's script mode (``TUNER_TRIAL`` set),
 the trial file sets the warm-up and the measured window, the second optimizer step is
-checked to take global batch / world size samples, and when the window closes the summary
-is written where the trial file says, for the search to read. The core
+checked to take global batch / world size samples, the search's prune rule (when the trial
+file carries one) is asked at the same points of the window as in the tuner's own loop, and
+when the window closes, or the rule cuts it, the summary is written where the trial file
+says, for the search to read. The core
 (:class:`tuner.harness.probe_core.ProbeCore`) knows none of this: it is installed here as hooks.
 """
 
@@ -13,7 +15,9 @@ from typing import Any
 
 import torch
 
+from tuner.harness.metrics import window_rate
 from tuner.harness.probe_core import ProbeCore
+from tuner.harness.prune import PruneBar
 from tuner.harness.system.devices import default_device
 from tuner.scriptmode import trialfile
 
@@ -70,6 +74,24 @@ class Probe(ProbeCore):
         """What the search should know about this trial's numbers (reported with them)."""
         self.unmeasured: set[str] = set()
         """Metrics this loop cannot give (no DataLoader: no data wait): ``None``, never a made-up 0."""
+        self._trial = trial
+        self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
+        self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
+
+    def step(self, samples: int | None = None) -> None:
+        super().step(samples)
+        if self._prune is not None and self.measuring_step and self.measured in self._checks:
+            self._prune_here()
+
+    def _prune_here(self) -> None:
+        """Rank 0 asks the rule on the steps the device has finished; a cut is reported as
+        ``pruned`` with the rate at the cut, and the tuner ends the trial's processes."""
+        window, rule = self.window, self._prune
+        if len(window.step_times) < 2 or rule is None or not rule(window):
+            return
+        assert self._trial is not None
+        self._prune = None
+        trialfile.report_pruned(self.measured, window_rate(window, rule.world_size), self._trial)
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()

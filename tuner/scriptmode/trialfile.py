@@ -32,16 +32,29 @@ def report(summary: Mapping[str, Any], trial: Mapping[str, Any], notes: Sequence
     (rank 0 only): ``{"metrics": {...}, "notes": [...]}``."""
     if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
         return
-    path = Path(trial["result"])
+    _write(Path(trial["result"]), {"metrics": dict(summary), "notes": list(notes)})
+
+
+def report_pruned(steps: int, rate: float, trial: Mapping[str, Any]) -> None:
+    """The prune rule cut the trial after ``steps`` measured steps at ``rate`` samples/s
+    (rank 0 only): ``{"pruned": [steps, rate]}``."""
+    if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
+        return
+    _write(Path(trial["result"]), {"metrics": None, "pruned": [steps, rate], "notes": []})
+
+
+def _write(path: Path, data: Mapping[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps({"metrics": dict(summary), "notes": list(notes)}), encoding="utf-8")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
     os.replace(tmp, path)
 
 
-def read_result(path: Path) -> tuple[dict[str, Any], list[str]]:
-    """A trial's reported metrics and notes (what :func:`report` wrote)."""
+def read_result(path: Path) -> tuple[dict[str, Any] | None, list[str], tuple[int, float] | None]:
+    """A trial's reported metrics and notes (what :func:`report` wrote), or where the prune
+    rule cut it (:func:`report_pruned`: no metrics, then ``(steps, rate)``)."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    return data["metrics"], list(data.get("notes", []))
+    pruned = data.get("pruned")
+    return data.get("metrics"), list(data.get("notes", [])), (int(pruned[0]), float(pruned[1])) if pruned else None
 
 
 def check_step_samples(samples: int, trial: dict[str, Any]) -> None:

@@ -19,6 +19,7 @@ from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
 from tuner.harness.probe_core import ProbeCore
+from tuner.harness.prune import checks as prune_checks
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
 from tuner.trial.engines import build_engine
 from tuner.trial.failures import TrialStop, classify
@@ -42,19 +43,6 @@ def compile_seconds() -> float | None:
         return float(calculate_time_spent().get("total_wall_time", 0.0))
     except Exception:  # noqa: BLE001 - a private counter: missing or changed, fall back to the clock
         return None
-
-
-def prune_checks(most: int) -> frozenset[int]:
-    """Measured step counts at which rank 0 asks the prune rule: early and then more and
-    more sparsely (2, 3, 4, 6, 9, 13, ...), up to half the window; the rule's bar rises with
-    the evidence (:func:`tuner.tuning.budget.prune_rule`). Asked once, after a quarter of
-    the window, pruned trials cost more than finished ones on the issue's job (7-8 s
-    against 3-5 s): they ran their slow steps until then."""
-    out, n = set(), 2
-    while n <= max(2, most // 2):
-        out.add(n)
-        n = max(n + 1, n * 3 // 2)
-    return frozenset(out)
 
 
 class Job:

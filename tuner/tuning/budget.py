@@ -11,7 +11,8 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.harness.metrics import Window, window_rate
+from tuner.harness.metrics import Window
+from tuner.harness.prune import PruneBar
 from tuner.harness.window_length import AUTO
 from tuner.study import records as study_mod
 from tuner.trial.after_window import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
@@ -21,14 +22,8 @@ if TYPE_CHECKING:
     import optuna
 
     from tuner.config.recipe import Budget, Steps, Target
-    from tuner.trial.trial_result import PruneRule
     from tuner.tuning.pool import Pool
 
-PRUNE_BELOW = 0.5
-"""A trial whose measured steps run below this fraction of the best so far is cut."""
-EARLY_BAR = {2: 1 / 3, 3: 0.4}
-"""The bar on the first few measured steps, lower because two steps are weak evidence: a
-trial three times slower than the best after two steps need not run twelve."""
 
 
 CONVERGED_AFTER = (2, 5)
@@ -91,15 +86,10 @@ def ran(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
     return [t for t in study_mod.measured(study) if t.user_attrs.get("state") != State.SKIPPED]
 
 
-def prune_rule(best_value: float, world_size: int) -> "PruneRule":
-    """Cut a trial whose rate so far is below :data:`PRUNE_BELOW` of ``best_value``
-    (:data:`EARLY_BAR` on its first steps)."""
-
-    def slower_than_best(window: Window) -> bool:
-        bar = EARLY_BAR.get(len(window.step_times), PRUNE_BELOW)
-        return window_rate(window, world_size) < best_value * bar
-
-    return slower_than_best
+def prune_rule(best_value: float, world_size: int) -> PruneBar:
+    """Cut a trial whose rate so far is below half of ``best_value`` (a lower bar on its
+    first steps: :mod:`tuner.harness.prune`); data, so a script trial applies it too."""
+    return PruneBar(best_value, world_size)
 
 
 def never(window: Window) -> bool:
