@@ -120,5 +120,6 @@ def combine(name: str, memory_budget_gib: float | None, config: Config, runs: li
         repeats=runs,
         environment=env,
         notes=notes,
-        diagnosis=diagnose_run(metrics, config.params(), memory_budget_gib, env),
+        diagnosis=diagnose_run(metrics, {**config.params(), **next((r.ran for r in runs if r.ran), {})},
+                               memory_budget_gib, env),
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import accelerate  # noqa: F401  (a dependency of the package: its absence is a failure, not a skip)
 import pytest
@@ -66,7 +67,7 @@ def test_adapt_recipe_errors_are_one_line(tmp_path):
 
 
 def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
-    pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers")
     out = tmp_path / "run"
     # one trial: the shipped recipe runs as published (searching a Trainer script is
     # tests/scriptmode/test_adapt_torch.py's HfArgumentParser test)
@@ -75,6 +76,10 @@ def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
     rows = _rows(out)
     assert [r["state"] for r in rows] == ["ok"], [r["reason"] for r in rows]
     assert result.best["metrics"]["samples_per_s"] > 0
+    # the Trainer's own optimizer under optimizer_impl: default, reported as what it ran
+    optim = str(transformers.TrainingArguments(output_dir=str(tmp_path / "x"), report_to=[]).optim.value)
+    ran = json.loads((out / "trials" / "001" / "result.json").read_text())["ran"]
+    assert ran == ({"optimizer_impl": "fused"} if "fused" in optim else {}), (optim, ran)
     assert leftovers() == []
 
 

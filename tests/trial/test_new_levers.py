@@ -185,3 +185,40 @@ def test_the_guard_compares_out_of_order_curves_by_their_mean():
     assert divergence(permuted, reference, 0.05, "bf16") is not None  # step by step: batches differ
     assert divergence(permuted, reference, 0.05, "bf16", ordered=False) is None
     assert "mean loss" in divergence([4.0, 4.0, 4.0, 4.0], reference, 0.05, "bf16", ordered=False)
+
+
+def test_what_the_library_ran_is_what_the_advice_reads(tmp_path, monkeypatch):
+    """An HF Trainer left at optimizer_impl: default runs fused AdamW (transformers 5): its
+    probe reports it, the trial file carries it, and the compute-bound advice does not
+    suggest what already ran."""
+    import transformers
+
+    from tuner.harness.metrics import METRIC_NAMES
+    from tuner.measurement import combine
+    from tuner.scriptmode import trialfile
+    from tuner.scriptmode.callbacks.hf import ProbeCallback
+    from tuner.trial.trial_result import TrialResult
+
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    ran = {}
+    for optim in ("adamw_torch_fused", "adamw_torch"):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / optim), optim=optim, report_to=[],
+                                              use_cpu=True)
+        callback = ProbeCallback(report=False)
+        callback.on_train_begin(args, None, None, train_dataloader=loader)
+        ran[optim] = dict(callback.probe.ran)
+        callback._unwrap()
+        callback.probe.close()
+    assert ran == {"adamw_torch_fused": {"optimizer_impl": "fused"}, "adamw_torch": {}}
+
+    result = tmp_path / "result.json"
+    monkeypatch.setenv("RANK", "0")
+    trialfile.report({"samples_per_s": 1.0}, {"result": str(result)}, ["a note"], ran["adamw_torch_fused"])
+    assert trialfile.read_result(result).ran == {"optimizer_impl": "fused"}
+
+    metrics = {**dict.fromkeys(METRIC_NAMES), "samples_per_s": 100.0, "data_wait_share": 0.0,
+               "step_time_p50_s": 0.1, "step_time_p99_s": 0.1}
+    config, _ = make_config({}, 8, 1, CPU)
+    runs = [TrialResult(config.params(), "ok", metrics=metrics, ran={"optimizer_impl": "fused"})]
+    advice = next(v for v in combine("hf", None, config, runs, [], 1).diagnosis if v.kind == "compute-bound")
+    assert "optimizer_impl" not in advice.next_step and "compile: true" in advice.next_step

@@ -109,7 +109,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     start = time.monotonic()
-    state, reason, metrics, notes, pruned = State.OK, None, None, [], None
+    state, reason, metrics, notes, pruned, ran = State.OK, None, None, [], None, {}
     with log_path.open("wb") as log:
         log.write(f"tuner: {shlex.join(cmd)}\n".encode())  # the trial's command, first
         log.flush()
@@ -117,7 +117,8 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
         try:
             while True:
                 if result_path.exists():
-                    metrics, notes, pruned = read_result(result_path)
+                    got = read_result(result_path)
+                    metrics, notes, pruned, ran = got.metrics, got.notes, got.pruned, got.ran
                     break
                 code = proc.poll()
                 if code is not None:
@@ -147,7 +148,8 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
         limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
     if pruned is not None:
         state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
-    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes, pruned_at=pruned)
+    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes, pruned_at=pruned,
+                       ran=ran)
 
 
 def rebuilt_knobs(script: "Script") -> list[str]:

@@ -75,6 +75,8 @@ class Probe(ProbeCore):
         self.unmeasured: set[str] = set()
         """Metrics this loop cannot give (no DataLoader: no data wait): ``None``, never a made-up 0."""
         self._trial = trial
+        self.ran: dict[str, Any] = {}
+        """Levers the configuration leaves to the script's library, and what it ran (reported with the numbers)."""
         self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
         self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
 
@@ -115,4 +117,4 @@ def _reporter(trial: dict[str, Any] | None) -> Any:
     """At the window's close, the summary (a collective: every rank is there) to the search."""
     if trial is None:
         return None
-    return lambda probe: trialfile.report(probe.summary(), trial, probe.notes)
+    return lambda probe: trialfile.report(probe.summary(), trial, probe.notes, getattr(probe, "ran", {}))

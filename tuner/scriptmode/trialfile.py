@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,12 +28,13 @@ def read_trial() -> dict[str, Any] | None:
         raise RuntimeError(f"{ENV}={path}: cannot read the tuner's trial file ({exc})") from None
 
 
-def report(summary: Mapping[str, Any], trial: Mapping[str, Any], notes: Sequence[str] = ()) -> None:
+def report(summary: Mapping[str, Any], trial: Mapping[str, Any], notes: Sequence[str] = (),
+           ran: Mapping[str, Any] | None = None) -> None:
     """Write the probe's summary (and notes on it) where the trial file says, atomically
     (rank 0 only): ``{"metrics": {...}, "notes": [...]}``."""
     if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
         return
-    _write(Path(trial["result"]), {"metrics": dict(summary), "notes": list(notes)})
+    _write(Path(trial["result"]), {"metrics": dict(summary), "notes": list(notes), "ran": dict(ran or {})})
 
 
 def report_pruned(steps: int, rate: float, trial: Mapping[str, Any]) -> None:
@@ -49,12 +51,24 @@ def _write(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_result(path: Path) -> tuple[dict[str, Any] | None, list[str], tuple[int, float] | None]:
-    """A trial's reported metrics and notes (what :func:`report` wrote), or where the prune
-    rule cut it (:func:`report_pruned`: no metrics, then ``(steps, rate)``)."""
+@dataclass
+class Report:
+    """What a trial wrote (:func:`report`, or :func:`report_pruned`)."""
+
+    metrics: dict[str, Any] | None
+    notes: list[str]
+    pruned: tuple[int, float] | None
+    """Where the prune rule cut it: (measured steps, samples/s)."""
+    ran: dict[str, Any]
+    """Levers left to the library, and what it ran."""
+
+
+def read_result(path: Path) -> Report:
+    """A trial's report."""
     data = json.loads(path.read_text(encoding="utf-8"))
     pruned = data.get("pruned")
-    return data.get("metrics"), list(data.get("notes", [])), (int(pruned[0]), float(pruned[1])) if pruned else None
+    return Report(data.get("metrics"), list(data.get("notes", [])),
+                  (int(pruned[0]), float(pruned[1])) if pruned else None, dict(data.get("ran") or {}))
 
 
 def check_step_samples(samples: int, trial: dict[str, Any]) -> None:

@@ -154,8 +154,9 @@ def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", bud
     over = over_budget(metrics, budget) if metrics else None
     if over:
         state, reason = State.OVER_BUDGET, over[1]
+    ran = {"ran": result.ran} if result.ran else {}
     for key, value in {"state": state.value, "reason": reason, "metrics": metrics, "params": result.params,
-                       "timings": result.timings, "losses": result.losses, **(extra or {})}.items():
+                       "timings": result.timings, "losses": result.losses, **ran, **(extra or {})}.items():
         trial.set_user_attr(key, value)
     value = float(metrics["samples_per_s"]) if metrics else 0.0
     if state == State.OK:

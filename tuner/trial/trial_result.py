@@ -79,6 +79,10 @@ class TrialResult:
     to Optuna after the trial, never from inside the measured loop)."""
     restart: str | None = None
     """Why this process can run no more trials after this one (:func:`tuner.trial.failures.poisons`)."""
+    ran: dict[str, Any] = field(default_factory=dict)
+    """Levers left to the library (``default``) and what it actually ran, as the script's
+    probe read them there (an HF Trainer's default optimizer is fused AdamW:
+    ``{"optimizer_impl": "fused"}``): the diagnosis advises from these."""
 
     @property
     def ok(self) -> bool:

@@ -373,7 +373,8 @@ class Decider:
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""
-        return summary.verdicts(self.study, self.recipe.budget.memory_gib, self._env(), params, metrics)
+        return summary.verdicts(self.study, self.recipe.budget.memory_gib, self._env(), params, metrics,
+                                summary.ran(params, self.pool))
 
     def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
         return summary.of(params, pool, self.known)

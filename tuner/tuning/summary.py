@@ -19,14 +19,24 @@ if TYPE_CHECKING:
 
 
 def verdicts(study: "optuna.Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
-             params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
-    """A configuration's verdicts, corrected by every trial of ``study`` measured so far."""
+             params: dict[str, Any] | None, metrics: dict[str, Any] | None,
+             ran: Mapping[str, Any] | None = None) -> list[Verdict]:
+    """A configuration's verdicts, corrected by every trial of ``study`` measured so far;
+    the advice reads what the library ran (``ran``) where ``params`` left a lever to it."""
     if not metrics or not params:
         return []
-    found = diagnose_run(metrics, params, memory_budget_gib, environment)
+    found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment)
     seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in records.measured(study)
             if t.user_attrs.get("metrics")]
     return revise(found, params, metrics, seen, cores())
+
+
+def ran(params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]:
+    """What the library ran where the configuration ``params`` left a lever to it (a
+    script's Trainer runs fused AdamW under ``optimizer_impl: default``)."""
+    if params is None:
+        return {}
+    return next((r.ran for r in pool.entry(params).runs if r.ran), {})
 
 
 def of(params: dict[str, Any] | None, pool: "Pool",

@@ -34,7 +34,10 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
         self._loader_class: type | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None, **kwargs: Any) -> None:
-        self._start(args.device, "bf16" if args.bf16 else "fp16" if args.fp16 else None)
+        probe = self._start(args.device, "bf16" if args.bf16 else "fp16" if args.fp16 else None)
+        optim = str(getattr(args.optim, "value", args.optim))
+        if "fused" in optim:  # the Trainer's own choice (transformers 5's default is adamw_torch_fused)
+            probe.ran["optimizer_impl"] = "fused"
         if train_dataloader is None:
             raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
                                "this transformers version is not supported by tuner's callback")
