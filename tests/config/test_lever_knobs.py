@@ -13,7 +13,7 @@ from tuner.config import export
 from tuner.config.errors import RecipeError
 from tuner.config.space import Machine, conflict, make_config, numerics, parse_space, reference_knobs, restrict
 
-from conftest import run
+from conftest import TESTS, run
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
 
@@ -110,6 +110,8 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
     if config.engine != "fsdp":
         assert bool(args.activation_checkpointing) == (config.activation_checkpointing != "none")
 
+    _read_back_by_lightning_cli(config, tmp_path)
+
     titan = tomllib.loads(export.torchtitan_toml(config, 2))
     assert titan["training"]["local_batch_size"] == config.micro_batch_size
     assert titan["training"]["compile"] == config.compile
@@ -117,6 +119,39 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
     assert titan["parallelism"]["data_parallel_shard_degree"] == (2 if config.engine == "fsdp" else 1)
     assert titan["optimizer"]["implementation"] == {"default": "for-loop", "foreach": "foreach",
                                                     "fused": "fused"}[config.optimizer_impl]
+
+
+def _read_back_by_lightning_cli(config, tmp_path):
+    """lightning_trainer.yaml through LightningCLI's own parser (with a LightningModule and
+    a DataModule taking batch_size and num_workers); parsed, not instantiated: FSDP's
+    strategy refuses a CPU accelerator."""
+    pytest.importorskip("lightning")
+    sys.path.insert(0, str(TESTS / "helpers"))
+    from lightning.pytorch.cli import LightningCLI
+    from lightning_cli_train import ReadsData
+    from lightning_train import Classifier
+
+    class ParseOnly(LightningCLI):
+        def instantiate_classes(self):  # the parsed config is what is checked
+            pass
+
+    path = tmp_path / "lightning_trainer.yaml"
+    path.write_text(export.lightning_trainer(config, 2, cuda=False))
+    parsed = ParseOnly(Classifier, ReadsData, run=False, args=["--config", str(path)]).config
+    assert parsed.trainer.precision == export.LIGHTNING_PRECISION[config.amp_dtype]
+    assert parsed.trainer.accumulate_grad_batches == config.grad_accum_steps and parsed.trainer.devices == 2
+    assert parsed.data.batch_size == config.micro_batch_size and parsed.data.num_workers == config.num_workers
+    strategy = parsed.trainer.strategy
+    if config.engine == "deepspeed":
+        assert strategy == f"deepspeed_stage_{config.zero_stage}" + ("_offload" if config.offload_optimizer == "cpu"
+                                                                      else "")
+    elif config.engine == "fsdp":
+        assert strategy.class_path.endswith("FSDPStrategy")
+        assert strategy.init_args.sharding_strategy.name == ("FULL_SHARD" if config.fsdp == "full_shard"
+                                                             else "SHARD_GRAD_OP")
+        assert bool(strategy.init_args.cpu_offload) == (config.offload_optimizer == "cpu")
+    else:
+        assert strategy == "ddp"
 
 
 @pytest.mark.parametrize("args, message", [

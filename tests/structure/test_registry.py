@@ -106,6 +106,7 @@ def _file(name: str, config: Any) -> str:
         "hf_training_args.json": lambda: str(export.hf_training_args(config)),
         "torchtitan.toml": lambda: export.torchtitan_toml(config, WORLD),
         "torch_settings.py": lambda: export.torch_settings(config),
+        "lightning_trainer.yaml": lambda: export.lightning_trainer(config, WORLD, cuda=True),
     }[name]()
 
 

@@ -43,7 +43,8 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
                         r"(, \d (search trial|confirmation|attribution)s?)*\)", result.best["source"]), \
         result.best["source"]
     for name in ("best.json", "dataloader.json", "ds_config.json", "accelerate_config.yaml",
-                 "hf_training_args.json", "trials.csv", "search.log", "study.db", "report.md", "report.html"):
+                 "hf_training_args.json", "torchtitan.toml", "torch_settings.py", "lightning_trainer.yaml",
+                 "trials.csv", "search.log", "study.db", "report.md", "report.html"):
         assert (out / name).exists(), name
     best = json.loads((out / "best.json").read_text())
     assert set(best) >= {"params", "metrics", "baseline", "speedup", "target_met", "environment"}

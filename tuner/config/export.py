@@ -188,6 +188,42 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+"""Lightning's ``Trainer(precision=...)`` for each ``amp_dtype``."""
+
+
+def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
+    """A LightningCLI config (``python train.py fit --config lightning_trainer.yaml``): the
+    Trainer's precision, accumulation and strategy (DDP, a DeepSpeed stage, or FSDP with
+    its resharding and offload), and the data module's batch size and loader workers
+    (``data.batch_size`` / ``data.num_workers``: the usual names; rename them to your
+    DataModule's)."""
+    if config.engine == "deepspeed":
+        offload = "_offload" if config.offload_optimizer == "cpu" else ""
+        strategy: Any = f"deepspeed_stage_{config.zero_stage}{offload}"
+    elif config.engine == "fsdp":
+        strategy = {"class_path": "lightning.pytorch.strategies.FSDPStrategy",
+                    "init_args": {"sharding_strategy": "FULL_SHARD" if config.fsdp == "full_shard" else "SHARD_GRAD_OP",
+                                  "cpu_offload": config.offload_optimizer == "cpu"}}
+    else:
+        strategy = "ddp" if world_size > 1 else "auto"
+    lines = ["# python train.py fit --config lightning_trainer.yaml   (LightningCLI)",
+             "trainer:",
+             f"  accelerator: {'gpu' if cuda else 'cpu'}",
+             f"  devices: {world_size}",
+             f"  precision: {LIGHTNING_PRECISION[config.amp_dtype]}",
+             f"  accumulate_grad_batches: {config.grad_accum_steps}"]
+    if isinstance(strategy, str):
+        lines.append(f"  strategy: {strategy}")
+    else:
+        lines += ["  # Lightning's FSDPStrategy is FSDP1 with the same sharding; the trials ran FSDP2 (fully_shard),",
+                  "  # which Lightning runs as ModelParallelStrategy with fully_shard in configure_model()",
+                  "  strategy:", f"    class_path: {strategy['class_path']}", "    init_args:"]
+        lines += [f"      {k}: {_yaml_bool(v) if isinstance(v, bool) else v}" for k, v in strategy["init_args"].items()]
+    lines += ["data:", f"  batch_size: {config.micro_batch_size}", f"  num_workers: {config.num_workers}"]
+    return "\n".join(lines) + "\n"
+
+
 def torch_settings(config: "Config") -> str:
     """``torch_settings.py``: the measured settings no library's config holds (process-wide
     flags, the model's memory format, DDP's buckets), as lines for the training script;

@@ -30,7 +30,7 @@ Stage = Literal["loader", "process", "model", "engine", "optimizer", "batch"]
 training loop's batch arithmetic."""
 ADAPTERS = ("torch", "hf", "lightning", "accelerate", "deepspeed")
 EXPORT_FILES = ("dataloader.json", "ds_config.json", "accelerate_config.yaml", "hf_training_args.json",
-                "torchtitan.toml", "torch_settings.py")
+                "torchtitan.toml", "torch_settings.py", "lightning_trainer.yaml")
 """The run folder's configs to paste; every lever reaches at least one."""
 UNGUARDED = object()
 """:attr:`Lever.reference` of a lever that leaves a step's arithmetic alone."""

@@ -2,7 +2,8 @@
 
 Written by rank 0 at the end of a search: ``best.json`` (:meth:`SearchResult.to_json`),
 ``dataloader.json``, ``ds_config.json``, ``accelerate_config.yaml``,
-``hf_training_args.json``, ``torchtitan.toml``, ``torch_settings.py``, ``trials.csv``,
+``hf_training_args.json``, ``torchtitan.toml``, ``torch_settings.py``,
+``lightning_trainer.yaml``, ``trials.csv``,
 ``report.md`` and ``report.html``. The result is
 also kept in the study, so ``tuner.report`` rebuilds the report from the study alone.
 """
@@ -47,6 +48,7 @@ def write_run(result: "SearchResult") -> None:
         _json(out / "hf_training_args.json", export.hf_training_args(config))
         (out / "torchtitan.toml").write_text(export.torchtitan_toml(config, result.world_size))
         (out / "torch_settings.py").write_text(export.torch_settings(config))
+        (out / "lightning_trainer.yaml").write_text(export.lightning_trainer(config, result.world_size, cuda))
     record = result.to_json()
     _json(out / "best.json", record)
     study.set_user_attr("result", record)  # the report is rebuilt from the study alone

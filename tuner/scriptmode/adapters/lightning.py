@@ -21,12 +21,13 @@ import importlib
 import importlib.util
 from typing import Any
 
+from tuner.config import export
 from tuner.config.script import LOADER_KNOBS
 from tuner.scriptmode.adapters import torch as torch_adapter
 from tuner.scriptmode.adapters.common import AdaptError
 from tuner.scriptmode.config import TrialConfig
 
-PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+PRECISION = export.LIGHTNING_PRECISION
 """Lightning's ``precision`` for each ``amp_dtype``."""
 
 
