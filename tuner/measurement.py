@@ -120,6 +120,6 @@ def combine(name: str, memory_budget_gib: float | None, config: Config, runs: li
         repeats=runs,
         environment=env,
         notes=notes,
-        diagnosis=diagnose_run(metrics, {**config.params(), **next((r.ran for r in runs if r.ran), {})},
+        diagnosis=diagnose_run(metrics, {**config.params(), **TrialResult.ran_of(runs)},
                                memory_budget_gib, env),
     )

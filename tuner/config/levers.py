@@ -228,6 +228,16 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
 """Every lever, in declaration order."""
 
 
+def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The DataLoader keywords of the loader levers in ``values`` (every loader lever, by
+    name): each that means something given the others (``prefetch_factor`` only with
+    workers, which the DataLoader enforces), one only recent DataLoaders take only away
+    from its default."""
+    return {lever.loader_kwarg: values[name] for name, lever in LEVERS.items()
+            if lever.group == "loader" and lever.loader_kwarg and lever.needs(values, 1)
+            and (lever.kwarg_at_default or values[name] != lever.default)}
+
+
 def of(group: str) -> tuple[str, ...]:
     """The levers of one group, in declaration order."""
     return tuple(name for name, lever in LEVERS.items() if lever.group == group)

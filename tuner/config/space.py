@@ -13,7 +13,7 @@ from typing import Any, Literal, Mapping, Sequence, get_args
 
 from tuner.config.errors import RecipeError
 from tuner.config.lever import Lever
-from tuner.config.levers import DEEPSPEED_BUCKET, LEVERS
+from tuner.config.levers import DEEPSPEED_BUCKET, LEVERS, loader_kwargs
 from tuner.config.machine import Machine, native_bf16
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]
@@ -100,12 +100,7 @@ class _Fields:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler):
         every loader lever that means something here (``prefetch_factor`` only with workers,
         which the DataLoader enforces)."""
-        values = self.params()
-        kwargs = {"batch_size": self.micro_batch_size, "num_workers": self.num_workers}
-        kwargs.update({lever.loader_kwarg: values[name] for name, lever in LEVERS.items()
-                       if lever.loader_kwarg and name not in ("micro_batch_size", "num_workers")
-                       and lever.needs(values, 1) and (lever.kwarg_at_default or values[name] != lever.default)})
-        return kwargs
+        return {"batch_size": self.micro_batch_size, **loader_kwargs(self.params())}
 
 
 def _fields() -> list[tuple[str, Any, Any]]:

@@ -53,8 +53,7 @@ class Runner(ABC):
 
     def launch(self, world_size: int) -> list[str]:
         """How a user runs ``tuner.measure`` for this recipe: one process, or torchrun."""
-        return ["python"] if world_size == 1 or not self.in_process else \
-            ["torchrun", f"--nproc_per_node={world_size}"]
+        return launch_words(world_size, self.in_process)
 
 
 class InProcess(Runner):
@@ -90,6 +89,12 @@ class Scripted(Runner):
     def run(self, config: "Config", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
         return self.trials.run(config, prune if isinstance(prune, PruneBar) else None)
+
+
+def launch_words(world_size: int, in_process: bool = True) -> list[str]:
+    """The start of a ``tuner.measure`` command: torchrun for several ranks in this
+    process's group; one process for one rank, or for a script (its trials launch their own)."""
+    return ["python"] if world_size == 1 or not in_process else ["torchrun", f"--nproc_per_node={world_size}"]
 
 
 def in_process(recipe: "Recipe") -> bool:

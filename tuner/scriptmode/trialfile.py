@@ -32,20 +32,20 @@ def report(summary: Mapping[str, Any], trial: Mapping[str, Any], notes: Sequence
            ran: Mapping[str, Any] | None = None) -> None:
     """Write the probe's summary (and notes on it) where the trial file says, atomically
     (rank 0 only): ``{"metrics": {...}, "notes": [...]}``."""
-    if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
-        return
-    _write(Path(trial["result"]), {"metrics": dict(summary), "notes": list(notes), "ran": dict(ran or {})})
+    _write(trial, {"metrics": dict(summary), "notes": list(notes), "ran": dict(ran or {})})
 
 
 def report_pruned(steps: int, rate: float, trial: Mapping[str, Any]) -> None:
     """The prune rule cut the trial after ``steps`` measured steps at ``rate`` samples/s
     (rank 0 only): ``{"pruned": [steps, rate]}``."""
+    _write(trial, {"metrics": None, "pruned": [steps, rate], "notes": []})
+
+
+def _write(trial: Mapping[str, Any], data: Mapping[str, Any]) -> None:
+    """``data`` to the trial's result file, atomically, from rank 0 only."""
     if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
         return
-    _write(Path(trial["result"]), {"metrics": None, "pruned": [steps, rate], "notes": []})
-
-
-def _write(path: Path, data: Mapping[str, Any]) -> None:
+    path = Path(trial["result"])
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data), encoding="utf-8")
     os.replace(tmp, path)

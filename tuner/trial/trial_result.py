@@ -84,6 +84,11 @@ class TrialResult:
     probe read them there (an HF Trainer's default optimizer is fused AdamW:
     ``{"optimizer_impl": "fused"}``): the diagnosis advises from these."""
 
+    @staticmethod
+    def ran_of(runs: "list[TrialResult]") -> dict[str, Any]:
+        """What the library ran, as the first of ``runs`` that says so reported it."""
+        return next((r.ran for r in runs if r.ran), {})
+
     @property
     def ok(self) -> bool:
         return self.state == State.OK

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.analysis.attribution import Attribution
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import KNOBS
+from tuner.runner import launch_words
 
 if TYPE_CHECKING:
     import optuna
@@ -122,8 +123,7 @@ def measure_command(recipe: Path, world_size: int, params: Mapping[str, Any],
     """The command that measures ``params`` of the ``recipe`` file again with the harness
     alone (as ``runner``'s trials launch: a script's trial starts its own torchrun; default
     a trial in this process)."""
-    launch = runner.launch(world_size) if runner is not None else \
-        ["python"] if world_size == 1 else ["torchrun", f"--nproc_per_node={world_size}"]
+    launch = runner.launch(world_size) if runner is not None else launch_words(world_size)
     sets: list[str] = []
     for name in KNOBS:
         value = params[name]

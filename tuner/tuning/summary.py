@@ -11,6 +11,7 @@ from tuner.config.space import Config
 from tuner.harness.system.environment import cores
 from tuner.study import records
 from tuner.study.searchspace import config_key
+from tuner.trial.trial_result import TrialResult
 
 if TYPE_CHECKING:
     import optuna
@@ -36,7 +37,7 @@ def ran(params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]:
     script's Trainer runs fused AdamW under ``optimizer_impl: default``)."""
     if params is None:
         return {}
-    return next((r.ran for r in pool.entry(params).runs if r.ran), {})
+    return TrialResult.ran_of(pool.entry(params).runs)
 
 
 def of(params: dict[str, Any] | None, pool: "Pool",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from tuner.config.levers import LEVERS
+from tuner.config.levers import LEVERS, loader_kwargs
 from tuner.config.script import LOADER_KNOBS
 from tuner.scriptmode.config import TrialConfig
 
@@ -31,11 +31,8 @@ def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate",
                          "tuner.config() (recipes/scripts/train_plain.py shows how)")
     take = set(only) if only is not None else {"micro_batch_size", *LOADER_KNOBS}
     mine = {name: getattr(cfg, name) if name in take else _own(loader, name) for name in LOADER_KNOBS}
-    settings: dict[str, Any] = {"batch_size": cfg.micro_batch_size if "micro_batch_size" in take else loader.batch_size}
-    # prefetch_factor and the like only with workers; in_order only where it is not the default
-    settings.update({LEVERS[name].loader_kwarg: value for name, value in mine.items()
-                     if LEVERS[name].needs(mine, 1) and (LEVERS[name].kwarg_at_default
-                                                         or value != LEVERS[name].default)})
+    settings: dict[str, Any] = {"batch_size": cfg.micro_batch_size if "micro_batch_size" in take else loader.batch_size,
+                                **loader_kwargs(mine)}
     kwargs: dict[str, Any] = dict(
         collate_fn=loader.collate_fn, drop_last=loader.drop_last, timeout=loader.timeout,
         worker_init_fn=loader.worker_init_fn, multiprocessing_context=loader.multiprocessing_context,
