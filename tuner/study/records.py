@@ -16,7 +16,6 @@ import math
 import time
 import warnings
 from datetime import datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 import optuna
@@ -73,8 +72,9 @@ def _racing(exc: BaseException) -> bool:
 def open_study(name: str, storage: str, seed: int) -> tuple[optuna.Study, int]:
     """Create or resume the study; returns it and how many trials a killed run left RUNNING
     (now marked FAIL so they never count as results)."""
-    if storage.startswith("sqlite:///"):
-        Path(storage[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    database = storage_mod.sqlite_file(storage)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Callable
 
 import optuna
@@ -72,6 +73,20 @@ def where(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: say it as given
         return url
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file an SQLite URL opens, or ``None`` (not SQLite, or in memory).
+
+    An SQLite URL may name its file as a URI (``sqlite:///file:/p/study.db?mode=ro&uri=true``);
+    taking the text after ``sqlite:///`` as the path made a ``file:`` folder in the working
+    directory, so the path is read the way SQLite reads it."""
+    if not url.startswith("sqlite:///"):
+        return None
+    database = url[len("sqlite:///"):].split("?", 1)[0]
+    if database.startswith("file:"):
+        database = database[len("file:"):]
+    return Path(database) if database and database != ":memory:" else None
 
 
 def _database_error(exc: BaseException) -> str | None:
