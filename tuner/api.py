@@ -113,6 +113,7 @@ def search(
     """
     from tuner.outputs import run_folder
     from tuner.outputs.live import Live
+    from tuner.scriptmode.baseline import own_baseline
     from tuner.tuning.controller import run_search
 
     ctx = distributed.context()
@@ -132,12 +133,13 @@ def search(
                                  check_tolerance(tolerance, "--tolerance"))
     runner.check_launch(recipe, ctx, "search")
     recipe, said = _gpu_budget(recipe, ctx)
+    recipe, own = own_baseline(recipe)  # a script's baseline is what the script runs by itself
     live = None
     if ctx.is_main:
         recipe.out.mkdir(parents=True, exist_ok=True)
         live = Live(recipe, quiet)
-        if said:
-            live.note(said)
+        for line in ([said] if said else []) + own:
+            live.note(line)
 
     def write(result: SearchResult) -> None:
         run_folder.write_run(result)

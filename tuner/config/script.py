@@ -95,6 +95,10 @@ class Script:
         """``env:`` with the trial's values in its ``{knob}`` placeholders."""
         return {k: v.format(**{n: _text(x) for n, x in values.items()}) for k, v in self.env.items()}
 
+    def fixed_env(self) -> dict[str, str]:
+        """``env:`` without the entries that carry a trial's values: the script as its user runs it."""
+        return {k: v for k, v in self.env.items() if not placeholders(v)}
+
     def taken(self) -> set[str]:
         """The knobs the script takes itself: by ``knobs:`` words or an ``env:`` placeholder."""
         return {*self.knobs, *(name for value in self.env.values() for name in placeholders(value))}

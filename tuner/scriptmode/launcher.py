@@ -27,7 +27,7 @@ from tuner.config.space import KNOBS
 from tuner.harness.prune import PruneBar
 from tuner.harness.prune import checks as prune_checks
 from tuner.scriptmode import adapters, gpus, slurm
-from tuner.scriptmode.trialfile import read_result
+from tuner.scriptmode.trialfile import Report, read_result
 from tuner.trial.data import warmup_steps
 from tuner.trial.limits import Limits
 from tuner.trial.trial_result import State, TrialResult
@@ -66,18 +66,19 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
     else:
         rendezvous = ["--standalone"]
     target = ["-m", "tuner.scriptmode.adapters", *script.target()] if script.adapt else script.target()
-    values = {**trial["knobs"], "grad_accum_steps": trial["grad_accum_steps"]}
+    values = None if trial.get("look") else {**trial["knobs"], "grad_accum_steps": trial["grad_accum_steps"]}
     if script.launcher == "python":  # as its user runs it: python script.py args
         runner = [sys.executable, "-u"]
     else:
         runner = [*prefix, sys.executable, "-m", "torch.distributed.run", *rendezvous,
                   f"--nproc_per_node={script.nproc_per_node}"]
-    cmd = [*runner, *target, *script.args, *script.knob_words(values)]
-    env = {**os.environ, **script.trial_env(values), "TUNER_TRIAL": str(folder / "trial.json"),
+    cmd = [*runner, *target, *script.args, *(script.knob_words(values) if values is not None else [])]
+    own_env = script.trial_env(values) if values is not None else script.fixed_env()  # a look: as the user runs it
+    env = {**os.environ, **own_env, "TUNER_TRIAL": str(folder / "trial.json"),
            "PYTHONUNBUFFERED": "1", **(devices or {})}
     if script.module:  # python -m finds the module from the recipe's folder
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(script.folder), env.get("PYTHONPATH")) if p)
-    if script.adapt:  # after the recipe's env: the trial's values must win (see tuner.scriptmode.adapters)
+    if script.adapt and values is not None:  # after the recipe's env: the trial's values must win (see adapters)
         env.update(adapters.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # torchrun sets its own
@@ -93,7 +94,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     assert script is not None
     folder = folder.resolve()  # the script runs in its own folder
     folder.mkdir(parents=True, exist_ok=True)
-    result_path, log_path = folder / "result.json", folder / "output.log"
+    result_path = folder / "result.json"
     result_path.unlink(missing_ok=True)
     warmup = warmup_steps(recipe.steps.warmup, config)
     trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
@@ -109,7 +110,27 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     start = time.monotonic()
-    state, reason, metrics, notes, pruned, ran = State.OK, None, None, [], None, {}
+    state, reason, got = _run(recipe, cmd, env, folder, trial, limit)
+    metrics, notes, pruned, ran = (got.metrics, got.notes, got.pruned, got.ran) if got else (None, [], None, {})
+    elapsed = time.monotonic() - start
+    if metrics is not None:
+        steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most)
+        limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
+    if pruned is not None:
+        state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
+    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes, pruned_at=pruned,
+                       ran=ran)
+
+
+def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, trial: dict[str, Any],
+         limit: float) -> tuple[str, str | None, Report | None]:
+    """Run a trial's command until it reports, exits or passes ``limit`` seconds, then end
+    its whole process tree; its output goes to ``folder/output.log``."""
+    script = recipe.script
+    assert script is not None
+    result_path, log_path = Path(trial["result"]), folder / "output.log"
+    start = time.monotonic()
+    state, reason, got = State.OK, None, None
     with log_path.open("wb") as log:
         log.write(f"tuner: {shlex.join(cmd)}\n".encode())  # the trial's command, first
         log.flush()
@@ -118,7 +139,6 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
             while True:
                 if result_path.exists():
                     got = read_result(result_path)
-                    metrics, notes, pruned, ran = got.metrics, got.notes, got.pruned, got.ran
                     break
                 code = proc.poll()
                 if code is not None:
@@ -129,7 +149,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                     break
                 if time.monotonic() - start > limit:
                     state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
-                                            f"recipe timeout_s); output ends: {_tail(log_path)}")
+                                                  f"recipe timeout_s); output ends: {_tail(log_path)}")
                     break
                 time.sleep(0.05)
         finally:
@@ -138,18 +158,33 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                 log.write(f"\ntuner: scancel {' '.join(steps) or '(the step had ended)'}\n".encode())
             end_tree(proc)
             (folder / ENDED).touch()  # other nodes' agents end their part of the trial
-            if metrics is not None or pruned:  # what the script printed as it was ended is not a crash
-                said = b"its window" if metrics is not None else b"that the prune rule cut it"
+            if got is not None:  # what the script printed as it was ended is not a crash
+                said = (b"its window" if got.metrics is not None else b"that the prune rule cut it" if got.pruned
+                        else b"the script's own configuration")
                 log.write(b"\ntuner: the trial reported " + said + b"; the tuner then ended the script's processes "
                           b"(SIGTERM, then SIGKILL): a traceback just above for signal 15 is that end, not a crash\n")
-    elapsed = time.monotonic() - start
-    if metrics is not None:
-        steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most)
-        limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
-    if pruned is not None:
-        state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
-    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes, pruned_at=pruned,
-                       ran=ran)
+    return state, reason, got
+
+
+def look(recipe: "Recipe", folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """Run the script once as its user runs it (the recipe's ``args``, no trial values) under
+    its adapter in look mode (:mod:`tuner.scriptmode.adapters.own`): the configuration it sets
+    itself, ``{"values", "where", "notes"}``, or ``None`` and why it could not be read."""
+    script = recipe.script
+    assert script is not None and script.adapt
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    result_path = folder / "result.json"
+    result_path.unlink(missing_ok=True)
+    trial = {"look": True, "adapt": script.adapt, "result": str(result_path),
+             "rdzv_id": f"tuner-{recipe.name}-look-{os.getpid()}-{time.time_ns()}"}
+    (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
+    (folder / ENDED).unlink(missing_ok=True)
+    cmd, env = launch(recipe, folder, trial)
+    state, reason, got = _run(recipe, cmd, env, folder, trial, script.timeout_s)
+    if got is None or got.own is None:
+        return None, reason or "the script reported no configuration"
+    return got.own, None
 
 
 def rebuilt_knobs(script: "Script") -> list[str]:

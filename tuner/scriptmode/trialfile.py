@@ -41,6 +41,12 @@ def report_pruned(steps: int, rate: float, trial: Mapping[str, Any]) -> None:
     _write(trial, {"metrics": None, "pruned": [steps, rate], "notes": []})
 
 
+def write_own(own: Mapping[str, Any], trial: Mapping[str, Any]) -> None:
+    """A look run's reading of the script's own configuration (rank 0 only):
+    ``{"own": {"values": ..., "where": ..., "notes": ...}}`` (see :mod:`tuner.scriptmode.adapters.own`)."""
+    _write(trial, {"metrics": None, "own": dict(own), "notes": []})
+
+
 def _write(trial: Mapping[str, Any], data: Mapping[str, Any]) -> None:
     """``data`` to the trial's result file, atomically, from rank 0 only."""
     if int(os.environ.get("RANK", "0")) != 0 or not trial.get("result"):
@@ -61,6 +67,8 @@ class Report:
     """Where the prune rule cut it: (measured steps, samples/s)."""
     ran: dict[str, Any]
     """Levers left to the library, and what it ran."""
+    own: dict[str, Any] | None = None
+    """A look run's reading of the script's own configuration."""
 
 
 def read_result(path: Path) -> Report:
@@ -68,7 +76,8 @@ def read_result(path: Path) -> Report:
     data = json.loads(path.read_text(encoding="utf-8"))
     pruned = data.get("pruned")
     return Report(data.get("metrics"), list(data.get("notes", [])),
-                  (int(pruned[0]), float(pruned[1])) if pruned else None, dict(data.get("ran") or {}))
+                  (int(pruned[0]), float(pruned[1])) if pruned else None, dict(data.get("ran") or {}),
+                  data.get("own"))
 
 
 def check_step_samples(samples: int, trial: dict[str, Any]) -> None:

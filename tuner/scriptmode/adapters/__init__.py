@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     if mode not in ADAPT_MODES:
         print(f"tuner adapt: unknown mode {mode!r}; expected one of {', '.join(ADAPT_MODES)}", file=sys.stderr)
         return 2
-    _installer(mode)(config(), trial)
+    if trial.get("look"):  # the script's own configuration, read before the search (adapters.own)
+        from tuner.scriptmode.adapters import own
+
+        own.install(mode, trial)
+    else:
+        _installer(mode)(config(), trial)
     if argv[0] == "-m" and len(argv) > 1:  # a module: python -m pkg.train
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
