@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, HfArgumentParser, Trainer, TrainerCallback, TrainingArguments
 
 
 @dataclass
@@ -33,12 +33,25 @@ class Tokens(Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
+class SayEngine(TrainerCallback):
+    """Prints, once, what the Trainer's first step ran on: the optimizer DeepSpeed wrapped
+    (its ZeRO optimizer and stage) or the plain one, and the precision."""
+
+    def on_step_end(self, args, state, control, optimizer=None, **kwargs):
+        if state.global_step == 1:
+            inner = getattr(optimizer, "optimizer", optimizer)
+            stage = 3 if type(inner).__name__.endswith("Stage3") else (
+                2 if getattr(inner, "partition_gradients", False) else 1) if "Zero" in type(inner).__name__ else 0
+            print(f"engine: {type(inner).__name__}, zero stage {stage}, bf16 {args.bf16}", flush=True)
+
+
 def main() -> None:
     data_args, training_args = HfArgumentParser((DataArguments, TrainingArguments)).parse_args_into_dataclasses()
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_positions=32, n_embd=32, n_layer=1, n_head=2, vocab_size=256,
                                        bos_token_id=0, eos_token_id=0))
-    Trainer(model=model, args=training_args, train_dataset=Tokens(4096, data_args.latency_ms)).train()
+    Trainer(model=model, args=training_args, train_dataset=Tokens(4096, data_args.latency_ms),
+            callbacks=[SayEngine()]).train()
 
 
 if __name__ == "__main__":

@@ -66,6 +66,9 @@ class Lever:
     """Why a set of knob values with this lever is no configuration at all."""
     refused: Callable[[Machine], list[tuple[Any, str, Any]]] = never_refused
     """(value, why it cannot run on this machine, what runs instead)."""
+    refused_under: Mapping[str, Callable[[Machine], list[tuple[Any, str, Any]]]] = field(default_factory=dict)
+    """Script mode's adapter -> what that adapter's library refuses on this machine, as
+    :attr:`refused` (Lightning's DeepSpeed strategy needs CUDA, whatever DeepSpeed can do)."""
     path: int = 0
     """Its place on the attribution's path from the baseline (what feeds the step first)."""
     walk: int = 0

@@ -118,6 +118,9 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           verdicts={"communication-bound": 1, "memory-bound": 1},
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
           adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine",
+          refused_under={"lightning": lambda m: [] if m.cuda else [
+              (stage, "Lightning's DeepSpeed strategy runs only on CUDA GPUs (its own check, "
+                      "lightning.pytorch.strategies.DeepSpeedStrategy.setup_environment)", 0) for stage in (1, 2, 3)]},
           apply=f"{ENGINES}.deepspeed_engine:DeepSpeedEngine",
           exports={"ds_config.json": "zero_optimization.stage", "accelerate_config.yaml": "distributed_type",
                    "lightning_trainer.yaml": "trainer.strategy"}),

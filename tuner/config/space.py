@@ -176,11 +176,13 @@ def default_micro_batch(global_batch_size: int, world_size: int) -> int:
     return global_batch_size // world_size
 
 
-def restrict(space: Mapping[str, tuple[Any, ...]], machine: Machine) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
-    """Drop values this machine cannot run, returning the space and one note per drop."""
+def restrict(space: Mapping[str, tuple[Any, ...]], machine: Machine,
+             adapt: str | None = None) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
+    """Drop values this machine (or, under script mode's ``adapt``, its library here) cannot
+    run, returning the space and one note per drop."""
     out = dict(space)
     notes: list[str] = []
-    for name, value, reason, fallback in unsupported(machine):
+    for name, value, reason, fallback in unsupported(machine, adapt):
         values = out.get(name)
         if values and value in values:
             kept = tuple(v for v in values if v != value) or (fallback,)
@@ -229,10 +231,15 @@ def make_config(
     return Config(grad_accum_steps=accum, engine=resolved_engine, **values), notes
 
 
-def unsupported(machine: Machine) -> list[tuple[str, Any, str, Any]]:
-    """(knob, value, why it cannot run here, what to use instead)."""
-    return [(name, value, why, fallback) for name, lever in LEVERS.items()
-            for value, why, fallback in lever.refused(machine)]
+def unsupported(machine: Machine, adapt: str | None = None) -> list[tuple[str, Any, str, Any]]:
+    """(knob, value, why it cannot run here, what to use instead); ``adapt``: script mode's
+    adapter, whose library may refuse more."""
+    out = [(name, value, why, fallback) for name, lever in LEVERS.items()
+           for value, why, fallback in lever.refused(machine)]
+    if adapt is not None:
+        out += [(name, value, why, fallback) for name, lever in LEVERS.items() if adapt in lever.refused_under
+                for value, why, fallback in lever.refused_under[adapt](machine)]
+    return out
 
 
 def _fmt(value: Any) -> str:

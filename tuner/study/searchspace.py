@@ -75,8 +75,13 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
         elif len(values) > 1 and base[name] not in values:
             values.insert(0, base[name])
         choices[name] = tuple([recipe.knob_overrides[name]] if name in recipe.knob_overrides else values)
-    restricted, notes = restrict(choices, machine)
+    restricted, notes = restrict(choices, machine, _adapt(recipe))
     return Space(restricted, tuple(notes))
+
+
+def _adapt(recipe: "Recipe") -> str | None:
+    """Script mode's adapter, whose library may refuse what the machine could run."""
+    return recipe.script.adapt if recipe.script is not None else None
 
 
 def _baseline_values(recipe: "Recipe") -> dict[str, Any]:
@@ -92,7 +97,7 @@ def baseline_knobs(recipe: "Recipe", space: Space, machine: Machine) -> dict[str
     """The user's current configuration, measured as it is even where the space fixes a
     knob to another value; only what this machine cannot run is replaced."""
     knobs = _baseline_values(recipe)
-    for name, value, _why, fallback in unsupported(machine):
+    for name, value, _why, fallback in unsupported(machine, _adapt(recipe)):
         if knobs[name] == value:
             knobs[name] = fallback
     return knobs
