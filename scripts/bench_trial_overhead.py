@@ -24,6 +24,7 @@ by the trial itself). Prints medians and the ratios to in-process.
 
     python scripts/bench_trial_overhead.py                       # quick start, 1 rank
     python scripts/bench_trial_overhead.py --nproc 2 --set zero_stage=1
+    python scripts/bench_trial_overhead.py --script-set nproc_per_node=1   # launcher: python, fresh vs pre-warmed
 """
 
 from __future__ import annotations
@@ -72,15 +73,22 @@ def fresh_process_round(args: argparse.Namespace) -> list[float]:
     return overheads
 
 
-def script_round(args: argparse.Namespace) -> list[float]:
-    """``--trials`` script-mode trials of ``--script-recipe``, launched as the search does."""
+def script_round(args: argparse.Namespace, prewarm: bool | None = None) -> list[float]:
+    """``--trials`` script-mode trials of ``--script-recipe``, launched as the search does
+    (``prewarm``: under ``launcher: python``, forked from the pre-warmed process or not; its
+    start is paid by the round's first trial, as by a search's)."""
+    import dataclasses
+
     from tuner.config.recipe import load_recipe
     from tuner.config.space import Machine
     from tuner.measurement import measured_config
     from tuner.scriptmode.launcher import ScriptTrials
     from tuner.trial.data import warmup_steps
 
-    recipe = load_recipe(args.script_recipe)
+    recipe = load_recipe(args.script_recipe, args.script_set)
+    if prewarm is not None:
+        assert recipe.script is not None
+        recipe = dataclasses.replace(recipe, script=dataclasses.replace(recipe.script, prewarm=prewarm))
     config, _ = measured_config(recipe, Machine.detect())
     overheads = []
     with tempfile.TemporaryDirectory() as out:
@@ -93,6 +101,7 @@ def script_round(args: argparse.Namespace) -> list[float]:
             per_step = recipe.global_batch_size / result.metrics["samples_per_s"]
             steps = warmup_steps(recipe.steps.warmup, config) + recipe.steps.measure
             overheads.append(wall - steps * per_step)
+        trials.close()
     return overheads
 
 
@@ -167,6 +176,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of all modes")
     parser.add_argument("--script-recipe", default=str(ROOT / "recipes" / "script_plain.yaml"),
                         help="the script-mode recipe for the script row ('' skips it)")
+    parser.add_argument("--script-set", action="append", default=[],
+                        help="override in the script recipe (nproc_per_node=1: one process, launcher: python, "
+                             "measured fresh and pre-warmed)")
     parser.add_argument("--ds-autotuner", action="store_true",
                         help="add DeepSpeed's autotuner's launch of one experiment (2 ranks)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -176,14 +188,22 @@ def main() -> None:
         return
 
     rows: dict[str, list[float]] = {"in-process": [], "fresh process": []}
+    python = False
     if args.script_recipe:
-        rows["script mode"] = []
+        from tuner.config.recipe import load_recipe
+
+        script = load_recipe(args.script_recipe, args.script_set).script
+        python = script is not None and script.launcher == "python"
+        rows.update({"script, fresh": [], "script, prewarm": []} if python else {"script mode": []})
     if args.ds_autotuner:
         rows["DS autotuner"] = []
     for r in range(args.rounds):
         rows["in-process"] += in_process_round(args)
         rows["fresh process"] += fresh_process_round(args)
-        if args.script_recipe:
+        if python:
+            rows["script, fresh"] += script_round(args, prewarm=False)
+            rows["script, prewarm"] += script_round(args, prewarm=True)
+        elif args.script_recipe:
             rows["script mode"] += script_round(args)
         if args.ds_autotuner:
             rows["DS autotuner"] += ds_autotuner_round(args)
@@ -193,7 +213,7 @@ def main() -> None:
     print(f"recipe: {Path(args.recipe).name}  set: {' '.join(args.set) or '-'}  ranks: {args.nproc}  "
           f"trials: {len(rows['in-process'])} per mode")
     if args.script_recipe:
-        print(f"script mode: {Path(args.script_recipe).name} (its own ranks and knobs)")
+        print(f"script mode: {Path(args.script_recipe).name} {' '.join(args.script_set)} (its own ranks and knobs)")
     print(f"{'mode':<16}{'median s':>10}{'min s':>10}{'max s':>10}{'x in-process':>14}")
     for name, xs in rows.items():
         m = statistics.median(xs)

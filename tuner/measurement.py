@@ -77,11 +77,14 @@ def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: In
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     runner = runner_for(recipe, ctx, recipe.out / "measure", command="measure")
     runs: list[TrialResult] = []
-    for i in range(repeats):
-        runs.append(runner.run(config, instruments=first if i == 0 else rest))
-        if runs[-1].restart:  # nothing more can run in this process
-            notes.append(f"{runs[-1].restart}: {len(runs)} of {repeats} repeats ran")
-            break
+    try:
+        for i in range(repeats):
+            runs.append(runner.run(config, instruments=first if i == 0 else rest))
+            if runs[-1].restart:  # nothing more can run in this process
+                notes.append(f"{runs[-1].restart}: {len(runs)} of {repeats} repeats ran")
+                break
+    finally:
+        runner.close()
     world = recipe.world_size if not runner.in_process else ctx.world_size
     return combine(recipe.name, recipe.budget.memory_gib, config, runs, notes, world)
 

@@ -77,6 +77,9 @@ class Script:
     :mod:`tuner.scriptmode.slurm`)."""
     parallel: int = 1
     """Trials at once on disjoint node groups of the allocation (``launcher: slurm``)."""
+    prewarm: bool = True
+    """``launcher: python``: fork each trial from a process that has imported torch once
+    (:mod:`tuner.scriptmode.prewarm`); ``false`` starts a fresh interpreter per trial."""
 
     def target(self) -> list[str]:
         """What torchrun runs: the script's path, or ``-m module``."""
@@ -95,6 +98,10 @@ class Script:
         """``env:`` with the trial's values in its ``{knob}`` placeholders."""
         return {k: v.format(**{n: _text(x) for n, x in values.items()}) for k, v in self.env.items()}
 
+    def trial_varies(self) -> bool:
+        """Whether ``env:`` carries a trial's values (then no two trials import alike)."""
+        return any(placeholders(v) for v in self.env.values())
+
     def fixed_env(self) -> dict[str, str]:
         """``env:`` without the entries that carry a trial's values: the script as its user runs it."""
         return {k: v for k, v in self.env.items() if not placeholders(v)}
@@ -111,7 +118,7 @@ class Script:
 
 
 SCRIPT_KEYS = ("script", "module", "args", "nproc_per_node", "env", "timeout_s", "adapt", "nnodes", "rdzv_endpoint",
-               "rdzv_backend", "knobs", "launcher", "parallel")
+               "rdzv_backend", "knobs", "launcher", "parallel", "prewarm")
 
 
 def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
@@ -165,12 +172,18 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
     backend = raw.get("rdzv_backend", "c10d")
     if not isinstance(backend, str) or not backend:
         raise RecipeError(f"rdzv_backend: expected a torchrun rendezvous backend name (c10d), got {backend!r}")
+    prewarm = raw.get("prewarm", launcher == "python")
+    if not isinstance(prewarm, bool):
+        raise RecipeError(f"prewarm: expected true or false, got {prewarm!r}")
+    if prewarm and launcher != "python":
+        raise RecipeError(f"prewarm: only with launcher: python (one process); launcher: {launcher} starts each "
+                          "trial's ranks itself")
     timeout = raw.get("timeout_s", 600.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise RecipeError(f"timeout_s: expected a positive number of seconds, got {timeout!r}")
     return Script(path, tuple(str(a) for a in args), nproc, env,
                   float(timeout), nnodes, endpoint, backend, adapt, module, _knobs(raw.get("knobs")), folder,
-                  launcher, parallel)
+                  launcher, parallel, prewarm)
 
 
 def check_routes(script: Script, searched: Mapping[str, tuple[Any, ...]], accumulations: set[int]) -> None:

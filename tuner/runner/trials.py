@@ -51,6 +51,9 @@ class Runner(ABC):
             instruments: Instruments = Instruments()) -> "TrialResult":
         """One trial of ``config``."""
 
+    def close(self) -> None:  # noqa: B027 - most runners hold nothing
+        """Let go of what the runner holds between trials (a pre-warmed launcher)."""
+
     def launch(self, world_size: int) -> list[str]:
         """How a user runs ``tuner.measure`` for this recipe: one process, or torchrun."""
         return launch_words(world_size, self.in_process)
@@ -89,6 +92,9 @@ class Scripted(Runner):
     def run(self, config: "Config", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
         return self.trials.run(config, prune if isinstance(prune, PruneBar) else None)
+
+    def close(self) -> None:
+        self.trials.close()
 
 
 def launch_words(world_size: int, in_process: bool = True) -> list[str]:

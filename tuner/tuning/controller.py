@@ -45,6 +45,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     try:
         return _search(recipe, ctx, confirm, attribute, machine, pool, decider, runner, on_result)
     finally:  # the heartbeat thread and the finishing lock, also when storage or a trial failed
+        runner.close()
         if decider is not None:
             decider.workers.close()
 
