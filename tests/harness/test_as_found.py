@@ -15,6 +15,7 @@ from conftest import run
 USER = textwrap.dedent('''
     import gc, json, logging, os, sys, warnings
     import optuna  # the user's own optuna, at the user's own verbosity
+    import torch  # the user's own model code imports it (its import-time warning filters are its own)
     optuna.logging.set_verbosity(optuna.logging.INFO)
     warnings.simplefilter("error", ResourceWarning)
     logging.getLogger().setLevel(logging.DEBUG)
