@@ -4,6 +4,7 @@ Public API::
 
     tuner.measure(recipe, **knobs) -> Measurement
     tuner.search(recipe, **overrides) -> SearchResult
+    tuner.compare(run_a, run_b, a="best", b="best") -> Comparison  # two run folders side by side
     tuner.plan(recipe) -> CapacityPlan  # the largest micro-batch predicted to fit, per sharding x AMP x ckpt
     tuner.Probe                     # the harness, for loops the tuner does not own
     tuner.config(**defaults)        # a script's knobs: the trial's under the tuner, else the defaults
@@ -25,10 +26,12 @@ from tuner.scriptmode.config import TrialConfig, config  # bound here: it shadow
 
 if TYPE_CHECKING:
     from tuner.api import CapacityPlan, Measurement, SearchResult, measure, plan, search
+    from tuner.outputs.comparison import compare
     from tuner.scriptmode.probe import Probe
 
 _LAZY = {"CapacityPlan": "tuner.api", "Measurement": "tuner.api", "SearchResult": "tuner.api",
-         "measure": "tuner.api", "plan": "tuner.api", "search": "tuner.api", "Probe": "tuner.scriptmode.probe"}
+         "measure": "tuner.api", "plan": "tuner.api", "search": "tuner.api", "Probe": "tuner.scriptmode.probe",
+         "compare": "tuner.outputs.comparison"}
 """Imported on first use. A script's ``import tuner`` (and each script-mode trial's adapter)
 then pays for the trial file and its knobs, not for the search (Optuna, SQLAlchemy, the
 engines): 0.26 -> 0.17 s after ``import torch`` on this machine (``python -X importtime``),
@@ -49,6 +52,6 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = ["CapacityPlan", "Measurement", "Probe", "Recipe", "RecipeError", "SearchResult", "TrialConfig",
+__all__ = ["CapacityPlan", "Measurement", "Probe", "compare", "Recipe", "RecipeError", "SearchResult", "TrialConfig",
            "TrialError", "config", "load_recipe", "measure", "plan", "search"]
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ from tuner.analysis.gate import DEFAULT_REPEATS, CheckResult, differences, verdi
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Recipe, check_tolerance, load_recipe
 from tuner.config.space import parse_knobs
+from tuner.config.trackers import parse_track
 from tuner.harness import distributed, interrupt
 from tuner.harness.as_found import as_found
 from tuner.harness.system.environment import environment
@@ -89,6 +90,7 @@ def search(
     full_budget: bool = False,
     no_skip: bool = False,
     tolerance: float | None = None,
+    track: Sequence[str] | str = (),
     **knobs: Any,
 ) -> SearchResult | None:
     """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
@@ -109,15 +111,49 @@ def search(
             (``budget.skip: false``).
         tolerance: override the recipe's ``tolerance``: the largest slowdown a simpler
             answer may cost against the fastest (upper 95% bound; default 0.02).
+        track: experiment trackers to log to besides the recipe's ``track:``
+            (``"mlflow"``, ``"tensorboard"``, ``"wandb"``; a list or comma-separated).
         **knobs: knobs to fix for the whole search.
     """
-    from tuner.outputs import run_folder
+    from tuner.outputs import run_folder, tracking
     from tuner.outputs.live import Live
     from tuner.scriptmode.baseline import own_baseline
     from tuner.tuning.controller import run_search
 
     ctx = distributed.context()
     recipe = _load(recipe, overrides, ctx.world_size, knobs)
+    recipe = _for_search(recipe, trials, minutes, full_budget, no_skip, out, storage, tolerance, track)
+    tracking.check(recipe.track)
+    runner.check_launch(recipe, ctx, "search")
+    recipe, said = _gpu_budget(recipe, ctx)
+    recipe, own = own_baseline(recipe)  # a script's baseline is what the script runs by itself
+    live, events = None, None
+    if ctx.is_main:
+        recipe.out.mkdir(parents=True, exist_ok=True)
+        live = Live(recipe, quiet)
+        for line in ([said] if said else []) + own:
+            live.note(line)
+        events = tracking.Tracked(live, recipe.track, recipe, recipe.out) if recipe.track else live
+
+    def write(result: SearchResult) -> None:
+        run_folder.write_run(result)
+        if isinstance(events, tracking.Tracked):
+            events.finish(result, recipe.out)
+        if live is not None:
+            live.summary(result)
+
+    helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
+    try:
+        with interrupt.catching():
+            return run_search(recipe, ctx, confirm, attribute, events, write)
+    finally:
+        _wait_for(helpers)
+
+
+def _for_search(recipe: Recipe, trials: int | None, minutes: float | None, full_budget: bool, no_skip: bool,
+                out: str | os.PathLike[str] | None, storage: str | None, tolerance: float | None,
+                track: Sequence[str] | str) -> Recipe:
+    """The recipe with :func:`search`'s arguments applied over it."""
     budget = dataclasses.replace(
         recipe.budget,
         trials=trials if trials is not None else recipe.budget.trials,
@@ -130,28 +166,10 @@ def search(
         storage = f"sqlite:///{out_dir / 'study.db'}"
     recipe = dataclasses.replace(recipe, budget=budget, out=out_dir, storage=storage or recipe.storage,
                                  tolerance=recipe.tolerance if tolerance is None else
-                                 check_tolerance(tolerance, "--tolerance"))
-    runner.check_launch(recipe, ctx, "search")
-    recipe, said = _gpu_budget(recipe, ctx)
-    recipe, own = own_baseline(recipe)  # a script's baseline is what the script runs by itself
-    live = None
-    if ctx.is_main:
-        recipe.out.mkdir(parents=True, exist_ok=True)
-        live = Live(recipe, quiet)
-        for line in ([said] if said else []) + own:
-            live.note(line)
-
-    def write(result: SearchResult) -> None:
-        run_folder.write_run(result)
-        if live is not None:
-            live.summary(result)
-
-    helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
-    try:
-        with interrupt.catching():
-            return run_search(recipe, ctx, confirm, attribute, live, write)
-    finally:
-        _wait_for(helpers)
+                                 check_tolerance(tolerance, "--tolerance"),
+                                 track=tuple(dict.fromkeys((*recipe.track, *parse_track(
+                                     ",".join(track) if not isinstance(track, str) else track, "--track")))))
+    return recipe
 
 
 def _node_group_workers(recipe: Recipe, overrides: Sequence[str], knobs: dict[str, Any]) -> list[Any]:

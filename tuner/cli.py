@@ -125,6 +125,9 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                         help="the largest slowdown a simpler answer may cost against the fastest, e.g. 0.02 (2%%): "
                              "a change is dropped only when the upper 95%% bound of its cost is below it "
                              "(default: the recipe's tolerance, 0.02)")
+    parser.add_argument("--track", action="append", default=[], metavar="NAME[,NAME]",
+                        help="log the search to an experiment tracker: mlflow, tensorboard, wandb (several: "
+                             "repeat it or separate with commas; the recipe's track: adds to it)")
     args = parser.parse_args(argv)
     for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0),
                                  ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0)):
@@ -141,7 +144,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
                         attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets,
                         quiet=args.quiet, full_budget=args.full_budget, no_skip=args.no_skip,
-                        tolerance=args.tolerance)
+                        tolerance=args.tolerance, track=args.track)
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
@@ -228,6 +231,34 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def compare_main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tuner.compare",
+        description="Two run folders side by side: one configuration of each (best, baseline or a trial "
+        "number), every metric with its ratio and whether the difference is beyond both runs' noise. "
+        "Refused (exit 2) when the runs were measured on different devices, world sizes or torch versions.")
+    parser.add_argument("run_a", help="a search's run folder (runs/NAME)")
+    parser.add_argument("run_b", help="the other run folder (the same one to compare two of its trials)")
+    parser.add_argument("--a", default="best", metavar="WHICH", help="best (default), baseline or a trial number")
+    parser.add_argument("--b", default="best", metavar="WHICH", help="best (default), baseline or a trial number")
+    parser.add_argument("--html", metavar="PATH", help="also write the comparison as an HTML page")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--anyway", action="store_true",
+                        help="show runs from different machines side by side, their differences on top")
+    args = parser.parse_args(argv)
+    from tuner.outputs import comparison
+
+    try:
+        result = comparison.compare(args.run_a, args.run_b, args.a, args.b, args.anyway)
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    print(json.dumps(result.to_json(), indent=1) if args.json else comparison.table(result))
+    if args.html:
+        Path(args.html).write_text(comparison.page(result), encoding="utf-8")
+    return 0
+
+
 def agent_main(argv: Sequence[str] | None = None) -> int:
     from tuner.scriptmode import node_agent as agent
 
@@ -249,7 +280,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
 
 COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {
     "measure": measure_main, "search": search_main, "check": check_main, "report": report_main, "plan": plan_main,
-    "agent": agent_main,
+    "agent": agent_main, "compare": compare_main,
 }
 
 

@@ -23,6 +23,8 @@ from tuner.config.errors import RecipeError
 from tuner.config.script import SCRIPT_KEYS, Script, check_routes, parse_script
 from tuner.config.space import EngineName
 from tuner.config.task import Task, load_task
+from tuner.config.trackers import parse_track
+from tuner.config.yaml_file import read_yaml
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 AUTO_MAX_STEPS = 2000
@@ -108,6 +110,8 @@ class Recipe:
     """Knobs fixed with ``--set``: they win over the space and the baseline."""
     script: Script | None = None
     """Set for a ``script:`` recipe: the user's training script, one process tree per trial."""
+    track: tuple[str, ...] = ()
+    """Experiment trackers the search logs to (:mod:`tuner.outputs.tracking`)."""
 
 
 def load_recipe(
@@ -129,52 +133,11 @@ def load_recipe(
         raise RecipeError(f"{path}: no such recipe file")
     if not path.is_file():
         raise RecipeError(f"{path}: is not a file; give the recipe's .yaml path")
-    raw = _read_yaml(path)
+    raw = read_yaml(path)
     knob_sets = {**_apply_overrides(raw, overrides, path), **(knobs or {})}
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     return _build(raw, path, world_size, knob_sets)
-
-
-# --- YAML -------------------------------------------------------------------------------
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys instead of silently keeping the last."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark
-            )
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"{path}: cannot read recipe: {exc}") from None
-    try:
-        raw = yaml.load(text, Loader=_StrictLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise RecipeError(f"{where}: invalid YAML: {problem}") from None
-    if raw is None:
-        raise RecipeError(f"{path}: the recipe is empty; it needs at least name, task and global_batch_size")
-    if not isinstance(raw, dict):
-        raise RecipeError(f"{path}: a recipe is a mapping of key: value, got a {type(raw).__name__}")
-    return raw
 
 
 def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) -> dict[str, Any]:
@@ -207,7 +170,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 
 _TOP_KEYS = (
     "name", "task", "task_args", "global_batch_size", "steps", "budget", "target",
-    "baseline", "space", "engine", "seed", "tolerance", "out", "storage", "precision", *SCRIPT_KEYS,
+    "baseline", "space", "engine", "seed", "tolerance", "out", "storage", "precision", "track", *SCRIPT_KEYS,
 )
 
 
@@ -279,7 +242,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
         name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
         world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target, precision=precision,
         baseline=baseline, space=space, engine=engine, seed=seed, tolerance=tolerance, out=out_path, storage=storage,
-        knob_overrides=overrides, script=script,
+        knob_overrides=overrides, script=script, track=parse_track(raw.get("track")),
     )
 
 

@@ -369,6 +369,7 @@ class Decider:
             wall_s=time.monotonic() - self.started, study=self.study,
             memory_prediction=self.memory.error(memory.SETTLED_AFTER) if self.memory is not None else None,
             decision=decision.to_json() if decision is not None else None, broken=self.broken,
+            noise=dict(zip(("ss", "dof"), pool.spread())),
         )
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:

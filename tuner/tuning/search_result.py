@@ -60,6 +60,10 @@ class SearchResult:
     its 95% interval (:class:`tuner.tuning.recommend.Decision`)."""
     broken: str | None = None
     """Why the search stopped as ``broken``: the baseline's own error, or the first trials'."""
+    noise: dict[str, float] | None = None
+    """How noisy one run is here: ``{"ss", "dof"}``, the pooled spread of the log-rates of every
+    configuration measured more than once (:func:`tuner.analysis.interval.spread`), so that
+    ``tuner compare`` judges two runs' difference against both runs' noise."""
     study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -69,7 +73,11 @@ class SearchResult:
             "params": self.best.get("params"),
             "metrics": self.best.get("metrics"),
             "predicted_peak_gib": self.best.get("predicted_peak_gib"),
-            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics")},
+            "runs": self.best.get("runs"),
+            "trial": self.best.get("trial"),
+            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics"),
+                         "runs": self.baseline.get("runs"), "trial": self.baseline.get("trial")},
+            "noise": self.noise,
             "speedup": self.speedup,
             "target_met": self.target_met,
             "environment": self.environment,
@@ -101,9 +109,10 @@ class SearchResult:
             out=out,
             best={"params": data.get("params"), "metrics": data.get("metrics"), "source": data.get("source"),
                   "failures": failures.get("best", 0), "command": data.get("command"),
-                  "predicted_peak_gib": data.get("predicted_peak_gib")},
+                  "predicted_peak_gib": data.get("predicted_peak_gib"), "runs": data.get("runs"),
+                  "trial": data.get("trial")},
             baseline={"params": base.get("params"), "metrics": base.get("metrics"),
-                      "failures": failures.get("baseline", 0)},
+                      "failures": failures.get("baseline", 0), "runs": base.get("runs"), "trial": base.get("trial")},
             speedup=data.get("speedup"), target_met=bool(data.get("target_met")),
             stopped=data.get("stopped") or "unknown", broken=data.get("broken"), trials=int(data.get("trials") or 0),
             environment=dict(data.get("environment") or {}),
@@ -114,7 +123,7 @@ class SearchResult:
             memory_budget_gib=data.get("memory_budget_gib"), world_size=int(data.get("world_size") or 1),
             pruned=int((data.get("pruning") or {}).get("trials") or 0),
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
-            memory_prediction=data.get("memory_prediction"), decision=data.get("decision"),
+            memory_prediction=data.get("memory_prediction"), decision=data.get("decision"), noise=data.get("noise"),
         )
 
 

@@ -51,8 +51,9 @@ def of(params: dict[str, Any] | None, pool: "Pool",
     metrics = pool.metrics(params)
     predicted = trial.user_attrs.get("predicted_peak_gib") if trial is not None else None
     if metrics is not None:
-        return {"params": params, "metrics": metrics, "source": pool.source(params),
+        runs = [r.metrics for r in pool.entry(params).runs if r.ok and r.metrics]
+        return {"params": params, "metrics": metrics, "source": pool.source(params), "runs": runs,
                 "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
     assert trial is not None, "a configuration with no measurement"
     return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number,
-            "predicted_peak_gib": predicted}
+            "runs": [trial.user_attrs["metrics"]], "predicted_peak_gib": predicted}

@@ -1,0 +1,84 @@
+"""``tuner compare RUN_A RUN_B`` (issue 26, item 4): one configuration of each run, every
+metric's ratio, beyond both runs' noise or not, and refused across machines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import tuner
+from tuner.config.errors import RecipeError
+
+from conftest import ROOT, write_recipe
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One search where loader workers pay for 3 ms reads: the baseline (no workers) and the
+    best, each re-measured twice (the confirmation), so both have repeats."""
+    tmp = tmp_path_factory.mktemp("compare")
+    recipe = write_recipe(tmp, {
+        "name": "cmp", "task": str(ROOT / "recipes" / "tasks" / "slow_reads.py"),
+        "task_args": {"read_latency_ms": 3.0, "size": 4096}, "global_batch_size": 32,
+        "steps": {"warmup": 2, "measure": 10}, "out": str(tmp / "run"), "baseline": {"num_workers": 0},
+        "space": {"num_workers": [0, 2]}})
+    result = tuner.search(recipe, trials=2, confirm=2, attribute=0, quiet=True)
+    assert result.best["params"]["num_workers"] == 2, result.best
+    return tmp / "run"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "tuner.compare", *map(str, args)], capture_output=True, text=True)
+
+
+def test_the_best_against_the_baseline_is_beyond_both_runs_noise(run, tmp_path):
+    c = tuner.compare(run, run, a="baseline", b="best")
+    rate = next(r for r in c.rows if r.metric == "samples_per_s")
+    assert rate.ratio > 1.3 and rate.beyond is True and rate.interval[0] > 0, rate
+    assert ("num_workers", 0, 2) in c.params
+    record = json.loads((run / "best.json").read_text())
+    assert len(record["runs"]) >= 2 and record["noise"]["dof"] >= 2  # what the verdict stands on
+    proc = _cli(run, run, "--a", "baseline", "--html", tmp_path / "c.html")
+    assert proc.returncode == 0, proc.stderr
+    assert "knobs that differ: num_workers 0 -> 2" in proc.stdout and "beyond noise" in proc.stdout, proc.stdout
+    page = (tmp_path / "c.html").read_text()
+    assert "<tr class='beyond'><td>samples_per_s</td>" in page
+
+
+def test_one_trial_against_another_without_repeats_is_unknown_not_the_same(run, tmp_path):
+    lone = tmp_path / "lone"
+    shutil.copytree(run, lone)
+    record = json.loads((lone / "best.json").read_text())
+    record["noise"] = {"ss": 0.0, "dof": 0}  # a run that never measured anything twice
+    (lone / "best.json").write_text(json.dumps(record))
+    c = tuner.compare(lone, lone, a=0, b=1)
+    rate = next(r for r in c.rows if r.metric == "samples_per_s")
+    assert rate.beyond is None and rate.ratio is not None
+    assert "unknown (no repeats)" in _cli(lone, lone, "--a", "0", "--b", "1").stdout
+
+
+def test_runs_from_other_machines_are_refused_in_one_line_or_shown_anyway(run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    record = json.loads((other / "best.json").read_text())
+    record["environment"].update(torch="2.99.0", device="NVIDIA H200")
+    (other / "best.json").write_text(json.dumps(record))
+    proc = _cli(run, other)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: the runs were measured on different machines (device:") and "torch:" in line
+    shown = _cli(run, other, "--anyway", "--json")
+    assert shown.returncode == 0 and len(json.loads(shown.stdout)["refused"]) == 2
+
+
+@pytest.mark.parametrize(("which", "message"), [("999", "no trial 999"), ("fastest", "expected best, baseline or")])
+def test_bad_input_is_one_line(run, tmp_path, which, message):
+    with pytest.raises(RecipeError, match=message):
+        tuner.compare(run, run, a=which)
+    proc = _cli(tmp_path / "nope", run)
+    assert proc.returncode == 2 and proc.stderr.strip().endswith("is not a folder; give a search's run folder "
+                                                                 "(runs/NAME)"), proc.stderr

@@ -1,0 +1,136 @@
+"""Two runs side by side: one configuration of each (the best, the baseline, or any trial),
+every metric with its ratio, and whether the difference is beyond both runs' noise.
+
+Pure functions of what the run folders hold (``best.json``, ``trials.csv``): the caller
+reads them (:func:`tuner.outputs.comparison.compare`). The noise is the one every decision
+of a search reads (:mod:`tuner.analysis.interval`): a 95% t-interval on the log of the
+rates, from each side's own repeats and, where those are too few, from every repeated
+configuration of both runs pooled (``noise`` in ``best.json``). A single run against a single
+run with no repeats anywhere has no interval: the table says ``unknown``, never "same".
+
+Environments are compared first: a different device, device count, world size or torch
+makes the numbers describe two machines, not two configurations, and the comparison is
+refused (``anyway`` shows it with those differences on top).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from tuner.analysis.gate import differences
+from tuner.analysis.interval import slowdown, t975
+from tuner.config.errors import RecipeError
+from tuner.harness.metrics import METRIC_NAMES
+
+DECIDING = (("torch", "torch"),)
+"""Environment fields besides the gate's (device, world size, device count) that decide a
+throughput: another PyTorch is another set of kernels."""
+
+
+@dataclass
+class Side:
+    """One configuration of one run: its params, its metrics (the median of its runs) and
+    every run's metrics."""
+
+    run: str
+    which: str
+    """``best``, ``baseline`` or ``trial N``."""
+    params: dict[str, Any]
+    metrics: dict[str, Any]
+    runs: list[dict[str, Any]]
+    noise: tuple[float, int] = (0.0, 0)
+    """The run's pooled spread of log-rates: (sum of squares, degrees of freedom)."""
+    environment: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    metric: str
+    a: Any
+    b: Any
+    ratio: float | None
+    """b / a."""
+    beyond: bool | None
+    """The difference is beyond both runs' noise (95%); ``None``: no interval to tell."""
+    interval: tuple[float, float] | None = None
+    """95% interval of b / a - 1."""
+
+
+@dataclass
+class Comparison:
+    a: Side
+    b: Side
+    rows: list[Row]
+    refused: list[str]
+    """Environment differences that decide a throughput (empty: comparable)."""
+    params: list[tuple[str, Any, Any]]
+    """The knobs that differ: (name, a, b)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "a": {"run": self.a.run, "which": self.a.which, "params": self.a.params},
+            "b": {"run": self.b.run, "which": self.b.which, "params": self.b.params},
+            "refused": self.refused, "params_differ": [list(p) for p in self.params],
+            "metrics": [{"metric": r.metric, "a": r.a, "b": r.b, "ratio": r.ratio, "beyond_noise": r.beyond,
+                         "interval": list(r.interval) if r.interval else None} for r in self.rows],
+        }
+
+
+def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    out = differences(dict(a), dict(b))
+    for key, what in DECIDING:
+        if key in a and a.get(key) != b.get(key):
+            out.append(f"{what}: {a.get(key)!r} against {b.get(key)!r}")
+    return [line.replace("recorded", "A").replace("here", "B") for line in out]
+
+
+def compare(a: Side, b: Side, anyway: bool = False) -> Comparison:
+    refused = environment_differences(a.environment, b.environment)
+    if refused and not anyway:
+        raise RecipeError(f"the runs were measured on different machines ({'; '.join(refused)}), so their numbers "
+                          "compare the machines, not the configurations; pass --anyway to see them side by side")
+    params = [(k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])
+              if a.params.get(k) != b.params.get(k)]
+    rows = [_row(name, a, b) for name in METRIC_NAMES
+            if isinstance(a.metrics.get(name), (int, float)) or isinstance(b.metrics.get(name), (int, float))]
+    return Comparison(a, b, rows, refused, params)
+
+
+def _row(name: str, a: Side, b: Side) -> Row:
+    va, vb = a.metrics.get(name), b.metrics.get(name)
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
+    ratio = vb / va if numeric and va else None
+    if not numeric:
+        return Row(name, va, vb, None, None)
+    ra, rb = _values(a.runs, name, va), _values(b.runs, name, vb)
+    if name == "samples_per_s":  # the run-wide noise of rates, as the search decides with
+        found = slowdown(ra, rb, (a.noise[0] + b.noise[0], a.noise[1] + b.noise[1]))  # 1 - b / a
+        if found is None:
+            return Row(name, va, vb, ratio, None)
+        interval = (-found.high, -found.low)  # b / a - 1
+        return Row(name, va, vb, ratio, interval[0] > 0 or interval[1] < 0, interval)
+    return _t_row(name, va, vb, ratio, ra, rb)
+
+
+def _values(runs: Sequence[Mapping[str, Any]], name: str, median: Any) -> list[float]:
+    values = [float(r[name]) for r in runs
+              if isinstance(r.get(name), (int, float)) and not isinstance(r.get(name), bool)]
+    return values or [float(median)]
+
+
+def _t_row(name: str, va: float, vb: float, ratio: float | None, ra: list[float], rb: list[float]) -> Row:
+    """Any other metric: a t-interval on the difference of means from the two sides' own
+    repeats (its noise is its own: a share's spread is not the rate's)."""
+    dof = len(ra) + len(rb) - 2
+    if dof < 1 or not va:
+        return Row(name, va, vb, ratio, None)
+    ss = sum((x - statistics.fmean(ra)) ** 2 for x in ra) + sum((x - statistics.fmean(rb)) ** 2 for x in rb)
+    if len(ra) < 2 and len(rb) < 2:
+        return Row(name, va, vb, ratio, None)
+    half = t975(dof) * math.sqrt(ss / dof) * math.sqrt(1 / len(ra) + 1 / len(rb))
+    diff = statistics.fmean(rb) - statistics.fmean(ra)
+    interval = ((diff - half) / abs(va), (diff + half) / abs(va))
+    return Row(name, va, vb, ratio, interval[0] > 0 or interval[1] < 0, interval)
