@@ -106,7 +106,21 @@ def open_study(name: str, storage: str, seed: int) -> tuple[optuna.Study, int]:
             f"{str(exc).splitlines()[0] if str(exc) else ''}; "
             "give an Optuna storage URL such as sqlite:///runs/NAME/study.db"
         ) from None
+    _name_objective(study)
     return study, _fail_left_running(study)
+
+
+SHOWN = ("samples_per_s", "step_time_p50_s", "step_time_p99_s", "data_wait_share", "peak_mem_gib", "mfu")
+"""Metrics kept as flat user attributes too (``metric.NAME``): a study browser (optuna-dashboard)
+lists flat values in its trial table, where the ``metrics`` mapping is one long JSON string."""
+
+
+def _name_objective(study: optuna.Study) -> None:
+    """The objective is samples/s: named so, a study browser labels its axis with it."""
+    if study.metric_names is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(["samples_per_s"])
 
 
 def _fail_left_running(study: optuna.Study) -> int:
@@ -155,8 +169,9 @@ def _record(study: optuna.Study, trial: optuna.Trial, result: "TrialResult", bud
     if over:
         state, reason = State.OVER_BUDGET, over[1]
     ran = {"ran": result.ran} if result.ran else {}
+    shown = {f"metric.{name}": metrics[name] for name in SHOWN if metrics and metrics.get(name) is not None}
     for key, value in {"state": state.value, "reason": reason, "metrics": metrics, "params": result.params,
-                       "timings": result.timings, "losses": result.losses, **ran, **(extra or {})}.items():
+                       "timings": result.timings, "losses": result.losses, **ran, **(extra or {}), **shown}.items():
         trial.set_user_attr(key, value)
     value = float(metrics["samples_per_s"]) if metrics else 0.0
     if state == State.OK:
