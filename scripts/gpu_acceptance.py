@@ -329,6 +329,63 @@ def smi_utilization(seconds: float, work: Callable[[], Any]) -> float | None:
     return statistics.fmean(samples) if samples else None
 
 
+PREWARM_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuner
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+cfg = tuner.config(global_batch_size=512, micro_batch_size=512)
+model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 16))
+model = model.to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(4096, 1024), torch.randint(0, 16, (4096,)))
+probe = tuner.Probe(device=device)
+print("device", device, torch.cuda.is_available(), flush=True)
+while not probe.done:
+    for x, y in probe.loader(DataLoader(data, **cfg.dataloader_kwargs())):
+        loss = nn.functional.cross_entropy(model(x.to(device, non_blocking=True)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        probe.step()
+        if probe.done:
+            break
+"""
+"""A one-process script for the pre-warmed launcher's check: CUDA in a child forked from a
+process that imported torch (never CUDA) must work as in a fresh one."""
+
+
+def prewarmed_rates(folder: Path) -> dict[bool, list[Any]]:
+    """Two script trials forked from the pre-warmed launcher, and two fresh ones, alternating."""
+    import dataclasses
+
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine
+    from tuner.measurement import measured_config
+    from tuner.scriptmode.launcher import ScriptTrials
+
+    (folder / "train.py").write_text(PREWARM_SCRIPT)
+    (folder / "recipe.yaml").write_text("name: prewarm\nscript: train.py\nglobal_batch_size: 512\n"
+                                        "steps: {warmup: 5, measure: 40}\ntimeout_s: 180\n")
+    recipe = load_recipe(folder / "recipe.yaml")
+    assert recipe.script is not None and recipe.script.launcher == "python"
+    config, _ = measured_config(recipe, Machine.detect())
+    runs: dict[bool, list[Any]] = {True: [], False: []}
+    trials = {warm: ScriptTrials(dataclasses.replace(recipe, script=dataclasses.replace(recipe.script, prewarm=warm)),
+                                 folder / f"run-{warm}") for warm in (True, False)}
+    try:
+        for _ in range(2):
+            for warm in (True, False):
+                runs[warm].append(trials[warm].run(config))
+    finally:
+        for t in trials.values():
+            t.close()
+    return runs
+
+
 def checks(lab: Lab) -> list[tuple[str, Callable[[], list[Row]]]]:
     """Each check's name and function (run in this order; later ones reuse earlier figures)."""
     seen: dict[str, Any] = {}
@@ -524,10 +581,23 @@ def checks(lab: Lab) -> list[tuple[str, Callable[[], list[Row]]]]:
                        (said or [proc.stderr[-100:]])[0][:100]))
         return out
 
+    def prewarmed() -> list[Row]:
+        folder = Path(tempfile.mkdtemp(prefix="tuner-prewarm-"))
+        runs = prewarmed_rates(folder)
+        ok = all(r.ok for rs in runs.values() for r in rs)
+        log = (folder / "run-True" / "trials" / "002" / "output.log").read_text()
+        forked, on_cuda = "forked from the pre-warmed launcher" in log, "device cuda True" in log
+        rate = {w: statistics.median([r.metrics["samples_per_s"] for r in rs]) if ok else None
+                for w, rs in runs.items()}
+        reasons = "; ".join((r.reason or "")[:60] for rs in runs.values() for r in rs if not r.ok)
+        return [row("a script trial forked from the pre-warmed launcher trains on CUDA: samples/s vs fresh",
+                    rate[True], rate[False], "within 10%", ok and forked and on_cuda
+                    and relative(rate[True], rate[False]) <= 0.10, reasons or f"forked={forked}, cuda={on_cuda}")]
+
     return [("step_time", step_time), ("data_wait", data_wait), ("transfer", transfer), ("memory", memory),
             ("ooms", ooms), ("flops", flops), ("utilization", utilization), ("compile", compile_time),
             ("precisions", precisions), ("offload", offload), ("probe", probe), ("poisoned", poisoned),
-            ("two_ranks", two_ranks)]
+            ("two_ranks", two_ranks), ("prewarmed", prewarmed)]
 
 
 def show(rows: list[Row]) -> str:
