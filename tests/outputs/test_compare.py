@@ -41,7 +41,8 @@ def test_the_best_against_the_baseline_is_beyond_both_runs_noise(run, tmp_path):
     assert rate.ratio > 1.3 and rate.beyond is True and rate.interval[0] > 0, rate
     assert ("num_workers", 0, 2) in c.params
     record = json.loads((run / "best.json").read_text())
-    assert len(record["runs"]) >= 2 and record["noise"]["dof"] >= 2  # what the verdict stands on
+    assert len(record["runs"]["best"]) >= 2 and len(record["runs"]["baseline"]) >= 2  # what the verdict stands on
+    assert record["noise"]["dof"] >= 2
     proc = _cli(run, run, "--a", "baseline", "--html", tmp_path / "c.html")
     assert proc.returncode == 0, proc.stderr
     assert "knobs that differ: num_workers 0 -> 2" in proc.stdout and "beyond noise" in proc.stdout, proc.stdout

@@ -33,8 +33,9 @@ def side(run: str | Path, which: str = "best") -> Side:
         part = record if which == "best" else (record.get("baseline") or {})
         if not part.get("metrics"):
             raise RecipeError(f"{folder}: its {which} has no measurement (best.json); compare a trial by number")
+        runs = (record.get("runs") or {}).get(which) if isinstance(record.get("runs"), dict) else None
         return Side(str(folder), which, dict(part.get("params") or {}), dict(part["metrics"]),
-                    list(part.get("runs") or [part["metrics"]]), wide, env)
+                    list(runs or [part["metrics"]]), wide, env)
     if not which.isdigit():
         raise RecipeError(f"{which!r}: expected best, baseline or a trial number from {folder / 'trials.csv'}")
     rows = _trials(folder)

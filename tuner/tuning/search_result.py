@@ -73,10 +73,12 @@ class SearchResult:
             "params": self.best.get("params"),
             "metrics": self.best.get("metrics"),
             "predicted_peak_gib": self.best.get("predicted_peak_gib"),
-            "runs": self.best.get("runs"),
             "trial": self.best.get("trial"),
-            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics"),
-                         "runs": self.baseline.get("runs"), "trial": self.baseline.get("trial")},
+            "baseline": {"params": self.baseline.get("params"), "metrics": self.baseline.get("metrics")},
+            # DESIGN.md's baseline is params and metrics: every run of each, and the trial
+            # numbers, beside it (what tuner compare judges noise with)
+            "runs": {"best": self.best.get("runs"), "baseline": self.baseline.get("runs")},
+            "baseline_trial": self.baseline.get("trial"),
             "noise": self.noise,
             "speedup": self.speedup,
             "target_met": self.target_met,
@@ -104,15 +106,17 @@ class SearchResult:
         """A result read back from :meth:`to_json`'s record (``best.json``, the study)."""
         failures = data.get("failures") or {}
         base = data.get("baseline") or {}
+        runs = data.get("runs") if isinstance(data.get("runs"), dict) else {}
         attribution = data.get("attribution")
         return cls(
             out=out,
             best={"params": data.get("params"), "metrics": data.get("metrics"), "source": data.get("source"),
                   "failures": failures.get("best", 0), "command": data.get("command"),
-                  "predicted_peak_gib": data.get("predicted_peak_gib"), "runs": data.get("runs"),
+                  "predicted_peak_gib": data.get("predicted_peak_gib"), "runs": runs.get("best"),
                   "trial": data.get("trial")},
             baseline={"params": base.get("params"), "metrics": base.get("metrics"),
-                      "failures": failures.get("baseline", 0), "runs": base.get("runs"), "trial": base.get("trial")},
+                      "failures": failures.get("baseline", 0), "runs": runs.get("baseline"),
+                      "trial": data.get("baseline_trial")},
             speedup=data.get("speedup"), target_met=bool(data.get("target_met")),
             stopped=data.get("stopped") or "unknown", broken=data.get("broken"), trials=int(data.get("trials") or 0),
             environment=dict(data.get("environment") or {}),
