@@ -1,0 +1,52 @@
+"""Two ranks: a small Llama-style model from transformers' config, unsharded and sharded by
+its own tensor-parallel plan; the loss of each, before and after one optimizer step, and
+the shards' shapes (``tests/trial/test_tensor_parallel.py``)."""
+
+import copy
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tuner.trial import tensor_parallel
+
+
+def losses(model, batch, steps=2):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    out = []
+    for _ in range(steps):
+        loss = model(input_ids=batch, labels=batch).loss
+        out.append(loss.item())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return out
+
+
+def main():
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config._attn_implementation = "eager"
+    model = LlamaForCausalLM(config)
+    batch = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    sharded = copy.deepcopy(model)
+    reference = losses(model, batch)
+    plan, said = tensor_parallel.plan_of(sharded)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    count = tensor_parallel.parallelize(sharded, mesh, plan)
+    q = sharded.model.layers[0].self_attn.q_proj.weight
+    got = losses(sharded, batch)
+    if dist.get_rank() == 0:
+        with open(sys.argv[1], "w") as f:
+            json.dump({"reference": reference, "sharded": got, "modules": count, "said": said,
+                       "q_local": list(q.to_local().shape), "q_global": list(q.shape)}, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
