@@ -25,6 +25,7 @@ by the trial itself). Prints medians and the ratios to in-process.
     python scripts/bench_trial_overhead.py                       # quick start, 1 rank
     python scripts/bench_trial_overhead.py --nproc 2 --set zero_stage=1
     python scripts/bench_trial_overhead.py --script-set nproc_per_node=1   # launcher: python, fresh vs pre-warmed
+    python scripts/bench_trial_overhead.py --phases --script-set nproc_per_node=1   # the tuner's own share
 """
 
 from __future__ import annotations
@@ -105,6 +106,51 @@ def script_round(args: argparse.Namespace, prewarm: bool | None = None) -> list[
     return overheads
 
 
+def phases(args: argparse.Namespace) -> None:
+    """What the tuner itself adds to a script trial, by phase: how long after the probe wrote
+    its report the launcher saw it, how long ending the process tree took, and what
+    ``import tuner`` costs after ``import torch`` in a fresh interpreter."""
+    import os
+
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine
+    from tuner.measurement import measured_config
+    from tuner.scriptmode import launcher
+    from tuner.scriptmode.launcher import ScriptTrials
+
+    recipe = load_recipe(args.script_recipe, args.script_set)
+    config, _ = measured_config(recipe, Machine.detect())
+    seen: list[float] = []
+    ended: list[float] = []
+    read, end = launcher.read_result, launcher.end_tree
+
+    def timed_read(path: Path) -> object:
+        seen.append(time.time() - os.path.getmtime(path))
+        return read(path)
+
+    def timed_end(proc: object) -> None:
+        start = time.perf_counter()
+        end(proc)
+        ended.append(time.perf_counter() - start)
+
+    launcher.read_result, launcher.end_tree = timed_read, timed_end  # type: ignore[assignment]
+    try:
+        with tempfile.TemporaryDirectory() as out:
+            trials = ScriptTrials(recipe, Path(out))
+            for _ in range(args.trials * args.rounds):
+                assert trials.run(config).ok
+            trials.close()
+    finally:
+        launcher.read_result, launcher.end_tree = read, end  # type: ignore[assignment]
+    code = "import time, torch; t = time.perf_counter(); import tuner; print(time.perf_counter() - t)"
+    imports = [float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                    check=True).stdout.split()[-1]) for _ in range(5)]
+    print(f"script trials: {len(seen)} of {Path(args.script_recipe).name} {' '.join(args.script_set)}")
+    for name, xs in (("report seen after written, s", seen), ("process tree ended in, s", ended),
+                     ("import tuner after import torch, s", imports)):
+        print(f"{name:<38}{statistics.median(xs):>8.3f}  (min {min(xs):.3f}, max {max(xs):.3f})")
+
+
 def ds_autotuner_round(args: argparse.Namespace) -> list[float]:
     """``--trials`` experiments launched the way DeepSpeed's autotuner launches each one."""
     import os
@@ -181,10 +227,15 @@ def main() -> None:
                              "measured fresh and pre-warmed)")
     parser.add_argument("--ds-autotuner", action="store_true",
                         help="add DeepSpeed's autotuner's launch of one experiment (2 ranks)")
+    parser.add_argument("--phases", action="store_true",
+                        help="only the tuner's own share of a script trial, by phase (--script-recipe)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.phases:
+        phases(args)
         return
 
     rows: dict[str, list[float]] = {"in-process": [], "fresh process": []}
