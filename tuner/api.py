@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -68,8 +69,14 @@ def measure(
         **knobs: knob values (``num_workers=4, amp_dtype="bf16"``); they win over the
             recipe's fixed space values and its baseline.
     """
+    from tuner.scriptmode.baseline import own_baseline
+
     ctx = distributed.context()
     recipe = _load(recipe, overrides, ctx.world_size, knobs)
+    recipe, own = own_baseline(recipe)  # a script measured as it runs, where --set says nothing
+    for line in own:
+        if ctx.is_main:
+            print(f"tuner: {line}", file=sys.stderr)
     first = Instruments(trace_dir=Path(trace) if trace is not None else None, nvtx=nvtx)
     return measure_recipe(recipe, ctx, repeats if repeats is not None else recipe.steps.repeats,
                           first, Instruments(nvtx=nvtx))
