@@ -1,0 +1,39 @@
+"""Pipeline stages of a Llama-style model (issue 27, second part): cut into two stages run by
+PyTorch's own GPipe and 1F1B schedules on two gloo ranks, it trains with the whole model's
+losses; what cannot be cut is refused with the rule."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tuner.trial import pipeline_parallel as pp
+
+from conftest import TESTS, torchrun
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_two_stages_under_gpipe_and_1f1b_train_as_the_whole_model(tmp_path):
+    out = tmp_path / "pp.json"
+    proc = torchrun(2, str(TESTS / "helpers" / "pp_llama.py"), str(out), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["split"] == [[0, 1], [2]]  # 3 blocks on 2 stages: the first takes the remainder
+    for schedule in ("gpipe", "1f1b"):
+        assert got[schedule] == pytest.approx(got["reference"], rel=1e-5), (schedule, got)
+
+
+def test_splits_and_refusals():
+    assert [list(r) for r in pp.split(8, 3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="4 stages need at least 4 blocks; the model has 3"):
+        pp.split(3, 4)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
+    assert pp.supported(gpt2).startswith("GPT2LMHeadModel is not a Llama-style decoder (no model.embed_tokens)")
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2))
+    first, last = pp.stage(llama, 0, 2), pp.stage(llama, 1, 2)
+    assert first.embed is not None and first.head is None and len(first.layers) == 1
+    assert last.embed is None and last.head is llama.lm_head and last.layers[0] is llama.model.layers[1]
