@@ -199,8 +199,9 @@ class WandbTracker(Tracker):
                               settings=wandb.Settings(silent=True, console="off"))
         self.rows: list[list[Any]] = []
         if mode == "offline" and not os.environ.get("WANDB_MODE"):
+            where = Path(self.run.dir).parent  # the run's folder (run.dir is its files/)
             return (f"track: wandb: no W&B credentials (WANDB_API_KEY, wandb login), so the run is offline in "
-                    f"{self.run.dir}; `wandb sync` sends it")
+                    f"{where}; `wandb sync {where}` sends it")
         return f"track: wandb: run {self.run.id} ({mode})"
 
     def trial(self, number: int, params: dict[str, Any], metrics: dict[str, Any] | None, state: str,
