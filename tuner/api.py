@@ -74,9 +74,8 @@ def measure(
     ctx = distributed.context()
     recipe = _load(recipe, overrides, ctx.world_size, knobs)
     recipe, own = own_baseline(recipe)  # a script measured as it runs, where --set says nothing
-    for line in own:
-        if ctx.is_main:
-            print(f"tuner: {line}", file=sys.stderr)
+    for line in own if ctx.is_main else ():
+        print(f"tuner: {line}", file=sys.stderr)
     first = Instruments(trace_dir=Path(trace) if trace is not None else None, nvtx=nvtx)
     return measure_recipe(recipe, ctx, repeats if repeats is not None else recipe.steps.repeats,
                           first, Instruments(nvtx=nvtx))

@@ -8,8 +8,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from tiny_llama import batch as tiny_batch
+from tiny_llama import tiny_llama
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from tuner.trial import pipeline_parallel as pp
 
@@ -17,12 +18,8 @@ from tuner.trial import pipeline_parallel as pp
 def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    config._attn_implementation = "eager"
-    whole = LlamaForCausalLM(config)
-    batch = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    whole = tiny_llama(3)
+    batch = tiny_batch()
     out = {"split": [list(r) for r in pp.split(3, world)]}
     reference = copy.deepcopy(whole)
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)

@@ -8,8 +8,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from tiny_llama import batch as tiny_batch
+from tiny_llama import tiny_llama
 from torch.distributed.device_mesh import init_device_mesh
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from tuner.trial import tensor_parallel
 
@@ -28,12 +29,8 @@ def losses(model, batch, steps=2):
 
 def main():
     dist.init_process_group("gloo")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    config._attn_implementation = "eager"
-    model = LlamaForCausalLM(config)
-    batch = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(1))
+    model = tiny_llama(2)
+    batch = tiny_batch()
     sharded = copy.deepcopy(model)
     reference = losses(model, batch)
     plan, said = tensor_parallel.plan_of(sharded)

@@ -20,14 +20,14 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from tuner.analysis.gate import differences
+from tuner.analysis import gate
 from tuner.analysis.interval import slowdown, t975
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
 
-DECIDING = (("torch", "torch"),)
-"""Environment fields besides the gate's (device, world size, device count) that decide a
-throughput: another PyTorch is another set of kernels."""
+DECIDING = (*gate.DECIDING, ("torch", "torch"))
+"""The gate's fields (device, world size, device count) and torch: another PyTorch is
+another set of kernels, so its throughput is another machine's."""
 
 
 @dataclass
@@ -80,11 +80,7 @@ class Comparison:
 
 
 def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    out = differences(dict(a), dict(b))
-    for key, what in DECIDING:
-        if key in a and a.get(key) != b.get(key):
-            out.append(f"{what}: {a.get(key)!r} against {b.get(key)!r}")
-    return [line.replace("recorded", "A").replace("here", "B") for line in out]
+    return gate.differences(a, b, ("A", "B"), DECIDING)
 
 
 def compare(a: Side, b: Side, anyway: bool = False) -> Comparison:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 DEFAULT_REPEATS = 3
 
@@ -41,12 +41,18 @@ class CheckResult:
                 "tolerance": self.tolerance, "repeats": self.repeats, "params": self.params}
 
 
-def differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """What differs between two environment records in a way that voids a comparison."""
+DECIDING = (("device", "device"), ("world_size", "world size"), ("device_count", "device count"))
+"""Environment fields whose difference voids a throughput comparison: (key, what it is)."""
+
+
+def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], labels: tuple[str, str] = ("recorded", "here"),
+                keys: Sequence[tuple[str, str]] = DECIDING) -> list[str]:
+    """What differs between two environment records in a way that voids a comparison
+    (``labels``: what to call each side; ``keys``: the fields compared)."""
     out = []
-    for key, what in (("device", "device"), ("world_size", "world size"), ("device_count", "device count")):
+    for key, what in keys:
         if key in recorded and recorded.get(key) != current.get(key):
-            out.append(f"{what}: recorded {recorded.get(key)!r}, here {current.get(key)!r}")
+            out.append(f"{what}: {labels[0]} {recorded.get(key)!r}, {labels[1]} {current.get(key)!r}")
     return out
 
 

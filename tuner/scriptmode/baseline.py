@@ -18,7 +18,7 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.config.errors import RecipeError
-from tuner.config.space import KNOBS, conflict
+from tuner.config.space import KNOBS, conflict, defaults
 from tuner.scriptmode import launcher
 
 if TYPE_CHECKING:
@@ -95,15 +95,14 @@ def merge(recipe: "Recipe", own: Mapping[str, Any]) -> tuple["Recipe", list[str]
             continue
         taken[name] = value
     baseline = {**taken, **recipe.baseline}
-    defaults = {name: knob.default for name, knob in KNOBS.items()}
-    why = conflict({**defaults, **baseline, **recipe.knob_overrides})
+    why = conflict({**defaults(), **baseline, **recipe.knob_overrides})
     if why is not None:
         return recipe, [*lines, f"the script's own configuration cannot be the baseline ({why}); the "
                                 "baseline is the recipe's"]
     if differs:
         lines.append(f"the recipe's baseline: sets {', '.join(differs)}: the baseline is the recipe's "
                      "there, so speed-ups are against it, not against what the script runs by itself")
-    plain = {**defaults, "micro_batch_size": gbs // world}  # what the recipe alone would measure
+    plain = {**defaults(), "micro_batch_size": gbs // world}  # what the recipe alone would measure
     changed = {name: value for name, value in taken.items() if plain[name] != value}
     if changed:
         said = ", ".join(f"{name}={value}" for name, value in changed.items())

@@ -100,10 +100,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     how the trial's process starts (default: a fresh process, :func:`start_tree`)."""
     script = recipe.script
     assert script is not None
-    folder = folder.resolve()  # the script runs in its own folder
-    folder.mkdir(parents=True, exist_ok=True)
-    result_path = folder / "result.json"
-    result_path.unlink(missing_ok=True)
+    folder, result_path = _trial_folder(folder)
     warmup = warmup_steps(recipe.steps.warmup, config)
     trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
              "grad_accum_steps": config.grad_accum_steps, "adapt": script.adapt, "rebuild": rebuilt_knobs(script),
@@ -113,8 +110,6 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
              "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
              "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}",
              "prune": {**prune.to_json(), "checks": sorted(prune_checks(recipe.steps.most))} if prune else None}
-    (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
-    (folder / ENDED).unlink(missing_ok=True)
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     began = time.monotonic()
@@ -130,12 +125,24 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
                        ran=ran)
 
 
+def _trial_folder(folder: Path) -> tuple[Path, Path]:
+    """The trial's folder, made and absolute (the script runs there), and its result file's
+    path, with any earlier result gone."""
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    result_path = folder / "result.json"
+    result_path.unlink(missing_ok=True)
+    return folder, result_path
+
+
 def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, trial: dict[str, Any],
          limit: float, start: "Start | None" = None) -> tuple[str, str | None, Report | None]:
-    """Run a trial's command until it reports, exits or passes ``limit`` seconds, then end
-    its whole process tree; its output goes to ``folder/output.log``."""
+    """Write the trial file, run the trial's command until it reports, exits or passes
+    ``limit`` seconds, then end its whole process tree; its output goes to ``folder/output.log``."""
     script = recipe.script
     assert script is not None
+    (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
+    (folder / ENDED).unlink(missing_ok=True)
     result_path, log_path = Path(trial["result"]), folder / "output.log"
     began = time.monotonic()
     state, reason, got = State.OK, None, None
@@ -179,14 +186,9 @@ def look(recipe: "Recipe", folder: Path) -> tuple[dict[str, Any] | None, str | N
     itself, ``{"values", "where", "notes"}``, or ``None`` and why it could not be read."""
     script = recipe.script
     assert script is not None and script.adapt
-    folder = folder.resolve()
-    folder.mkdir(parents=True, exist_ok=True)
-    result_path = folder / "result.json"
-    result_path.unlink(missing_ok=True)
+    folder, result_path = _trial_folder(folder)
     trial = {"look": True, "adapt": script.adapt, "result": str(result_path),
              "rdzv_id": f"tuner-{recipe.name}-look-{os.getpid()}-{time.time_ns()}"}
-    (folder / "trial.json").write_text(json.dumps(trial), encoding="utf-8")
-    (folder / ENDED).unlink(missing_ok=True)
     cmd, env = launch(recipe, folder, trial)
     state, reason, got = _run(recipe, cmd, env, folder, trial, script.timeout_s)
     if got is None or got.own is None:

@@ -30,7 +30,7 @@ def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate",
                          "loader knobs cannot be set on it; give it batch_size=, or tune it with "
                          "tuner.config() (recipes/scripts/train_plain.py shows how)")
     take = set(only) if only is not None else {"micro_batch_size", *LOADER_KNOBS}
-    mine = {name: getattr(cfg, name) if name in take else _own(loader, name) for name in LOADER_KNOBS}
+    mine = {name: getattr(cfg, name) if name in take else own_value(loader, name) for name in LOADER_KNOBS}
     settings: dict[str, Any] = {"batch_size": cfg.micro_batch_size if "micro_batch_size" in take else loader.batch_size,
                                 **loader_kwargs(mine)}
     kwargs: dict[str, Any] = dict(
@@ -46,7 +46,7 @@ def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate",
     return DataLoader(loader.dataset, **kwargs)
 
 
-def _own(loader: Any, name: str) -> Any:
+def own_value(loader: Any, name: str) -> Any:
     """The script's loader's own value of a loader lever (the DataLoader's default where
     it keeps none: ``prefetch_factor`` is ``None`` without workers)."""
     value = getattr(loader, LEVERS[name].loader_kwarg or name, None)

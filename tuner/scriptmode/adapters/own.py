@@ -34,6 +34,7 @@ from typing import Any
 from tuner.config.levers import LEVERS
 from tuner.config.script import LOADER_KNOBS
 from tuner.scriptmode import trialfile
+from tuner.scriptmode.adapters.common import own_value
 
 AMP = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 """An autocast dtype as ``amp_dtype``."""
@@ -66,10 +67,8 @@ class Look:
 
 def loader_values(loader: Any) -> dict[str, Any]:
     """A DataLoader's batch size and loader levers (the DataLoader's defaults where unset)."""
-    out: dict[str, Any] = {"micro_batch_size": loader.batch_size}
-    for name in LOADER_KNOBS:
-        value = getattr(loader, LEVERS[name].loader_kwarg or name, None)
-        out[name] = LEVERS[name].default if value is None else value
+    out: dict[str, Any] = {"micro_batch_size": loader.batch_size,
+                           **{name: own_value(loader, name) for name in LOADER_KNOBS}}
     if out["num_workers"] == 0:  # meaningless without workers: the levers' own defaults
         out.update({name: LEVERS[name].default for name in LOADER_KNOBS if name != "num_workers"})
     return out
@@ -79,15 +78,21 @@ def zero_stage(config: Any) -> int | None:
     """The ZeRO stage of a DeepSpeed config (a dict or a JSON file's path); ``None``: unreadable."""
     if config is None:
         return 0
+    config = _config_dict(config)
+    if config is None:
+        return None
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    return int(stage) if isinstance(stage, int) or str(stage).isdigit() else None
+
+
+def _config_dict(config: Any) -> dict[str, Any] | None:
+    """A DeepSpeed config given as a dict or a JSON file's path, as a dict (``None``: neither, or unreadable)."""
     if isinstance(config, (str, os.PathLike)):
         try:
             config = json.loads(Path(config).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-    if not isinstance(config, dict):
-        return None
-    stage = (config.get("zero_optimization") or {}).get("stage", 0)
-    return int(stage) if isinstance(stage, int) or str(stage).isdigit() else None
+    return config if isinstance(config, dict) else None
 
 
 def amp_of(bf16: Any, fp16: Any) -> str:
@@ -165,12 +170,8 @@ def _deepspeed(look: Look) -> None:
         ns = kwargs.get("args", args[0] if args else None)
         if config is None and getattr(ns, "deepspeed_config", None):
             config = ns.deepspeed_config
-        if isinstance(config, (str, os.PathLike)):
-            try:
-                config = json.loads(Path(config).read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                config = None
-        if isinstance(config, dict):
+        config = _config_dict(config)
+        if config is not None:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             micro, accum = config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps")
             total = config.get("train_batch_size")
