@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Mapping
 from tuner.config.errors import RecipeError
 from tuner.config.machine import Machine
 
-Group = Literal["loader", "precision", "batch", "sharding", "model", "kernels", "communication", "optimizer"]
+Group = Literal["loader", "precision", "batch", "layout", "sharding", "model", "kernels", "communication", "optimizer"]
 """What a lever acts on (the loader's levers are the ones a loader change is made of)."""
 Memory = Literal["states", "activations", "per_sample", "workers", "none"]
 """How a lever moves a rank's peak memory, as the memory model and ``tuner plan`` take it:

@@ -33,6 +33,15 @@ def _zero(k: Mapping[str, Any], world: int) -> bool:
     return k["zero_stage"] >= 1
 
 
+def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
+    """DeepSpeed's engine and offload take no PyTorch tensor/pipeline layout: with one they
+    mean nothing (the layout's data-parallel dimension shards with FSDP2 instead)."""
+    return k["tensor_parallel"] * k["pipeline_parallel"] == 1
+
+
+LAYOUT = f"{ENGINES}.layout_engine:LayoutEngine"
+
+
 def _fsdp_conflict(k: Mapping[str, Any]) -> str | None:
     if k["fsdp"] != "off" and k["zero_stage"] > 0:
         return (f"fsdp: {k['fsdp']} and zero_stage: {k['zero_stage']} are two ways to shard the same "
@@ -113,8 +122,28 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           exports={"dataloader.json": "batch_size", "ds_config.json": "train_micro_batch_size_per_gpu",
                    "hf_training_args.json": "per_device_train_batch_size", "torchtitan.toml": "local_batch_size",
                    "lightning_trainer.yaml": "data.batch_size, trainer.accumulate_grad_batches"}),
+    Lever("tensor_parallel", int, 1, "ranks one layer's matmuls are split over (DTensor colwise/rowwise)",
+          minimum=1, group="layout", needs=lambda k, w: w > 1, path=75, walk=35, ordered=True,
+          verdicts={"memory-bound": 6}, label="tp={}",
+          risk="every block all-reduces its activations across the tensor-parallel group: keep it inside a node",
+          memory="states", stage="engine", apply=LAYOUT,
+          exports={"torchtitan.toml": "parallelism.tensor_parallel_degree",
+                   "accelerate_config.yaml": "parallelism_config.tp_size"}),
+    Lever("pipeline_parallel", int, 1, "pipeline stages the model's blocks are cut into", minimum=1,
+          group="layout", needs=lambda k, w: w > 1, path=76, walk=36, ordered=True, verdicts={"memory-bound": 7},
+          label="pp={}", risk="the pipeline bubble: stages idle while the first micro-batches fill it",
+          memory="states", stage="engine", apply=LAYOUT,
+          exports={"torchtitan.toml": "parallelism.pipeline_parallel_degree"}),
+    Lever("pipeline_schedule", str, "1f1b", "how micro-batches flow through the stages",
+          choices=("1f1b", "gpipe", "interleaved_1f1b"), group="layout",
+          needs=lambda k, w: k["pipeline_parallel"] > 1, path=77, walk=37, label="{}",
+          risk="gpipe holds every micro-batch's activations at once; interleaved halves the bubble for twice "
+               "the stage-to-stage sends",
+          memory="activations", prior={"1f1b": 1.0, "gpipe": 1.0, "interleaved_1f1b": 1.0}, stage="engine",
+          apply=LAYOUT, exports={"torchtitan.toml": "parallelism.pipeline_parallel_schedule"}),
     Lever("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3,
-          group="sharding", path=80, walk=30, ordered=True, alternative=("fsdp", "off"),
+          group="sharding", needs=_data_parallel_only, path=80, walk=30, ordered=True,
+          alternative=("fsdp", "off"),
           verdicts={"communication-bound": 1, "memory-bound": 1},
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
           adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine",
@@ -156,7 +185,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
                    "torchtitan.toml": "compile"}),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
-          group="communication", needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off",
+          group="communication", needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off" and _data_parallel_only(k, w),
           path=130, walk=120, ordered=True, verdicts={"communication-bound": 3},
           risk="larger buckets start all-reducing later in the backward", label="bucket={}MB",
           adapters=frozenset({"hf"}), stage="engine", apply=f"{ENGINES}.torch_engine:TorchEngine",
@@ -182,7 +211,8 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           exports={"ds_config.json": "zero_optimization.allgather_bucket_size"}),
     Lever("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
           choices=("none", "cpu"), aliases=((False, "none"), (None, "none")), group="sharding",
-          needs=lambda k, w: k["zero_stage"] >= 1 or k["fsdp"] != "off", conflict=_offload_conflict,
+          needs=lambda k, w: (k["zero_stage"] >= 1 or k["fsdp"] != "off") and _data_parallel_only(k, w),
+          conflict=_offload_conflict,
           path=100, walk=160, verdicts={"memory-bound": 3},
           risk="host memory and PCIe traffic: the optimizer state and step live on the CPU", label="offload={}",
           adapters=frozenset({"hf", "deepspeed"}), memory="states", stage="engine",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Mapping, Sequence, get_args
 
+from tuner.config import layout
 from tuner.config.errors import RecipeError
 from tuner.config.lever import Lever
 from tuner.config.levers import DEEPSPEED_BUCKET, LEVERS, loader_kwargs
@@ -115,8 +116,9 @@ Config = dataclasses.make_dataclass("Config", _fields(), bases=(_Fields,), froze
 Config.__module__ = __name__
 Config.__doc__ = """One complete configuration of a trial: ``micro_batch_size``,
 ``grad_accum_steps``, every lever of :mod:`tuner.config.levers` (its default when not
-given) and ``engine`` (``torch``: plain or DDP, ``deepspeed`` or ``fsdp``; derived from
-``zero_stage``, ``fsdp`` and the recipe)."""
+given) and ``engine`` (``torch``: plain or DDP, ``deepspeed``, ``fsdp``, or ``layout``: tensor
+and/or pipeline parallelism, with FSDP2 or replication on the data-parallel dimension; derived
+from the levers and the recipe)."""
 
 
 def parse_space(raw: Any, where: str = "space") -> dict[str, tuple[Any, ...]]:
@@ -201,14 +203,15 @@ def make_config(
     """Complete and normalise one configuration; returns it and notes on what changed."""
     values = defaults()
     values.update(knobs)
+    data_parallel = layout.data_parallel(values, world_size)  # the batch is counted over model copies
     if values["micro_batch_size"] is None:
-        values["micro_batch_size"] = default_micro_batch(global_batch_size, world_size)
+        values["micro_batch_size"] = default_micro_batch(global_batch_size, data_parallel)
     notes: list[str] = []
     for name, value, reason, fallback in unsupported(machine):
         if values[name] == value:
             notes.append(f"{name}={_fmt(value)} cannot apply here ({reason}); using {_fmt(fallback)}")
             values[name] = fallback
-    check_divisible(global_batch_size, [values["micro_batch_size"]], world_size, "micro_batch_size")
+    check_divisible(global_batch_size, [values["micro_batch_size"]], data_parallel, "micro_batch_size")
     why = conflict(values)
     if why is not None:
         raise RecipeError(why)
@@ -223,11 +226,13 @@ def make_config(
     if engine == "deepspeed" and values["fsdp"] != "off":
         raise RecipeError(f"fsdp: {values['fsdp']} is PyTorch's FSDP2, but the recipe says engine: deepspeed; "
                           "use engine: auto, or zero_stage for DeepSpeed's sharding")
-    if values["fsdp"] != "off":
+    if layout.of(values, world_size).model_parallel:
+        resolved_engine = "layout"
+    elif values["fsdp"] != "off":
         resolved_engine = "fsdp"
     else:
         resolved_engine = "deepspeed" if engine == "deepspeed" or values["zero_stage"] > 0 else "torch"
-    accum = global_batch_size // (values["micro_batch_size"] * world_size)
+    accum = global_batch_size // (values["micro_batch_size"] * data_parallel)
     return Config(grad_accum_steps=accum, engine=resolved_engine, **values), notes
 
 

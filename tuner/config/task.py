@@ -21,7 +21,10 @@ from typing import Any, Callable
 from tuner.config.errors import RecipeError
 
 REQUIRED = ("build_model", "build_dataset", "compute_loss")
-OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "flops_per_sample", "blocks")
+OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "flops_per_sample", "blocks", "parallelize",
+            "pipeline_split", "pipeline_loss")
+ARITY = {"compute_loss": 2, "build_optimizer": 2, "parallelize": 3, "pipeline_split": 2, "pipeline_loss": 2}
+"""Positional arguments of each function that takes more than one."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,14 @@ class Task:
     flops_per_sample: Callable[[dict], float] | None = None
     blocks: Callable[[Any], list] | None = None
     """The model's repeated blocks (FSDP2 wrapping, checkpointing, per-block compile)."""
+    parallelize: Callable[[Any, Any, Any], Any] | None = None
+    """``parallelize(model, tp_mesh, config)``: the model's own tensor parallelism, applied in
+    place on the 1-D tensor-parallel ``DeviceMesh`` (else the model's shipped plan)."""
+    pipeline_split: Callable[[Any, int], list] | None = None
+    """``pipeline_split(model, n)``: ``n`` modules, each taking the one before's output (the
+    first the batch's input ids); else the tuner's own split of Llama-style decoders."""
+    pipeline_loss: Callable[[Any, Any], Any] | None = None
+    """``pipeline_loss(output, target)`` on the last stage; else next-token cross-entropy."""
 
 
 def load_task(ref: str, base: Path) -> Task:
@@ -61,7 +72,7 @@ def load_task(ref: str, base: Path) -> Task:
             continue
         if not callable(fn):
             raise RecipeError(f"task: {ref}: {name} must be a function, got {type(fn).__name__}")
-        arity = 2 if name in ("compute_loss", "build_optimizer") else 1
+        arity = ARITY.get(name, 1)
         _check_arity(fn, arity, f"task: {ref}: {name}")
         fns[name] = fn
     return Task(module=module, **fns)

@@ -130,6 +130,15 @@ def any_rank(flag: bool) -> bool:
     return bool(t.item())
 
 
+def mean(values: list[float]) -> list[float]:
+    """Each value's mean over the ranks (every rank gives as many), on every rank."""
+    if not _multi() or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=_control_group())
+    return [float(x) / dist.get_world_size() for x in t]
+
+
 def agree(failure: Any) -> Any:
     """The first rank's failure (any picklable value, ``None`` for none), on every rank.
 

@@ -97,7 +97,7 @@ def count_task_flops(job: "Job") -> None:
     forward and backward of the last batch under FlopCounterMode."""
     assert job.recipe.task is not None
     key = flops_key(job.recipe.task, job.recipe.task_args)
-    if key in _FLOPS:
+    if key in _FLOPS or job.config.engine == "layout":  # a model-parallel rank runs a part: counted elsewhere
         return
     task, args = job.recipe.task, job.recipe.task_args
     assert task is not None

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
+from tuner.config import layout
 from tuner.config.errors import TrialError
 
 if TYPE_CHECKING:
@@ -39,15 +40,17 @@ def warmup_steps(warmup: int, config: "Config") -> int:
 
 def make_loader(dataset: Any, config: "Config", ctx: "DistContext", seed: int,
                 collate: Callable[[list[Any]], Any] | None = None) -> DataLoader:
-    """The config's DataLoader: a sampler seeded with the recipe's ``seed`` (distributed on
-    several ranks), the task's ``collate`` function, full micro-batches only."""
+    """The config's DataLoader: a sampler seeded with the recipe's ``seed`` (distributed over
+    the data-parallel ranks: those of one tensor/pipeline-parallel model copy read the same
+    samples), the task's ``collate`` function, full micro-batches only."""
     kwargs = config.dataloader_kwargs()
+    lay = layout.of(config.params(), ctx.world_size)  # the ranks of one model copy read the same samples
     if not isinstance(dataset, IterableDataset):
-        if len(dataset) < config.micro_batch_size * ctx.world_size:
-            raise TrialError(_too_small(len(dataset), config.micro_batch_size, ctx.world_size))
-        if ctx.world_size > 1:
+        if len(dataset) < config.micro_batch_size * lay.dp:
+            raise TrialError(_too_small(len(dataset), config.micro_batch_size, lay.dp))
+        if lay.dp > 1:
             kwargs["sampler"] = DistributedSampler(
-                dataset, num_replicas=ctx.world_size, rank=ctx.rank, shuffle=True, seed=seed, drop_last=True
+                dataset, num_replicas=lay.dp, rank=lay.data_rank(ctx.rank), shuffle=True, seed=seed, drop_last=True
             )
         else:
             kwargs["sampler"] = RandomSampler(dataset, generator=torch.Generator().manual_seed(seed))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
+from tuner.config import layout
 from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
@@ -95,7 +96,10 @@ class Job:
         nvtx = probe.nvtx
         self.batches = cycle(self.loader)
         batches = probe.loader(self.batches, transfer=self._transfer())
-        samples = config.micro_batch_size * config.grad_accum_steps
+        # this rank's share of the global batch: the ranks of one model copy (tensor and
+        # pipeline parallel) train the same samples, so together they count them once
+        samples = config.micro_batch_size * config.grad_accum_steps * layout.data_parallel(
+            config.params(), self.ctx.world_size) / self.ctx.world_size
         checks = prune_checks(steps.most) if self.prune is not None else frozenset()
         step_loss = torch.zeros((), device=self.ctx.device)
         with contextlib.ExitStack() as stack:
@@ -188,8 +192,13 @@ class Job:
             raise stop
 
     def read_losses(self) -> list[float]:
-        """The loss of every step so far, on the host (one device sync, after the loop)."""
-        return [float(x) for x in torch.stack(self.losses).cpu()] if self.losses else []
+        """The loss of every step so far, on the host (one device sync, after the loop):
+        the global batch's, each rank's mean over the ranks. One rank's share would make
+        a layout's curve another batch than data parallelism's (a tensor-parallel rank
+        trains the whole batch, a data-parallel one a slice), and the precision guard
+        compares curves across configurations. Every rank calls it, at the same point."""
+        own = [float(x) for x in torch.stack(self.losses).cpu()] if self.losses else []
+        return distributed.mean(own)
 
     def nonfinite(self) -> bool:
         """Whether any rank saw a non-finite loss (one device sync, after the window)."""

@@ -11,7 +11,10 @@ stage computes what the whole model's forward computes between its blocks: the r
 position embeddings, and the causal mask the model builds itself when given none (eager
 attention with no mask attends both ways).
 
-Not yet a lever: the search does not choose a degree or a schedule from this yet.
+The levers ``pipeline_parallel`` and ``pipeline_schedule`` run it
+(:mod:`tuner.trial.engines.layout_engine`). A pipeline feeds the first stage a tensor and
+the last stage's loss a target: a batch is token ids (a tensor) or a mapping with
+``input_ids`` (and ``labels``, else the ids are the labels, shifted by the loss).
 """
 
 from __future__ import annotations
@@ -88,3 +91,20 @@ def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Causal LM loss: each position predicts the next token (transformers' shift)."""
     return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
                                        tokens[:, 1:].reshape(-1))
+
+
+def input_ids(batch: Any) -> torch.Tensor:
+    """What the first stage takes from a batch: the tensor itself, or its ``input_ids``."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict) and isinstance(batch.get("input_ids"), torch.Tensor):
+        return batch["input_ids"]
+    raise ValueError(f"pipeline_parallel needs batches of token ids (a tensor, or a mapping with input_ids); this "
+                     f"task's batch is a {type(batch).__name__}: give the task a pipeline_split and batches it takes")
+
+
+def target_ids(batch: Any) -> torch.Tensor:
+    """What the last stage's loss compares with: ``labels`` where the batch has them."""
+    if isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):
+        return batch["labels"]
+    return input_ids(batch)

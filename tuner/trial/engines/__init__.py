@@ -1,5 +1,6 @@
-"""How a trial trains: :func:`build_engine` picks plain/DDP, DeepSpeed or FSDP2 for a config,
-after the levers every engine shares (checkpointing, compile, optimizer kernels)."""
+"""How a trial trains: :func:`build_engine` picks plain/DDP, DeepSpeed, FSDP2 or the parallel
+layout (tensor/pipeline parallelism) for a config, after the levers every engine shares
+(checkpointing, compile, optimizer kernels)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,17 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
     module = task.build_model(task_args)
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"build_model must return a torch.nn.Module, got {type(module).__name__}")
-    blocks, recompute, notes = levers.prepare_model(module, task, config, device)
 
     def make_optimizer(params: Any) -> torch.optim.Optimizer:
         if task.build_optimizer is not None:
             return levers.apply_impl(task.build_optimizer(params, task_args), config.optimizer_impl)
         return torch.optim.AdamW(params, lr=1e-4, **levers.optimizer_kwargs(config.optimizer_impl))
 
+    if config.engine == "layout":  # cuts and shards first, then checkpoints and compiles what it kept
+        from tuner.trial.engines.layout_engine import LayoutEngine
+
+        return LayoutEngine(module, task, make_optimizer, config, device, world_size)
+    blocks, recompute, notes = levers.prepare_model(module, task, config, device)
     engine: Engine
     if config.engine == "deepspeed":
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine

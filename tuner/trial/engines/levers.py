@@ -112,6 +112,17 @@ def checkpoint_blocks(blocks: list[torch.nn.Module], mode: str, recompute: Recom
     return len(chosen)
 
 
+def without_kv_cache(module: torch.nn.Module, mode: str) -> None:
+    """Checkpointing a transformers model turns its key/value cache off, as transformers'
+    own ``gradient_checkpointing_enable`` does in training: the recompute re-runs each
+    attention with the cache the first forward already filled, so keys came back twice
+    as long (Llama: "size of tensor a (64) must match ... b (32)"; every checkpointed
+    Llama trial failed so before). A cache serves generation only, never a training step."""
+    config = getattr(module, "config", None)
+    if mode != "none" and getattr(config, "use_cache", False):
+        config.use_cache = False  # type: ignore[union-attr]
+
+
 def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module]) -> None:
     """``torch.compile`` each block in place, or the whole model when it has none."""
     for block in blocks or [module]:
@@ -126,6 +137,7 @@ def prepare_model(module: torch.nn.Module, task: "Task | None", config: "Config"
     notes = [found] if (config.fsdp != "off" or config.activation_checkpointing != "none" or config.compile) else []
     notes += channels_last(module, config.channels_last)
     recompute = Recompute(timed=device.type == "cpu" and not config.compile)
+    without_kv_cache(module, config.activation_checkpointing)
     checkpoint_blocks(blocks, config.activation_checkpointing, recompute)
     if config.compile:
         compile_model(module, blocks)

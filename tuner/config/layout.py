@@ -1,0 +1,97 @@
+"""The parallel layout's arithmetic: how ``tensor_parallel`` x ``pipeline_parallel`` x the
+data-parallel degree make up the world, where a rank sits in it, and the rules that
+refuse a layout before anything runs (issue 27).
+
+The mesh is torchtitan's order, ``(pp, dp, tp)`` with tensor parallelism innermost: the
+ranks of one tensor-parallel group are consecutive, so they share a node (torchrun numbers
+a node's ranks consecutively) and its fast links, which tensor parallelism's per-layer
+all-reduces need. The data-parallel degree is what is left of the world; the global batch
+is counted over it (``micro x accumulation x dp``), since the ranks of one model copy all
+see the same samples.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
+"""``pipeline_schedule`` values: torch.distributed.pipelining's Schedule1F1B,
+ScheduleGPipe and ScheduleInterleaved1F1B (two virtual stages per rank)."""
+VIRTUAL_STAGES = {"1f1b": 1, "gpipe": 1, "interleaved_1f1b": 2}
+"""Stages each rank holds under each schedule."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout of ``world`` ranks: ``pp`` stages x ``dp`` model copies x ``tp`` shards."""
+
+    tp: int
+    pp: int
+    world: int
+
+    @property
+    def dp(self) -> int:
+        return max(1, self.world // (self.tp * self.pp))
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether a model copy spans more than one rank (the layout engine runs it)."""
+        return self.tp * self.pp > 1
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(pipeline stage, data-parallel index, tensor-parallel index) of ``rank``, as
+        ``init_device_mesh(..., (pp, dp, tp))`` places it (row-major)."""
+        return rank // (self.dp * self.tp), (rank // self.tp) % self.dp, rank % self.tp
+
+    def data_rank(self, rank: int) -> int:
+        """Which slice of the global batch ``rank`` trains on."""
+        return self.coordinates(rank)[1]
+
+
+def of(knobs: Mapping[str, Any], world: int) -> Layout:
+    return Layout(int(knobs.get("tensor_parallel", 1)), int(knobs.get("pipeline_parallel", 1)), world)
+
+
+def data_parallel(knobs: Mapping[str, Any], world: int) -> int:
+    """The data-parallel degree of these knobs on ``world`` ranks."""
+    return of(knobs, world).dp
+
+
+def ranks_per_node() -> int | None:
+    """Ranks on one node, as torchrun says (``LOCAL_WORLD_SIZE``); ``None`` outside it."""
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(value) if value and value.isdigit() else None
+
+
+def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
+            blocks: int | None = None) -> str | None:
+    """Why this layout cannot run on ``world`` ranks (``None``: it can), naming the rule."""
+    layout = of(knobs, world)
+    if not layout.model_parallel:
+        return None
+    copy = layout.tp * layout.pp
+    if world % copy:
+        return (f"tensor_parallel {layout.tp} x pipeline_parallel {layout.pp} = {copy} ranks per model copy does "
+                f"not divide the world of {world} ranks (the rule: world = tp x pp x data-parallel degree)")
+    if per_node is not None and layout.tp > per_node:
+        return (f"tensor_parallel {layout.tp} spans more than one node's {per_node} ranks (the rule: a "
+                "tensor-parallel group stays inside a node; its per-layer all-reduces need the node's links)")
+    if knobs.get("amp_dtype") == "fp16":
+        return ("amp_dtype fp16 with tensor or pipeline parallelism: its loss scaling is not composed with "
+                "them here (the rule: use bf16, as torchtitan does)")
+    schedule, accum = str(knobs.get("pipeline_schedule", "1f1b")), knobs.get("grad_accum_steps")
+    if layout.pp > 1 and isinstance(accum, int):
+        if schedule == "1f1b" and accum < layout.pp:
+            return (f"pipeline_schedule 1f1b runs {accum} micro-batch(es) per step through {layout.pp} stages (the "
+                    "rule: at least one micro-batch per stage; a smaller micro_batch_size gives more)")
+        rounds = max(1, accum // layout.pp)
+        if schedule == "interleaved_1f1b" and accum % rounds:
+            return (f"pipeline_schedule interleaved_1f1b runs {accum} micro-batches in rounds of {layout.pp} (the "
+                    "rule: a whole number of rounds)")
+    stages = layout.pp * VIRTUAL_STAGES.get(str(knobs.get("pipeline_schedule", "1f1b")), 1)
+    if blocks is not None and layout.pp > 1 and blocks < stages:
+        return (f"pipeline_parallel {layout.pp} under {knobs.get('pipeline_schedule')} needs {stages} stages of at "
+                f"least one block each; the model has {blocks} (the rule: blocks >= stages)")
+    return None

@@ -1,0 +1,224 @@
+"""The parallel layout: tensor and pipeline parallelism, with FSDP2 or replication on the
+data-parallel dimension, composed as torchtitan composes them (issue 27).
+
+One ``DeviceMesh`` of shape ``(pp, dp, tp)`` (:mod:`tuner.config.layout`). In order:
+
+1. The tensor-parallel plan is matched against the whole model's module names (the task's
+   own ``parallelize`` wins; else the model's shipped plan, :mod:`tuner.trial.tensor_parallel`).
+2. With ``pipeline_parallel`` the model is cut into stages (the task's ``pipeline_split``
+   or :mod:`tuner.trial.pipeline_parallel`); this rank keeps its stage (two under the
+   interleaved schedule: ``s`` and ``s + pp``) and drops the rest.
+3. Tensor parallelism on what this rank kept, over the ``tp`` sub-mesh; then checkpointing
+   and compile on its blocks, then FSDP2 (``fsdp`` on) on the ``dp`` sub-mesh, per block
+   and per stage. Without FSDP2, the data-parallel copies average their gradients before
+   each optimizer step (one all-reduce per parameter over the ``dp`` group).
+4. A step: without stages, each micro-batch is the task's ``compute_loss`` as in the other
+   engines; with stages, the micro-batches of one optimizer step are gathered and run by
+   PyTorch's schedule (``accumulation`` micro-batches per pipeline step), and the last
+   stage's loss is sent to the others, so every rank records the same curve.
+
+fp16 is refused for these layouts (:func:`tuner.config.layout.refusal`); bf16 is FSDP2's
+``MixedPrecisionPolicy`` when sharded, autocast otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tuner.config import layout as layouts
+from tuner.harness.distributed import ensure_process_group
+from tuner.trial import pipeline_parallel, tensor_parallel
+from tuner.trial.engines import levers
+from tuner.trial.engines.base import DTYPES, OwnLoopEngine, autocast
+from tuner.trial.engines.fsdp_engine import FSDP_COLLECTIVES
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+    from tuner.config.task import Task
+    from tuner.harness.comm import CommTimer
+
+_MESHES: dict[tuple[str, int, int, int], Any] = {}
+"""One mesh per shape for the process: each new mesh makes new process groups, which
+torch never frees before the process ends."""
+
+
+def mesh_for(device: torch.device, pp: int, dp: int, tp: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device.type, pp, dp, tp)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    return _MESHES[key]
+
+
+class LayoutEngine(OwnLoopEngine):
+    def __init__(self, module: nn.Module, task: "Task", make_optimizer: Callable[[Any], torch.optim.Optimizer],
+                 config: "Config", device: torch.device, world_size: int) -> None:
+        super().__init__(config, device)
+        ensure_process_group(device)
+        self.layout = layouts.Layout(config.tensor_parallel, config.pipeline_parallel, world_size)
+        lay = self.layout
+        self.mesh = mesh_for(device, lay.pp, lay.dp, lay.tp)
+        stage_index, _, _ = lay.coordinates(dist.get_rank())
+        self.compute_loss, self.scaler = task.compute_loss, None
+        styles = self._plan(module, task) if lay.tp > 1 else {}
+        virtual = layouts.VIRTUAL_STAGES[config.pipeline_schedule] if lay.pp > 1 else 1
+        count = lay.pp * virtual
+        indices = [stage_index + k * lay.pp for k in range(virtual)] if lay.pp > 1 else [0]
+        levers.without_kv_cache(module, config.activation_checkpointing)
+        parts = self._split(module, task, count, indices) if lay.pp > 1 else [module]
+        del module
+        self.recompute = levers.Recompute(timed=device.type == "cpu" and not config.compile)
+        for part in parts:
+            part.to(device)
+            if lay.tp > 1:
+                self._shard_tensors(part, styles, task, config)
+            blocks = list(part.layers) if isinstance(part, pipeline_parallel.Stage) else \
+                levers.find_blocks(part, task if lay.pp == 1 else None)[0]
+            levers.checkpoint_blocks(blocks, config.activation_checkpointing, self.recompute)
+            if config.compile:
+                levers.compile_model(part, blocks)
+            if config.fsdp != "off":
+                self._fully_shard(part, blocks)
+        self.parts = parts
+        self.model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
+        self.optimizer = make_optimizer([p for part in parts for p in part.parameters()])
+        self.schedule = self._schedule(parts, indices, count, task) if lay.pp > 1 else None
+        self.pending: list[Any] = []
+        self.notes.append(f"layout: tensor_parallel {lay.tp} x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
+                          + (f" ({config.pipeline_schedule}, {config.grad_accum_steps} micro-batches per pipeline "
+                             "step)" if lay.pp > 1 else ""))
+
+    # --- building -----------------------------------------------------------------------
+
+    def _plan(self, module: nn.Module, task: "Task") -> dict[nn.Module, str]:
+        """The plan's styles by module object, matched on the whole model's names (a stage
+        or a wrapper renames them)."""
+        if task.parallelize is not None:
+            return {}
+        plan, why = tensor_parallel.plan_of(module)
+        if plan is None:
+            raise ValueError(why)
+        refused = tensor_parallel.refused(module, self.layout.tp)
+        if refused:
+            raise ValueError(refused)
+        named = dict(module.named_modules())
+        return {named[name]: style for name, style in tensor_parallel.matches(module, plan).items()}
+
+    def _split(self, module: nn.Module, task: "Task", count: int, indices: list[int]) -> list[nn.Module]:
+        if task.pipeline_split is not None:
+            parts = list(task.pipeline_split(module, count))
+            if len(parts) != count or not all(isinstance(p, nn.Module) for p in parts):
+                raise ValueError(f"the task's pipeline_split(model, {count}) must return {count} torch.nn.Module "
+                                 f"stages, got {len(parts)}")
+            return [parts[i] for i in indices]
+        return [pipeline_parallel.stage(module, i, count) for i in indices]
+
+    def _shard_tensors(self, part: nn.Module, styles: dict[nn.Module, str], task: "Task", config: "Config") -> None:
+        tp_mesh = self.mesh["tp"]
+        if task.parallelize is not None:
+            task.parallelize(part, tp_mesh, config)
+            return
+        plan = {name: styles[m] for name, m in part.named_modules() if m in styles}
+        if plan:  # a stage of only the embedding, or only the head, has nothing the plan names
+            tensor_parallel.parallelize(part, tp_mesh, plan)
+
+    def _fully_shard(self, part: nn.Module, blocks: list[nn.Module]) -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        config = self.config
+        param_dtype = DTYPES[config.amp_dtype] if config.amp_dtype != "fp32" else None
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        # Pipeline stages run each block's backward per micro-batch: resharding after the
+        # forward would all-gather again for every one (torchtitan keeps them gathered too).
+        reshard = config.fsdp == "full_shard" and self.layout.pp == 1
+        for block in blocks:
+            fully_shard(block, mesh=self.mesh["dp"], mp_policy=policy, reshard_after_forward=reshard)
+        fully_shard(part, mesh=self.mesh["dp"], mp_policy=policy, reshard_after_forward=reshard)
+
+    def _schedule(self, parts: list[nn.Module], indices: list[int], count: int, task: "Task") -> Any:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+        group = self.mesh["pp"].get_group()
+        stages = [PipelineStage(part, i, count, self.device, group=group) for part, i in zip(parts, indices)]
+        loss = task.pipeline_loss or pipeline_parallel.next_token_loss
+        accum = self.config.grad_accum_steps
+        if self.config.pipeline_schedule == "interleaved_1f1b":
+            return ScheduleInterleaved1F1B(stages, n_microbatches=accum, loss_fn=loss)
+        cls = ScheduleGPipe if self.config.pipeline_schedule == "gpipe" else Schedule1F1B
+        return cls(stages[0], n_microbatches=accum, loss_fn=loss)
+
+    # --- a step ---------------------------------------------------------------------------
+
+    def forward(self, batch: Any, last: bool) -> torch.Tensor:
+        if self.config.fsdp != "off":
+            for part in self.parts:
+                part.set_requires_gradient_sync(last)  # type: ignore[operator]
+        if self.schedule is None:
+            with autocast(self.device, self.config.amp_dtype):
+                return self.compute_loss(self.model, batch)
+        self.pending.append(batch)
+        if not last:  # the schedule runs the step's micro-batches together, on the last
+            return torch.zeros((), device=self.device)
+        return self._pipeline_step()
+
+    def _pipeline_step(self) -> torch.Tensor:
+        """Run the step's micro-batches through the stages; the sum of their losses, sent
+        from the last stage to every stage (the loop divides by the accumulation)."""
+        inputs = torch.cat([pipeline_parallel.input_ids(b) for b in self.pending]).to(self.device)
+        target = torch.cat([pipeline_parallel.target_ids(b) for b in self.pending]).to(self.device)
+        self.pending = []
+        losses: list[torch.Tensor] = []
+        stage = self.layout.coordinates(dist.get_rank())[0]
+        assert self.schedule is not None
+        with autocast(self.device, self.config.amp_dtype):
+            if stage == 0:
+                self.schedule.step(inputs, target=target, losses=losses)
+            else:
+                self.schedule.step(target=target, losses=losses)
+        total = torch.stack([x.detach().float() for x in losses]).sum() if losses \
+            else torch.zeros((), device=self.device)
+        dist.broadcast(total, group=self.mesh["pp"].get_group(), group_src=self.layout.pp - 1)
+        return total
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        if self.schedule is None:  # the schedule ran its own backward
+            super().backward(loss, last)
+
+    def optimizer_step(self) -> None:
+        if self.layout.dp > 1 and self.config.fsdp == "off":
+            self._average_gradients()
+        super().optimizer_step()
+
+    def _average_gradients(self) -> None:
+        """What DDP would do, over the ``dp`` group: each parameter's local gradient shard
+        (a DTensor's local tensor under tensor parallelism) averaged over the model copies."""
+        from torch.distributed.tensor import DTensor
+
+        group = self.mesh["dp"].get_group()
+        for part in self.parts:
+            for p in part.parameters():
+                if p.grad is None:
+                    continue
+                grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(grad, group=group)
+                grad.div_(self.layout.dp)
+
+    def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
+        """On CPU/gloo, the host time of the collectives called through Python: FSDP2's and
+        the gradient averaging. Not the stages' sends and receives (``P2POp`` accepts only
+        ``dist.isend`` / ``dist.irecv`` themselves, so they cannot be wrapped), nor the
+        tensor-parallel all-reduces (inside DTensor's dispatch, below Python): on a GPU the
+        profiled communication share counts both, from the kernels."""
+        if self.device.type != "cpu":
+            return contextlib.nullcontext()
+        return timer.patched(dist, FSDP_COLLECTIVES)
+
+    def _release(self) -> None:
+        super()._release()
+        self.parts, self.schedule, self.pending = [], None, []
