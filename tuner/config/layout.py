@@ -33,7 +33,10 @@ class Layout:
 
     @property
     def dp(self) -> int:
-        return max(1, self.world // (self.tp * self.pp))
+        """What is left of the world; 1 for a layout that does not divide it (refused by
+        :func:`refusal` before it runs, it still has batch arithmetic that holds)."""
+        copy = self.tp * self.pp
+        return self.world // copy if self.world % copy == 0 else 1
 
     @property
     def model_parallel(self) -> bool:
@@ -94,4 +97,23 @@ def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
     if blocks is not None and layout.pp > 1 and blocks < stages:
         return (f"pipeline_parallel {layout.pp} under {knobs.get('pipeline_schedule')} needs {stages} stages of at "
                 f"least one block each; the model has {blocks} (the rule: blocks >= stages)")
+    return None
+
+
+def smallest_data_parallel(values: Mapping[str, tuple[Any, ...]], world: int) -> int:
+    """The fewest model copies any layout of these lever values makes on ``world`` ranks:
+    each micro-batch size must fit at least that one (the rest are refused per layout)."""
+    degrees = [world // (t * p) for t in values.get("tensor_parallel", (1,))
+               for p in values.get("pipeline_parallel", (1,)) if world % (t * p) == 0]
+    return min(degrees, default=world)
+
+
+def batch_refusal(params: Mapping[str, Any], world: int, global_batch: int) -> str | None:
+    """Why a micro-batch size does not make up the global batch on this layout's
+    data-parallel ranks (``None``: it does)."""
+    dp = of(params, world).dp
+    micro = params["micro_batch_size"]
+    if global_batch % (micro * dp):
+        return (f"micro_batch_size {micro} x {dp} data-parallel rank(s) does not divide global_batch_size "
+                f"{global_batch} (the rule: global = micro x accumulation x data-parallel degree)")
     return None

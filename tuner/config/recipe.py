@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence, get_args
 
 import yaml
 
+from tuner.config import layout
 from tuner.config import space as space_mod
 from tuner.config.errors import RecipeError
 from tuner.config.script import SCRIPT_KEYS, Script, check_routes, parse_script
@@ -214,12 +215,13 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
         raise RecipeError(
             f"global_batch_size: {global_batch} is not divisible by the world size {world_size}"
         )
+    smallest = layout.smallest_data_parallel(_values_set(space, baseline, overrides), world_size)
     for where, micros in (
         ("space.micro_batch_size", space.get("micro_batch_size", ())),
         ("baseline.micro_batch_size", [baseline["micro_batch_size"]] if "micro_batch_size" in baseline else []),
         ("--set micro_batch_size", [overrides["micro_batch_size"]] if "micro_batch_size" in overrides else []),
-    ):
-        space_mod.check_divisible(global_batch, micros, world_size, where)
+    ):  # at the fewest model copies, the largest share: each micro-batch fits some layout
+        space_mod.check_divisible(global_batch, micros, smallest, where)
 
     stages = set(space.get("zero_stage", ())) | {baseline.get("zero_stage", 0), overrides.get("zero_stage", 0)}
     engine = _engine(raw.get("engine", "auto"), stages, script)

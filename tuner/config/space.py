@@ -199,8 +199,11 @@ def make_config(
     world_size: int,
     machine: Machine,
     engine: str = "auto",
+    strict: bool = True,
 ) -> tuple[Config, list[str]]:
-    """Complete and normalise one configuration; returns it and notes on what changed."""
+    """Complete and normalise one configuration; returns it and notes on what changed.
+    ``strict=False`` (the search, whose sampler may pair a micro-batch with a layout it does
+    not fit) leaves the batch's divisibility to :func:`tuner.config.layout.batch_refusal`."""
     values = defaults()
     values.update(knobs)
     data_parallel = layout.data_parallel(values, world_size)  # the batch is counted over model copies
@@ -211,7 +214,8 @@ def make_config(
         if values[name] == value:
             notes.append(f"{name}={_fmt(value)} cannot apply here ({reason}); using {_fmt(fallback)}")
             values[name] = fallback
-    check_divisible(global_batch_size, [values["micro_batch_size"]], data_parallel, "micro_batch_size")
+    if strict:
+        check_divisible(global_batch_size, [values["micro_batch_size"]], data_parallel, "micro_batch_size")
     why = conflict(values)
     if why is not None:
         raise RecipeError(why)
@@ -232,7 +236,7 @@ def make_config(
         resolved_engine = "fsdp"
     else:
         resolved_engine = "deepspeed" if engine == "deepspeed" or values["zero_stage"] > 0 else "torch"
-    accum = global_batch_size // (values["micro_batch_size"] * data_parallel)
+    accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
     return Config(grad_accum_steps=accum, engine=resolved_engine, **values), notes
 
 

@@ -8,8 +8,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tuner.config import layout
 from tuner.config.errors import RecipeError
 from tuner.config.space import KNOBS, Config, Machine, applies, defaults, make_config, restrict, unsupported
+from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
     import optuna
@@ -23,6 +25,15 @@ class Space:
 
     choices: dict[str, tuple[Any, ...]]
     notes: tuple[str, ...] = ()
+    blocks: int | None = None
+    """The model's blocks, where the layout's rules need them (pipeline stages)."""
+    per_node: int | None = None
+    """Ranks per node (a tensor-parallel group stays inside one)."""
+
+    def refusal(self, params: Mapping[str, Any], world_size: int, global_batch: int) -> str | None:
+        """Why this configuration's parallel layout cannot run (``None``: it can)."""
+        return layout.batch_refusal(params, world_size, global_batch) or layout.refusal(
+            params, world_size, self.per_node, self.blocks)
 
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or
@@ -42,10 +53,12 @@ class Space:
         out: dict[Config, None] = {}
         for values in itertools.product(*(self.choices[k] for k in keys)):
             try:
-                config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine)
+                config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine,
+                                        strict=False)
             except RecipeError:  # values that are no configuration (FSDP2 with ZeRO, ...)
                 continue
-            out[config] = None
+            if self.refusal(config.params(), world_size, global_batch_size) is None:  # nor is an impossible layout
+                out[config] = None
         return list(out)
 
 
@@ -76,7 +89,18 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
             values.insert(0, base[name])
         choices[name] = tuple([recipe.knob_overrides[name]] if name in recipe.knob_overrides else values)
     restricted, notes = restrict(choices, machine, _adapt(recipe))
-    return Space(restricted, tuple(notes))
+    per_node = layout.ranks_per_node()
+    verdicts = layout_rules.judge(recipe.task, recipe.task_args, restricted["tensor_parallel"],
+                                  restricted["pipeline_parallel"], recipe.world_size, per_node,
+                                  recipe.script is not None) if recipe.world_size > 1 else layout_rules.Verdicts()
+    for (name, value), why in verdicts.refused.items():
+        restricted[name] = tuple(v for v in restricted[name] if v != value) or (1,)
+        notes.append(f"{name}={value} refused: {why}")
+    if max(restricted["tensor_parallel"]) * max(restricted["pipeline_parallel"]) > 1:
+        notes += [f"{name} applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no PyTorch "
+                  "DeviceMesh): the layouts shard their data-parallel dimension with fsdp" for name in
+                  ("zero_stage",) if len(restricted[name]) > 1 or restricted[name][0] != 0]
+    return Space(restricted, tuple(notes), verdicts.blocks, per_node)
 
 
 def _adapt(recipe: "Recipe") -> str | None:

@@ -177,8 +177,14 @@ class Decider:
         return {"stop": "exhausted"}
 
     def _predict(self, trial: "optuna.Trial", config: Config) -> bool:
-        """Predict the trial's peak; record it ``skipped`` (True) when the model is sure enough
-        that it would break the budget. The baseline always runs: it is what is compared with."""
+        """Record the trial ``skipped`` (True) when its parallel layout cannot run (the rule
+        said), or when the memory model is sure enough that it would break the budget. The
+        baseline always runs: it is what is compared with."""
+        refused = self.space.refusal(config.params(), self.recipe.world_size, self.recipe.global_batch_size)
+        if refused is not None:  # an impossible layout: said with its rule, never run, not counted
+            self.events.chose(trial.number, _chosen_by(trial))
+            self.record(TrialResult(config.params(), State.SKIPPED, f"refused: {refused}"))
+            return True
         if self.memory is None:
             return False
         predicted = self.memory.predict(config.params())
@@ -287,7 +293,7 @@ class Decider:
 
     def _config(self, knobs: dict[str, Any]) -> Config:
         r = self.recipe
-        return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
+        return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine, strict=False)[0]
 
     def _known(self) -> dict[tuple, "optuna.trial.FrozenTrial"]:
         """Every configuration measured in the study (by any worker), by its key."""

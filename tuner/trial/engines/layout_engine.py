@@ -219,6 +219,6 @@ class LayoutEngine(OwnLoopEngine):
             return contextlib.nullcontext()
         return timer.patched(dist, FSDP_COLLECTIVES)
 
-    def _release(self) -> None:
-        super()._release()
+    def close(self) -> None:
+        super().close()
         self.parts, self.schedule, self.pending = [], None, []

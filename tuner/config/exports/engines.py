@@ -1,0 +1,70 @@
+"""Configs to paste for the engines the trials ran: DeepSpeed's JSON, the DataLoader's
+keywords, and the process-wide settings no config file holds. The DeepSpeed engine trains
+with exactly :func:`ds_config`, so what is measured is what is exported."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import layout
+from tuner.config.levers import LEVERS
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+
+def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str, Any]:
+    """A DeepSpeed config: batch sizes, ZeRO stage and its communication and offload
+    settings, precision.
+
+    ``train_batch_size`` = micro x accumulation x world size, as DeepSpeed checks. The
+    ZeRO keys are written only for the stages that read them, and always explicitly:
+    DeepSpeed's own default for ``overlap_comm`` differs by stage (on for ZeRO-3).
+    Offload pins its host buffers on CUDA (a pageable copy is a synchronous one), and keeps
+    the job's own optimizer, the one the trial stepped on the host partitions (DeepSpeed
+    otherwise refuses any optimizer but its CPU Adam under offload).
+    """
+    zero: dict[str, Any] = {"stage": config.zero_stage}
+    if config.zero_stage >= 1:
+        zero["overlap_comm"] = config.overlap_comm
+        zero["reduce_bucket_size"] = config.reduce_bucket_size
+    if config.zero_stage in (1, 2):
+        zero["allgather_bucket_size"] = config.allgather_bucket_size
+    if config.zero_stage >= 1 and config.offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": config.offload_optimizer, "pin_memory": cuda}
+    out: dict[str, Any] = {
+        "train_batch_size": config.micro_batch_size * config.grad_accum_steps * _dp(config, world_size),
+        "train_micro_batch_size_per_gpu": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "zero_optimization": zero,
+        "bf16": {"enabled": config.amp_dtype == "bf16"},
+        "fp16": {"enabled": config.amp_dtype == "fp16"},
+    }
+    if "offload_optimizer" in zero:
+        out["zero_force_ds_cpu_optimizer"] = False
+    return out
+
+
+def dataloader_kwargs(config: "Config") -> dict[str, Any]:
+    """``torch.utils.data.DataLoader(dataset, sampler=..., **kwargs)``; batch size per rank."""
+    return config.dataloader_kwargs()
+
+
+
+def torch_settings(config: "Config") -> str:
+    """``torch_settings.py``: the measured settings no library's config holds (process-wide
+    flags, the model's memory format, DDP's buckets), as lines for the training script;
+    each lever's line is its ``exports["torch_settings.py"]`` with the trial's value."""
+    lines = ["# Settings the tuner measured that no config file above carries: run them in the training",
+             "# script, before the model is wrapped (levers at their defaults are left out).", "import torch"]
+    values = config.params()
+    for name, lever in LEVERS.items():
+        line = lever.exports.get("torch_settings.py")
+        if line and values[name] != lever.default and (name != "ddp_bucket_cap_mb" or config.engine == "torch"):
+            lines.append(f"{line.format(values[name])}  # {name}")
+    if len(lines) == 3:
+        lines.append("# nothing to set: every such lever is at its default")
+    return "\n".join(lines) + "\n"
+
+
+def _dp(config: "Config", world_size: int) -> int:
+    return layout.data_parallel(config.params(), world_size)

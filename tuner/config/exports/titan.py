@@ -1,0 +1,60 @@
+"""A torchtitan job config fragment (TOML), the parallel layout's section included."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tuner.config import layout
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+
+TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved_1f1b": "Interleaved1F1B"}
+"""torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's class names)."""
+
+
+def torchtitan_toml(config: "Config", world_size: int) -> str:
+    """A fragment of a torchtitan job config (TOML): batch, precision, the parallel layout
+    (data-parallel sharding or replication, tensor and pipeline degrees, the schedule),
+    activation checkpointing, compile, optimizer kernels."""
+    sharded = config.fsdp != "off"
+    lay = layout.of(config.params(), world_size)
+    lines = [
+        "# torchtitan job config fragment: merge into your train config (.toml)",
+        "[training]",
+        f"local_batch_size = {config.micro_batch_size}",
+        f"global_batch_size = {config.micro_batch_size * config.grad_accum_steps * lay.dp}"
+        f"  # {config.grad_accum_steps} gradient accumulation step(s) x {lay.dp} data-parallel rank(s)",
+        f'mixed_precision_param = "{"bfloat16" if config.amp_dtype == "bf16" else "float32"}"',
+        'mixed_precision_reduce = "float32"',
+        f"compile = {_toml_bool(config.compile)}",
+        f"enable_cpu_offload = {_toml_bool(sharded and config.offload_optimizer == 'cpu')}",
+        "",
+        "[parallelism]",
+        f"data_parallel_shard_degree = {lay.dp if sharded else 1}",
+        f"data_parallel_replicate_degree = {1 if sharded else lay.dp}",
+        f"tensor_parallel_degree = {lay.tp}",
+        f"pipeline_parallel_degree = {lay.pp}",
+    ]
+    if lay.tp > 1:
+        lines.append("enable_async_tensor_parallel = false  # not measured here: try it with compile on your GPUs")
+    if lay.pp > 1:
+        lines += [f'pipeline_parallel_schedule = "{TITAN_SCHEDULES[config.pipeline_schedule]}"',
+                  f"pipeline_parallel_microbatch_size = {config.micro_batch_size}"]
+    if sharded:
+        lines.append(f'fsdp_reshard_after_forward = "{"always" if config.fsdp == "full_shard" else "never"}"')
+    if config.engine == "deepspeed":
+        lines.append(f"# ZeRO stage {config.zero_stage} has no torchtitan equivalent; its FSDP2 is "
+                     "data_parallel_shard_degree > 1")
+    lines += ["", "[activation_checkpoint]", f'mode = "{config.activation_checkpointing}"']
+    if config.activation_checkpointing == "selective":
+        lines.append('selective_ac_option = "2"  # every 2nd block')
+    implementation = {"default": "for-loop", "foreach": "foreach", "fused": "fused"}[config.optimizer_impl]
+    lines += ["", "[optimizer]", f'implementation = "{implementation}"']
+    if config.amp_dtype == "fp16":
+        lines.insert(1, "# fp16: torchtitan trains in bf16 or fp32 (no loss scaling); bf16 is the nearest")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_bool(value: bool) -> str:
+    return "true" if value else "false"

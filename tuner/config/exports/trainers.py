@@ -1,0 +1,178 @@
+"""Configs to paste for the trainer libraries: Accelerate's YAML, transformers'
+``TrainingArguments`` and LightningCLI's YAML."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tuner.config import layout
+from tuner.config.levers import LEVERS
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+
+ACCELERATE_MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+"""Accelerate's ``mixed_precision`` for each ``amp_dtype`` (config file, kwargs, environment)."""
+
+
+def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
+    """An ``accelerate launch --config_file`` YAML (comments say what Accelerate cannot hold).
+
+    FSDP2 goes in Accelerate's FSDP plugin, version 2 (``fsdp_reshard_after_forward`` for
+    full_shard vs shard_grad_op, checkpointing, offload); compile in its dynamo section.
+    """
+    mixed = ACCELERATE_MIXED_PRECISION[config.amp_dtype]
+    lay = layout.of(config.params(), world_size)
+    if config.engine == "deepspeed":
+        kind = "DEEPSPEED"
+    elif config.fsdp != "off" or lay.tp > 1:  # Accelerate composes tensor parallelism with FSDP2 only
+        kind = "FSDP"
+    elif world_size > 1:
+        kind = "MULTI_GPU" if cuda else "MULTI_CPU"
+    else:
+        kind = "NO"
+    lines = [
+        "# accelerate launch --config_file accelerate_config.yaml train.py",
+        f"# Accelerator(gradient_accumulation_steps={config.grad_accum_steps}); "
+        f"DataLoader kwargs: see dataloader.json (batch_size={config.micro_batch_size} per process)",
+        "compute_environment: LOCAL_MACHINE",
+        f"distributed_type: {kind}",
+        f"mixed_precision: {mixed}",
+        f"num_processes: {world_size}",
+        "num_machines: 1",
+        f"use_cpu: {'false' if cuda else 'true'}",
+    ]
+    if config.engine == "deepspeed":
+        lines += [
+            "deepspeed_config:",
+            "  deepspeed_config_file: ds_config.json",
+            f"  zero3_init_flag: {'true' if config.zero_stage == 3 else 'false'}",
+        ]
+    if config.fsdp != "off" or lay.tp > 1:
+        lines += [
+            "# FSDP2 wraps the classes in fsdp_transformer_layer_cls_to_wrap (default: the model's _no_split_modules)",
+            "fsdp_config:",
+            "  fsdp_version: 2",
+            f"  fsdp_reshard_after_forward: {_yaml_bool(config.fsdp == 'full_shard')}",
+            f"  fsdp_activation_checkpointing: {_yaml_bool(config.activation_checkpointing != 'none')}",
+            f"  fsdp_offload_params: {_yaml_bool(config.offload_optimizer == 'cpu')}",
+            "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
+            "  fsdp_state_dict_type: SHARDED_STATE_DICT",
+        ]
+    if lay.tp > 1:  # Accelerate's ParallelismConfig (torchtitan's ParallelDims); tp needs dp_shard
+        sharded = config.fsdp != "off"
+        lines += ["parallelism_config:",
+                  f"  parallelism_config_dp_replicate_size: {1 if sharded else lay.dp}",
+                  f"  parallelism_config_dp_shard_size: {lay.dp if sharded else 1}",
+                  f"  parallelism_config_tp_size: {lay.tp}",
+                  "  parallelism_config_cp_size: 1"]
+    if lay.pp > 1:
+        lines.append(f"# pipeline_parallel {lay.pp} ({config.pipeline_schedule}): Accelerate has no pipeline "
+                     "parallelism of its own; see torchtitan.toml")
+    if config.activation_checkpointing != "none" and config.fsdp == "off":
+        lines.append(f"# activation checkpointing ({config.activation_checkpointing}): "
+                     "model.gradient_checkpointing_enable() in the script; Accelerate's config has no key for it")
+    if config.compile:
+        lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
+    return "\n".join(lines) + "\n"
+
+
+HF_LEVER_FIELDS = {field.strip(): name for name, lever in LEVERS.items()
+                   if lever.group not in ("loader", "batch", "precision")
+                   for field in lever.exports.get("hf_training_args.json", "").split("/") if field.strip()}
+"""The ``TrainingArguments`` fields each lever beyond the loader, batch and precision sets
+(its ``exports``); script mode sets only the recipe's."""
+HF_LEVER_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None, "fsdp": False,
+                "fsdp_config": None, "ddp_bucket_cap_mb": None, "tf32": False}
+"""What a tuned lever's fields read when it is off (``None``: the Trainer's default; a field
+not listed, ``optim``, is left out: the script's own optimizer stands)."""
+
+
+def hf_training_args(config: "Config") -> dict[str, Any]:
+    """``transformers.TrainingArguments`` fields (their own names, transformers 5)."""
+    args: dict[str, Any] = {
+        "per_device_train_batch_size": config.micro_batch_size,
+        "gradient_accumulation_steps": config.grad_accum_steps,
+        "dataloader_num_workers": config.num_workers,
+        "dataloader_pin_memory": config.pin_memory,
+        "bf16": config.amp_dtype == "bf16",
+        "fp16": config.amp_dtype == "fp16",
+        "torch_compile": config.compile,
+    }
+    # optimizer_impl default is the job's own optimizer as it builds it (an HF script's Trainer
+    # default is adamw_torch_fused in transformers 5): no optim key, so pasting changes nothing
+    # that was not measured; fused and foreach name AdamW's kernels.
+    if config.optimizer_impl != "default":
+        args["optim"] = "adamw_torch_fused" if config.optimizer_impl == "fused" else "adamw_torch"
+    if config.matmul_precision == "high":  # TrainingArguments' tf32 is "high"; "medium" (bf16) has no field
+        args["tf32"] = True
+    if config.num_workers > 0:
+        args["dataloader_prefetch_factor"] = config.prefetch_factor
+        args["dataloader_persistent_workers"] = config.persistent_workers
+    if config.engine == "deepspeed":
+        args["deepspeed"] = "ds_config.json"
+    if config.engine == "torch" and config.ddp_bucket_cap_mb != 25:
+        args["ddp_bucket_cap_mb"] = config.ddp_bucket_cap_mb
+    checkpointing = config.activation_checkpointing != "none"
+    if config.fsdp != "off":  # FSDP2 checkpoints its own wrapped layers: no second all-gather
+        args["fsdp"] = True
+        args["fsdp_config"] = {"version": 2, "reshard_after_forward": config.fsdp == "full_shard",
+                               "activation_checkpointing": checkpointing,
+                               "cpu_offload": config.offload_optimizer == "cpu"}
+    elif checkpointing:
+        args["activation_checkpointing"] = True
+        if config.activation_checkpointing == "selective":
+            args["activation_checkpointing_kwargs"] = {"every_n_layers": 2}
+    return args
+
+
+LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+"""Lightning's ``Trainer(precision=...)`` for each ``amp_dtype``."""
+
+
+def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
+    """A LightningCLI config (``python train.py fit --config lightning_trainer.yaml``): the
+    Trainer's precision, accumulation and strategy (DDP, a DeepSpeed stage, or FSDP with
+    its resharding and offload), and the data module's batch size and loader workers
+    (``data.batch_size`` / ``data.num_workers``: the usual names; rename them to your
+    DataModule's)."""
+    lay = layout.of(config.params(), world_size)
+    if config.engine == "deepspeed":
+        offload = "_offload" if config.offload_optimizer == "cpu" else ""
+        strategy: Any = f"deepspeed_stage_{config.zero_stage}{offload}"
+    elif lay.tp > 1:  # tensor parallelism, and FSDP2 over the rest, applied in configure_model()
+        strategy = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
+                    "init_args": {"data_parallel_size": lay.dp, "tensor_parallel_size": lay.tp}}
+    elif config.fsdp != "off":
+        strategy = {"class_path": "lightning.pytorch.strategies.FSDPStrategy",
+                    "init_args": {"sharding_strategy": "FULL_SHARD" if config.fsdp == "full_shard" else "SHARD_GRAD_OP",
+                                  "cpu_offload": config.offload_optimizer == "cpu"}}
+    else:
+        strategy = "ddp" if world_size > 1 else "auto"
+    lines = ["# python train.py fit --config lightning_trainer.yaml   (LightningCLI)",
+             "trainer:",
+             f"  accelerator: {'gpu' if cuda else 'cpu'}",
+             f"  devices: {world_size}",
+             f"  precision: {LIGHTNING_PRECISION[config.amp_dtype]}",
+             f"  accumulate_grad_batches: {config.grad_accum_steps}"]
+    if isinstance(strategy, str):
+        lines.append(f"  strategy: {strategy}")
+    elif lay.tp > 1:
+        lines += ["  # ModelParallelStrategy hands configure_model() a (data_parallel, tensor_parallel) device mesh:",
+                  "  # apply the tensor-parallel plan there, then fully_shard on the data-parallel dimension",
+                  "  strategy:", f"    class_path: {strategy['class_path']}", "    init_args:"]
+        lines += [f"      {k}: {v}" for k, v in strategy["init_args"].items()]
+    else:
+        lines += ["  # Lightning's FSDPStrategy is FSDP1 with the same sharding; the trials ran FSDP2 (fully_shard),",
+                  "  # which Lightning runs as ModelParallelStrategy with fully_shard in configure_model()",
+                  "  strategy:", f"    class_path: {strategy['class_path']}", "    init_args:"]
+        lines += [f"      {k}: {_yaml_bool(v) if isinstance(v, bool) else v}" for k, v in strategy["init_args"].items()]
+    if lay.pp > 1:
+        lines.append(f"# pipeline_parallel {lay.pp}: Lightning has no pipeline parallelism of its own; "
+                     "see torchtitan.toml")
+    lines += ["data:", f"  batch_size: {config.micro_batch_size}", f"  num_workers: {config.num_workers}"]
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_bool(value: bool) -> str:
+    return "true" if value else "false"

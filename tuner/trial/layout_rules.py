@@ -1,0 +1,92 @@
+"""Which tensor- and pipeline-parallel degrees a task's model can take, decided before any
+trial (issue 27): each refused value leaves the space with a line naming the rule.
+
+The model is built once on PyTorch's ``meta`` device (shapes, no memory, no weights
+initialised: a Llama-style model of any size builds in milliseconds), else, where the
+task's builder refuses that device, as the trials build it. The rules that depend on one
+lever's value alone are applied here; those of a combination (tp x pp against the world,
+a schedule's micro-batches, fp16) by :func:`tuner.config.layout.refusal`, per
+configuration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tuner.trial import pipeline_parallel, tensor_parallel
+
+if TYPE_CHECKING:
+    from tuner.config.task import Task
+
+
+@dataclass
+class Verdicts:
+    """The degrees refused, with why, and the model's block count (``None``: unknown)."""
+
+    refused: dict[tuple[str, int], str] = field(default_factory=dict)
+    blocks: int | None = None
+
+
+def _build(task: "Task", task_args: dict[str, Any]) -> torch.nn.Module:
+    try:
+        with torch.device("meta"):
+            return task.build_model(task_args)
+    except Exception:  # noqa: BLE001 - a builder that loads weights or checks devices: build it as trials do
+        return task.build_model(task_args)
+
+
+def judge(task: "Task | None", task_args: dict[str, Any], tp_values: tuple[int, ...], pp_values: tuple[int, ...],
+          world: int, per_node: int | None, script: bool) -> Verdicts:
+    """The verdict on each searched degree above 1 of ``tensor_parallel`` and ``pipeline_parallel``."""
+    out = Verdicts()
+    wanted = [("tensor_parallel", v) for v in tp_values if v > 1] + [("pipeline_parallel", v) for v in pp_values
+                                                                     if v > 1]
+    if not wanted:
+        return out
+    for name, value in wanted:
+        if script or task is None:
+            out.refused[(name, value)] = ("script mode runs the script's own model: tensor and pipeline "
+                                          "parallelism are searched in task mode (a task's build_model)")
+        elif world % value:
+            out.refused[(name, value)] = f"{value} does not divide the world of {world} ranks"
+        elif name == "tensor_parallel" and per_node is not None and value > per_node:
+            out.refused[(name, value)] = (f"a tensor-parallel group stays inside one node, which has {per_node} "
+                                          "ranks")
+    left = [(n, v) for n, v in wanted if (n, v) not in out.refused]
+    if not left:
+        return out
+    assert task is not None
+    model = _build(task, task_args)
+    inner = getattr(model, "model", None)
+    if hasattr(inner, "layers"):
+        out.blocks = len(inner.layers)
+    for name, value in left:
+        why = _tensor(model, task, value) if name == "tensor_parallel" else _pipeline(model, task, value, out.blocks)
+        if why:
+            out.refused[(name, value)] = why
+    return out
+
+
+def _tensor(model: torch.nn.Module, task: "Task", degree: int) -> str | None:
+    if task.parallelize is not None:
+        return None
+    plan, why = tensor_parallel.plan_of(model)
+    if plan is None:
+        return why + " (or give the task a parallelize(model, mesh, config))"
+    if not tensor_parallel.matches(model, plan):
+        return f"{type(model).__name__}'s tensor-parallel plan names none of its modules"
+    return tensor_parallel.refused(model, degree)
+
+
+def _pipeline(model: torch.nn.Module, task: "Task", stages: int, blocks: int | None) -> str | None:
+    if task.pipeline_split is not None:
+        return None
+    why = pipeline_parallel.supported(model)
+    if why:
+        return why
+    if blocks is not None and blocks < stages:
+        return f"{stages} stages need at least {stages} blocks; the model has {blocks}"
+    return None
