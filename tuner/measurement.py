@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.diagnose import Verdict, diagnose_run
+from tuner.config import layout
+from tuner.config.errors import RecipeError
 from tuner.config.space import Config, Machine, make_config
 from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.harness.system.environment import environment
@@ -94,7 +96,11 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     knobs = {name: values[0] for name, values in recipe.space.items() if len(values) == 1}
     knobs.update(recipe.baseline)
     knobs.update(recipe.knob_overrides)
-    return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+    config, notes = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+    refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(), None, machine.cuda)
+    if refused is not None:
+        raise RecipeError(refused)
+    return config, notes
 
 
 def combine(name: str, memory_budget_gib: float | None, config: Config, runs: list[TrialResult], notes: list[str],

@@ -6,9 +6,9 @@ back by the libraries that take them."""
 from __future__ import annotations
 
 import sys
-import tomllib
 
 import pytest
+import tomllib
 
 from tuner.config import export, layout
 from tuner.config.space import Machine, make_config
@@ -50,9 +50,11 @@ def test_the_global_batch_is_counted_over_the_data_parallel_ranks():
      "in rounds of 2 (the rule: a whole number of rounds)"),
     ({"pipeline_parallel": 2, "pipeline_schedule": "interleaved_1f1b", "grad_accum_steps": 4}, 2,
      "needs 4 stages of at least one block each; the model has 3"),
+    ({"pipeline_parallel": 2, "pipeline_schedule": "interleaved_1f1b", "fsdp": "full_shard"}, 4,
+     "interleave without fsdp or shard under 1f1b"),
 ])
 def test_each_impossible_layout_is_refused_with_its_rule(knobs, world, rule):
-    why = layout.refusal({"grad_accum_steps": 8, **knobs}, world, per_node=4, blocks=3)
+    why = layout.refusal({"grad_accum_steps": 8, **knobs}, world, per_node=4, blocks=3, cuda=False)
     assert why is not None and rule in why and "the rule" in why
 
 

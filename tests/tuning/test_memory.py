@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import sys
 
-from tuner.memory.model import GIB, MemoryModel, Prediction, states_bytes
+import pytest
+import torch
+
+from tuner.memory.model import GIB, MemoryModel, Prediction, activation_units, states_bytes
+from tuner.trial.layout_rules import rank_parameters
+
+from conftest import TESTS
 
 P = 1_000_000  # parameters
 
@@ -168,3 +174,28 @@ def test_memory_outside_the_allocator_is_learnt_from_trials_and_skips_with_it():
     why = model.skip_reason(Prediction(9.0, "fitted"), 10.0)
     assert why is not None and "less 1.50 GiB outside the allocator" in why
     assert model.skip_reason(Prediction(8.0, "fitted"), 10.0) is None
+
+
+def test_a_layout_puts_its_stages_and_shards_on_a_rank():
+    """The parallel layout's states (issue 27): the busiest rank's parameters, counted on
+    the meta device, sharded over the data-parallel ranks only; a pipeline's activations are
+    its stage's share of the micro-batches in flight (all of them under GPipe)."""
+    pytest.importorskip("transformers")
+    sys.path.insert(0, str(TESTS / "helpers"))
+    from tiny_llama import tiny_llama
+
+    with torch.device("meta"):
+        llama = tiny_llama(4)  # 4 x 36,992 in the blocks (36,864 of them in projections), 2 x 16,384 + 64 outside
+    assert rank_parameters(llama, 1, 1) == 180_800
+    assert rank_parameters(llama, 2, 1) == 180_800 - 4 * 36_864 // 2  # the plan's projections halved
+    assert rank_parameters(llama, 1, 2) == 2 * 36_992 + 64 + 16_384  # the last stage: 2 blocks, norm, head
+    assert rank_parameters(llama, 1, 2, virtual=2) == rank_parameters(llama, 1, 2)  # stages 1 and 3 of 4
+    model = MemoryModel(180_800, 0.0, 8, host_is_device=False, global_batch=64,
+                        rank_parameters=lambda tp, pp, v: rank_parameters(llama, tp, pp, v))
+    whole = model._states({"fsdp": "full_shard"})
+    assert whole == 16 * 180_800 / 8
+    assert model._states({"fsdp": "full_shard", "tensor_parallel": 2, "pipeline_parallel": 2}) == (
+        16 * rank_parameters(llama, 2, 2) / 2)  # 8 ranks = 2 x 2 x dp 2
+    gpipe = {"micro_batch_size": 2, "pipeline_parallel": 2, "pipeline_schedule": "gpipe", "grad_accum_steps": 8}
+    assert activation_units(gpipe) == 2 * 8 / 2 and activation_units({**gpipe, "pipeline_schedule": "1f1b"}) == 2
+    assert activation_units({"micro_batch_size": 2, "pipeline_parallel": 2}, global_batch=64, world_size=8) == 2

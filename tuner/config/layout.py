@@ -69,8 +69,9 @@ def ranks_per_node() -> int | None:
 
 
 def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
-            blocks: int | None = None) -> str | None:
-    """Why this layout cannot run on ``world`` ranks (``None``: it can), naming the rule."""
+            blocks: int | None = None, cuda: bool = True) -> str | None:
+    """Why this layout cannot run on ``world`` ranks (``None``: it can), naming the rule;
+    ``cuda``: the ranks are GPUs (NCCL), else CPUs (gloo)."""
     layout = of(knobs, world)
     if not layout.model_parallel:
         return None
@@ -85,6 +86,11 @@ def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
         return ("amp_dtype fp16 with tensor or pipeline parallelism: its loss scaling is not composed with "
                 "them here (the rule: use bf16, as torchtitan does)")
     schedule, accum = str(knobs.get("pipeline_schedule", "1f1b")), knobs.get("grad_accum_steps")
+    if not cuda and layout.pp > 1 and schedule == "interleaved_1f1b" and knobs.get("fsdp", "off") != "off":
+        # measured: NaN from the first forward (1 micro-batch) or the second step (2), 4 gloo ranks, torch
+        # 2.13, tiny Llama; the same layout without FSDP2, and FSDP2 under 1f1b, train the reference curve
+        return ("pipeline_schedule interleaved_1f1b with fsdp trains NaN on CPU ranks (torch 2.13's runtime "
+                "schedule and FSDP2 over gloo; the rule: on CPUs, interleave without fsdp or shard under 1f1b)")
     if layout.pp > 1 and isinstance(accum, int):
         if schedule == "1f1b" and accum < layout.pp:
             return (f"pipeline_schedule 1f1b runs {accum} micro-batch(es) per step through {layout.pp} stages (the "

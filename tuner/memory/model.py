@@ -18,6 +18,11 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
   (amp dtype, checkpointing) not measured yet scales the fp32 / no-checkpointing slope by
   a prior (half for reduced precision and for selective checkpointing, a tenth for full);
   a group measured at one micro-batch has its own slope through the common intercept.
+- The parallel layout (issue 27): a rank's states are its layout's parameters (its
+  pipeline stages' blocks, the tensor-parallel plan's modules divided by ``tp``:
+  :func:`~tuner.trial.layout_rules.rank_parameters`, counted on the meta device), sharded
+  over the data-parallel ranks; its activations are its stage's share of the micro-batches
+  in flight (:func:`activation_units`); each pipeline schedule has its own slope.
 - Until two trials differ in micro-batch or in loader workers, the prediction is the
   analytic part alone and says so (``analytic``); while only the workers have varied, a
   configuration at another micro-batch is predicted ``analytic`` too.
@@ -30,13 +35,14 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 import torch
 
-from tuner.config import levers
+from tuner.config import layout, levers
 from tuner.harness.system.monitors import HostMemory
+from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
@@ -81,6 +87,22 @@ def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, hos
     return params + grads + optim
 
 
+def activation_units(knobs: Mapping[str, Any], global_batch: int | None = None, world_size: int = 1) -> float:
+    """The micro-batches' worth of whole-model activations one rank holds at its peak: the
+    micro-batch, or under pipeline parallelism its stage's share (1 / pp of the blocks) of
+    every micro-batch in flight: all of a step's under GPipe, at most one per stage under
+    1F1B and interleaved 1F1B (the first stage holds ``pp`` before its first backward)."""
+    micro = knobs["micro_batch_size"]
+    pp = knobs.get("pipeline_parallel", 1)
+    if pp == 1:
+        return float(micro)
+    accum = knobs.get("grad_accum_steps")
+    if accum is None:
+        accum = global_batch // (micro * layout.data_parallel(knobs, world_size)) if global_batch else pp
+    in_flight = accum if knobs.get("pipeline_schedule") == "gpipe" else min(accum, pp)
+    return micro * max(1, in_flight) / pp
+
+
 def _group(knobs: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(knobs.get(name, levers.LEVERS[name].default)) for name in GROUP)
 
@@ -108,13 +130,21 @@ class MemoryModel:
     """Per measured GPU trial, bytes its process held on the device beyond the allocator's
     peak (CUDA context, NCCL's buffers, cuBLAS workspaces): the budget is checked against
     both, so skipping adds it, as measured, not as a claim."""
+    rank_parameters: Callable[[int, int, int], int] | None = None
+    """(tp, pp, virtual stages) -> the most parameters a rank holds under that layout
+    (:func:`tuner.trial.layout_rules.rank_parameters`); ``None``: the whole model / (tp x pp)."""
+    global_batch: int | None = None
+    """For a pipeline's micro-batches in flight (the accumulation)."""
+
+    def units(self, knobs: Mapping[str, Any]) -> float:
+        return activation_units(knobs, self.global_batch, self.world_size)
 
     def outside_gib(self) -> float:
         """What the allocator does not see, as measured so far (median; 0 before any GPU trial)."""
         return statistics.median(self.outside) / GIB if self.outside else 0.0
 
     def predict(self, knobs: Mapping[str, Any]) -> Prediction:
-        states = states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
+        states = self._states(knobs)
         fit = self._fit()
         if fit is None:
             base = (statistics.fmean(peak - self._states(k) for k, peak in self.observed)
@@ -123,12 +153,12 @@ class MemoryModel:
         intercept, slopes, per_worker = fit
         workers = per_worker * knobs.get("num_workers", 0)
         if slopes is None:  # one micro-batch so far, in the intercept: fitted only at it, in its groups
-            seen = {(k["micro_batch_size"], _group(k)) for k, _ in self.observed}
-            basis = "fitted" if (knobs["micro_batch_size"], _group(knobs)) in seen else "analytic"
+            seen = {(self.units(k), _group(k)) for k, _ in self.observed}
+            basis = "fitted" if (self.units(knobs), _group(knobs)) in seen else "analytic"
             return Prediction(max(intercept + states + workers, states) / GIB, basis)
         group = _group(knobs)
         slope = slopes.get(group, slopes[REFERENCE] * _prior(group))
-        peak = intercept + states + slope * knobs["micro_batch_size"] + workers
+        peak = intercept + states + slope * self.units(knobs) + workers
         measured = any(_group(k) == group for k, _ in self.observed)
         return Prediction(max(peak, states) / GIB, "fitted" if measured else "prior")
 
@@ -180,7 +210,15 @@ class MemoryModel:
                 "trials": len(later)}
 
     def _states(self, knobs: Mapping[str, Any]) -> float:
-        return states_bytes(self.parameters, knobs, self.world_size, self.host_is_device)
+        """The states of one rank: its layout's parameters (``rank_parameters``), sharded
+        over the data-parallel ranks only (the others hold other parameters, not copies)."""
+        lay = layout.of(knobs, self.world_size)
+        parameters = self.parameters
+        if lay.model_parallel:
+            virtual = layout.VIRTUAL_STAGES.get(str(knobs.get("pipeline_schedule", "1f1b")), 1) if lay.pp > 1 else 1
+            parameters = (self.rank_parameters(lay.tp, lay.pp, virtual) if self.rank_parameters is not None
+                          else self.parameters // (lay.tp * lay.pp))
+        return states_bytes(parameters, knobs, lay.dp, self.host_is_device)
 
     def _fit(self) -> tuple[float, dict[tuple[str, ...], float] | None, float] | None:
         """Intercept, per-sample slope per (amp, checkpointing) group (``None`` while every
@@ -196,13 +234,13 @@ class MemoryModel:
         workers = [k.get("num_workers", 0) for k, _ in rows]
         by_group: dict[tuple[str, ...], set[int]] = {}
         for k, _ in rows:
-            by_group.setdefault(_group(k), set()).add(k["micro_batch_size"])
+            by_group.setdefault(_group(k), set()).add(self.units(k))
         groups = sorted(by_group)
         if any(len(m) >= 2 for m in by_group.values()):
-            columns = [np.ones(len(rows))] + [np.array([k["micro_batch_size"] * (_group(k) == g) for k, _ in rows],
+            columns = [np.ones(len(rows))] + [np.array([self.units(k) * (_group(k) == g) for k, _ in rows],
                                                        dtype=float) for g in groups]
         else:
-            scaled = [k["micro_batch_size"] * _prior(_group(k)) for k, _ in rows]
+            scaled = [self.units(k) * _prior(_group(k)) for k, _ in rows]
             columns = [np.ones(len(rows))] + ([np.array(scaled, dtype=float)] if len(set(scaled)) >= 2 else [])
             groups = [REFERENCE] if len(columns) > 1 else []
         workers_vary = len(set(workers)) >= 2
@@ -234,7 +272,7 @@ SETTLED_AFTER = 3
 
 
 def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, host_is_device: bool,
-              measured: "list[FrozenTrial]") -> tuple[MemoryModel | None, str | None]:
+              measured: "list[FrozenTrial]", global_batch: int | None = None) -> tuple[MemoryModel | None, str | None]:
     """The model for a recipe's task (``None`` and why not for a script, which has none, or
     a model the meta device cannot build), fed with the trials a resumed study already
     measured.
@@ -247,11 +285,13 @@ def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, h
         return None, None
     try:
         with torch.device("meta"):
-            parameters = count_parameters(task.build_model(task_args))
+            built = task.build_model(task_args)
+            parameters = count_parameters(built)
     except Exception as exc:  # noqa: BLE001 - the user's code: prediction is optional, the search is not
         return None, f"memory prediction off: build_model does not build on the meta device ({type(exc).__name__})"
     overhead = float(HostMemory().sample()) if host_is_device else 0.0
-    model = MemoryModel(parameters, overhead, world_size, host_is_device)
+    model = MemoryModel(parameters, overhead, world_size, host_is_device, global_batch=global_batch,
+                        rank_parameters=lambda tp, pp, virtual: rank_parameters(built, tp, pp, virtual))
     for t in measured:
         metrics = t.user_attrs.get("metrics") or {}
         if metrics.get("peak_mem_gib"):

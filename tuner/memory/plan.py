@@ -88,7 +88,8 @@ class Profiler:
         self.recipe, self.machine = recipe, machine
         self.space = searchspace.build_space(recipe, machine)
         self.base = searchspace.baseline_knobs(recipe, self.space, machine)
-        model, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda, [])
+        model, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda, [],
+                                      recipe.global_batch_size)
         if model is None:
             raise RecipeError(why or f"plan: {recipe.path} needs a task recipe")  # tuner.api.plan says why first
         self.model = model
@@ -111,9 +112,10 @@ class Profiler:
         if conflict(knobs) is not None:
             return None
         try:
-            return make_config({**self.base, **knobs}, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
+            config = make_config({**self.base, **knobs}, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
         except RecipeError:
             return None
+        return None if self.space.refusal(config.params(), r.world_size, r.global_batch_size) else config
 
     def _groups(self) -> list[dict[str, Any]]:
         """The baseline's group first, then every other AMP x checkpointing group of the space."""

@@ -29,11 +29,13 @@ class Space:
     """The model's blocks, where the layout's rules need them (pipeline stages)."""
     per_node: int | None = None
     """Ranks per node (a tensor-parallel group stays inside one)."""
+    cuda: bool = True
+    """The ranks are GPUs (some layouts are refused on CPU ranks only)."""
 
     def refusal(self, params: Mapping[str, Any], world_size: int, global_batch: int) -> str | None:
         """Why this configuration's parallel layout cannot run (``None``: it can)."""
         return layout.batch_refusal(params, world_size, global_batch) or layout.refusal(
-            params, world_size, self.per_node, self.blocks)
+            params, world_size, self.per_node, self.blocks, self.cuda)
 
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or
@@ -100,7 +102,7 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
         notes += [f"{name} applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no PyTorch "
                   "DeviceMesh): the layouts shard their data-parallel dimension with fsdp" for name in
                   ("zero_stage",) if len(restricted[name]) > 1 or restricted[name][0] != 0]
-    return Space(restricted, tuple(notes), verdicts.blocks, per_node)
+    return Space(restricted, tuple(notes), verdicts.blocks, per_node, machine.cuda)
 
 
 def _adapt(recipe: "Recipe") -> str | None:

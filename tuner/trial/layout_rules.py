@@ -78,7 +78,8 @@ def _tensor(model: torch.nn.Module, task: "Task", degree: int) -> str | None:
         return why + " (or give the task a parallelize(model, mesh, config))"
     if not tensor_parallel.matches(model, plan):
         return f"{type(model).__name__}'s tensor-parallel plan names none of its modules"
-    return tensor_parallel.refused(model, degree)
+    why = tensor_parallel.refused(model, degree)
+    return why.removeprefix("tensor_parallel: ") if why else None
 
 
 def _pipeline(model: torch.nn.Module, task: "Task", stages: int, blocks: int | None) -> str | None:
@@ -90,3 +91,31 @@ def _pipeline(model: torch.nn.Module, task: "Task", stages: int, blocks: int | N
     if blocks is not None and blocks < stages:
         return f"{stages} stages need at least {stages} blocks; the model has {blocks}"
     return None
+
+
+def rank_parameters(model: torch.nn.Module, tp: int, pp: int, virtual: int = 1) -> int:
+    """The most parameter elements any rank holds under this layout (the memory model's
+    states): the stages' own blocks, the first stage's embedding and the last's norm and
+    head (the busiest rank's virtual stages, summed), each module the tensor-parallel plan
+    names divided by ``tp`` (what it does not name, the embedding and norms here, is
+    replicated). A model the tuner cannot cut is taken as ``1 / pp`` of the whole."""
+    plan = tensor_parallel.plan_of(model)[0] if tp > 1 else None
+    named = dict(model.named_modules())
+    sharded = {named[n] for n in tensor_parallel.matches(model, plan)} if plan else set()
+
+    def count(module: torch.nn.Module) -> float:
+        inner = sum(count(m) for m in module.children())
+        own = sum(p.numel() for p in module.parameters(recurse=False))
+        return inner + (own / tp if module in sharded else own)
+
+    if pp == 1:
+        return round(count(model))
+    if pipeline_parallel.supported(model) is not None:
+        return round(count(model) / pp)
+    inner: Any = getattr(model, "model")
+    stages = pp * virtual
+    parts = pipeline_parallel.split(len(inner.layers), stages)
+    per_stage = [sum(count(inner.layers[i]) for i in part) for part in parts]
+    per_stage[0] += count(inner.embed_tokens)
+    per_stage[-1] += count(inner.norm) + count(model.lm_head)
+    return round(max(sum(per_stage[r + k * pp] for k in range(virtual)) for r in range(pp)))

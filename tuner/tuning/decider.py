@@ -82,7 +82,7 @@ class Decider:
         study, if it has one)."""
         self.notes_seen: set[str] = set()
         self.memory, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda,
-                                           study_mod.measured(self.study))
+                                           study_mod.measured(self.study), recipe.global_batch_size)
         """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
         if why:
             events.note(why)

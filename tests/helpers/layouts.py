@@ -1,0 +1,27 @@
+"""Run under torchrun: the parallel layouts of a small Llama-style model, one after another
+in one process (``tuner.measure`` of the recipe at argv[1] with each layout's levers), and
+the data-parallel reference. Rank 0 writes each trial's state, reason, loss curve, notes and
+samples/s to argv[2] (``tests/trial/test_layouts.py``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import torch
+
+import tuner
+
+warnings.filterwarnings("ignore")
+recipe, out = sys.argv[1], sys.argv[2]
+layouts = [json.loads(x) for x in sys.argv[3:]]
+rows = []
+for knobs in [{}, *layouts]:
+    m = tuner.measure(recipe, **knobs)
+    rows.append({"knobs": knobs, "state": m.state, "reason": m.reason, "params": m.params,
+                 "losses": m.repeats[0].losses if m.repeats else [], "notes": m.repeats[0].notes if m.repeats else [],
+                 "samples_per_s": (m.metrics or {}).get("samples_per_s")})
+if torch.distributed.get_rank() == 0:
+    with open(out, "w") as f:
+        json.dump(rows, f)

@@ -1,0 +1,68 @@
+"""The parallel layout trains for real (issue 27): a small Llama-style model from
+transformers' config, random weights, on gloo ranks. Every layout trains the data-parallel
+reference's loss curve (the global batch's loss, each step, same seed and samples), a
+search over tp x pp x schedule x micro-batch x fsdp on 4 ranks skips what cannot run with
+the rule that excludes it and re-measures its answer, and the run folder's exports carry
+the answer's degrees."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import tomllib
+
+from conftest import TESTS, torchrun, write_recipe
+
+pytest.importorskip("transformers")
+LLAMA = {"name": "layouts", "task": str(TESTS.parent / "recipes" / "tasks" / "llama.py"),
+         "task_args": {"layers": 4}, "global_batch_size": 8, "steps": {"warmup": 2, "measure": 4}}
+SAME = 1e-5
+"""Relative: the layouts reorder sums (sharded matmuls, per-stage micro-batches), nothing more."""
+
+
+def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
+    layouts = [{"tensor_parallel": 2}, {"tensor_parallel": 2, "fsdp": "full_shard", "activation_checkpointing": "full"},
+               {"pipeline_parallel": 2, "micro_batch_size": 2},
+               {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "gpipe"},
+               {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "interleaved_1f1b"}]
+    out = tmp_path / "layouts.json"
+    proc = torchrun(2, str(TESTS / "helpers" / "layouts.py"), str(write_recipe(tmp_path, LLAMA)), str(out),
+                    *map(json.dumps, layouts), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference, *rows = json.loads(out.read_text())
+    assert reference["params"]["engine"] == "torch" and len(reference["losses"]) >= 6
+    for row in rows:
+        assert row["state"] == "ok", row
+        assert row["params"]["engine"] == "layout"
+        assert row["losses"] == pytest.approx(reference["losses"], rel=SAME), row["knobs"]
+        assert any(note.startswith("layout: tensor_parallel") for note in row["notes"])
+    pipelined = rows[2]
+    assert pipelined["params"]["grad_accum_steps"] == 4  # 8 = micro 2 x 4 micro-batches per pipeline step x dp 1
+    assert "(1f1b, 4 micro-batches per pipeline step)" in " ".join(pipelined["notes"])
+
+
+def test_a_search_over_the_layout_on_four_ranks_skips_the_impossible_and_confirms(tmp_path):
+    recipe = write_recipe(tmp_path, {
+        **LLAMA, "out": str(tmp_path / "run"), "budget": {"trials": 8, "converge": False},
+        "space": {"tensor_parallel": [1, 2, 4], "pipeline_parallel": [1, 2, 8], "micro_batch_size": [1, 2, 4],
+                  "pipeline_schedule": ["1f1b", "interleaved_1f1b"], "fsdp": ["off", "full_shard"]}})
+    proc = torchrun(4, "-m", "tuner.search", str(recipe), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    # refused before any trial, each with its rule
+    assert "tensor_parallel=4 refused: 4 does not divide num_key_value_heads (2)" in log
+    assert "pipeline_parallel=8 refused: 8 does not divide the world of 4 ranks" in log
+    rows = list(csv.DictReader((tmp_path / "run" / "trials.csv").open()))
+    ran = [r for r in rows if r["state"] == "ok"]
+    skipped = [r for r in rows if r["state"] == "skipped"]
+    assert all(r["reason"].startswith("refused: ") and "the rule" in r["reason"] for r in skipped)
+    assert any(r["engine"] == "layout" for r in ran), [(r["engine"], r["state"]) for r in rows]
+    assert not [r for r in rows if r["state"] not in ("ok", "pruned", "skipped")], rows
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert len(best["runs"]["best"]) >= 2  # its search trial and a confirmation run, beside the baseline's
+    titan = tomllib.loads((tmp_path / "run" / "torchtitan.toml").read_text())
+    params = best["params"]
+    assert titan["parallelism"]["tensor_parallel_degree"] == params["tensor_parallel"]
+    assert titan["parallelism"]["pipeline_parallel_degree"] == params["pipeline_parallel"]
