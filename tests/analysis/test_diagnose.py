@@ -63,11 +63,22 @@ BASE = {"samples_per_s": 1000.0, "stall_free_samples_per_s": 1050.0, "data_wait_
     ({"step_time_p99_s": 0.05}, "unstable"),
     ({"comm_share": 0.3}, "communication-bound"),
     ({"data_wait_share": 0.4, "stall_free_samples_per_s": 2500.0}, "data-bound"),
+    ({"bubble_share": 0.3}, "pipeline-bound"),
 ])
 def test_each_rule_at_its_threshold(change, kind):
     verdicts = diagnose({**BASE, **change}, {"num_workers": 2, "pin_memory": False}, memory_budget_gib=8)
     assert kind in kinds(verdicts)
     assert kind not in kinds(diagnose(BASE, {}, memory_budget_gib=8))
+
+
+def test_a_pipeline_bubble_says_its_theory_and_the_levers_that_shrink_it():
+    params = {"pipeline_parallel": 4, "grad_accum_steps": 4, "pipeline_schedule": "1f1b"}
+    verdict = diagnose({**BASE, "bubble_share": 0.5}, params)[0]
+    assert verdict.kind == "pipeline-bound"
+    assert "idle 50% of the step (4 stages x 4 micro-batches: (p - 1) / (m + p - 1) = 43% in theory" in verdict.evidence
+    assert "a smaller micro_batch_size" in verdict.next_step and "interleaved_1f1b" in verdict.next_step
+    interleaved = diagnose({**BASE, "bubble_share": 0.5}, {**params, "pipeline_schedule": "interleaved_1f1b"})[0]
+    assert "interleaved_1f1b" not in interleaved.next_step  # already followed
 
 
 def test_gpu_host_bound_needs_an_idle_gpu():

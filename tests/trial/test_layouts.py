@@ -38,6 +38,9 @@ def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
         assert row["params"]["engine"] == "layout"
         assert row["losses"] == pytest.approx(reference["losses"], rel=SAME), row["knobs"]
         assert any(note.startswith("layout: tensor_parallel") for note in row["notes"])
+    for row in rows:  # the stages' idle time, measured inside each pipeline step; none without stages
+        assert (row["bubble_share"] is not None) == ("pipeline_parallel" in row["knobs"]), row
+        assert row["bubble_share"] is None or 0 < row["bubble_share"] < 1
     pipelined = rows[2]
     assert pipelined["params"]["grad_accum_steps"] == 4  # 8 = micro 2 x 4 micro-batches per pipeline step x dp 1
     assert "(1f1b, 4 micro-batches per pipeline step)" in " ".join(pipelined["notes"])

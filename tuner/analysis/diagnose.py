@@ -20,6 +20,7 @@ THRESHOLDS: dict[str, float] = {
     "stall_free_gap": 1.25,  # ...and the stall-free ceiling at least this many times the measured rate
     "transfer_share": 0.05,  # input-transfer-bound above this share spent copying batches to the device
     "comm_share": 0.10,  # communication-bound above this share of exposed collective time
+    "bubble_share": 0.15,  # pipeline-bound above this share of the step a pipeline stage sits idle
     "memory_near_budget": 0.90,  # memory-bound above this fraction of the memory budget (or any allocator retry)
     "host_saturated_cpu": 0.80,  # host-bound: the main process uses at least this much of one core...
     "host_flop_efficiency": 0.02,  # ...(CPU) and the step reaches less than this share of a large matmul's FLOP/s
@@ -34,8 +35,8 @@ class Verdict:
     """One bottleneck, the numbers behind it, and what to try next."""
 
     kind: str
-    """data-bound, input-transfer-bound, communication-bound, memory-bound, host-bound,
-    compute-bound or unstable."""
+    """data-bound, input-transfer-bound, communication-bound, pipeline-bound, memory-bound,
+    host-bound, compute-bound or unstable."""
     weight: float
     """Share of the step it explains (0..1), for ordering; 0 for unstable."""
     evidence: str
@@ -139,6 +140,22 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     )
 
 
+def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
+    bubble = f.get("bubble_share")
+    if bubble is None or bubble <= THRESHOLDS["bubble_share"]:
+        return None
+    pp, accum = f.params.get("pipeline_parallel", 1), f.params.get("grad_accum_steps")
+    theory = f" ({pp} stages x {accum} micro-batches: (p - 1) / (m + p - 1) = {(pp - 1) / (accum + pp - 1):.0%} " \
+             "in theory, the rest the stages' sends)" if isinstance(accum, int) and pp > 1 else ""
+    return Verdict(
+        "pipeline-bound", bubble,
+        f"a pipeline stage sits idle {bubble:.0%} of the step{theory}",
+        "more micro-batches per pipeline step (a smaller micro_batch_size at the same global batch), "
+        + (remedies("pipeline-bound", f.params, f.device) + ", " if remedies("pipeline-bound", f.params, f.device)
+           else "") + "or fewer stages (pipeline_parallel) where the model still fits",
+    )
+
+
 def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     budget, peak = f.memory_budget_gib, f.get("peak_mem_gib")
     retries = f.get("alloc_retries") or 0
@@ -189,7 +206,7 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     near_ceiling = f.wait <= t["data_wait_share"] or (
         f.gap is not None and ceiling is not None and f.rate >= t["compute_near_ceiling"] * ceiling)
     if not f.rate or not near_ceiling or any(
-            v.kind in ("data-bound", "communication-bound", "host-bound") for v in found):
+            v.kind in ("data-bound", "communication-bound", "pipeline-bound", "host-bound") for v in found):
         return None
     mfu, tflops = f.get("mfu"), f.get("achieved_tflops")
     util = (f"; MFU {mfu:.0%}" if mfu is not None
@@ -235,8 +252,8 @@ def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:
     )
 
 
-RULES: tuple[Rule, ...] = (_data_bound, _input_transfer_bound, _communication_bound, _memory_bound, _host_bound,
-                           _compute_bound, _unstable)
+RULES: tuple[Rule, ...] = (_data_bound, _input_transfer_bound, _communication_bound, _pipeline_bound, _memory_bound,
+                           _host_bound, _compute_bound, _unstable)
 """Every verdict's rule, in the order they are tested (compute-bound reads what came before)."""
 
 

@@ -131,13 +131,16 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                    "accelerate_config.yaml": "parallelism_config.parallelism_config_tp_size",
                    "lightning_trainer.yaml": "trainer.strategy (ModelParallelStrategy tensor_parallel_size)"}),
     Lever("pipeline_parallel", int, 1, "pipeline stages the model's blocks are cut into", minimum=1,
-          group="layout", needs=lambda k, w: w > 1, path=76, walk=36, ordered=True, verdicts={"memory-bound": 7},
+          group="layout", needs=lambda k, w: w > 1, path=76, walk=36, ordered=True,
+          verdicts={"memory-bound": 7, "pipeline-bound": 1},
           label="pp={}", risk="the pipeline bubble: stages idle while the first micro-batches fill it",
           memory="states", stage="engine", apply=LAYOUT,
           exports={"torchtitan.toml": "parallelism.pipeline_parallel_degree"}),
     Lever("pipeline_schedule", str, "1f1b", "how micro-batches flow through the stages",
           choices=("1f1b", "gpipe", "interleaved_1f1b"), group="layout",
           needs=lambda k, w: k["pipeline_parallel"] > 1, path=77, walk=37, label="{}",
+          verdicts={"pipeline-bound": 0}, suggest=(("interleaved_1f1b",), "pipeline_schedule: interleaved_1f1b "
+                                                                          "(two stages per rank: half the bubble)"),
           risk="gpipe holds every micro-batch's activations at once; interleaved halves the bubble for twice "
                "the stage-to-stage sends",
           memory="activations", prior={"1f1b": 1.0, "gpipe": 1.0, "interleaved_1f1b": 1.0}, stage="engine",

@@ -24,8 +24,8 @@ METRIC_NAMES = (
     "worker_cpu_util", "transfer_share", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
     # the window itself: its length and how well it pins samples/s down (95% half-width, relative)
     "measured_steps", "measured_s", "samples_per_s_ci",
-    # the levers' own costs: compilation before the window, recompute inside it
-    "compile_s", "recompute_share",
+    # the levers' own costs: compilation before the window, recompute inside it, the pipeline's idle stages
+    "compile_s", "recompute_share", "bubble_share",
     # how stall_free_samples_per_s was had: "replayed" steps, or the "window minus waits"
     "stall_free_method",
     # what this process holds on its GPU (context, allocator, NCCL), what a budget is checked against
@@ -87,6 +87,9 @@ class Window:
     recompute_s: float | None = None
     """Host seconds re-running checkpointed blocks in the backward over the window (CPU,
     uncompiled); ``None`` when not timed."""
+    bubble_s: float | None = None
+    """Seconds of the window's pipeline steps this rank's stages sat idle (the pipeline
+    bubble); ``None`` without pipeline parallelism."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -159,6 +162,8 @@ def summarize(
     out["compile_s"] = max(compiles, default=None)
     recomputes = [_share(w.recompute_s, w.wall_s) for w in windows if w.recompute_s is not None]
     out["recompute_share"] = max(recomputes, default=None)
+    bubbles = [_share(w.bubble_s, w.wall_s) for w in windows if w.bubble_s is not None]
+    out["bubble_share"] = max(bubbles, default=None)
     utils = [w.gpu_util for w in windows if w.gpu_util is not None]
     out["gpu_util"] = statistics.fmean(utils) if utils else None
     k = min(len(w.stall_free_step_times) for w in windows)

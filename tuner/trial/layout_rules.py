@@ -112,7 +112,7 @@ def rank_parameters(model: torch.nn.Module, tp: int, pp: int, virtual: int = 1) 
         return round(count(model))
     if pipeline_parallel.supported(model) is not None:
         return round(count(model) / pp)
-    inner: Any = getattr(model, "model")
+    inner: Any = model.model
     stages = pp * virtual
     parts = pipeline_parallel.split(len(inner.layers), stages)
     per_stage = [sum(count(inner.layers[i]) for i in part) for part in parts]

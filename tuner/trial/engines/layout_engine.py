@@ -15,7 +15,9 @@ One ``DeviceMesh`` of shape ``(pp, dp, tp)`` (:mod:`tuner.config.layout`). In or
 4. A step: without stages, each micro-batch is the task's ``compute_loss`` as in the other
    engines; with stages, the micro-batches of one optimizer step are gathered and run by
    PyTorch's schedule (``accumulation`` micro-batches per pipeline step), and the last
-   stage's loss is sent to the others, so every rank records the same curve.
+   stage's loss is sent to the others, so every rank records the same curve. Each
+   pipeline step is timed with the stages' work inside it: the bubble share
+   (:mod:`tuner.trial.engines.pipeline_clock`).
 
 fp16 is refused for these layouts (:func:`tuner.config.layout.refusal`); bf16 is FSDP2's
 ``MixedPrecisionPolicy`` when sharded, autocast otherwise.
@@ -36,6 +38,7 @@ from tuner.trial import pipeline_parallel, tensor_parallel
 from tuner.trial.engines import levers
 from tuner.trial.engines.base import DTYPES, OwnLoopEngine, autocast
 from tuner.trial.engines.fsdp_engine import FSDP_COLLECTIVES
+from tuner.trial.engines.pipeline_clock import PipelineClock
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -88,6 +91,8 @@ class LayoutEngine(OwnLoopEngine):
         self.parts = parts
         self.model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
         self.optimizer = make_optimizer([p for part in parts for p in part.parameters()])
+        self.clock = PipelineClock(device)
+        """Each pipeline step and the stages' work inside it: the bubble (:mod:`.pipeline_clock`)."""
         self.schedule = self._schedule(parts, indices, count, task) if lay.pp > 1 else None
         self.pending: list[Any] = []
         self.notes.append(f"layout: tensor_parallel {lay.tp} x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
@@ -146,6 +151,8 @@ class LayoutEngine(OwnLoopEngine):
 
         group = self.mesh["pp"].get_group()
         stages = [PipelineStage(part, i, count, self.device, group=group) for part, i in zip(parts, indices)]
+        for stage in stages:
+            self.clock.watch(stage)
         loss = task.pipeline_loss or pipeline_parallel.next_token_loss
         accum = self.config.grad_accum_steps
         if self.config.pipeline_schedule == "interleaved_1f1b":
@@ -178,9 +185,9 @@ class LayoutEngine(OwnLoopEngine):
         assert self.schedule is not None
         with autocast(self.device, self.config.amp_dtype):
             if stage == 0:
-                self.schedule.step(inputs, target=target, losses=losses)
+                self.clock.step(self.schedule.step, inputs, target=target, losses=losses)
             else:
-                self.schedule.step(target=target, losses=losses)
+                self.clock.step(self.schedule.step, target=target, losses=losses)
         total = torch.stack([x.detach().float() for x in losses]).sum() if losses \
             else torch.zeros((), device=self.device)
         dist.broadcast(total, group=self.mesh["pp"].get_group(), group_src=self.layout.pp - 1)
