@@ -33,6 +33,9 @@ def build_model(args: dict) -> torch.nn.Module:
         n_embd=args.get("n_embd", 128),
         n_layer=args.get("n_layer", 2),
         n_head=args.get("n_head", 4),
+        # GPT-2's dropout (0.1) draws from each rank's RNG: layouts that cut the model
+        # differently draw differently; 0 makes every layout compute the same step
+        resid_pdrop=args.get("dropout", 0.1), embd_pdrop=args.get("dropout", 0.1), attn_pdrop=args.get("dropout", 0.1),
         bos_token_id=0,  # GPT-2's 50256 lies outside a small vocabulary
         eos_token_id=0,
     )

@@ -18,17 +18,17 @@ from conftest import TESTS, torchrun, write_recipe
 pytest.importorskip("transformers")
 LLAMA = {"name": "layouts", "task": str(TESTS.parent / "recipes" / "tasks" / "llama.py"),
          "task_args": {"layers": 4}, "global_batch_size": 8, "steps": {"warmup": 2, "measure": 4}}
+GPT2 = {**LLAMA, "task": str(TESTS.parent / "recipes" / "tasks" / "gpt2.py"),
+        "task_args": {"seq_len": 32, "n_embd": 64, "n_layer": 4, "n_head": 4, "vocab_size": 512, "dropout": 0.0}}
+"""Without dropout: each layout would draw its masks from other RNG streams."""
 SAME = 1e-5
-"""Relative: the layouts reorder sums (sharded matmuls, per-stage micro-batches), nothing more."""
+"""Relative: the layouts reorder sums (sharded matmuls, per-stage micro-batches), nothing more.
+GPT-2's pipeline without its tied embedding's gradients summed is off by 1.7e-5 at step 2."""
 
 
-def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
-    layouts = [{"tensor_parallel": 2}, {"tensor_parallel": 2, "fsdp": "full_shard", "activation_checkpointing": "full"},
-               {"pipeline_parallel": 2, "micro_batch_size": 2},
-               {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "gpipe"},
-               {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "interleaved_1f1b"}]
+def _layouts(tmp_path, nproc: int, recipe: dict, layouts: list[dict]) -> tuple[dict, list[dict]]:
     out = tmp_path / "layouts.json"
-    proc = torchrun(2, str(TESTS / "helpers" / "layouts.py"), str(write_recipe(tmp_path, LLAMA)), str(out),
+    proc = torchrun(nproc, str(TESTS / "helpers" / "layouts.py"), str(write_recipe(tmp_path, recipe)), str(out),
                     *map(json.dumps, layouts), timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reference, *rows = json.loads(out.read_text())
@@ -37,13 +37,33 @@ def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
         assert row["state"] == "ok", row
         assert row["params"]["engine"] == "layout"
         assert row["losses"] == pytest.approx(reference["losses"], rel=SAME), row["knobs"]
-        assert any(note.startswith("layout: tensor_parallel") for note in row["notes"])
+    return reference, rows
+
+
+def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
+    _, rows = _layouts(tmp_path, 2, LLAMA, [
+        {"tensor_parallel": 2}, {"tensor_parallel": 2, "fsdp": "full_shard", "activation_checkpointing": "full"},
+        {"pipeline_parallel": 2, "micro_batch_size": 2},
+        {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "gpipe"},
+        {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "interleaved_1f1b"}])
     for row in rows:  # the stages' idle time, measured inside each pipeline step; none without stages
+        assert any(note.startswith("layout: tensor_parallel") for note in row["notes"])
         assert (row["bubble_share"] is not None) == ("pipeline_parallel" in row["knobs"]), row
         assert row["bubble_share"] is None or 0 < row["bubble_share"] < 1
     pipelined = rows[2]
     assert pipelined["params"]["grad_accum_steps"] == 4  # 8 = micro 2 x 4 micro-batches per pipeline step x dp 1
     assert "(1f1b, 4 micro-batches per pipeline step)" in " ".join(pipelined["notes"])
+
+
+def test_gpt2_on_four_ranks_in_every_composition(tmp_path):
+    """GPT-2: the tuner's own Megatron-style plan for its Conv1D (packed query/key/value),
+    its blocks cut into stages with the tied embedding's two copies kept one, on 4 ranks:
+    tp x pp, and each beside a data-parallel dimension, replicated or sharded."""
+    _, rows = _layouts(tmp_path, 4, GPT2, [
+        {"tensor_parallel": 2, "pipeline_parallel": 2, "micro_batch_size": 2},
+        {"tensor_parallel": 2, "micro_batch_size": 2, "fsdp": "full_shard"},
+        {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "interleaved_1f1b"}])
+    assert "tensor_parallel 2 x pipeline_parallel 2 x data-parallel 1" in " ".join(rows[0]["notes"])
 
 
 def test_a_search_over_the_layout_on_four_ranks_skips_the_impossible_and_confirms(tmp_path):

@@ -29,11 +29,20 @@ def test_splits_and_refusals():
     assert [list(r) for r in pp.split(8, 3)] == [[0, 1, 2], [3, 4, 5], [6, 7]]
     with pytest.raises(ValueError, match="4 stages need at least 4 blocks; the model has 3"):
         pp.split(3, 4)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64))
-    assert pp.supported(gpt2).startswith("GPT2LMHeadModel is not a Llama-style decoder (no model.embed_tokens)")
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64))
+    assert pp.supported(bert).startswith("BertForMaskedLM is neither a Llama-style decoder")
+    assert "give the task a pipeline_split(model, n)" in pp.supported(bert)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                                                bos_token_id=0, eos_token_id=0))
+    assert pp.supported(gpt2) is None and pp.family(gpt2) == "gpt2"
+    assert pp.tied(gpt2) == [gpt2.transformer.wte.weight]  # the head is the embedding: both ends hold it
+    head = pp.stage(gpt2, 1, 2)
+    assert head.positions is None and head.head is gpt2.lm_head and head.layers[0] is gpt2.transformer.h[1]
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
         num_key_value_heads=2))
+    assert pp.tied(llama) == []  # Llama's head has its own weight
     first, last = pp.stage(llama, 0, 2), pp.stage(llama, 1, 2)
     assert first.embed is not None and first.head is None and len(first.layers) == 1
     assert last.embed is None and last.head is llama.lm_head and last.layers[0] is llama.model.layers[1]

@@ -34,9 +34,18 @@ def test_what_cannot_split_is_refused_with_its_rule_and_a_model_without_a_plan_s
     assert tensor_parallel.refused(llama, 4) == ("tensor_parallel: 4 does not divide num_attention_heads (6); "
                                                  "each rank needs whole ones")
     assert "num_key_value_heads (2)" in tensor_parallel.refused(llama, 3)
-    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64))
-    plan, said = tensor_parallel.plan_of(gpt2)
-    assert plan is None and said.startswith("GPT2LMHeadModel ships no tensor-parallel plan")
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64))
+    plan, said = tensor_parallel.plan_of(bert)
+    assert plan is None and said.startswith("BertForMaskedLM ships no tensor-parallel plan")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64,
+                                                                bos_token_id=0, eos_token_id=0))
+    plan, said = tensor_parallel.plan_of(gpt2)  # no plan shipped: the tuner's own, Megatron-LM's split of Conv1D
+    assert "the tuner's own for GPT-2" in said and set(tensor_parallel.matches(gpt2, plan)) == {
+        "transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj", "transformer.h.0.mlp.c_fc",
+        "transformer.h.0.mlp.c_proj"}
+    assert tensor_parallel.refused(gpt2, 4) == ("tensor_parallel: 4 does not divide num_attention_heads (2); "
+                                                "each rank needs whole ones")
     plan, _ = tensor_parallel.plan_of(llama)
     assert set(tensor_parallel.matches(llama, plan)) == {
         f"model.layers.0.{m}" for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",

@@ -60,9 +60,8 @@ def judge(task: "Task | None", task_args: dict[str, Any], tp_values: tuple[int, 
         return out
     assert task is not None
     model = _build(task, task_args)
-    inner = getattr(model, "model", None)
-    if hasattr(inner, "layers"):
-        out.blocks = len(inner.layers)
+    if pipeline_parallel.family(model) is not None:
+        out.blocks = len(pipeline_parallel.blocks_of(model))
     for name, value in left:
         why = _tensor(model, task, value) if name == "tensor_parallel" else _pipeline(model, task, value, out.blocks)
         if why:
@@ -112,10 +111,7 @@ def rank_parameters(model: torch.nn.Module, tp: int, pp: int, virtual: int = 1) 
         return round(count(model))
     if pipeline_parallel.supported(model) is not None:
         return round(count(model) / pp)
-    inner: Any = model.model
     stages = pp * virtual
-    parts = pipeline_parallel.split(len(inner.layers), stages)
-    per_stage = [sum(count(inner.layers[i]) for i in part) for part in parts]
-    per_stage[0] += count(inner.embed_tokens)
-    per_stage[-1] += count(inner.norm) + count(model.lm_head)
+    parts = pipeline_parallel.split(len(pipeline_parallel.blocks_of(model)), stages)
+    per_stage = [count(pipeline_parallel.Stage(model, part, i == 0, i == stages - 1)) for i, part in enumerate(parts)]
     return round(max(sum(per_stage[r + k * pp] for k in range(virtual)) for r in range(pp)))

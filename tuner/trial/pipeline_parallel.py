@@ -1,15 +1,23 @@
 """Pipeline stages of a decoder-only model: the second part of the parallel layout (issue 27).
 
-A Llama-style model from transformers (``model.model.embed_tokens``, ``.layers``,
-``.norm``, ``.rotary_emb`` and ``model.lm_head``) is cut into ``n`` stages of consecutive
-blocks, split as evenly as the blocks allow (the first stages take the remainder, as
-torchtitan's even split does); the first stage also embeds, the last also normalises and
-projects to the vocabulary. Each stage is an ``nn.Module`` that PyTorch's own
+Two families from transformers, by their module names: Llama-style decoders
+(``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb``, ``model.lm_head``)
+and GPT-2 (``model.transformer.wte``, ``.wpe``, ``.drop``, ``.h``, ``.ln_f``,
+``model.lm_head``). The blocks are cut into ``n`` stages of consecutive blocks, split as
+evenly as they go (the first stages take the remainder, as torchtitan's even split does);
+the first stage also embeds, the last also normalises and projects to the vocabulary.
+Each stage is an ``nn.Module`` that PyTorch's own
 ``torch.distributed.pipelining.PipelineStage`` runs under any of its schedules (GPipe,
 1F1B, interleaved); micro-batches per step follow from micro-batch x accumulation. The
-stage computes what the whole model's forward computes between its blocks: the rotary
-position embeddings, and the causal mask the model builds itself when given none (eager
-attention with no mask attends both ways).
+stage computes what the whole model's forward computes between its blocks: the position
+embeddings (Llama's rotary ones, GPT-2's learned ones on the first stage), and the causal
+mask the model builds itself (given explicitly: eager attention with no mask attends both
+ways).
+
+GPT-2 ties its output projection to its token embedding: one parameter that the first and
+the last stage each hold a copy of. :func:`tied` names it, and the layout engine sums the
+two copies' gradients before each optimizer step, as Megatron-LM does for its embeddings,
+so the copies stay one parameter.
 
 The levers ``pipeline_parallel`` and ``pipeline_schedule`` run it
 (:mod:`tuner.trial.engines.layout_engine`). A pipeline feeds the first stage a tensor and
@@ -24,17 +32,35 @@ from typing import Any
 import torch
 from torch import nn
 
+FAMILIES = {
+    "llama": {"inner": "model", "embed": "embed_tokens", "layers": "layers", "norm": "norm", "rotary": "rotary_emb"},
+    "gpt2": {"inner": "transformer", "embed": "wte", "layers": "h", "norm": "ln_f", "positions": "wpe", "drop": "drop"},
+}
+"""Where each family keeps its parts (the head is ``model.lm_head`` in both)."""
+
+
+def family(model: nn.Module) -> str | None:
+    for name, parts in FAMILIES.items():
+        inner = getattr(model, parts["inner"], None)
+        if inner is not None and all(hasattr(inner, parts[k]) for k in parts if k != "inner"):
+            return name
+    return None
+
 
 def supported(model: nn.Module) -> str | None:
     """Why ``model`` cannot be cut here (``None``: it can)."""
-    inner = getattr(model, "model", None)
-    for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
-        if not hasattr(inner, name):
-            return (f"{type(model).__name__} is not a Llama-style decoder (no model.{name}); give the task a "
-                    "pipeline_split(model, n), or it is searched without pipeline_parallel")
+    if family(model) is None:
+        return (f"{type(model).__name__} is neither a Llama-style decoder (model.embed_tokens, model.layers, "
+                "model.norm) nor GPT-2 (transformer.wte, transformer.h); give the task a pipeline_split(model, n), "
+                "or it is searched without pipeline_parallel")
     if not hasattr(model, "lm_head"):
         return f"{type(model).__name__} has no lm_head"
     return None
+
+
+def blocks_of(model: nn.Module) -> nn.ModuleList:
+    parts = FAMILIES[family(model) or ""]
+    return getattr(getattr(model, parts["inner"]), parts["layers"])
 
 
 def split(blocks: int, stages: int) -> list[range]:
@@ -51,26 +77,37 @@ def split(blocks: int, stages: int) -> list[range]:
 
 
 class Stage(nn.Module):
-    """One stage of a Llama-style decoder: [embedding] -> its blocks -> [norm, head]."""
+    """One stage of a decoder: [embedding] -> its blocks -> [norm, head]."""
 
     def __init__(self, model: nn.Module, blocks: range, first: bool, last: bool) -> None:
         super().__init__()
-        inner: Any = model.model
-        self.embed = inner.embed_tokens if first else None
-        self.layers = nn.ModuleList(inner.layers[i] for i in blocks)
-        self.rotary = inner.rotary_emb
-        self.norm = inner.norm if last else None
+        self.family = family(model)
+        parts = FAMILIES[self.family or ""]
+        inner: Any = getattr(model, parts["inner"])
+        self.embed = getattr(inner, parts["embed"]) if first else None
+        self.positions = getattr(inner, parts["positions"]) if first and "positions" in parts else None
+        self.drop = getattr(inner, parts["drop"]) if first and "drop" in parts else None
+        self.layers = nn.ModuleList(getattr(inner, parts["layers"])[i] for i in blocks)
+        self.rotary = getattr(inner, parts["rotary"]) if "rotary" in parts else None
+        self.norm = getattr(inner, parts["norm"]) if last else None
         self.head: Any = model.lm_head if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         hidden = self.embed(x) if self.embed is not None else x
         length = hidden.shape[1]
         positions = torch.arange(length, device=hidden.device).unsqueeze(0)
-        rotary = self.rotary(hidden, positions)
+        if self.positions is not None:
+            hidden = hidden + self.positions(positions)
+        if self.drop is not None:
+            hidden = self.drop(hidden)
         mask = torch.full((length, length), float("-inf"), device=hidden.device, dtype=hidden.dtype).triu(1)
         mask = mask[None, None]
+        rotary = self.rotary(hidden, positions) if self.rotary is not None else None
         for layer in self.layers:
-            out = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
+            if rotary is not None:
+                out = layer(hidden, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
+            else:
+                out = layer(hidden, None, mask, position_ids=positions)
             hidden = out[0] if isinstance(out, tuple) else out
         if self.head is not None:
             assert self.norm is not None
@@ -83,8 +120,18 @@ def stage(model: nn.Module, index: int, stages: int) -> Stage:
     why = supported(model)
     if why is not None:
         raise ValueError(why)
-    parts = split(len(model.model.layers), stages)
+    parts = split(len(blocks_of(model)), stages)
     return Stage(model, parts[index], index == 0, index == stages - 1)
+
+
+def tied(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters the first stage and the last both hold (an output projection tied to the
+    token embedding), which their stages must keep one."""
+    if supported(model) is not None:
+        return []
+    first = stage(model, 0, 1)
+    head = {id(p) for p in model.lm_head.parameters()}
+    return [p for p in (first.embed.parameters() if first.embed is not None else []) if id(p) in head]
 
 
 def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -6,12 +6,17 @@ colwise`` ... ``layers.*.mlp.down_proj: rowwise``), the same colwise/rowwise spl
 torchtitan applies. This module reads that plan and applies it with PyTorch's own tensor
 parallelism (``torch.distributed.tensor.parallel.parallelize_module`` on a 1-D
 ``DeviceMesh``): each projection's weight becomes a DTensor shard, colwise outputs stay
-local, rowwise inputs are local and their outputs all-reduced. A model whose family ships
-no plan (GPT-2's ``Conv1D`` blocks have none) gets none, with the reason; a degree the
-model's shapes cannot split is refused before anything runs, with the rule.
+local, rowwise inputs are local and their outputs all-reduced.
 
-Not yet a lever: the search does not choose a degree from this (the layout levers, the
-pipeline stages and the memory model come next, on the lever registry).
+GPT-2 ships no plan, and PyTorch's styles take only ``nn.Linear`` / ``nn.Embedding``, not
+its ``Conv1D`` (a transposed linear), whose ``c_attn`` packs query, key and value in one
+matrix. The tuner has its own plan for it (:data:`GPT2_PLAN`), Megatron-LM's split done
+by hand (:mod:`tuner.trial.conv1d_parallel`): each rank keeps its heads' columns of the
+packed projection and its rows of the output projections, with the all-reduce of the
+rowwise outputs in the forward and of the colwise inputs' gradient in the backward.
+
+A degree the model's shapes cannot split is refused before anything runs, with the rule.
+The lever ``tensor_parallel`` runs it (:mod:`tuner.trial.engines.layout_engine`).
 """
 
 from __future__ import annotations
@@ -21,14 +26,20 @@ from typing import Any
 
 from torch import nn
 
-STYLES = ("colwise", "rowwise")
-"""The plan entries applied here; others (packed, MoE, sequence-parallel norms) are refused."""
+STYLES = ("colwise", "rowwise", "colwise_qkv", "colwise_conv1d", "rowwise_conv1d")
+"""The plan entries applied here (the last three: :mod:`tuner.trial.conv1d_parallel`);
+others (packed, MoE, sequence-parallel norms) are refused."""
+GPT2_PLAN = {"transformer.h.*.attn.c_attn": "colwise_qkv", "transformer.h.*.attn.c_proj": "rowwise_conv1d",
+             "transformer.h.*.mlp.c_fc": "colwise_conv1d", "transformer.h.*.mlp.c_proj": "rowwise_conv1d"}
+"""GPT-2's blocks as Megatron-LM splits them (``Conv1D`` weights are ``[in, out]``)."""
 
 
 def plan_of(model: nn.Module) -> tuple[dict[str, str] | None, str]:
     """The model's own tensor-parallel plan, with its module names made full, and a line
     saying where it came from or why there is none."""
     config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) == "gpt2" and hasattr(model, "transformer"):
+        return dict(GPT2_PLAN), "tensor-parallel plan: the tuner's own for GPT-2 (Megatron-LM's split of Conv1D)"
     plan = getattr(config, "base_model_tp_plan", None)
     if not plan:
         return None, (f"{type(model).__name__} ships no tensor-parallel plan (its config has no "
@@ -49,7 +60,7 @@ def refused(model: nn.Module, degree: int) -> str | None:
         return f"tensor_parallel: {degree} is not a degree (>= 1)"
     config = getattr(model, "config", None)
     sizes = {name: getattr(config, name, None) for name in
-             ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size")}
+             ("num_attention_heads", "num_key_value_heads", "hidden_size", "intermediate_size", "n_inner")}
     for name, size in sizes.items():
         if isinstance(size, int) and size % degree:
             return f"tensor_parallel: {degree} does not divide {name} ({size}); each rank needs whole ones"
@@ -70,9 +81,16 @@ def parallelize(model: nn.Module, mesh: Any, plan: dict[str, str]) -> int:
     """Shard ``model`` in place over the 1-D ``mesh`` by ``plan``; returns the modules sharded."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+    from tuner.trial import conv1d_parallel
+
     targets = matches(model, plan)
     if not targets:
         raise ValueError("the tensor-parallel plan names no module of this model")
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
-    parallelize_module(model, mesh, {name: styles[style]() for name, style in targets.items()})
+    dtensor = {name: styles[style]() for name, style in targets.items() if style in styles}
+    if dtensor:
+        parallelize_module(model, mesh, dtensor)
+    by_hand = {name: style for name, style in targets.items() if style not in styles}
+    if by_hand:
+        conv1d_parallel.shard(model, mesh.get_group(), by_hand)
     return len(targets)

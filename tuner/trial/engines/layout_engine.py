@@ -59,6 +59,33 @@ def mesh_for(device: torch.device, pp: int, dp: int, tp: int) -> Any:
     return _MESHES[key]
 
 
+_ENDS: dict[tuple[int, int, int, int], Any] = {}
+
+
+def _ends_group(lay: layouts.Layout, rank: int) -> Any:
+    """The group of the first and the last pipeline stage of ``rank``'s model copy. Every
+    rank creates every such group, in the same order, once per layout (``new_group`` is
+    collective); the pipeline's own group is it when there are two stages."""
+    key = (lay.tp, lay.pp, lay.dp, rank)
+    if key not in _ENDS:
+        mine = None
+        for d in range(lay.dp):
+            for t in range(lay.tp):
+                pair = [d * lay.tp + t, ((lay.pp - 1) * lay.dp + d) * lay.tp + t]
+                group = dist.new_group(pair)
+                if rank in pair:
+                    mine = group
+        _ENDS[key] = mine
+    return _ENDS[key]
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """A gradient's local shard: a DTensor's (tensor parallelism, FSDP2) or the tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return grad.to_local() if isinstance(grad, DTensor) else grad
+
+
 class LayoutEngine(OwnLoopEngine):
     def __init__(self, module: nn.Module, task: "Task", make_optimizer: Callable[[Any], torch.optim.Optimizer],
                  config: "Config", device: torch.device, world_size: int) -> None:
@@ -74,7 +101,10 @@ class LayoutEngine(OwnLoopEngine):
         count = lay.pp * virtual
         indices = [stage_index + k * lay.pp for k in range(virtual)] if lay.pp > 1 else [0]
         levers.without_kv_cache(module, config.activation_checkpointing)
+        tied = {id(p) for p in pipeline_parallel.tied(module)} if lay.pp > 1 and task.pipeline_split is None else set()
         parts = self._split(module, task, count, indices) if lay.pp > 1 else [module]
+        self.tied = [(i, name) for i, part in enumerate(parts) for name, p in part.named_parameters() if id(p) in tied]
+        """(part, parameter name) of this rank's copies of a parameter the first and last stages share."""
         del module
         self.recompute = levers.Recompute(timed=device.type == "cpu" and not config.compile)
         for part in parts:
@@ -198,21 +228,31 @@ class LayoutEngine(OwnLoopEngine):
             super().backward(loss, last)
 
     def optimizer_step(self) -> None:
+        if self.tied:
+            self._sum_tied()
         if self.layout.dp > 1 and self.config.fsdp == "off":
             self._average_gradients()
         super().optimizer_step()
 
+    def _sum_tied(self) -> None:
+        """A tied embedding's two copies (first stage: its input, last: its output) get the
+        sum of their gradients, so they stay the one parameter the whole model has."""
+        group = _ends_group(self.layout, dist.get_rank())
+        parts = [dict(part.named_parameters()) for part in self.parts]
+        for i, name in self.tied:
+            grad = parts[i][name].grad
+            if grad is not None:
+                dist.all_reduce(_local(grad), group=group)
+
     def _average_gradients(self) -> None:
         """What DDP would do, over the ``dp`` group: each parameter's local gradient shard
         (a DTensor's local tensor under tensor parallelism) averaged over the model copies."""
-        from torch.distributed.tensor import DTensor
-
         group = self.mesh["dp"].get_group()
         for part in self.parts:
             for p in part.parameters():
                 if p.grad is None:
                     continue
-                grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                grad = _local(p.grad)
                 dist.all_reduce(grad, group=group)
                 grad.div_(self.layout.dp)
 
