@@ -32,16 +32,26 @@ def main():
     model = tiny_llama(2)
     batch = tiny_batch()
     sharded = copy.deepcopy(model)
+    model_before = copy.deepcopy(model)
     reference = losses(model, batch)
     plan, said = tensor_parallel.plan_of(sharded)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     count = tensor_parallel.parallelize(sharded, mesh, plan)
     q = sharded.model.layers[0].self_attn.q_proj.weight
     got = losses(sharded, batch)
+    # the same, with sequence parallelism: what each norm sees is its rank's half of the sequence
+    sequence = copy.deepcopy(model_before)
+    plan, said_sp = tensor_parallel.with_sequence(sequence, tensor_parallel.plan_of(sequence)[0])
+    tensor_parallel.parallelize(sequence, mesh, plan)
+    seen = []
+    sequence.model.layers[1].post_attention_layernorm.register_forward_hook(
+        lambda m, args, out: seen.append(list(out.shape)))
+    got_sp = losses(sequence, batch)
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump({"reference": reference, "sharded": got, "modules": count, "said": said,
-                       "q_local": list(q.to_local().shape), "q_global": list(q.shape)}, f)
+                       "q_local": list(q.to_local().shape), "q_global": list(q.shape),
+                       "sequence": got_sp, "norm_output": seen[0], "said_sp": said_sp}, f)
     dist.destroy_process_group()
 
 

@@ -28,7 +28,7 @@ TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")
 WORLD = 2
 ANY = Machine(cuda=True, bf16=True, fp16=True, cudnn=True)
 CONTEXTS = ({}, {"num_workers": 2}, {"zero_stage": 1}, {"zero_stage": 2}, {"fsdp": "full_shard"},
-            {"pipeline_parallel": 2})
+            {"pipeline_parallel": 2}, {"tensor_parallel": 2})
 """Where a lever is tried: the first of these in which it applies."""
 
 

@@ -43,6 +43,7 @@ def _layouts(tmp_path, nproc: int, recipe: dict, layouts: list[dict]) -> tuple[d
 def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
     _, rows = _layouts(tmp_path, 2, LLAMA, [
         {"tensor_parallel": 2}, {"tensor_parallel": 2, "fsdp": "full_shard", "activation_checkpointing": "full"},
+        {"tensor_parallel": 2, "sequence_parallel": True},
         {"pipeline_parallel": 2, "micro_batch_size": 2},
         {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "gpipe"},
         {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "interleaved_1f1b"}])
@@ -50,7 +51,7 @@ def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
         assert any(note.startswith("layout: tensor_parallel") for note in row["notes"])
         assert (row["bubble_share"] is not None) == ("pipeline_parallel" in row["knobs"]), row
         assert row["bubble_share"] is None or 0 < row["bubble_share"] < 1
-    pipelined = rows[2]
+    pipelined = rows[3]
     assert pipelined["params"]["grad_accum_steps"] == 4  # 8 = micro 2 x 4 micro-batches per pipeline step x dp 1
     assert "(1f1b, 4 micro-batches per pipeline step)" in " ".join(pipelined["notes"])
 

@@ -145,6 +145,13 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                "the stage-to-stage sends",
           memory="activations", prior={"1f1b": 1.0, "gpipe": 1.0, "interleaved_1f1b": 1.0}, stage="engine",
           apply=LAYOUT, exports={"torchtitan.toml": "parallelism.pipeline_parallel_schedule"}),
+    Lever("sequence_parallel", bool, False, "norms and residual stream sharded over the sequence (tensor_parallel)",
+          group="layout", needs=lambda k, w: k["tensor_parallel"] > 1 and k["pipeline_parallel"] == 1, path=78,
+          walk=38, verdicts={"memory-bound": 8}, label="sp",
+          risk="a reduce-scatter and an all-gather per region instead of one all-reduce; the sequence length must "
+               "divide by tensor_parallel",
+          memory="activations", prior={False: 1.0, True: 1.0}, stage="engine", apply=LAYOUT,
+          exports={"torchtitan.toml": "comment: torchtitan shards the sequence with every tensor_parallel_degree"}),
     Lever("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3,
           group="sharding", needs=_data_parallel_only, path=80, walk=30, ordered=True,
           alternative=("fsdp", "off"),

@@ -94,9 +94,10 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
     per_node = layout.ranks_per_node()
     verdicts = layout_rules.judge(recipe.task, recipe.task_args, restricted["tensor_parallel"],
                                   restricted["pipeline_parallel"], recipe.world_size, per_node,
-                                  recipe.script is not None) if recipe.world_size > 1 else layout_rules.Verdicts()
+                                  recipe.script is not None, True in restricted["sequence_parallel"]
+                                  ) if recipe.world_size > 1 else layout_rules.Verdicts()
     for (name, value), why in verdicts.refused.items():
-        restricted[name] = tuple(v for v in restricted[name] if v != value) or (1,)
+        restricted[name] = tuple(v for v in restricted[name] if v != value) or (KNOBS[name].default,)
         notes.append(f"{name}={value} refused: {why}")
     if max(restricted["tensor_parallel"]) * max(restricted["pipeline_parallel"]) > 1:
         notes += [f"{name} applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no PyTorch "

@@ -39,11 +39,14 @@ def _build(task: "Task", task_args: dict[str, Any]) -> torch.nn.Module:
 
 
 def judge(task: "Task | None", task_args: dict[str, Any], tp_values: tuple[int, ...], pp_values: tuple[int, ...],
-          world: int, per_node: int | None, script: bool) -> Verdicts:
-    """The verdict on each searched degree above 1 of ``tensor_parallel`` and ``pipeline_parallel``."""
+          world: int, per_node: int | None, script: bool, sequence: bool = False) -> Verdicts:
+    """The verdict on each searched degree above 1 of ``tensor_parallel`` and
+    ``pipeline_parallel``, and on ``sequence_parallel: true`` when ``sequence``."""
     out = Verdicts()
     wanted = [("tensor_parallel", v) for v in tp_values if v > 1] + [("pipeline_parallel", v) for v in pp_values
                                                                      if v > 1]
+    if sequence and max(tp_values) > 1:
+        wanted.append(("sequence_parallel", True))
     if not wanted:
         return out
     for name, value in wanted:
@@ -63,7 +66,12 @@ def judge(task: "Task | None", task_args: dict[str, Any], tp_values: tuple[int, 
     if pipeline_parallel.family(model) is not None:
         out.blocks = len(pipeline_parallel.blocks_of(model))
     for name, value in left:
-        why = _tensor(model, task, value) if name == "tensor_parallel" else _pipeline(model, task, value, out.blocks)
+        if name == "sequence_parallel":
+            why = _sequence(model, task, task_args, tuple(v for v in tp_values if v > 1))
+        elif name == "tensor_parallel":
+            why = _tensor(model, task, value)
+        else:
+            why = _pipeline(model, task, value, out.blocks)
         if why:
             out.refused[(name, value)] = why
     return out
@@ -79,6 +87,21 @@ def _tensor(model: torch.nn.Module, task: "Task", degree: int) -> str | None:
         return f"{type(model).__name__}'s tensor-parallel plan names none of its modules"
     why = tensor_parallel.refused(model, degree)
     return why.removeprefix("tensor_parallel: ") if why else None
+
+
+def _sequence(model: torch.nn.Module, task: "Task", task_args: dict[str, Any], degrees: tuple[int, ...]) -> str | None:
+    if task.parallelize is not None:
+        return "the task's own parallelize(model, mesh, config) decides its sequence sharding"
+    plan = tensor_parallel.plan_of(model)[0]
+    if plan is None:
+        return "the model has no tensor-parallel plan to shard the sequence between"
+    why = tensor_parallel.with_sequence(model, plan)[1] if tensor_parallel.with_sequence(model, plan)[0] is None \
+        else None
+    length = task.tokens_per_sample(task_args) if task.tokens_per_sample is not None else None
+    odd = [d for d in degrees if length and length % d]
+    if why is None and odd:
+        why = f"the sequence ({length} tokens) does not divide by tensor_parallel {odd[0]}"
+    return why.removeprefix("sequence_parallel: ") if why else None
 
 
 def _pipeline(model: torch.nn.Module, task: "Task", stages: int, blocks: int | None) -> str | None:

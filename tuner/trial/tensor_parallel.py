@@ -77,16 +77,61 @@ def matches(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
     return out
 
 
+SEQUENCE_STYLES = ("sequence", "rowwise_to_sequence", "scatter_sequence", "gather_sequence", "gather_sequence_kw")
+
+
+def with_sequence(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str] | None, str]:
+    """The plan with sequence parallelism, as torchtitan applies it to Llama: between the
+    tensor-parallel regions the residual stream and the norms are sharded over the
+    sequence (``SequenceParallel``), the rowwise outputs reduce-scattered into it, and
+    gathered again where the attention, the MLP and the head need the whole sequence.
+    ``None`` and why for a model this shape does not fit (GPT-2's own plan, or a decoder
+    whose layers are not Llama's ``input_layernorm`` / ``self_attn`` / ``post_attention_layernorm``
+    / ``mlp`` under ``model.layers``, with ``model.norm`` and ``lm_head``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if any(style not in STYLES[:2] for style in plan.values()) or not layers or not all(
+            all(hasattr(layer, n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"))
+            for layer in layers) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
+        return None, (f"sequence_parallel: {type(model).__name__} is not a Llama-style decoder whose plan PyTorch's "
+                      "styles run; searched without it")
+    out = {name: ("rowwise_to_sequence" if style == "rowwise" else style) for name, style in plan.items()}
+    out.update({"model.layers.0": "scatter_sequence", "model.layers.*.input_layernorm": "sequence",
+                "model.layers.*.post_attention_layernorm": "sequence", "model.layers.*.self_attn": "gather_sequence_kw",
+                "model.layers.*.mlp": "gather_sequence", "model.norm": "sequence", "lm_head": "gather_sequence"})
+    return out, "sequence_parallel: norms and the residual stream sharded over the sequence between the blocks' " \
+                "tensor-parallel regions"
+
+
+def _styles() -> dict[str, Any]:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+    # every output a local tensor: transformers' code between the regions adds and reshapes plain tensors
+    return {
+        "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+        "sequence": lambda: SequenceParallel(use_local_output=True),
+        "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
+        "scatter_sequence": lambda: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                       use_local_output=True),
+        "gather_sequence": lambda: PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                                      use_local_output=True),
+        "gather_sequence_kw": lambda: PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                         desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                                                         use_local_output=True),
+    }
+
+
 def parallelize(model: nn.Module, mesh: Any, plan: dict[str, str]) -> int:
     """Shard ``model`` in place over the 1-D ``mesh`` by ``plan``; returns the modules sharded."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch.distributed.tensor.parallel import parallelize_module
 
     from tuner.trial import conv1d_parallel
 
     targets = matches(model, plan)
     if not targets:
         raise ValueError("the tensor-parallel plan names no module of this model")
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    styles = _styles()
     dtensor = {name: styles[style]() for name, style in targets.items() if style in styles}
     if dtensor:
         parallelize_module(model, mesh, dtensor)

@@ -38,6 +38,8 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
     ]
     if lay.tp > 1:
         lines.append("enable_async_tensor_parallel = false  # not measured here: try it with compile on your GPUs")
+        lines.append(f"# sequence_parallel measured {'on' if config.sequence_parallel else 'off'}: torchtitan shards "
+                     "the norms over the sequence with every tensor_parallel_degree > 1 (no switch)")
     if lay.pp > 1:
         lines += [f'pipeline_parallel_schedule = "{TITAN_SCHEDULES[config.pipeline_schedule]}"',
                   f"pipeline_parallel_microbatch_size = {config.micro_batch_size}"]

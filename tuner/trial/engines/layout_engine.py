@@ -125,7 +125,9 @@ class LayoutEngine(OwnLoopEngine):
         """Each pipeline step and the stages' work inside it: the bubble (:mod:`.pipeline_clock`)."""
         self.schedule = self._schedule(parts, indices, count, task) if lay.pp > 1 else None
         self.pending: list[Any] = []
-        self.notes.append(f"layout: tensor_parallel {lay.tp} x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
+        self.notes.append(f"layout: tensor_parallel {lay.tp}" + (" (sequence parallel)" if config.sequence_parallel
+                                                                   else "")
+                          + f" x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
                           + (f" ({config.pipeline_schedule}, {config.grad_accum_steps} micro-batches per pipeline "
                              "step)" if lay.pp > 1 else ""))
 
@@ -137,6 +139,8 @@ class LayoutEngine(OwnLoopEngine):
         if task.parallelize is not None:
             return {}
         plan, why = tensor_parallel.plan_of(module)
+        if plan is not None and self.config.sequence_parallel:
+            plan, why = tensor_parallel.with_sequence(module, plan)
         if plan is None:
             raise ValueError(why)
         refused = tensor_parallel.refused(module, self.layout.tp)
