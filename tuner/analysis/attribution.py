@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.interval import Slowdown, slowdown
 from tuner.config import levers
@@ -29,17 +29,28 @@ INTERACTION = 0.25
 spread) mean the knob's worth depends on the others."""
 
 
-def path(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+Valid = Callable[[Mapping[str, Any]], bool]
+"""Whether a set of knob values is a configuration that can run (``None``: no conflict
+between the knobs; the search adds its layout's rules, which need the world and batch)."""
+
+
+def _ok(knobs: Mapping[str, Any], valid: Valid | None) -> bool:
+    return conflict(knobs) is None and (valid is None or valid(knobs))
+
+
+def path(baseline: Mapping[str, Any], best: Mapping[str, Any],
+         valid: Valid | None = None) -> list[tuple[str, dict[str, Any]]]:
     """``[(knob changed, configuration)]`` from the baseline to the best, baseline first
     (knob ``""``); knobs equal in both are left out. A change that alone would make no
-    configuration (ZeRO with FSDP2 still on) is taken together with the next one, and
-    the step is named by both (``zero_stage+fsdp``)."""
+    configuration (ZeRO with FSDP2 still on; a micro-batch the data-parallel share cannot
+    hold before the layout that makes room) is taken together with the next one, and the
+    step is named by both (``zero_stage+fsdp``)."""
     steps: list[tuple[str, dict[str, Any]]] = [("", dict(baseline))]
     current, pending = dict(baseline), []
     for knob in changed(baseline, best):
         current = {**current, knob: best[knob]}
         pending.append(knob)
-        if conflict(current) is None:
+        if _ok(current, valid):
             steps.append(("+".join(pending), dict(current)))
             pending = []
     return steps
@@ -50,14 +61,15 @@ def changed(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
     return [k for k in ORDER if baseline.get(k, KNOBS[k].default) != best.get(k, KNOBS[k].default)]
 
 
-def leave_one_out(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def leave_one_out(baseline: Mapping[str, Any], best: Mapping[str, Any],
+                  valid: Valid | None = None) -> list[tuple[str, dict[str, Any]]]:
     """``[(step put back, the best with that step's knobs at their baseline values)]``, one
     per step of :func:`path` (a knob that cannot go back alone takes its partner along)."""
     out = []
-    for name, _ in path(baseline, best)[1:]:
+    for name, _ in path(baseline, best, valid)[1:]:
         config = {**best, **{k: baseline.get(k, KNOBS[k].default) for k in name.split("+")}}
         for other in changed(baseline, best):
-            if conflict(config) is None:
+            if _ok(config, valid):
                 break
             config[other] = baseline.get(other, KNOBS[other].default)
         out.append((name, config))
@@ -143,6 +155,7 @@ def attribute(
     batch_norm: bool = False,
     tolerance: float = 0.02,
     run_wide: tuple[float, int] = (0.0, 0),
+    valid: Valid | None = None,
 ) -> Attribution:
     """The table from the measured rates.
 
@@ -158,7 +171,7 @@ def attribute(
         values = rates.get(key(config))
         return statistics.median(values) if values else None
 
-    forward, loo = path(baseline, best), dict(leave_one_out(baseline, best))
+    forward, loo = path(baseline, best, valid), dict(leave_one_out(baseline, best, valid))
     base_rate, best_rate = median(forward[0][1]), median(best)
     total = math.log(best_rate / base_rate) if base_rate and best_rate else None
     out = Attribution(base_rate, best_rate, repeats=max((len(v) for v in rates.values()), default=0),

@@ -43,7 +43,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner) if ctx.is_main else None
     runner.on_hang = decider.record_hung if decider else None
     try:
-        return _search(recipe, ctx, confirm, attribute, machine, pool, decider, runner, on_result)
+        return _search(recipe, ctx, confirm, attribute, machine, space, pool, decider, runner, on_result)
     finally:  # the heartbeat thread and the finishing lock, also when storage or a trial failed
         runner.close()
         if decider is not None:
@@ -51,7 +51,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
 
 
 def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None, machine: Machine,
-            pool: Pool, decider: Decider | None, runner: Runner,
+            space: "searchspace.Space", pool: Pool, decider: Decider | None, runner: Runner,
             on_result: "Callable[[SearchResult], None] | None") -> "SearchResult | None":
     stopped = "interrupted"
     confirmed: finalists.Confirmation | None = None
@@ -95,7 +95,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 decider.record(result)
             _poisoned(result)  # recorded first: the same command resumes without it
         if stopped not in ("interrupted", "broken"):  # nothing to confirm in a job that fails anyway
-            confirmed, attribution = _finalise(recipe, machine, decider, confirm, attribute, run, pool)
+            confirmed, attribution = _finalise(recipe, machine, space, decider, confirm, attribute, run, pool)
     except KeyboardInterrupt:
         if decider is None:
             raise
@@ -114,8 +114,9 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
     return result
 
 
-def _finalise(recipe: "Recipe", machine: Machine, decider: Decider | None, confirm: int, attribute: int | None,
-              run: finalists.Run, pool: Pool) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
+def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", decider: Decider | None, confirm: int,
+              attribute: int | None, run: finalists.Run,
+              pool: Pool) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
     """Confirmation, then attribution, on every rank; rank 0 says what to measure."""
     events = decider.events if decider else None
     order = distributed.broadcast(
@@ -131,17 +132,24 @@ def _finalise(recipe: "Recipe", machine: Machine, decider: Decider | None, confi
         return confirmed, None
 
     def make(knobs: dict[str, Any]) -> Config:
-        return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)[0]
+        return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine,
+                           strict=False)[0]
+
+    def valid(knobs: Any) -> bool:
+        """A layout the world and the global batch allow (a change toward the best may need
+        its layout first: a micro-batch a larger data-parallel share cannot hold)."""
+        return space.refusal(make({k: v for k, v in knobs.items() if k in KNOBS}).params(), recipe.world_size,
+                             recipe.global_batch_size) is None
 
     attribution = finalists.attribute(plan["baseline"], plan["best"], repeats, run, pool, make, events,
-                                      recipe.tolerance)
+                                      recipe.tolerance, valid)
     if attribution is not None and confirm > 0:
         fastest = confirmed.fastest if confirmed is not None and confirmed.fastest else plan["best"]
         simpler = [make({k: v for k, v in c.items() if k in KNOBS}) for _, c in leave_one_out(plan["baseline"],
-                                                                                              plan["best"])]
+                                                                                              plan["best"], valid)]
         finalists.settle(plan["best"], fastest, simpler, confirm, run, pool, distributed.broadcast, events,
                          recipe.tolerance)
-        attribution = finalists.table(plan["baseline"], plan["best"], pool, make, recipe.tolerance)
+        attribution = finalists.table(plan["baseline"], plan["best"], pool, make, recipe.tolerance, valid)
     return confirmed, attribution
 
 

@@ -159,11 +159,11 @@ def _answer(contenders: list[Config], baseline: dict[str, Any], pool: Pool, roun
 
 def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run, pool: Pool,
               make: Callable[[dict[str, Any]], Config], events: "SearchEvents | None",
-              tolerance: float = 0.02) -> Attribution | None:
+              tolerance: float = 0.02, valid: "attribution_mod.Valid | None" = None) -> Attribution | None:
     """Every configuration on the baseline-to-best path and every leave-one-out: those the
     pool does not already know measured ``repeats`` times, interleaved; the table from the
     pool, so each configuration has one median everywhere."""
-    configs = _attribution_configs(base, best, make)
+    configs = _attribution_configs(base, best, make, valid)
     if len(configs) < 2:
         return None
     ends = pool.apart(best, base)  # False unless both ends have runs
@@ -183,25 +183,26 @@ def attribute(base: dict[str, Any], best: dict[str, Any], repeats: int, run: Run
                 pool.add(result, "attribution")
                 if not result.ok:
                     failed.add(k)
-    return table(base, best, pool, make, tolerance)
+    return table(base, best, pool, make, tolerance, valid)
 
 
-def _attribution_configs(base: dict[str, Any], best: dict[str, Any],
-                          make: Callable[[dict[str, Any]], Config]) -> dict[str, Config]:
+def _attribution_configs(base: dict[str, Any], best: dict[str, Any], make: Callable[[dict[str, Any]], Config],
+                         valid: "attribution_mod.Valid | None" = None) -> dict[str, Config]:
     """Every configuration on the baseline-to-best path and every leave-one-out, by key."""
-    points = [c for _, c in [*attribution_mod.path(base, best), *attribution_mod.leave_one_out(base, best)]]
+    points = [c for _, c in [*attribution_mod.path(base, best, valid),
+                             *attribution_mod.leave_one_out(base, best, valid)]]
     return {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
 
 
 def table(base: dict[str, Any], best: dict[str, Any], pool: Pool, make: Callable[[dict[str, Any]], Config],
-          tolerance: float) -> Attribution:
+          tolerance: float, valid: "attribution_mod.Valid | None" = None) -> Attribution:
     """The attribution table from what the pool holds (one median per configuration)."""
-    configs = _attribution_configs(base, best, make)
+    configs = _attribution_configs(base, best, make, valid)
     failures = {k: why for k, c in configs.items()
                 if (why := next((f"{r.state}: {r.reason}" for r in pool.entry(c.params()).runs if not r.ok), None))}
     batch_norm = any("BatchNorm" in n for e in pool.entries.values() for r in e.runs for n in r.notes)
     rates = {k: pool.rates(c.params()) for k, c in configs.items()}
-    return attribution_mod.attribute(base, best, rates, failures, batch_norm, tolerance, pool.spread())
+    return attribution_mod.attribute(base, best, rates, failures, batch_norm, tolerance, pool.spread(), valid)
 
 
 def settle(answer: dict[str, Any], fastest: dict[str, Any], simpler: list[Config], cap: int, run: Run,
