@@ -146,8 +146,11 @@ class Decider:
         ) if best is not None else None
         if step is None and self.recipe.budget.converge and \
                 self.streak >= budget.converged_after(self.space.size(), len(self.known)):
-            self.events.note(f"converged: the neighbourhood of the best is measured and the sampler's last "
-                             f"{self.streak} trials brought nothing beyond {self._progress_bar():.0%} over the best")
+            said = (f"converged: the neighbourhood of the best is measured and the sampler's last {self.streak} "
+                    f"trials brought nothing beyond {self._progress_bar():.0%} over the best")
+            if said not in self.notes_seen:  # asked again once this worker leads the finish: said once
+                self.notes_seen.add(said)
+                self.events.note(said)
             return {"stop": "converged"}
         if step is not None:
             self.study.enqueue_trial(step.knobs, user_attrs={"guided": True, "why": step.why})
