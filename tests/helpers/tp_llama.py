@@ -41,7 +41,8 @@ def main():
     got = losses(sharded, batch)
     # the same, with sequence parallelism: what each norm sees is its rank's half of the sequence
     sequence = copy.deepcopy(model_before)
-    plan, said_sp = tensor_parallel.with_sequence(sequence, tensor_parallel.plan_of(sequence)[0])
+    vocab, said_vocab = tensor_parallel.with_vocab(sequence, tensor_parallel.plan_of(sequence)[0], 2)
+    plan, said_sp = tensor_parallel.with_sequence(sequence, vocab)
     tensor_parallel.parallelize(sequence, mesh, plan)
     seen = []
     sequence.model.layers[1].post_attention_layernorm.register_forward_hook(
@@ -51,7 +52,8 @@ def main():
         with open(sys.argv[1], "w") as f:
             json.dump({"reference": reference, "sharded": got, "modules": count, "said": said,
                        "q_local": list(q.to_local().shape), "q_global": list(q.shape),
-                       "sequence": got_sp, "norm_output": seen[0], "said_sp": said_sp}, f)
+                       "sequence": got_sp, "norm_output": seen[0], "said_sp": said_sp,
+                       "said_vocab": said_vocab, "head_local": list(sequence.lm_head.weight.to_local().shape)}, f)
     dist.destroy_process_group()
 
 

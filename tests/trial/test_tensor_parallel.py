@@ -27,6 +27,7 @@ def test_a_llama_model_sharded_by_its_own_plan_trains_as_the_unsharded_one(tmp_p
     # sequence parallelism: the same losses, the norms on half the sequence (4 x 32 tokens: 16 each)
     assert got["sequence"] == pytest.approx(got["reference"], rel=1e-5), got
     assert got["norm_output"] == [4, 16, 64] and "sharded over the sequence" in got["said_sp"]
+    assert got["said_vocab"] == "embedding and head split over the vocabulary" and got["head_local"] == [128, 64]
 
 
 def test_what_cannot_split_is_refused_with_its_rule_and_a_model_without_a_plan_says_so():

@@ -187,7 +187,8 @@ def test_a_layout_puts_its_stages_and_shards_on_a_rank():
     with torch.device("meta"):
         llama = tiny_llama(4)  # 4 x 36,992 in the blocks (36,864 of them in projections), 2 x 16,384 + 64 outside
     assert rank_parameters(llama, 1, 1) == 180_800
-    assert rank_parameters(llama, 2, 1) == 180_800 - 4 * 36_864 // 2  # the plan's projections halved
+    # the plan's projections halved, and the embedding and head split over the vocabulary (256 / 2)
+    assert rank_parameters(llama, 2, 1) == 180_800 - 4 * 36_864 // 2 - 2 * 16_384 // 2
     assert rank_parameters(llama, 1, 2) == 2 * 36_992 + 64 + 16_384  # the last stage: 2 blocks, norm, head
     assert rank_parameters(llama, 1, 2, virtual=2) == rank_parameters(llama, 1, 2)  # stages 1 and 3 of 4
     model = MemoryModel(180_800, 0.0, 8, host_is_device=False, global_batch=64,

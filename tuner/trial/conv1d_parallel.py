@@ -15,8 +15,14 @@ plain local parameters, as Megatron-LM does:
   summed by :class:`_ReduceFromGroup` (all-reduce forward, identity backward) before the
   bias, which every rank holds whole (so it is added once).
 
-Replicated parameters (biases of the rowwise projections, the norms, the embeddings) get
-the same gradient on every rank of the group, so they stay equal without a collective.
+- the vocabulary (``wte`` and the tied ``lm_head``): each rank its rows of the one shared
+  matrix; a lookup outside them reads zero and the ranks' lookups are summed
+  (:class:`VocabEmbedding`); the head's logits are gathered along the vocabulary for the
+  loss (:class:`VocabHead`, the gradient split back). The tie stays one parameter.
+
+Replicated parameters (biases of the rowwise projections, the norms, the position
+embeddings) get the same gradient on every rank of the group, so they stay equal without
+a collective.
 """
 
 from __future__ import annotations
@@ -53,6 +59,46 @@ class _ReduceFromGroup(torch.autograd.Function):
         return grad, None
 
 
+class _GatherLast(torch.autograd.Function):
+    """Each rank's slice of the last dimension, gathered in rank order; the gradient split back."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group, ctx.rank, ctx.width = group, dist.get_rank(group), x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous(), None
+
+
+class VocabEmbedding(nn.Module):
+    """This rank's rows of the token embedding: lookups of other ranks' tokens read zero,
+    and the ranks' lookups are summed (each token found on exactly one rank)."""
+
+    def __init__(self, weight: nn.Parameter, start: int, group: Any) -> None:
+        super().__init__()
+        self.weight, self.start, self.group = weight, start, group
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.start) | (ids >= self.start + self.weight.shape[0])
+        local = torch.nn.functional.embedding((ids - self.start).masked_fill(outside, 0), self.weight)
+        return _ReduceFromGroup.apply(local.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+
+
+class VocabHead(nn.Module):
+    """This rank's rows of the output projection (its vocabulary's logits), gathered."""
+
+    def __init__(self, weight: nn.Parameter, group: Any) -> None:
+        super().__init__()
+        self.weight, self.group = weight, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _GatherLast.apply(torch.matmul(_CopyToGroup.apply(x, self.group), self.weight.t()), self.group)
+
+
 class ColumnConv1D(nn.Module):
     """This rank's output columns of a ``Conv1D``."""
 
@@ -82,14 +128,27 @@ def shard(model: nn.Module, group: Any, plan: dict[str, str]) -> None:
     ``colwise_qkv``, ``rowwise_conv1d``)."""
     tp, rank = dist.get_world_size(group), dist.get_rank(group)
     named = dict(model.named_modules())
+    shards: dict[int, nn.Parameter] = {}
+    """The vocabulary's shard by the original weight: a tied embedding and head share one."""
     for name, style in plan.items():
         conv = named[name]
-        weight, bias = conv.weight.detach(), conv.bias.detach()
+        weight = conv.weight.detach()
+        bias = conv.bias.detach() if getattr(conv, "bias", None) is not None else None
         parent_name, _, attr = name.rpartition(".")
-        parent = named[parent_name]
+        parent = named[parent_name] if parent_name else model
+        if style in ("vocab_embedding", "vocab_head"):
+            rows = weight.shape[0] // tp
+            if id(conv.weight) not in shards:
+                shards[id(conv.weight)] = nn.Parameter(weight[rank * rows:(rank + 1) * rows].clone())
+            shard_ = shards[id(conv.weight)]
+            new: nn.Module = (VocabEmbedding(shard_, rank * rows, group) if style == "vocab_embedding"
+                              else VocabHead(shard_, group))
+            setattr(parent, attr, new)
+            continue
+        assert bias is not None
         if style == "rowwise_conv1d":
             rows = weight.shape[0] // tp
-            new: nn.Module = RowConv1D(weight[rank * rows:(rank + 1) * rows].clone(), bias.clone(), group)
+            new = RowConv1D(weight[rank * rows:(rank + 1) * rows].clone(), bias.clone(), group)
         elif style == "colwise_conv1d":
             cols = weight.shape[1] // tp
             part = slice(rank * cols, (rank + 1) * cols)

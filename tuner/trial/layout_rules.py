@@ -119,16 +119,25 @@ def rank_parameters(model: torch.nn.Module, tp: int, pp: int, virtual: int = 1) 
     """The most parameter elements any rank holds under this layout (the memory model's
     states): the stages' own blocks, the first stage's embedding and the last's norm and
     head (the busiest rank's virtual stages, summed), each module the tensor-parallel plan
-    names divided by ``tp`` (what it does not name, the embedding and norms here, is
-    replicated). A model the tuner cannot cut is taken as ``1 / pp`` of the whole."""
+    names divided by ``tp`` (the projections, and the embedding and head where the
+    vocabulary divides; the norms are replicated). A model the tuner cannot cut is taken
+    as ``1 / pp`` of the whole."""
     plan = tensor_parallel.plan_of(model)[0] if tp > 1 else None
+    plan = tensor_parallel.with_vocab(model, plan, tp)[0] if plan else None
     named = dict(model.named_modules())
     sharded = {named[n] for n in tensor_parallel.matches(model, plan)} if plan else set()
 
     def count(module: torch.nn.Module) -> float:
-        inner = sum(count(m) for m in module.children())
-        own = sum(p.numel() for p in module.parameters(recurse=False))
-        return inner + (own / tp if module in sharded else own)
+        """Each parameter once (a tied head is the embedding's), a sharded module's / tp."""
+        seen: set[int] = set()
+
+        def walk(m: torch.nn.Module) -> float:
+            own = [p for p in m.parameters(recurse=False) if id(p) not in seen]
+            seen.update(id(p) for p in own)
+            size = sum(p.numel() for p in own)
+            return sum(walk(c) for c in m.children()) + (size / tp if m in sharded else size)
+
+        return walk(module)
 
     if pp == 1:
         return round(count(model))

@@ -29,6 +29,8 @@ from torch import nn
 STYLES = ("colwise", "rowwise", "colwise_qkv", "colwise_conv1d", "rowwise_conv1d")
 """The plan entries applied here (the last three: :mod:`tuner.trial.conv1d_parallel`);
 others (packed, MoE, sequence-parallel norms) are refused."""
+BY_HAND = ("colwise_qkv", "colwise_conv1d", "rowwise_conv1d", "vocab_embedding", "vocab_head")
+"""Styles :mod:`tuner.trial.conv1d_parallel` applies (PyTorch's styles take none of them)."""
 GPT2_PLAN = {"transformer.h.*.attn.c_attn": "colwise_qkv", "transformer.h.*.attn.c_proj": "rowwise_conv1d",
              "transformer.h.*.mlp.c_fc": "colwise_conv1d", "transformer.h.*.mlp.c_proj": "rowwise_conv1d"}
 """GPT-2's blocks as Megatron-LM splits them (``Conv1D`` weights are ``[in, out]``)."""
@@ -51,6 +53,30 @@ def plan_of(model: nn.Module) -> tuple[dict[str, str] | None, str]:
     base = f"{prefix}." if prefix and hasattr(model, prefix) else ""
     return {f"{base}{pattern}": style for pattern, style in plan.items()}, (
         f"tensor-parallel plan: {type(config).__name__}.base_model_tp_plan ({len(plan)} entries)")
+
+
+def with_vocab(model: nn.Module, plan: dict[str, str], degree: int) -> tuple[dict[str, str], str]:
+    """The plan with the token embedding and the output head split over the vocabulary, as
+    torchtitan shards them (the embedding rowwise: each rank its rows, the lookups summed;
+    the head colwise: each rank its logits, gathered for the loss), where ``degree``
+    divides the vocabulary; GPT-2's tied pair split by hand into one shared shard, as
+    Megatron-LM's vocabulary-parallel embedding does. Else the two stay whole on every
+    rank, and the line says why."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()  # type: ignore[operator]
+    names = {id(m): n for n, m in model.named_modules()}
+    if not isinstance(vocab, int) or embed is None or head is None or id(embed) not in names or id(head) not in names:
+        return plan, "embedding and head: whole on every rank (not found)"
+    if vocab % degree:
+        return plan, (f"embedding and head: whole on every rank (the vocabulary, {vocab}, does not divide by "
+                      f"tensor_parallel {degree}; pad it to split them)")
+    tied = embed.weight is head.weight
+    by_hand = any(style in BY_HAND for style in plan.values())
+    if tied and not by_hand:
+        return plan, "embedding and head: whole on every rank (tied weights, not split by PyTorch's styles)"
+    styles = ("vocab_embedding", "vocab_head") if by_hand else ("embedding_rowwise", "head_colwise")
+    return {**plan, names[id(embed)]: styles[0], names[id(head)]: styles[1]}, (
+        "embedding and head split over the vocabulary" + (" (one shared shard: tied)" if tied else ""))
 
 
 def refused(model: nn.Module, degree: int) -> str | None:
@@ -77,9 +103,6 @@ def matches(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
     return out
 
 
-SEQUENCE_STYLES = ("sequence", "rowwise_to_sequence", "scatter_sequence", "gather_sequence", "gather_sequence_kw")
-
-
 def with_sequence(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str] | None, str]:
     """The plan with sequence parallelism, as torchtitan applies it to Llama: between the
     tensor-parallel regions the residual stream and the norms are sharded over the
@@ -90,15 +113,19 @@ def with_sequence(model: nn.Module, plan: dict[str, str]) -> tuple[dict[str, str
     / ``mlp`` under ``model.layers``, with ``model.norm`` and ``lm_head``)."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
-    if any(style not in STYLES[:2] for style in plan.values()) or not layers or not all(
+    if any(style not in ("colwise", "rowwise", "embedding_rowwise", "head_colwise") for style in plan.values()) or \
+            not layers or not all(
             all(hasattr(layer, n) for n in ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp"))
             for layer in layers) or not hasattr(inner, "norm") or not hasattr(model, "lm_head"):
         return None, (f"sequence_parallel: {type(model).__name__} is not a Llama-style decoder whose plan PyTorch's "
                       "styles run; searched without it")
-    out = {name: ("rowwise_to_sequence" if style == "rowwise" else style) for name, style in plan.items()}
+    swap = {"rowwise": "rowwise_to_sequence", "head_colwise": "head_colwise_sequence"}
+    out = {name: swap.get(style, style) for name, style in plan.items()}
     out.update({"model.layers.0": "scatter_sequence", "model.layers.*.input_layernorm": "sequence",
                 "model.layers.*.post_attention_layernorm": "sequence", "model.layers.*.self_attn": "gather_sequence_kw",
-                "model.layers.*.mlp": "gather_sequence", "model.norm": "sequence", "lm_head": "gather_sequence"})
+                "model.layers.*.mlp": "gather_sequence", "model.norm": "sequence"})
+    if out.get("lm_head") != "head_colwise_sequence":  # a head kept whole gathers the sequence before it
+        out["lm_head"] = "gather_sequence"
     return out, "sequence_parallel: norms and the residual stream sharded over the sequence between the blocks' " \
                 "tensor-parallel regions"
 
@@ -110,6 +137,9 @@ def _styles() -> dict[str, Any]:
     # every output a local tensor: transformers' code between the regions adds and reshapes plain tensors
     return {
         "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "head_colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "head_colwise_sequence": lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
         "sequence": lambda: SequenceParallel(use_local_output=True),
         "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
         "scatter_sequence": lambda: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
@@ -132,10 +162,10 @@ def parallelize(model: nn.Module, mesh: Any, plan: dict[str, str]) -> int:
     if not targets:
         raise ValueError("the tensor-parallel plan names no module of this model")
     styles = _styles()
-    dtensor = {name: styles[style]() for name, style in targets.items() if style in styles}
+    dtensor = {name: styles[style]() for name, style in targets.items() if style not in BY_HAND}
     if dtensor:
         parallelize_module(model, mesh, dtensor)
-    by_hand = {name: style for name, style in targets.items() if style not in styles}
+    by_hand = {name: style for name, style in targets.items() if style in BY_HAND}
     if by_hand:
         conv1d_parallel.shard(model, mesh.get_group(), by_hand)
     return len(targets)

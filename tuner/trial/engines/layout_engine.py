@@ -139,6 +139,9 @@ class LayoutEngine(OwnLoopEngine):
         if task.parallelize is not None:
             return {}
         plan, why = tensor_parallel.plan_of(module)
+        if plan is not None:
+            plan, said = tensor_parallel.with_vocab(module, plan, self.layout.tp)
+            self.notes.append(f"tensor parallel: {said}")
         if plan is not None and self.config.sequence_parallel:
             plan, why = tensor_parallel.with_sequence(module, plan)
         if plan is None:
