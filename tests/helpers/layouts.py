@@ -22,7 +22,8 @@ for knobs in [{}, *layouts]:
     rows.append({"knobs": knobs, "state": m.state, "reason": m.reason, "params": m.params,
                  "losses": m.repeats[0].losses if m.repeats else [], "notes": m.repeats[0].notes if m.repeats else [],
                  "samples_per_s": (m.metrics or {}).get("samples_per_s"),
-                 "bubble_share": (m.metrics or {}).get("bubble_share")})
+                 "bubble_share": (m.metrics or {}).get("bubble_share"),
+                 "comm_share": (m.metrics or {}).get("comm_share")})
 if torch.distributed.get_rank() == 0:
     with open(out, "w") as f:
         json.dump(rows, f)

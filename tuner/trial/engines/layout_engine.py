@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from tuner.config.task import Task
     from tuner.harness.comm import CommTimer
 
+FUNCTIONAL = ("all_reduce", "reduce_scatter_tensor", "all_gather_tensor", "wait_tensor")
+"""The functional collectives DTensor's redistributions call (torch 2.13), and their wait."""
 _MESHES: dict[tuple[str, int, int, int], Any] = {}
 """One mesh per shape for the process: each new mesh makes new process groups, which
 torch never frees before the process ends."""
@@ -264,14 +266,22 @@ class LayoutEngine(OwnLoopEngine):
                 grad.div_(self.layout.dp)
 
     def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
-        """On CPU/gloo, the host time of the collectives called through Python: FSDP2's and
-        the gradient averaging. Not the stages' sends and receives (``P2POp`` accepts only
-        ``dist.isend`` / ``dist.irecv`` themselves, so they cannot be wrapped), nor the
-        tensor-parallel all-reduces (inside DTensor's dispatch, below Python): on a GPU the
-        profiled communication share counts both, from the kernels."""
+        """On CPU/gloo, the host time of the collectives: FSDP2's and the gradient averaging
+        (``torch.distributed``), GPT-2's hand-made tensor-parallel ones (the same), and
+        DTensor's tensor-parallel ones, which it issues through the functional collectives
+        (``torch.distributed._functional_collectives``: the call, then ``wait_tensor`` where
+        the result is first used). Not the stages' sends and receives (``P2POp`` accepts
+        only ``dist.isend`` / ``dist.irecv`` themselves, so they cannot be wrapped): the
+        bubble share holds them. On a GPU the profiled window counts all of it, from the
+        kernels."""
         if self.device.type != "cpu":
             return contextlib.nullcontext()
-        return timer.patched(dist, FSDP_COLLECTIVES)
+        import torch.distributed._functional_collectives as funcol
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(timer.patched(dist, FSDP_COLLECTIVES))
+        stack.enter_context(timer.patched(funcol, FUNCTIONAL))
+        return stack
 
     def close(self) -> None:
         super().close()
