@@ -112,3 +112,32 @@ def test_plan_of_a_script_recipe_is_one_clear_line(tmp_path):
     assert proc.returncode == 2, proc.stderr
     line = proc.stderr.strip().splitlines()
     assert len(line) == 1 and "needs a task recipe" in line[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path):
+    """A pipeline schedule or sequence sharding means nothing at the baseline's layout (no
+    stages, no tensor parallelism): its group collapses to the baseline's, so the profile
+    ends (it asked for the same trial forever before), and the plan has a row per layout
+    the rules allow (interleaved 1F1B with FSDP2 is refused on CPU ranks)."""
+    pytest.importorskip("transformers")
+    import tuner
+    from tuner.config.space import Machine
+    from tuner.memory.plan import Profiler
+    from tuner.trial.trial_result import State, TrialResult
+
+    recipe = tuner.load_recipe(write_recipe(tmp_path, {
+        "name": "layout_plan", "task": str(TESTS.parent / "recipes" / "tasks" / "llama.py"),
+        "task_args": {"layers": 4}, "global_batch_size": 8,
+        "space": {"tensor_parallel": [1, 2], "pipeline_parallel": [1, 2], "sequence_parallel": [False, True],
+                  "pipeline_schedule": ["1f1b", "interleaved_1f1b"], "fsdp": ["off", "full_shard"]}}), world_size=4)
+    profiler = Profiler(recipe, Machine.detect())
+    asked = []
+    while (knobs := profiler.next()) is not None and len(asked) < 10:
+        asked.append(knobs)
+        profiler.observe(knobs, TrialResult(knobs, State.OK, metrics={"peak_mem_gib": 0.3 + 0.01 * len(asked)}))
+    assert profiler.next() is None and len(asked) == 1, asked  # the one group, at the one micro-batch
+    layouts = {(r.knobs["tensor_parallel"], r.knobs["pipeline_parallel"], r.knobs["pipeline_schedule"],
+                r.knobs["sequence_parallel"], r.knobs["fsdp"]) for r in profiler.plan(1.0).rows}
+    assert (2, 1, "1f1b", True, "off") in layouts and (1, 2, "interleaved_1f1b", False, "off") in layouts
+    assert (1, 2, "interleaved_1f1b", False, "full_shard") not in layouts
+    assert (1, 1, "interleaved_1f1b", False, "off") not in layouts  # no stages: no schedule

@@ -118,11 +118,20 @@ class Profiler:
         return None if self.space.refusal(config.params(), r.world_size, r.global_batch_size) else config
 
     def _groups(self) -> list[dict[str, Any]]:
-        """The baseline's group first, then every other AMP x checkpointing group of the space."""
+        """The baseline's group first, then every other activation group of the space (AMP x
+        checkpointing x the layout's schedule and sequence sharding), each as a configuration
+        at the baseline's other knobs holds it: a group whose lever means nothing there (a
+        pipeline schedule without stages) is the group it collapses to, so the profile never
+        asks for it again and again (a layout space looped forever on it before)."""
         c = self.space.choices
-        base = {k: self.base[k] for k in GROUP}
-        rest = [dict(zip(GROUP, v)) for v in itertools.product(*(c[k] for k in GROUP))]
-        return [base] + [g for g in rest if g != base]
+        out: list[dict[str, Any]] = []
+        for values in [tuple(self.base[k] for k in GROUP), *itertools.product(*(c[k] for k in GROUP))]:
+            config = self.config({**dict(zip(GROUP, values)), "micro_batch_size": self.base["micro_batch_size"]})
+            group = {k: getattr(config, k) for k in GROUP} if config is not None else dict(zip(GROUP, values))
+            if group not in out:
+                out.append(group)
+        self.base_group = out[0]
+        return out
 
     def next(self) -> dict[str, Any] | None:
         """The knobs of the next profiled trial; ``None`` when the profile is complete."""
@@ -143,7 +152,7 @@ class Profiler:
         predicted to fit (its own slope, measured where it matters most)."""
         if not micros:
             return None
-        if group == {k: self.base[k] for k in GROUP}:
+        if group == self.base_group:
             if not seen:
                 return micros[0]
             if len(seen) == 1:

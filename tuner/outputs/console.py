@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from rich.console import Console
 from rich.table import Table
@@ -112,6 +112,14 @@ def print_check(result: "CheckResult") -> None:
     out.print(f"{verdict} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False)
 
 
+def _layout_words(k: Mapping[str, Any]) -> str:
+    """``tp2 pp2 interleaved_1f1b sp`` for a row's parallel layout, empty without one."""
+    tp, pp = k.get("tensor_parallel", 1), k.get("pipeline_parallel", 1)
+    words = [f"tp{tp}" if tp > 1 else "", f"pp{pp} {k.get('pipeline_schedule', '1f1b')}" if pp > 1 else "",
+             "sp" if k.get("sequence_parallel") else ""]
+    return " ".join(w for w in words if w)
+
+
 def print_plan(plan: "CapacityPlan") -> None:
     """The largest micro-batch predicted to fit, per sharding x AMP x checkpointing."""
     out = Console()
@@ -129,6 +137,8 @@ def print_plan(plan: "CapacityPlan") -> None:
                     else "none")
         if k["offload_optimizer"] != "none":
             sharding += f" + offload {k['offload_optimizer']}"
+        sharding = " ".join(w for w in (_layout_words(k), sharding if sharding != "none" or not _layout_words(k)
+                                        else "") if w)
         nxt = (f"{row.next_micro_batch_size}: {row.next_predicted_gib:.2f}" if row.next_micro_batch_size
                else "-")
         table.add_row(sharding, k["amp_dtype"], k["activation_checkpointing"], fmt(row.micro_batch_size),

@@ -70,8 +70,9 @@ class TrialResult:
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds in ``build``, ``warmup``, ``measure`` and ``teardown``."""
     losses: list[float] = field(default_factory=list)
-    """Rank 0's loss per optimizer step (mean of its micro-batches), warm-up included:
-    what the precision guard compares with the fp32 reference."""
+    """The global batch's loss per optimizer step (each rank's mean of its micro-batches,
+    averaged over the ranks), warm-up included: what the precision guard compares with the
+    fp32 reference."""
     notes: list[str] = field(default_factory=list)
     """What the user should know about this configuration (BatchNorm with micro-batches)."""
     pruned_at: tuple[int, float] | None = None
