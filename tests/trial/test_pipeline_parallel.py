@@ -46,3 +46,18 @@ def test_splits_and_refusals():
     first, last = pp.stage(llama, 0, 2), pp.stage(llama, 1, 2)
     assert first.embed is not None and first.head is None and len(first.layers) == 1
     assert last.embed is None and last.head is llama.lm_head and last.layers[0] is llama.model.layers[1]
+
+
+def test_a_padded_batch_is_refused_and_a_batch_is_read_for_its_ids_and_labels():
+    import torch
+
+    ids = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    labels = torch.tensor([[5, 6, -100], [8, 9, 10]])
+    assert pp.input_ids(ids) is ids and pp.target_ids(ids) is ids
+    assert pp.input_ids({"input_ids": ids, "labels": labels}) is ids
+    assert pp.target_ids({"input_ids": ids, "labels": labels}) is labels
+    assert pp.padding_refused({"input_ids": ids, "attention_mask": torch.ones_like(ids)}) is None
+    why = pp.padding_refused({"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]])})
+    assert why.startswith("pipeline_parallel: this task's batches carry an attention_mask that masks padding")
+    with pytest.raises(ValueError, match="needs batches of token ids"):
+        pp.input_ids([ids])

@@ -150,6 +150,19 @@ def input_ids(batch: Any) -> torch.Tensor:
                      f"task's batch is a {type(batch).__name__}: give the task a pipeline_split and batches it takes")
 
 
+def padding_refused(batch: Any) -> str | None:
+    """Why the stages cannot train this batch as the whole model would (``None``: they
+    can): an ``attention_mask`` that masks anything (padding), which the stages' causal
+    attention over whole sequences would ignore. Asked of the first batch only: it reads
+    the mask (one device sync, in the warm-up)."""
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    if isinstance(mask, torch.Tensor) and not bool(mask.all()):
+        return ("pipeline_parallel: this task's batches carry an attention_mask that masks padding, which the "
+                "tuner's stages do not apply (causal attention over whole sequences); pack the sequences, or give "
+                "the task a pipeline_split whose stages take the mask")
+    return None
+
+
 def target_ids(batch: Any) -> torch.Tensor:
     """What the last stage's loss compares with: ``labels`` where the batch has them."""
     if isinstance(batch, dict) and isinstance(batch.get("labels"), torch.Tensor):

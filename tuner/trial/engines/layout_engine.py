@@ -127,6 +127,7 @@ class LayoutEngine(OwnLoopEngine):
         """Each pipeline step and the stages' work inside it: the bubble (:mod:`.pipeline_clock`)."""
         self.schedule = self._schedule(parts, indices, count, task) if lay.pp > 1 else None
         self.pending: list[Any] = []
+        self.checked, self.task_split = False, task.pipeline_split is not None
         self.notes.append(f"layout: tensor_parallel {lay.tp}" + (" (sequence parallel)" if config.sequence_parallel
                                                                    else "")
                           + f" x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
@@ -216,6 +217,11 @@ class LayoutEngine(OwnLoopEngine):
     def _pipeline_step(self) -> torch.Tensor:
         """Run the step's micro-batches through the stages; the sum of their losses, sent
         from the last stage to every stage (the loop divides by the accumulation)."""
+        if not self.checked and self.task_split is False:
+            why = pipeline_parallel.padding_refused(self.pending[0])
+            if why:
+                raise ValueError(why)
+        self.checked = True
         inputs = torch.cat([pipeline_parallel.input_ids(b) for b in self.pending]).to(self.device)
         target = torch.cat([pipeline_parallel.target_ids(b) for b in self.pending]).to(self.device)
         self.pending = []
