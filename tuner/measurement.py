@@ -97,7 +97,8 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     knobs.update(recipe.baseline)
     knobs.update(recipe.knob_overrides)
     config, notes = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
-    refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(), None, machine.cuda)
+    refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(recipe.world_size), None,
+                             machine.cuda)
     if refused is not None:
         raise RecipeError(refused)
     return config, notes

@@ -105,3 +105,12 @@ def _lightning_reads(config, tmp_path):
     strategy = ParseOnly(Classifier, ReadsData, run=False, args=["--config", str(path)]).config.trainer.strategy
     assert strategy.class_path.endswith("ModelParallelStrategy")
     assert strategy.init_args.tensor_parallel_size == 2 and strategy.init_args.data_parallel_size == 1
+
+
+def test_ranks_per_node_come_from_torchrun_for_this_job_only(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert layout.ranks_per_node(8) == 4
+    assert layout.ranks_per_node(4) is None  # the environment describes another job
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert layout.ranks_per_node(8) is None

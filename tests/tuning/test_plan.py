@@ -114,7 +114,7 @@ def test_plan_of_a_script_recipe_is_one_clear_line(tmp_path):
     assert len(line) == 1 and "needs a task recipe" in line[0] and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path):
+def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path, monkeypatch):
     """A pipeline schedule or sequence sharding means nothing at the baseline's layout (no
     stages, no tensor parallelism): its group collapses to the baseline's, so the profile
     ends (it asked for the same trial forever before), and the plan has a row per layout
@@ -125,6 +125,8 @@ def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path)
     from tuner.memory.plan import Profiler
     from tuner.trial.trial_result import State, TrialResult
 
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # what a one-process group left behind: another job's
+    monkeypatch.setenv("WORLD_SIZE", "1")
     recipe = tuner.load_recipe(write_recipe(tmp_path, {
         "name": "layout_plan", "task": str(TESTS.parent / "recipes" / "tasks" / "llama.py"),
         "task_args": {"layers": 4}, "global_batch_size": 8,

@@ -62,10 +62,15 @@ def data_parallel(knobs: Mapping[str, Any], world: int) -> int:
     return of(knobs, world).dp
 
 
-def ranks_per_node() -> int | None:
-    """Ranks on one node, as torchrun says (``LOCAL_WORLD_SIZE``); ``None`` outside it."""
-    value = os.environ.get("LOCAL_WORLD_SIZE")
-    return int(value) if value and value.isdigit() else None
+def ranks_per_node(world: int) -> int | None:
+    """Ranks on one node, as torchrun says (``LOCAL_WORLD_SIZE``), for a job of ``world``
+    ranks; ``None`` outside torchrun, or where the environment describes another job (a
+    library that set up a one-process group left ``LOCAL_WORLD_SIZE=1`` behind in a test
+    process planning for four ranks, refusing every tensor-parallel degree)."""
+    value, job = os.environ.get("LOCAL_WORLD_SIZE"), os.environ.get("WORLD_SIZE")
+    if not (value and value.isdigit() and job and job.isdigit()) or int(job) != world:
+        return None
+    return int(value)
 
 
 def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,

@@ -91,7 +91,7 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
             values.insert(0, base[name])
         choices[name] = tuple([recipe.knob_overrides[name]] if name in recipe.knob_overrides else values)
     restricted, notes = restrict(choices, machine, _adapt(recipe))
-    per_node = layout.ranks_per_node()
+    per_node = layout.ranks_per_node(recipe.world_size)
     verdicts = layout_rules.judge(recipe.task, recipe.task_args, restricted["tensor_parallel"],
                                   restricted["pipeline_parallel"], recipe.world_size, per_node,
                                   recipe.script is not None, True in restricted["sequence_parallel"]
