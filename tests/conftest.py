@@ -16,6 +16,25 @@ ROOT = TESTS.parent
 TOY = TESTS / "tasks" / "toy.py"
 
 
+def parsed_by_lightning_cli(text: str, tmp_path: Path) -> Any:
+    """An exported ``lightning_trainer.yaml`` through LightningCLI's own parser (with a
+    LightningModule and a DataModule taking batch_size and num_workers); parsed, not
+    instantiated: FSDP's and ModelParallelStrategy refuse a CPU accelerator."""
+    pytest.importorskip("lightning")
+    sys.path.insert(0, str(TESTS / "helpers"))
+    from lightning.pytorch.cli import LightningCLI
+    from lightning_cli_train import ReadsData
+    from lightning_train import Classifier
+
+    class ParseOnly(LightningCLI):
+        def instantiate_classes(self) -> None:  # the parsed config is what is checked
+            pass
+
+    path = tmp_path / "lightning_trainer.yaml"
+    path.write_text(text)
+    return ParseOnly(Classifier, ReadsData, run=False, args=["--config", str(path)]).config
+
+
 def write_recipe(folder: Path, body: dict[str, Any] | str, name: str = "recipe.yaml") -> Path:
     path = folder / name
     path.write_text(body if isinstance(body, str) else yaml.safe_dump(body, sort_keys=False))

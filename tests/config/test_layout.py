@@ -5,15 +5,13 @@ back by the libraries that take them."""
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import tomllib
 
 from tuner.config import export, layout
 from tuner.config.space import Machine, make_config
 
-from conftest import TESTS
+from conftest import parsed_by_lightning_cli
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
 
@@ -90,19 +88,7 @@ def test_the_degrees_reach_torchtitan_accelerate_and_lightning(tmp_path):
 
 def _lightning_reads(config, tmp_path):
     """lightning_trainer.yaml through LightningCLI's own parser: ModelParallelStrategy with the degrees."""
-    pytest.importorskip("lightning")
-    sys.path.insert(0, str(TESTS / "helpers"))
-    from lightning.pytorch.cli import LightningCLI
-    from lightning_cli_train import ReadsData
-    from lightning_train import Classifier
-
-    class ParseOnly(LightningCLI):
-        def instantiate_classes(self):  # the parsed config is what is checked
-            pass
-
-    path = tmp_path / "lightning_trainer.yaml"
-    path.write_text(export.lightning_trainer(config, 2, cuda=True))
-    strategy = ParseOnly(Classifier, ReadsData, run=False, args=["--config", str(path)]).config.trainer.strategy
+    strategy = parsed_by_lightning_cli(export.lightning_trainer(config, 2, cuda=True), tmp_path).trainer.strategy
     assert strategy.class_path.endswith("ModelParallelStrategy")
     assert strategy.init_args.tensor_parallel_size == 2 and strategy.init_args.data_parallel_size == 1
 

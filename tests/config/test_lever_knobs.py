@@ -13,7 +13,7 @@ from tuner.config import export
 from tuner.config.errors import RecipeError
 from tuner.config.space import Machine, conflict, make_config, numerics, parse_space, reference_knobs, restrict
 
-from conftest import TESTS, run
+from conftest import parsed_by_lightning_cli, run
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
 
@@ -122,22 +122,8 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
 
 
 def _read_back_by_lightning_cli(config, tmp_path):
-    """lightning_trainer.yaml through LightningCLI's own parser (with a LightningModule and
-    a DataModule taking batch_size and num_workers); parsed, not instantiated: FSDP's
-    strategy refuses a CPU accelerator."""
-    pytest.importorskip("lightning")
-    sys.path.insert(0, str(TESTS / "helpers"))
-    from lightning.pytorch.cli import LightningCLI
-    from lightning_cli_train import ReadsData
-    from lightning_train import Classifier
-
-    class ParseOnly(LightningCLI):
-        def instantiate_classes(self):  # the parsed config is what is checked
-            pass
-
-    path = tmp_path / "lightning_trainer.yaml"
-    path.write_text(export.lightning_trainer(config, 2, cuda=False))
-    parsed = ParseOnly(Classifier, ReadsData, run=False, args=["--config", str(path)]).config
+    """lightning_trainer.yaml through LightningCLI's own parser."""
+    parsed = parsed_by_lightning_cli(export.lightning_trainer(config, 2, cuda=False), tmp_path)
     assert parsed.trainer.precision == export.LIGHTNING_PRECISION[config.amp_dtype]
     assert parsed.trainer.accumulate_grad_batches == config.grad_accum_steps and parsed.trainer.devices == 2
     assert parsed.data.batch_size == config.micro_batch_size and parsed.data.num_workers == config.num_workers

@@ -95,8 +95,8 @@ def _sequence(model: torch.nn.Module, task: "Task", task_args: dict[str, Any], d
     plan = tensor_parallel.plan_of(model)[0]
     if plan is None:
         return "the model has no tensor-parallel plan to shard the sequence between"
-    why = tensor_parallel.with_sequence(model, plan)[1] if tensor_parallel.with_sequence(model, plan)[0] is None \
-        else None
+    sequenced, said = tensor_parallel.with_sequence(model, plan)
+    why = said if sequenced is None else None
     length = task.tokens_per_sample(task_args) if task.tokens_per_sample is not None else None
     odd = [d for d in degrees if length and length % d]
     if why is None and odd:
