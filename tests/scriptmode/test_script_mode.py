@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 
 import psutil
@@ -70,7 +71,8 @@ def test_a_losing_script_trial_is_pruned_by_the_searchs_rule(tmp_path):
     with (tmp_path / "run" / "trials.csv").open() as f:
         rows = {r["num_workers"]: r for r in csv.DictReader(f)}
     assert rows["0"]["state"] == "ok" and rows["3"]["state"] == "pruned", rows
-    assert "slower than the best so far after 2 measured steps" in rows["3"]["reason"]
+    cut = re.search(r"slower than the best so far after (\d+) measured steps", rows["3"]["reason"])
+    assert cut and int(cut.group(1)) >= 3, rows["3"]["reason"]  # never on two steps: three steady ones show it
     assert result.pruned == 1 and result.pruning_saved_s > 2.0  # 38 steps of 0.1 s not run
     trial = json.loads((tmp_path / "run" / "trials" / "002" / "trial.json").read_text())
     assert trial["prune"]["checks"][0] == 2 and trial["prune"]["best"] > 0

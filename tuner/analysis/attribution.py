@@ -101,10 +101,10 @@ class Row:
     failed: str | None = None
     gain_low: float | None = None
     gain_high: float | None = None
-    """The 95% interval of ``gain`` (:mod:`tuner.analysis.interval`; None without a measured noise)."""
+    """The interval of ``gain`` (:mod:`tuner.analysis.interval`; None without a measured noise)."""
     mark: str | None = None
-    """``gain`` / ``loss`` (beyond the tolerance, 95% confidence), ``negligible`` (inside
-    ±tolerance, 95% confidence) or ``unclear`` (neither), against the search's tolerance."""
+    """``gain`` / ``loss`` (beyond the tolerance, by the interval), ``negligible`` (inside
+    ±tolerance, by the interval) or ``unclear`` (neither), against the search's tolerance."""
     without_slowdown: dict[str, Any] | None = None
     """What putting this knob back costs the best: :meth:`Slowdown.to_json` of the
     leave-one-out against the best."""

@@ -103,8 +103,9 @@ class Recipe:
     engine: EngineName = "auto"
     seed: int = 0
     tolerance: float = 0.02
-    """The largest slowdown a simpler answer may cost against the fastest: upper 95% bound
-    (``--tolerance``; :mod:`tuner.analysis.interval`)."""
+    """The largest slowdown a simpler answer may cost against the fastest: a change is
+    dropped only when the interval shows its cost below it (``--tolerance``; the one rule
+    of :mod:`tuner.analysis.decision`)."""
     out: Path = Path("runs")
     storage: str = ""
     knob_overrides: dict[str, Any] = field(default_factory=dict)

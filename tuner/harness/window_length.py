@@ -18,13 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tuner.config.recipe import AUTO_MAX_STEPS
-
-_T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-"""Student's t, two-sided 95%, by degrees of freedom (2.0 beyond 30, 2.1 from 10)."""
-
-
-def _t95(dof: int) -> float:
-    return _T95.get(dof, 2.0 if dof >= 30 else 2.1 if dof >= 15 else 2.2)
+from tuner.harness.student_t import t_quantile
 
 
 def rate_uncertainty(step_times: Sequence[float]) -> float | None:
@@ -46,7 +40,7 @@ def rate_uncertainty(step_times: Sequence[float]) -> float | None:
     lag1 = sum(a * b for a, b in zip(deviations, deviations[1:])) / sum(d * d for d in deviations)
     r = min(max(lag1, 0.0), 0.9)
     effective = max(2.0, n * (1 - r) / (1 + r))
-    return _t95(int(effective) - 1) * sd / math.sqrt(effective) / mean
+    return t_quantile(int(effective) - 1, 0.95) * sd / math.sqrt(effective) / mean
 
 
 @dataclass(frozen=True)

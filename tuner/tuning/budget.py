@@ -25,13 +25,13 @@ if TYPE_CHECKING:
     from tuner.tuning.pool import Pool
 
 
-
 CONVERGED_AFTER = (2, 5)
-"""Sampler trials in a row, after the guided neighbourhood is exhausted, that bring nothing
-beyond the noise of the best before the search has converged: a fifth of the space not yet
-measured, at least 2, at most 5. A fixed 5 was a third of the benchmark's 16-point space
-(micro-batch x ZeRO stage): 5 of its 12 trials went to sampler trials that found nothing,
-where DeepSpeed's autotuner had stopped after 5 experiments in all."""
+"""Sampler trials, after the guided neighbourhood is exhausted, each shown by the one rule
+(:mod:`tuner.analysis.decision`) to be no gain beyond the tolerance over the best, before
+the search has converged: a fifth of the space not yet measured, at least 2, at most 5. A
+fixed 5 was a third of the benchmark's 16-point space (micro-batch x ZeRO stage): 5 of its
+12 trials went to sampler trials that found nothing, where DeepSpeed's autotuner had
+stopped after 5 experiments in all."""
 
 
 def converged_after(space_size: int, measured: int) -> int:
@@ -39,18 +39,6 @@ def converged_after(space_size: int, measured: int) -> int:
     converged``) with ``measured`` of ``space_size`` configurations known."""
     low, high = CONVERGED_AFTER
     return max(low, min(high, math.ceil(max(0, space_size - measured) / 5)))
-
-
-UNKNOWN_GAIN = 0.05
-"""The least gain that counts as progress while no configuration has been measured twice;
-whole trials here differ by 5-10%."""
-
-
-def progress_bar(noise: float | None, tolerance: float) -> float:
-    """The least gain over the best that counts as progress towards convergence: the
-    search's tolerance (a gain below it would not be kept either), and no less than twice
-    one run's noise, nor than :data:`UNKNOWN_GAIN` before the noise is known."""
-    return max(tolerance, 2 * noise if noise is not None else UNKNOWN_GAIN)
 
 
 def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
@@ -86,10 +74,11 @@ def ran(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
     return [t for t in study_mod.measured(study) if t.user_attrs.get("state") != State.SKIPPED]
 
 
-def prune_rule(best_value: float, world_size: int) -> PruneBar:
-    """Cut a trial whose rate so far is below half of ``best_value`` (a lower bar on its
-    first steps: :mod:`tuner.harness.prune`); data, so a script trial applies it too."""
-    return PruneBar(best_value, world_size)
+def prune_rule(best_value: float, world_size: int, tolerance: float = 0.02, noise: float | None = None) -> PruneBar:
+    """Cut a trial whose steady steps show it slower than ``best_value`` by more than the
+    ``tolerance`` (:mod:`tuner.harness.prune`; ``noise``: one run's, once the search has
+    measured it); data, so a script trial applies it too."""
+    return PruneBar(best_value, world_size, tolerance, noise)
 
 
 def never(window: Window) -> bool:

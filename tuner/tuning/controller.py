@@ -17,10 +17,15 @@ from tuner.harness import distributed, interrupt
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
-from tuner.tuning import budget, finalists
+from tuner.tuning import budget, finalists, recommend
 from tuner.tuning.decider import Decider
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.pool import Pool
+
+ATTRIBUTE_REPEATS = 3
+"""Runs of each attribution configuration not already measured (``--attribute``; at most
+``--confirm``): the table's medians. What each change is worth to the answer is then
+settled by the one rule, interleaved, as long as it takes."""
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
@@ -80,6 +85,9 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
             if order["stop"]:
                 stopped = order["stop"]
                 break
+            if order.get("repeat"):  # the best again, for the noise the convergence stop reads
+                pool.add(run(Config(**order["repeat"])), "confirmation")
+                continue
             config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
             # Every rank must take part in the pruning decision, which rank 0 makes.
             prune = ((decider.prune if decider else budget.never) if order["prune"] else None)
@@ -117,16 +125,19 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
 def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", decider: Decider | None, confirm: int,
               attribute: int | None, run: finalists.Run,
               pool: Pool) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
-    """Confirmation, then attribution, on every rank; rank 0 says what to measure."""
+    """Confirmation, attribution, then the changes of the answer settled, on every rank;
+    rank 0 says what to measure. One :class:`~tuner.tuning.finalists.Limit` bounds it all:
+    ``confirm`` rounds per decision, and a share of the search's own time."""
     events = decider.events if decider else None
+    limit = finalists.Limit(confirm, distributed.broadcast(decider.finish_seconds() if decider else None))
     order = distributed.broadcast(
         {"finalists": decider.finalists(), "baseline": decider.baseline_config.params()} if decider else None)
-    confirmed = finalists.confirm(order["finalists"], order["baseline"], confirm, run, pool,
+    confirmed = finalists.confirm(order["finalists"], order["baseline"], limit, run, pool,
                                   distributed.broadcast, events, recipe.tolerance)
     if confirmed is not None and events is not None:
         for note in confirmed.notes:
             events.note(note)
-    repeats = confirm if attribute is None else attribute
+    repeats = min(confirm, ATTRIBUTE_REPEATS) if attribute is None else attribute
     plan = distributed.broadcast(decider.attribution_plan(confirmed) if decider and repeats > 0 else None)
     if not plan:
         return confirmed, None
@@ -144,12 +155,19 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     attribution = finalists.attribute(plan["baseline"], plan["best"], repeats, run, pool, make, events,
                                       recipe.tolerance, valid)
     if attribution is not None and confirm > 0:
-        fastest = confirmed.fastest if confirmed is not None and confirmed.fastest else plan["best"]
+        fastest = recommend.fastest_of(plan["best"], confirmed)
         simpler = [make({k: v for k, v in c.items() if k in KNOBS}) for _, c in leave_one_out(plan["baseline"],
                                                                                               plan["best"], valid)]
-        finalists.settle(plan["best"], fastest, simpler, confirm, run, pool, distributed.broadcast, events,
-                         recipe.tolerance)
+        finalists.settle_changes(fastest, simpler, limit, run, pool, distributed.broadcast, events, recipe.tolerance)
         attribution = finalists.table(plan["baseline"], plan["best"], pool, make, recipe.tolerance, valid)
+        # several changes shown cheap alone: the answer without all of them, against the fastest
+        combined = distributed.broadcast(decider.without_all(plan["best"], fastest, attribution) if decider else None)
+        if combined is not None:
+            if events is not None:
+                events.note("several changes each cost less than the tolerance: measuring the answer without all "
+                            "of them against the fastest, interleaved")
+            finalists.settle([(fastest, combined)], lambda p: pool.add(run(make(dict(p))), "confirmation"), pool,
+                             recipe.tolerance, limit, distributed.broadcast)
     return confirmed, attribution
 
 

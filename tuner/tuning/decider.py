@@ -23,12 +23,13 @@ from tuner.study import records as study_mod
 from tuner.study import searchspace, workers
 from tuner.study.workers import Workers, fingerprint
 from tuner.trial.trial_result import State, TrialResult
-from tuner.tuning import budget, guided, recommend, summary
+from tuner.tuning import answer, budget, guided, recommend, summary
 from tuner.tuning.broken import why_broken
+from tuner.tuning.convergence import Convergence
 from tuner.tuning.events import SearchEvents
-from tuner.tuning.finalists import FINALISTS
+from tuner.tuning.finalists import FINALISTS, TIME_SHARE
 from tuner.tuning.pool import Pool
-from tuner.tuning.search_result import SearchResult, measure_command
+from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
     import optuna
@@ -50,10 +51,7 @@ class Decider:
                  pool: Pool | None = None, runner: "Runner | None" = None) -> None:
         self.recipe, self.space, self.machine, self.events, self.runner = recipe, space, machine, events, runner
         self.pool = pool if pool is not None else Pool()
-        self.streak = 0
-        """Sampler trials in a row, since the guided neighbourhood ran out, without progress."""
-        self.sampled = False
-        """The trial in flight came from the sampler with the guided neighbourhood exhausted."""
+        self.convergence = Convergence(self.pool, recipe.tolerance)
         self._environment: dict[str, Any] | None = None
         self.pruned, self.saved_s = 0, 0.0
         self.broken: str | None = None
@@ -125,9 +123,7 @@ class Decider:
             self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying))
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
             stop, said = "exhausted", f"exhausted: all {len(self.points)} configurations of the space are measured"
-            if said not in self.notes_seen:  # asked again after the other workers' trials: said once
-                self.notes_seen.add(said)
-                self.events.note(said)
+            self._once(said)  # asked again after the other workers' trials
         if stop is None and (broken := why_broken(study_mod.measured(self.study), self.runner)):
             self.broken = broken
             self.events.note(f"stopped: {broken}")
@@ -144,17 +140,23 @@ class Decider:
             self.verdicts(best.user_attrs["params"], best.user_attrs["metrics"]),
             self._outcome,
         ) if best is not None else None
+        repeat = self.convergence.repeat(best) if step is None and best is not None and \
+            self.recipe.budget.converge else None
+        if repeat is not None:
+            if self.convergence.repeats == 1:
+                self.events.note("the neighbourhood of the best is measured: measuring the best again to learn this "
+                                 "machine's noise, which the convergence stop reads (the confirmation reuses it)")
+            return {"stop": None, "repeat": repeat}
         if step is None and self.recipe.budget.converge and \
-                self.streak >= budget.converged_after(self.space.size(), len(self.known)):
-            said = (f"converged: the neighbourhood of the best is measured and the sampler's last {self.streak} "
-                    f"trials brought nothing beyond {self._progress_bar():.0%} over the best")
-            if said not in self.notes_seen:  # asked again once this worker leads the finish: said once
-                self.notes_seen.add(said)
-                self.events.note(said)
+                self.convergence.converged(self.space.size(), len(self.known)):
+            said = (f"converged: the neighbourhood of the best is measured and the sampler's last "
+                    f"{self.convergence.streak} "
+                    f"trials were each shown no gain beyond the {self.recipe.tolerance:.0%} tolerance over the best")
+            self._once(said)  # asked again once this worker leads the finish
             return {"stop": "converged"}
         if step is not None:
             self.study.enqueue_trial(step.knobs, user_attrs={"guided": True, "why": step.why})
-        self.sampled = step is None and best is not None
+        self.convergence.sampled = step is None and best is not None
         for _ in range(MAX_RESAMPLES):
             trial = workers.ask(self.study, self.workers.me)
             knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
@@ -170,7 +172,8 @@ class Decider:
                 self.workers.begin(trial)
                 if self._predict(trial, config):
                     return {"skipped": True}
-                self.prune = budget.prune_rule(best.value, self.recipe.world_size) if best is not None and \
+                self.prune = budget.prune_rule(best.value, self.recipe.world_size, self.recipe.tolerance,
+                                               self.pool.known_noise()) if best is not None and \
                     config != self.baseline_config else None  # the baseline, run late by a worker, is what compares
                 self.events.chose(trial.number, _chosen_by(trial))
                 self.events.begin(trial.number, config)
@@ -225,19 +228,18 @@ class Decider:
                 result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
         changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size
         for note in result.notes:  # each once; BatchNorm's only where the micro-batch changed
-            if note not in self.notes_seen and (changed_micro or "BatchNorm" not in note):
-                self.notes_seen.add(note)
-                self.events.note(note)
+            if changed_micro or "BatchNorm" not in note:
+                self._once(note)
         extra: dict[str, Any] = {"env": fingerprint(self._env())}
         if self.current == self.baseline_config:
             extra["baseline"] = True
-        before = self._best_value()
+        best_before = study_mod.best_feasible(self.study)
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
             self.memory.observe(self.current.params(), frozen.user_attrs.get("predicted_peak_gib"),
                                 result.metrics["peak_mem_gib"], frozen.user_attrs.get("prediction"),
                                 process_gib=result.metrics.get("gpu_mem_process_gib"))
-        self._progress(before)
+        self.convergence.record(best_before, frozen)
         if result.pruned_at is not None:
             self._count_saving(*result.pruned_at)
         self.known[searchspace.config_key(self.current)] = frozen
@@ -245,21 +247,16 @@ class Decider:
         self.trial = self.current = None
         self.workers.end()
 
+    def _once(self, note: str) -> None:
+        """Say ``note`` in the search log, once however often it comes up."""
+        if note not in self.notes_seen:
+            self.notes_seen.add(note)
+            self.events.note(note)
+
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""
         if self.trial is not None and self.current is not None:
             self.record(TrialResult(self.current.params(), State.HUNG, reason))
-
-    def _progress(self, before: float | None) -> None:
-        """Count a sampler trial that did not move the best beyond the noise."""
-        after = self._best_value()
-        if before is None or (after is not None and after > before * (1 + self._progress_bar())):
-            self.streak = 0
-        elif self.sampled:
-            self.streak += 1
-
-    def _progress_bar(self) -> float:
-        return budget.progress_bar(self.pool.known_noise(), self.recipe.tolerance)
 
     def _count_saving(self, steps: int, rate: float) -> None:
         """A pruned trial skipped the rest of its window and the steps after it."""
@@ -309,6 +306,18 @@ class Decider:
     def _elapsed_s(self) -> float:
         return self.earlier_s + time.monotonic() - self.started
 
+    def finish_seconds(self) -> float:
+        """How long the finish may measure: its share of the search's time so far."""
+        return TIME_SHARE * self._elapsed_s()
+
+    def without_all(self, best: dict[str, Any], fastest: dict[str, Any],
+                    attribution: "Attribution | None") -> dict[str, Any] | None:
+        """The answer without every change the rule drops, when there are several (what the
+        finish measures against the fastest before dropping them together)."""
+        knobs = recommend.droppable(best, fastest, attribution, self.pool, self.baseline_config.params(),
+                                    self._config, self.recipe, self.reference, self.space)
+        return recommend.together(best, knobs, self.baseline_config.params(), self._config) if len(knobs) > 1 else None
+
     def _env(self) -> dict[str, Any]:
         if self._environment is None:
             self._environment = environment(self.recipe.world_size)
@@ -338,48 +347,9 @@ class Decider:
 
     def finish(self, stopped: str, confirmed: "Confirmation | None",
                attribution: "Attribution | None" = None) -> SearchResult:
-        """The search's result: one number per configuration, from every run of it in this
-        process (:class:`~tuner.tuning.pool.Pool`), else from its search trial (a resumed study)."""
+        """The search's result (:func:`tuner.tuning.answer.result`)."""
         self.events.stop()
-        pool = self.pool
-        notes = list(self.space.notes) + (confirmed.notes if confirmed is not None else [])
-        best_trial = study_mod.best_feasible(self.study)
-        best_params = confirmed.winner if confirmed is not None else (
-            best_trial.user_attrs["params"] if best_trial is not None else None)
-        decision = None
-        if best_params is not None:
-            decision = recommend.decide(best_params, confirmed, attribution, pool, self.baseline_config.params(),
-                                        self._config, self.recipe, self.reference, self.space)
-            best_params = decision.params
-            for note in decision.notes:
-                notes.append(note)
-                self.events.note(note)
-        baseline_trial = next((t for t in study_mod.measured(self.study) if t.user_attrs.get("baseline")), None)
-        best = self._summary(best_params, pool)
-        base = self._summary(baseline_trial.user_attrs["params"] if baseline_trial else None, pool)
-        if best["params"]:
-            best["command"] = measure_command(self.recipe.path, self.recipe.world_size, best["params"], self.runner)
-        speedup = None
-        if best["metrics"] and base["metrics"]:
-            speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
-        r = self.recipe
-        env = self._env()
-        mixed = self.workers.environments(env)
-        if mixed:
-            notes.append(mixed)
-        return SearchResult(
-            out=r.out, best=best, baseline=base, speedup=speedup,
-            target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
-            stopped=stopped, trials=self.done(), environment=env, notes=notes,
-            diagnosis={name: self.verdicts(part["params"], part["metrics"])
-                       for name, part in (("baseline", base), ("best", best))},
-            attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
-            world_size=r.world_size, pruned=self.pruned, pruning_saved_s=self.saved_s,
-            wall_s=time.monotonic() - self.started, study=self.study,
-            memory_prediction=self.memory.error(memory.SETTLED_AFTER) if self.memory is not None else None,
-            decision=decision.to_json() if decision is not None else None, broken=self.broken,
-            noise=dict(zip(("ss", "dof"), pool.spread())),
-        )
+        return answer.result(self, stopped, confirmed, attribution)
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""

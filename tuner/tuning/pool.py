@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.analysis.interval import Slowdown, relative_sd, slowdown, spread
+from tuner.analysis.interval import LogStats, Slowdown, relative_sd, slowdown, spread
 from tuner.harness.metrics import METRIC_NAMES, median_of
 
 if TYPE_CHECKING:
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 NOISE_UNKNOWN = 0.10
 """The relative noise of one run assumed before any configuration has been measured twice
 (one step's cost varies 30-50% between processes on a shared 2-core machine; whole windows
-~5-10%). Only a screen for what need not be measured again (a finalist or baseline 35%
-behind on single runs); nothing is kept or dropped on it (:mod:`tuner.analysis.interval`)."""
+~5-10%). Only a screen for what need not be measured again (a baseline more than 28%
+behind the fastest on one run each: ``2 x 10% x sqrt(1/1 + 1/1)``); nothing is kept or
+dropped on it (:mod:`tuner.analysis.decision`)."""
 SCREEN_Z = 2.0
 """Standard errors of the assumed noise a single-run gap must exceed for that screen."""
 
@@ -43,14 +44,25 @@ class Entry:
     runs: list["TrialResult"] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     """What each run was measured for: ``search``, ``confirmation``, ``attribution``."""
+    rates: list[float] = field(default_factory=list)
+    """samples/s of each successful run."""
+    stats: LogStats = field(default_factory=LogStats)
+    """The log-rates' count, mean and spread, kept as runs come in: what every interval reads."""
+    failures: int = 0
+    """Runs that did not finish fine."""
 
-    @property
-    def rates(self) -> list[float]:
-        return [r.metrics["samples_per_s"] for r in self.runs if r.ok and r.metrics]
+    def add(self, result: "TrialResult", source: str) -> None:
+        self.runs.append(result)
+        self.sources.append(source)
+        if not result.ok:
+            self.failures += 1
+        elif result.metrics:
+            rate = result.metrics["samples_per_s"]
+            self.rates.append(rate)
+            self.stats.add(rate)
 
-    @property
-    def failures(self) -> int:
-        return sum(not r.ok for r in self.runs)
+
+_EMPTY = Entry({})
 
 
 class Pool:
@@ -63,12 +75,17 @@ class Pool:
         """Keep a finished measurement (a pruned trial is not one: its window was cut)."""
         if result.pruned_at is not None:
             return
-        entry = self.entries.setdefault(key(result.params), Entry(dict(result.params)))
-        entry.runs.append(result)
-        entry.sources.append(source)
+        entry = self.entries.get(k := key(result.params))
+        if entry is None:
+            entry = self.entries[k] = Entry(dict(result.params))
+        entry.add(result, source)
 
     def entry(self, params: Mapping[str, Any]) -> Entry:
         return self.entries.get(key(params)) or Entry(dict(params))
+
+    def by_key(self, k: str) -> Entry:
+        """:meth:`entry` by its :func:`key` (an empty one when never measured)."""
+        return self.entries.get(k) or _EMPTY
 
     def rates(self, params: Mapping[str, Any]) -> list[float]:
         return self.entry(params).rates
@@ -89,17 +106,18 @@ class Pool:
 
     def spread(self) -> tuple[float, int]:
         """The run's pooled log-rate spread (:func:`tuner.analysis.interval.spread`)."""
-        return spread(e.rates for e in self.entries.values())
+        return spread(e.stats for e in self.entries.values())
 
     def slowdown(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> Slowdown | None:
-        """How much slower ``b`` is than ``a``, with its 95% interval (``None``: no noise
+        """How much slower ``b`` is than ``a``, with its interval (``None``: no noise
         measured yet, or either not measured)."""
-        return slowdown(self.rates(a), self.rates(b), self.spread())
+        return slowdown(self.entry(a).stats, self.entry(b).stats, self.spread())
 
     def apart(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-        """Whether ``a`` is faster than ``b`` beyond the noise: the 95% interval of ``b``'s
+        """Whether ``a`` is faster than ``b`` beyond the noise: the interval of ``b``'s
         slowdown lies above 0. Before any repeat, a screen on the assumed noise
-        (:data:`NOISE_UNKNOWN`), used only to skip re-measuring what is far behind."""
+        (:data:`NOISE_UNKNOWN`). Used only to skip re-measuring what is far behind (the
+        baseline in the confirmation, the attribution's two ends), never to keep or drop."""
         s = self.slowdown(a, b)
         if s is not None:
             return s.low > 0

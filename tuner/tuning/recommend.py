@@ -1,16 +1,22 @@
-"""The last word on the answer: each change in it kept or dropped by one rule, at the
-search's tolerance, and the result says which rule decided with its interval.
+"""The last word on the answer: each change in it kept or dropped by the one rule
+(:mod:`tuner.analysis.decision`), at the search's tolerance, and the result says which rule
+decided with its interval.
 
 After the confirmation and the attribution, each change of the answer is read from the
 answer with that change put back (the attribution's leave-one-out, settled by
-:func:`tuner.tuning.finalists.settle`): it is dropped only when the upper 95% bound of
-that configuration's slowdown against the *fastest* finalist is below the tolerance, it
-ran fine every time, and it stays inside the budget, the precision guard and the space.
-Against the fastest, never against an answer already simplified, so two drops cannot add
-up to twice the tolerance. Otherwise the change is kept, with its measured gain and
-interval ("amp_dtype=bf16 kept: 5.1% faster, 95% interval 3.9% to 6.3%"). Before this
-rule a 16.4% measured gain was given back as "within the noise (±22% a run)" on timm's
-train.py run unchanged.
+:func:`tuner.tuning.finalists.settle_changes`) against the *fastest* finalist: it is
+dropped only when the interval shows that configuration costs less than the tolerance, it
+ran fine every time, and it stays inside the budget, the precision guard and the space;
+kept when the interval shows it costs more; otherwise kept, ``undecided``, with its
+interval: a measured change leaves the answer only on evidence. Before this rule a change
+was also dropped when its point estimate read as a loss while its interval still
+straddled the tolerance: simulated, a real 10% gain was given back 14% of the time at 22%
+noise a run, 12.5 points of it that way.
+
+All the changes shown within the tolerance are dropped together, but only when the
+answer without all of them is itself shown within the tolerance of the fastest (each alone
+costing less than the tolerance does not make their sum so); otherwise the one whose
+removal measured cheapest goes alone.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from tuner.analysis import decision
 from tuner.analysis.guard import divergence
 from tuner.config.space import KNOBS, Config, conflict, numerics
 from tuner.study import records as study_mod
@@ -39,68 +46,115 @@ class Decision:
     tolerance: float
     rule: str
     """``fastest``, ``equivalent``, ``cap`` (the confirmation's :attr:`Confirmation.rule`),
-    ``leave-one-out`` (a change dropped here), or ``search`` (no confirmation ran)."""
+    ``leave-one-out`` (changes dropped here), or ``search`` (no confirmation ran)."""
     knobs: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per change from the baseline: ``knob``, ``value``, ``kept``, ``slowdown``
-    without it (the interval's JSON, or None), ``text``."""
+    """One entry per change from the baseline: ``knob``, ``value``, ``kept``, ``label``
+    (``kept``, ``dropped``, ``undecided``), ``slowdown`` without it (the interval's JSON, or
+    None), ``text``."""
     notes: list[str] = field(default_factory=list)
+    together: dict[str, Any] | None = None
+    """The answer without every change shown cheap: ``knobs`` and its ``slowdown`` against
+    the fastest, when there were several."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"tolerance": self.tolerance, "rule": self.rule, "knobs": self.knobs, "notes": self.notes}
+        return {"tolerance": self.tolerance, "rule": self.rule, "knobs": self.knobs, "notes": self.notes,
+                "together": self.together}
+
+
+def fastest_of(best: dict[str, Any], confirmed: "Confirmation | None") -> dict[str, Any]:
+    """What every change is read against: the confirmation's fastest, else the answer."""
+    return confirmed.fastest if confirmed is not None and confirmed.fastest else best
+
+
+def droppable(best: dict[str, Any], fastest: dict[str, Any], attribution: "Attribution | None", pool: "Pool",
+              baseline: dict[str, Any], make: Callable[[dict[str, Any]], Config], recipe: "Recipe",
+              reference: list[float] | None, space: "Space") -> list[str]:
+    """The changes whose removal the interval shows costs less than the tolerance."""
+    return [e["knob"] for e in _judged(best, fastest, attribution, pool, baseline, make, recipe, reference, space)
+            if e["label"] == "dropped"]
+
+
+def together(best: dict[str, Any], knobs: list[str], baseline: dict[str, Any],
+             make: Callable[[dict[str, Any]], Config]) -> dict[str, Any] | None:
+    """The answer with every one of ``knobs`` (attribution steps, ``a+b`` for two) back at
+    the baseline's values (``None``: no such configuration)."""
+    names = [n for k in knobs for n in k.split("+")]
+    values = {**{k: v for k, v in best.items() if k in KNOBS}, **{n: baseline[n] for n in names}}
+    return None if conflict(values) is not None else make(values).params()
 
 
 def decide(best: dict[str, Any], confirmed: "Confirmation | None", attribution: "Attribution | None",
            pool: "Pool", baseline: dict[str, Any], make: Callable[[dict[str, Any]], Config], recipe: "Recipe",
            reference: list[float] | None, space: "Space") -> Decision:
-    """The answer and why: the confirmation's winner, less the one change whose removal
-    costs least when that is shown below the tolerance, or when the answer without it
-    measured faster (a change measured as a loss is never given; see the module's docstring)."""
+    """The answer and why: the confirmation's winner, less the changes the rule drops (all
+    together where that is itself shown within the tolerance, else the cheapest alone)."""
     tolerance = recipe.tolerance
-    fastest = (confirmed.fastest if confirmed is not None and confirmed.fastest else best)
+    fastest = fastest_of(best, confirmed)
     out = Decision(dict(best), tolerance, confirmed.rule if confirmed is not None else "search")
-    droppable: list[tuple[float, str, dict[str, Any]]] = []
+    out.knobs = _judged(best, fastest, attribution, pool, baseline, make, recipe, reference, space)
+    drops = [e for e in out.knobs if e["label"] == "dropped"]
+    chosen: list[dict[str, Any]] = []
+    if len(drops) > 1:
+        params = together(best, [e["knob"] for e in drops], baseline, make)
+        s = pool.slowdown(fastest, params) if params is not None else None
+        fine = params is not None and space.holds(params, recipe.world_size) and _fine(
+            params, pool, recipe.budget, recipe.precision.tolerance, reference)
+        call = decision.call(s, tolerance)
+        out.together = {"knobs": [e["knob"] for e in drops], "slowdown": s.to_json() if s else None,
+                        "dropped": fine and call.verdict == decision.DROP and call.decided}
+        if out.together["dropped"]:
+            assert params is not None and s is not None
+            chosen, out.params = drops, params
+            out.notes.append(f"recommending the answer without {', '.join(e['knob'] for e in drops)} together: "
+                             f"{s.text()} against the fastest, below the {tolerance:.0%} tolerance")
+    if drops and not chosen:
+        cheapest = max(drops, key=lambda e: pool.entry(e["params"]).stats.mean)
+        chosen, out.params = [cheapest], cheapest["params"]
+        out.notes.append(f"recommending the answer without {cheapest['knob']}: " + cheapest["text"].split(": ", 1)[1])
+        for e in drops:
+            if e is not cheapest:
+                e["kept"], e["label"] = True, "kept"
+                e["text"] = (f"{e['knob']}={e['value']} kept: alone it costs less than the {tolerance:.0%} tolerance, "
+                             "but the answer without it and the others was not shown to (one is dropped)")
+    if chosen:
+        out.rule = "leave-one-out"
+    for e in out.knobs:
+        e.pop("params", None)
+    out.notes += [e["text"] for e in out.knobs if e["kept"]]
+    return out
+
+
+def _judged(best: dict[str, Any], fastest: dict[str, Any], attribution: "Attribution | None", pool: "Pool",
+            baseline: dict[str, Any], make: Callable[[dict[str, Any]], Config], recipe: "Recipe",
+            reference: list[float] | None, space: "Space") -> list[dict[str, Any]]:
+    """Each change of the answer with the one rule's verdict on the answer without it."""
+    tolerance = recipe.tolerance
+    out: list[dict[str, Any]] = []
     for row in attribution.rows if attribution is not None else []:
-        params = _without(best, row.knob, baseline, make)
+        params = together(best, [row.knob], baseline, make)
         ok = params is not None and space.holds(params, recipe.world_size) and _fine(params, pool, recipe.budget,
                                                                                   recipe.precision.tolerance, reference)
         s = pool.slowdown(fastest, params) if params is not None else None
         value = row.after
         if not ok or s is None:
             why = "the answer without it was not measured fine" if not ok else "no noise measured to decide on"
-            out.knobs.append({"knob": row.knob, "value": value, "kept": True, "slowdown": None,
-                              "text": f"{row.knob}={value} kept: {why}"})
+            out.append({"knob": row.knob, "value": value, "kept": True, "label": "undecided", "slowdown": None,
+                        "text": f"{row.knob}={value} kept: {why}"})
             continue
-        goes = s.within(tolerance) or s.estimate < 0  # shown cheap, or a loss: without it is the faster
-        entry = {"knob": row.knob, "value": value, "kept": not goes, "slowdown": s.to_json()}
-        if goes:
-            why = ("the change measured as a loss: the simpler configuration is the faster" if s.estimate < 0
-                   else f"below the {tolerance:.0%} tolerance")
-            entry["text"] = f"{row.knob}={value} may go: without it {s.text()} against the fastest, {why}"
-            droppable.append((pool.median(params) or 0.0, row.knob, params))
-        else:
+        call = decision.call(s, tolerance)
+        entry = {"knob": row.knob, "value": value, "kept": call.verdict == decision.KEEP, "label": call.label,
+                 "slowdown": s.to_json(), "params": params}
+        if call.verdict == decision.DROP:
+            entry["text"] = (f"{row.knob}={value} dropped: without it {s.text()} against the fastest, below the "
+                             f"{tolerance:.0%} tolerance")
+        elif call.decided:
             entry["text"] = f"{row.knob}={value} kept: {s.gain_text('than without it')}{_interaction(row)}"
-        out.knobs.append(entry)
-    if droppable:
-        _, knob, params = max(droppable, key=lambda d: d[0])
-        out.params, out.rule = params, "leave-one-out"
-        for entry in out.knobs:
-            if entry["knob"] == knob:
-                entry["text"] = entry["text"].replace(" may go:", " dropped:")
-            elif not entry["kept"]:
-                entry["kept"] = True
-                entry["text"] = entry["text"].replace(" may go:", " kept (one change is dropped at a time; this one "
-                                                      "was read against the answer before that drop):")
-        out.notes.append(f"recommending the answer without {knob}: " + next(
-            e["text"].split(": ", 1)[1] for e in out.knobs if e["knob"] == knob))
-    out.notes += [e["text"] for e in out.knobs if e["kept"]]
+        else:
+            entry["text"] = (f"{row.knob}={value} kept, undecided: {s.gain_text('than without it')}; the interval "
+                             f"straddles the {tolerance:.0%} tolerance at the cap, so the faster-measured answer "
+                             "stays")
+        out.append(entry)
     return out
-
-
-def _without(best: dict[str, Any], knob: str, baseline: dict[str, Any],
-             make: Callable[[dict[str, Any]], Config]) -> dict[str, Any] | None:
-    """The answer with one attribution step's knobs back at the baseline's values."""
-    knobs = {**{k: v for k, v in best.items() if k in KNOBS}, **{k: baseline[k] for k in knob.split("+")}}
-    return None if conflict(knobs) is not None else make(knobs).params()
 
 
 def _fine(params: dict[str, Any], pool: "Pool", budget: "Budget", tolerance: float,

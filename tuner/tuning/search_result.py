@@ -57,7 +57,7 @@ class SearchResult:
     ``predicted_peak_gib`` against ``peak_mem_gib`` after the first trials."""
     decision: dict[str, Any] | None = None
     """How the answer was decided: the tolerance, the rule, each change kept or dropped with
-    its 95% interval (:class:`tuner.tuning.recommend.Decision`)."""
+    its interval (:class:`tuner.tuning.recommend.Decision`)."""
     broken: str | None = None
     """Why the search stopped as ``broken``: the baseline's own error, or the first trials'."""
     noise: dict[str, float] | None = None

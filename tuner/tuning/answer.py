@@ -1,0 +1,101 @@
+"""The search's answer as a :class:`~tuner.tuning.search_result.SearchResult`: the
+confirmation's winner less the changes the one rule drops (:mod:`tuner.tuning.recommend`),
+one number per configuration from every run of it in this process
+(:class:`~tuner.tuning.pool.Pool`; a resumed study's from its search trial), the speedup,
+the diagnosis of both ends, the run's noise."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from tuner.memory import model as memory
+from tuner.study import records as study_mod
+from tuner.tuning import budget, recommend
+from tuner.tuning.search_result import SearchResult, measure_command
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.analysis.attribution import Attribution
+    from tuner.analysis.diagnose import Verdict
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.runner import Runner
+    from tuner.study.searchspace import Space
+    from tuner.study.workers import Workers
+    from tuner.tuning.events import SearchEvents
+    from tuner.tuning.finalists import Confirmation
+    from tuner.tuning.pool import Pool
+
+
+class Searched(Protocol):
+    """What the answer reads of the search that ran (:class:`~tuner.tuning.decider.Decider`)."""
+
+    recipe: "Recipe"
+    space: "Space"
+    pool: "Pool"
+    study: "optuna.Study"
+    events: "SearchEvents"
+    workers: "Workers"
+    runner: "Runner | None"
+    baseline_config: "Config"
+    reference: list[float] | None
+    memory: Any
+    pruned: int
+    saved_s: float
+    started: float
+    broken: str | None
+    _config: Callable[[dict[str, Any]], "Config"]
+
+    def _summary(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
+
+    def _env(self) -> dict[str, Any]: ...
+
+    def done(self) -> int: ...
+
+    def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list["Verdict"]: ...
+
+
+def result(d: Searched, stopped: str, confirmed: "Confirmation | None",
+           attribution: "Attribution | None") -> SearchResult:
+    """What the search found, from the decider's study and pool."""
+    pool = d.pool
+    notes = list(d.space.notes) + (confirmed.notes if confirmed is not None else [])
+    best_trial = study_mod.best_feasible(d.study)
+    best_params = confirmed.winner if confirmed is not None else (
+        best_trial.user_attrs["params"] if best_trial is not None else None)
+    decision = None
+    if best_params is not None:
+        decision = recommend.decide(best_params, confirmed, attribution, pool, d.baseline_config.params(),
+                                    d._config, d.recipe, d.reference, d.space)  # noqa: SLF001 - its sibling
+        best_params = decision.params
+        for note in decision.notes:
+            notes.append(note)
+            d.events.note(note)
+    baseline_trial = next((t for t in study_mod.measured(d.study) if t.user_attrs.get("baseline")), None)
+    best = d._summary(best_params, pool)  # noqa: SLF001 - its sibling
+    base = d._summary(baseline_trial.user_attrs["params"] if baseline_trial else None, pool)  # noqa: SLF001
+    if best["params"]:
+        best["command"] = measure_command(d.recipe.path, d.recipe.world_size, best["params"], d.runner)
+    speedup = None
+    if best["metrics"] and base["metrics"]:
+        speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
+    r = d.recipe
+    env = d._env()  # noqa: SLF001 - its sibling
+    mixed = d.workers.environments(env)
+    if mixed:
+        notes.append(mixed)
+    return SearchResult(
+        out=r.out, best=best, baseline=base, speedup=speedup,
+        target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
+        stopped=stopped, trials=d.done(), environment=env, notes=notes,
+        diagnosis={name: d.verdicts(part["params"], part["metrics"])
+                   for name, part in (("baseline", base), ("best", best))},
+        attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
+        world_size=r.world_size, pruned=d.pruned, pruning_saved_s=d.saved_s,
+        wall_s=time.monotonic() - d.started, study=d.study,
+        memory_prediction=d.memory.error(memory.SETTLED_AFTER) if d.memory is not None else None,
+        decision=decision.to_json() if decision is not None else None, broken=d.broken,
+        noise=dict(zip(("ss", "dof"), pool.spread())),
+    )
