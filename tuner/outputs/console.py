@@ -100,16 +100,20 @@ def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnos
 
 
 def print_check(result: "CheckResult") -> None:
-    """The gate's answer: recorded vs measured, the spread, pass or fail."""
+    """The gate's answer: the speedup recorded and now, the absolute rates beside, the verdict."""
     out = Console()
-    if result.measured is None:
-        out.print(f"[red]FAIL[/] {result.reason}", highlight=False)
+    label = {"pass": "[green]PASS[/]", "undecided": "[yellow]PASS (undecided)[/]"}.get(result.verdict, "[red]FAIL[/]")
+    if result.measured is None or result.measured_speedup is None:
+        out.print(f"{label} {result.reason}", highlight=False, soft_wrap=True)
         return
-    low, high = result.spread
-    out.print(f"recorded {result.recorded:,.1f} samples/s; measured {result.measured:,.1f} "
-              f"(median of {len(result.repeats)}, range {low:,.1f}-{high:,.1f}): {result.change:+.1%}", highlight=False)
-    verdict = "[green]PASS[/]" if result.passed else "[red]FAIL[/]"
-    out.print(f"{verdict} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False)
+    rates = result.rates
+    out.print(f"speedup over the baseline, both measured now, interleaved ({result.rounds} round(s)): "
+              f"{result.measured_speedup:.3f}x; recorded {result.recorded_speedup:.3f}x: {result.change:+.1%}",
+              highlight=False, soft_wrap=True)
+    absolute = "gated (--absolute)" if "absolute" in result.gated else "not gated: another process's rate"
+    out.print(f"samples/s of the answer: {result.measured:,.1f} now (median of {len(rates['answer'])}), "
+              f"{result.recorded:,.1f} recorded ({absolute})", highlight=False, soft_wrap=True)
+    out.print(f"{label} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
 
 
 def _layout_words(k: Mapping[str, Any]) -> str:
