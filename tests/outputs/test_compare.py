@@ -1,5 +1,5 @@
-"""``tuner compare RUN_A RUN_B`` (issue 26, item 4): one configuration of each run, every
-metric's ratio, beyond both runs' noise or not, and refused across machines."""
+"""``tuner compare RUN_A RUN_B``: one configuration of each run, every metric's ratio, its
+interval against the tolerance (each run's noise counted once), and refused across machines."""
 
 from __future__ import annotations
 
@@ -35,17 +35,18 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tuner.compare", *map(str, args)], capture_output=True, text=True)
 
 
-def test_the_best_against_the_baseline_is_beyond_both_runs_noise(run, tmp_path):
+def test_the_best_against_the_baseline_is_beyond_the_tolerance(run, tmp_path):
     c = tuner.compare(run, run, a="baseline", b="best")
     rate = next(r for r in c.rows if r.metric == "samples_per_s")
-    assert rate.ratio > 1.3 and rate.beyond is True and rate.interval[0] > 0, rate
+    assert rate.ratio > 1.3 and rate.verdict == "beyond" and rate.interval[0] > c.tolerance == 0.02, rate
     assert ("num_workers", 0, 2) in c.params
     record = json.loads((run / "best.json").read_text())
     assert len(record["runs"]["best"]) >= 2 and len(record["runs"]["baseline"]) >= 2  # what the verdict stands on
     assert record["noise"]["dof"] >= 2
     proc = _cli(run, run, "--a", "baseline", "--html", tmp_path / "c.html")
     assert proc.returncode == 0, proc.stderr
-    assert "knobs that differ: num_workers 0 -> 2" in proc.stdout and "beyond noise" in proc.stdout, proc.stdout
+    assert "knobs that differ: num_workers 0 -> 2" in proc.stdout and "beyond the 2% tolerance" in proc.stdout, \
+        proc.stdout
     page = (tmp_path / "c.html").read_text()
     assert "<tr class='beyond'><td>samples_per_s</td>" in page
 
@@ -58,8 +59,30 @@ def test_one_trial_against_another_without_repeats_is_unknown_not_the_same(run, 
     (lone / "best.json").write_text(json.dumps(record))
     c = tuner.compare(lone, lone, a=0, b=1)
     rate = next(r for r in c.rows if r.metric == "samples_per_s")
-    assert rate.beyond is None and rate.ratio is not None
+    assert rate.verdict is None and rate.ratio is not None
     assert "unknown (no repeats)" in _cli(lone, lone, "--a", "0", "--b", "1").stdout
+
+
+def test_one_run_folder_counts_its_noise_once(run, tmp_path):
+    """Two single trials of one run lean on the run's pooled noise: once, not once per side
+    (counted twice, its degrees of freedom doubled and the interval narrowed). A copy of the
+    folder is another run: its noise counts too."""
+    record = json.loads((run / "best.json").read_text())
+    same = next(r for r in tuner.compare(run, run, a=0, b=1).rows if r.metric == "samples_per_s")
+    assert same.dof == record["noise"]["dof"], (same, record["noise"])
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    other = next(r for r in tuner.compare(run, copy, a=0, b=1).rows if r.metric == "samples_per_s")
+    assert other.dof == 2 * record["noise"]["dof"]
+    assert other.interval[1] - other.interval[0] < same.interval[1] - same.interval[0]
+
+
+def test_the_tolerance_decides_within_beyond_and_undecided():
+    from tuner.analysis.compare import against
+
+    assert against((0.03, 0.08), 0.02) == "beyond" and against((-0.09, -0.03), 0.02) == "beyond"
+    assert against((-0.01, 0.015), 0.02) == "within"
+    assert against((0.0, 0.04), 0.02) == "undecided" and against((0.0, 0.04), 0.05) == "within"
 
 
 def test_runs_from_other_machines_are_refused_in_one_line_or_shown_anyway(run, tmp_path):

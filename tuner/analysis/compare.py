@@ -1,12 +1,15 @@
 """Two runs side by side: one configuration of each (the best, the baseline, or any trial),
-every metric with its ratio, and whether the difference is beyond both runs' noise.
+every metric with its ratio, and whether the difference is beyond the tolerance.
 
 Pure functions of what the run folders hold (``best.json``, ``trials.csv``): the caller
-reads them (:func:`tuner.outputs.comparison.compare`). The noise is the one every decision
-of a search reads (:mod:`tuner.analysis.interval`): a 95% t-interval on the log of the
-rates, from each side's own repeats and, where those are too few, from every repeated
-configuration of both runs pooled (``noise`` in ``best.json``). A single run against a single
-run with no repeats anywhere has no interval: the table says ``unknown``, never "same".
+reads them (:func:`tuner.outputs.comparison.compare`). Each row reads the interval every
+decision of a search reads (:mod:`tuner.analysis.interval`) against the tolerance (the
+search's, recorded in ``best.json``, unless given): ``beyond`` when it shows the
+difference larger than the tolerance, ``within`` when it shows it smaller, ``undecided``
+otherwise, ``unknown`` with no interval at all (a single run against a single run with no
+repeats anywhere), never "same" on a guess. The noise is each side's own repeats and,
+where those are too few, each run's pooled noise (``noise`` in ``best.json``), each run
+counted once: two sides of one run folder share one noise.
 
 Environments are compared first: a different device, device count, world size or torch
 makes the numbers describe two machines, not two configurations, and the comparison is
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis import gate
-from tuner.analysis.interval import slowdown, t975
+from tuner.analysis.interval import LEVEL, slowdown, t_quantile
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
 
@@ -44,6 +47,8 @@ class Side:
     noise: tuple[float, int] = (0.0, 0)
     """The run's pooled spread of log-rates: (sum of squares, degrees of freedom)."""
     environment: dict[str, Any] = field(default_factory=dict)
+    tolerance: float | None = None
+    """The tolerance the run's search decided with (``None``: not recorded)."""
 
 
 @dataclass
@@ -53,10 +58,13 @@ class Row:
     b: Any
     ratio: float | None
     """b / a."""
-    beyond: bool | None
-    """The difference is beyond both runs' noise (95%); ``None``: no interval to tell."""
+    verdict: str | None
+    """``beyond`` / ``within`` the tolerance as the interval shows it, ``undecided``
+    (neither), ``None``: no interval to tell."""
     interval: tuple[float, float] | None = None
-    """95% interval of b / a - 1."""
+    """The interval of b / a - 1."""
+    dof: int | None = None
+    """Degrees of freedom of the noise behind the interval."""
 
 
 @dataclass
@@ -68,13 +76,15 @@ class Comparison:
     """Environment differences that decide a throughput (empty: comparable)."""
     params: list[tuple[str, Any, Any]]
     """The knobs that differ: (name, a, b)."""
+    tolerance: float = 0.02
 
     def to_json(self) -> dict[str, Any]:
         return {
             "a": {"run": self.a.run, "which": self.a.which, "params": self.a.params},
             "b": {"run": self.b.run, "which": self.b.which, "params": self.b.params},
-            "refused": self.refused, "params_differ": [list(p) for p in self.params],
-            "metrics": [{"metric": r.metric, "a": r.a, "b": r.b, "ratio": r.ratio, "beyond_noise": r.beyond,
+            "refused": self.refused, "params_differ": [list(p) for p in self.params], "tolerance": self.tolerance,
+            "level": LEVEL,
+            "metrics": [{"metric": r.metric, "a": r.a, "b": r.b, "ratio": r.ratio, "verdict": r.verdict,
                          "interval": list(r.interval) if r.interval else None} for r in self.rows],
         }
 
@@ -83,19 +93,35 @@ def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[
     return gate.differences(a, b, ("A", "B"), DECIDING)
 
 
-def compare(a: Side, b: Side, anyway: bool = False) -> Comparison:
+def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = None) -> Comparison:
+    """The comparison of ``a`` and ``b`` at ``tolerance`` (default: the search's recorded
+    tolerance, else 2%)."""
     refused = environment_differences(a.environment, b.environment)
     if refused and not anyway:
         raise RecipeError(f"the runs were measured on different machines ({'; '.join(refused)}), so their numbers "
                           "compare the machines, not the configurations; pass --anyway to see them side by side")
+    if tolerance is None:
+        tolerance = a.tolerance if a.tolerance is not None else b.tolerance if b.tolerance is not None else 0.02
     params = [(k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])
               if a.params.get(k) != b.params.get(k)]
-    rows = [_row(name, a, b) for name in METRIC_NAMES
+    wide = a.noise if a.run == b.run else (a.noise[0] + b.noise[0], a.noise[1] + b.noise[1])
+    rows = [_row(name, a, b, wide, tolerance) for name in METRIC_NAMES
             if isinstance(a.metrics.get(name), (int, float)) or isinstance(b.metrics.get(name), (int, float))]
-    return Comparison(a, b, rows, refused, params)
+    return Comparison(a, b, rows, refused, params, tolerance)
 
 
-def _row(name: str, a: Side, b: Side) -> Row:
+def against(interval: tuple[float, float], tolerance: float) -> str:
+    """``beyond``, ``within`` or ``undecided``: where the interval of a relative difference
+    lies against ±``tolerance`` (the one rule, read both ways)."""
+    low, high = interval
+    if low > tolerance or high < -tolerance:
+        return "beyond"
+    if low > -tolerance and high < tolerance:
+        return "within"
+    return "undecided"
+
+
+def _row(name: str, a: Side, b: Side, wide: tuple[float, int], tolerance: float) -> Row:
     va, vb = a.metrics.get(name), b.metrics.get(name)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
     ratio = vb / va if numeric and va else None
@@ -103,12 +129,12 @@ def _row(name: str, a: Side, b: Side) -> Row:
         return Row(name, va, vb, None, None)
     ra, rb = _values(a.runs, name, va), _values(b.runs, name, vb)
     if name == "samples_per_s":  # the run-wide noise of rates, as the search decides with
-        found = slowdown(ra, rb, (a.noise[0] + b.noise[0], a.noise[1] + b.noise[1]))  # 1 - b / a
+        found = slowdown(ra, rb, wide)  # 1 - b / a
         if found is None:
             return Row(name, va, vb, ratio, None)
         interval = (-found.high, -found.low)  # b / a - 1
-        return Row(name, va, vb, ratio, interval[0] > 0 or interval[1] < 0, interval)
-    return _t_row(name, va, vb, ratio, ra, rb)
+        return Row(name, va, vb, ratio, against(interval, tolerance), interval, found.dof)
+    return _t_row(name, va, vb, ratio, ra, rb, tolerance)
 
 
 def _values(runs: Sequence[Mapping[str, Any]], name: str, median: Any) -> list[float]:
@@ -117,16 +143,15 @@ def _values(runs: Sequence[Mapping[str, Any]], name: str, median: Any) -> list[f
     return values or [float(median)]
 
 
-def _t_row(name: str, va: float, vb: float, ratio: float | None, ra: list[float], rb: list[float]) -> Row:
+def _t_row(name: str, va: float, vb: float, ratio: float | None, ra: list[float], rb: list[float],
+           tolerance: float) -> Row:
     """Any other metric: a t-interval on the difference of means from the two sides' own
-    repeats (its noise is its own: a share's spread is not the rate's)."""
+    repeats (its noise is its own: a share's spread is not the rate's), relative to A."""
     dof = len(ra) + len(rb) - 2
-    if dof < 1 or not va:
+    if dof < 1 or not va or (len(ra) < 2 and len(rb) < 2):
         return Row(name, va, vb, ratio, None)
     ss = sum((x - statistics.fmean(ra)) ** 2 for x in ra) + sum((x - statistics.fmean(rb)) ** 2 for x in rb)
-    if len(ra) < 2 and len(rb) < 2:
-        return Row(name, va, vb, ratio, None)
-    half = t975(dof) * math.sqrt(ss / dof) * math.sqrt(1 / len(ra) + 1 / len(rb))
+    half = t_quantile(dof) * math.sqrt(ss / dof) * math.sqrt(1 / len(ra) + 1 / len(rb))
     diff = statistics.fmean(rb) - statistics.fmean(ra)
     interval = ((diff - half) / abs(va), (diff + half) / abs(va))
-    return Row(name, va, vb, ratio, interval[0] > 0 or interval[1] < 0, interval)
+    return Row(name, va, vb, ratio, against(interval, tolerance), interval, dof)

@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.analysis.compare import Comparison, Side
 from tuner.analysis.compare import compare as compare_sides
+from tuner.analysis.interval import LEVEL
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.outputs.run_folder import PARAM_COLUMNS
@@ -29,13 +30,14 @@ def side(run: str | Path, which: str = "best") -> Side:
     wide = (float(noise.get("ss") or 0.0), int(noise.get("dof") or 0))
     env = dict(record.get("environment") or {})
     env.setdefault("world_size", record.get("world_size"))
+    tolerance = (record.get("decision") or {}).get("tolerance")
     if which in ("best", "baseline"):
         part = record if which == "best" else (record.get("baseline") or {})
         if not part.get("metrics"):
             raise RecipeError(f"{folder}: its {which} has no measurement (best.json); compare a trial by number")
         runs = (record.get("runs") or {}).get(which) if isinstance(record.get("runs"), dict) else None
-        return Side(str(folder), which, dict(part.get("params") or {}), dict(part["metrics"]),
-                    list(runs or [part["metrics"]]), wide, env)
+        return Side(str(folder.resolve()), which, dict(part.get("params") or {}), dict(part["metrics"]),
+                    list(runs or [part["metrics"]]), wide, env, tolerance)
     if not which.isdigit():
         raise RecipeError(f"{which!r}: expected best, baseline or a trial number from {folder / 'trials.csv'}")
     rows = _trials(folder)
@@ -47,16 +49,19 @@ def side(run: str | Path, which: str = "best") -> Side:
         raise RecipeError(f"{folder}: trial {which} did not measure ({row.get('state')}: {row.get('reason')})")
     params = {k: _value(row[k]) for k in PARAM_COLUMNS if k in row}
     metrics = {k: _value(row[k]) for k in METRIC_NAMES if row.get(k) not in (None, "")}
-    return Side(str(folder), f"trial {which}", params, metrics, [metrics], wide, env)
+    return Side(str(folder.resolve()), f"trial {which}", params, metrics, [metrics], wide, env, tolerance)
 
 
 def compare(run_a: str | Path, run_b: str | Path, a: str | int = "best", b: str | int = "best",
-            anyway: bool = False) -> Comparison:
+            anyway: bool = False, tolerance: float | None = None) -> Comparison:
     """``tuner.compare``: configuration ``a`` of run folder ``run_a`` against ``b`` of
-    ``run_b`` (each ``"best"``, ``"baseline"`` or a trial number); refused (a
+    ``run_b`` (each ``"best"``, ``"baseline"`` or a trial number), each metric's difference
+    judged against ``tolerance`` (default: the search's); refused (a
     :class:`~tuner.config.errors.RecipeError`) where the environments decide the numbers,
     unless ``anyway``. ``table(c)`` and ``page(c)`` show it."""
-    return compare_sides(side(run_a, str(a)), side(run_b, str(b)), anyway)
+    if tolerance is not None and not 0 <= tolerance < 1:
+        raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
+    return compare_sides(side(run_a, str(a)), side(run_b, str(b)), anyway, tolerance)
 
 
 def _best(folder: Path) -> dict[str, Any]:
@@ -96,11 +101,13 @@ def _fmt(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def _verdict(beyond: bool | None, interval: tuple[float, float] | None) -> str:
-    if beyond is None:
+def _verdict(verdict: str | None, interval: tuple[float, float] | None, tolerance: float) -> str:
+    if verdict is None:
         return "unknown (no repeats)"
-    span = f"{interval[0]:+.1%} to {interval[1]:+.1%}" if interval else ""
-    return f"{'beyond noise' if beyond else 'within noise'} ({span})"
+    span = f" ({interval[0]:+.1%} to {interval[1]:+.1%})" if interval else ""
+    words = {"beyond": f"beyond the {tolerance:.0%} tolerance", "within": f"within the {tolerance:.0%} tolerance",
+             "undecided": f"undecided at {tolerance:.0%}"}
+    return words[verdict] + span
 
 
 def table(c: Comparison) -> str:
@@ -112,11 +119,12 @@ def table(c: Comparison) -> str:
     else:
         lines.append("knobs: the same configuration")
     width = max(len(r.metric) for r in c.rows) if c.rows else 10
-    lines.append(f"{'metric':<{width}}  {'A':>12}  {'B':>12}  {'B/A':>7}  95% interval of B/A - 1")
+    lines.append(f"{'metric':<{width}}  {'A':>12}  {'B':>12}  {'B/A':>7}  {LEVEL:.0%} interval of B/A - 1, "
+                 f"against the {c.tolerance:.0%} tolerance")
     for r in c.rows:
         ratio = f"{r.ratio:.3f}" if r.ratio is not None else "-"
         lines.append(f"{r.metric:<{width}}  {_fmt(r.a):>12}  {_fmt(r.b):>12}  {ratio:>7}  "
-                     f"{_verdict(r.beyond, r.interval) if r.ratio is not None else ''}".rstrip())
+                     f"{_verdict(r.verdict, r.interval, c.tolerance) if r.ratio is not None else ''}".rstrip())
     return "\n".join(lines)
 
 
@@ -125,10 +133,11 @@ def page(c: Comparison) -> str:
     esc = html.escape
     knobs = "".join(f"<tr><td>{esc(n)}</td><td>{esc(_fmt(x))}</td><td>{esc(_fmt(y))}</td></tr>" for n, x, y in c.params)
     rows = "".join(
-        f"<tr class='{'beyond' if r.beyond else 'within' if r.beyond is False else 'unknown'}'><td>{esc(r.metric)}</td>"
+        f"<tr class='{r.verdict or 'unknown'}'><td>{esc(r.metric)}</td>"
         f"<td>{esc(_fmt(r.a))}</td><td>{esc(_fmt(r.b))}</td>"
         f"<td>{f'{r.ratio:.3f}' if r.ratio is not None else '-'}</td>"
-        f"<td>{esc(_verdict(r.beyond, r.interval)) if r.ratio is not None else ''}</td></tr>" for r in c.rows)
+        f"<td>{esc(_verdict(r.verdict, r.interval, c.tolerance)) if r.ratio is not None else ''}</td></tr>"
+        for r in c.rows)
     refused = "".join(f"<p class='refused'>not comparable: {esc(d)}</p>" for d in c.refused)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>tuner compare</title><style>
 body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin:1em 0}}
@@ -138,6 +147,7 @@ tr.beyond td{{background:#e8f4e8}} tr.unknown td{{color:#777}} .refused{{color:#
 <p>A: {esc(c.a.run)} ({esc(c.a.which)})<br>B: {esc(c.b.run)} ({esc(c.b.which)})</p>{refused}
 <h2>Knobs that differ</h2><table><tr><th>knob</th><th>A</th><th>B</th></tr>{knobs or
 "<tr><td colspan=3>the same configuration</td></tr>"}</table>
-<h2>Metrics</h2><table><tr><th>metric</th><th>A</th><th>B</th><th>B/A</th><th>95% interval of B/A - 1</th></tr>
+<h2>Metrics</h2><table><tr><th>metric</th><th>A</th><th>B</th><th>B/A</th>
+<th>{LEVEL:.0%} interval of B/A - 1 (tolerance {c.tolerance:.0%})</th></tr>
 {rows}</table></body></html>
 """
