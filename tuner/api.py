@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from tuner import runner
-from tuner.analysis.gate import DEFAULT_REPEATS, CheckResult, differences, verdict
+from tuner.analysis import gate
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Recipe, check_tolerance, load_recipe
-from tuner.config.space import parse_knobs
+from tuner.config.space import make_config, parse_knobs
 from tuner.config.trackers import parse_track
 from tuner.harness import distributed, interrupt
 from tuner.harness.as_found import as_found
@@ -87,7 +87,7 @@ def search(
     *,
     trials: int | None = None,
     minutes: float | None = None,
-    confirm: int = 3,
+    confirm: int = 100,
     attribute: int | None = None,
     out: str | os.PathLike[str] | None = None,
     storage: str | None = None,
@@ -104,10 +104,12 @@ def search(
     Args:
         recipe: a recipe path or a loaded :class:`~tuner.config.recipe.Recipe`.
         trials / minutes: override ``budget.trials`` / ``budget.minutes``.
-        confirm: times the finalists and the baseline are re-measured, interleaved
-            (0 skips confirmation and reports the search trials' own numbers).
-        attribute: repeats of each configuration on the baseline-to-best attribution path
-            and of each leave-one-out (default: ``confirm``; 0 skips the attribution).
+        confirm: the most interleaved rounds one decision of the finish may take (the
+            finalists, each change of the answer); the finish also stops at half the
+            search's time (0 skips confirmation and reports the search trials' own numbers).
+        attribute: runs of each configuration on the baseline-to-best attribution path
+            and of each leave-one-out not already measured (default: 3, at most
+            ``confirm``; 0 skips the attribution).
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
@@ -116,7 +118,8 @@ def search(
         no_skip: run configurations the memory model predicts over the budget too
             (``budget.skip: false``).
         tolerance: override the recipe's ``tolerance``: the largest slowdown a simpler
-            answer may cost against the fastest (upper 95% bound; default 0.02).
+            answer may cost against the fastest (the one rule, :mod:`tuner.analysis.decision`;
+            default 0.02).
         track: experiment trackers to log to besides the recipe's ``track:``
             (``"mlflow"``, ``"tensorboard"``, ``"wandb"``; a list or comma-separated).
         **knobs: knobs to fix for the whole search.
@@ -236,6 +239,7 @@ def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, s
         "(no budget.memory_gib)")
 
 
+@_as_found
 def plan(
     recipe: Recipe | str | os.PathLike[str],
     *,
@@ -271,35 +275,69 @@ def plan(
 def check(
     recipe_path: str | os.PathLike[str],
     against: str | os.PathLike[str],
-    tolerance: float = 0.05,
-    repeats: int = DEFAULT_REPEATS,
+    tolerance: float = gate.DEFAULT_TOLERANCE,
+    rounds: int = gate.DEFAULT_ROUNDS,
     overrides: tuple[str, ...] = (),
-) -> CheckResult:
-    """Measure ``against``'s configuration of the recipe and compare (rank 0's result is
-    the one to read under torchrun)."""
+    absolute: bool = False,
+) -> gate.CheckResult:
+    """Re-measure ``against``'s answer and its baseline interleaved in this run and gate
+    the speedup against the recorded one (:mod:`tuner.analysis.gate`; rank 0's result is
+    the one to read under torchrun).
+
+    Args:
+        tolerance: how much smaller the speedup may be, shown by the interval, before it fails.
+        rounds: the most interleaved rounds (answer and baseline once each); it stops as
+            soon as the one rule settles.
+        absolute: gate the answer's samples/s against the recorded one too (meaningful only
+            where one process's rate is another's: a quiet, dedicated machine).
+    """
+    from tuner.config.space import Machine
+    from tuner.tuning.regression import check_rounds
+
     if not 0 <= tolerance < 1:
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
-    if repeats < 1:
-        raise RecipeError(f"--repeats must be >= 1, got {repeats}")
+    if rounds < 1:
+        raise RecipeError(f"--rounds must be >= 1, got {rounds}")
     best = load_best(against)
     ctx = distributed.context()
     recipe = load_recipe(recipe_path, overrides, world_size=ctx.world_size)
-    differ = differences(best.get("environment") or {}, environment(ctx.world_size))
+    differ = gate.differences(best.get("environment") or {}, environment(ctx.world_size))
     if differ:
         raise RecipeError("the recorded result is not comparable here: " + "; ".join(differ)
                           + ". Record a baseline on this machine (run the search here) and check against that")
-    params = best["params"]
     if best.get("recipe") and Path(best["recipe"]).name != recipe.path.name:
         raise RecipeError(f"--against was recorded for {best['recipe']}, not {recipe.path}")
-    batch = params.get("micro_batch_size", 0) * params.get("grad_accum_steps", 0) * ctx.world_size
+    params, base = best["params"], (best.get("baseline") or {}).get("params")
+    if not base or not (best.get("baseline") or {}).get("metrics"):
+        raise RecipeError("--against records no measured baseline: the gate compares the answer's speedup over it")
+    dp = recipe.world_size // max(1, params.get("tensor_parallel", 1) * params.get("pipeline_parallel", 1))
+    batch = params.get("micro_batch_size", 0) * params.get("grad_accum_steps", 0) * dp
     if batch != recipe.global_batch_size:
         raise RecipeError(f"the recorded configuration trains {batch} samples per step, the recipe's "
                           f"global_batch_size is {recipe.global_batch_size}: they must match")
-    knobs = {k: v for k, v in params.items() if k not in ("grad_accum_steps", "engine")}
-    m = measure(recipe, repeats=repeats, **knobs)
-    rates = [r.metrics["samples_per_s"] for r in m.repeats if r.ok and r.metrics]
-    return verdict(float(best["metrics"]["samples_per_s"]), rates, len(m.repeats), tolerance, params,
-                   m.state, m.reason)
+    machine = Machine.detect()
+    answer, baseline = (make_config(_knobs(p), recipe.global_batch_size, recipe.world_size, machine,
+                                    recipe.engine)[0] for p in (params, base))
+    if answer == baseline and not absolute:
+        raise RecipeError("nothing to gate: the recorded answer is its own baseline (speedup 1.00x), so no speedup "
+                          "can shrink; gate its samples/s with --absolute (on a quiet, dedicated machine)")
+    runs = best.get("runs") if isinstance(best.get("runs"), dict) else {}
+    noise = best.get("noise") or {}
+    recorded = gate.Recorded(_rates((runs or {}).get("best"), best["metrics"]),
+                             _rates((runs or {}).get("baseline"), best["baseline"]["metrics"]),
+                             (float(noise.get("ss") or 0.0), int(noise.get("dof") or 0)))
+    return check_rounds(recipe, ctx, answer, baseline, recorded, tolerance, rounds, absolute)
+
+
+def _knobs(params: dict[str, Any]) -> dict[str, Any]:
+    """A recorded configuration's knobs (what follows from them left to follow again)."""
+    return {k: v for k, v in params.items() if k not in ("grad_accum_steps", "engine")}
+
+
+def _rates(runs: list[dict[str, Any]] | None, metrics: dict[str, Any]) -> list[float]:
+    """samples/s of every recorded run (the median alone where a record has no runs)."""
+    rates = [float(r["samples_per_s"]) for r in runs or [] if r and r.get("samples_per_s")]
+    return rates or [float(metrics["samples_per_s"])]
 
 
 def load_best(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -16,6 +16,10 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from tuner.config.errors import RecipeError
 
+CAP_ROUNDS = 100
+"""``--confirm``'s default (:data:`tuner.tuning.finalists.CAP_ROUNDS`, not imported here:
+the search's modules load only when a search runs)."""
+
 
 def measure_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -111,11 +115,13 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="fix a knob (amp_dtype=bf16) or override a recipe key (steps.measure=10); repeatable")
-    parser.add_argument("--confirm", type=int, default=3,
-                        help="interleaved best-vs-baseline re-measurements for the reported speedup "
-                             "(default 3; 0 skips)")
+    parser.add_argument("--confirm", type=int, default=CAP_ROUNDS,
+                        help="the most interleaved rounds one decision of the finish may take (the finalists, each "
+                             f"change of the answer; default {CAP_ROUNDS}; the finish also stops at half the search's "
+                             "time; 0 skips confirming)")
     parser.add_argument("--attribute", type=int, default=None,
-                        help="repeats per configuration for the knob-by-knob attribution (default: --confirm; 0 skips)")
+                        help="runs of each knob-by-knob attribution configuration not already measured "
+                             "(default: 3, at most --confirm; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
     parser.add_argument("--full-budget", action="store_true",
                         help="keep searching once converged, until the trial or time budget is spent")
@@ -123,8 +129,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                         help="run configurations the memory model predicts over budget.memory_gib too")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="the largest slowdown a simpler answer may cost against the fastest, e.g. 0.02 (2%%): "
-                             "a change is dropped only when the upper 95%% bound of its cost is below it "
-                             "(default: the recipe's tolerance, 0.02)")
+                             "a change is dropped only when the interval shows its cost below it, kept when it "
+                             "shows more (default: the recipe's tolerance, 0.02)")
     parser.add_argument("--track", action="append", default=[], metavar="NAME[,NAME]",
                         help="log the search to an experiment tracker: mlflow, tensorboard, wandb (several: "
                              "repeat it or separate with commas; the recipe's track: adds to it)")
@@ -167,16 +173,22 @@ def search_main(argv: Sequence[str] | None = None) -> int:
 def check_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tuner.check",
-        description="Performance regression gate: measure the configuration recorded in a search's "
-        "best.json and compare its throughput with the recorded one. Exit 0 within tolerance, 1 on a "
-        "regression (or if it no longer runs), 2 when the comparison would be meaningless "
-        "(another device or world size) or on bad input.",
+        description="Performance regression gate: re-measure the answer a search recorded in best.json and its "
+        "baseline, interleaved in this one run, and gate the answer's speedup over the baseline against the "
+        "recorded speedup. Exit 0 when not shown smaller beyond the tolerance, 1 when shown so (or if it no "
+        "longer runs), 2 when the comparison would be meaningless (another device or world size) or on bad input.",
     )
     parser.add_argument("recipe", help="the recipe YAML the search ran")
     parser.add_argument("--against", required=True, metavar="RUN_DIR/best.json", help="the recorded result")
     parser.add_argument("--tolerance", type=float, default=0.05,
-                        help="allowed drop below the recorded samples/s, as a fraction (default 0.05)")
-    parser.add_argument("--repeats", type=int, default=3, help="trials to measure; the median counts (default 3)")
+                        help="how much smaller than recorded the speedup may be shown to be, as a fraction "
+                             "(default 0.05)")
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=10,
+                        help="the most interleaved rounds (answer and baseline once each); it stops as soon as the "
+                             "interval settles the gate (default 10)")
+    parser.add_argument("--absolute", action="store_true",
+                        help="gate the answer's samples/s against the recorded one too (only where another process's "
+                             "rate is comparable: a quiet, dedicated machine)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key (steps.measure=40); repeatable")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -185,7 +197,8 @@ def check_main(argv: Sequence[str] | None = None) -> int:
     from tuner.api import check
     from tuner.outputs import console
 
-    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.repeats, tuple(args.sets)),
+    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds, tuple(args.sets),
+                                 args.absolute),
                    args.json, console.print_check, lambda result: result.passed)
 
 
@@ -235,7 +248,7 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tuner.compare",
         description="Two run folders side by side: one configuration of each (best, baseline or a trial "
-        "number), every metric with its ratio and whether the difference is beyond both runs' noise. "
+        "number), every metric with its ratio and whether its interval shows the difference beyond the tolerance. "
         "Refused (exit 2) when the runs were measured on different devices, world sizes or torch versions.")
     parser.add_argument("run_a", help="a search's run folder (runs/NAME)")
     parser.add_argument("run_b", help="the other run folder (the same one to compare two of its trials)")
@@ -245,11 +258,13 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--anyway", action="store_true",
                         help="show runs from different machines side by side, their differences on top")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="the difference that matters, as a fraction (default: the search's tolerance, 0.02)")
     args = parser.parse_args(argv)
     from tuner.outputs import comparison
 
     try:
-        result = comparison.compare(args.run_a, args.run_b, args.a, args.b, args.anyway)
+        result = comparison.compare(args.run_a, args.run_b, args.a, args.b, args.anyway, args.tolerance)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

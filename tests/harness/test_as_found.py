@@ -1,5 +1,6 @@
-"""A library call leaves the caller's process as it found it: ``tuner.measure()`` and
-``tuner.search()`` from a user's own Python process, checked in a fresh interpreter against
+"""A library call leaves the caller's process as it found it: ``tuner.measure()`` (loader
+workers; ZeRO-1 on one rank; a compiled trial), ``tuner.plan()``, ``tuner.search()`` and
+``tuner.check()`` from a user's own Python process, checked in a fresh interpreter against
 a snapshot the user's code takes itself (the truth is outside the code under test)."""
 
 from __future__ import annotations
@@ -12,52 +13,146 @@ import pytest
 
 from conftest import run
 
-USER = textwrap.dedent('''
-    import gc, json, logging, os, sys, warnings
+SNAPSHOT = textwrap.dedent('''
+    import gc, hashlib, json, logging, os, random, signal, sys, threading, warnings
     import optuna  # the user's own optuna, at the user's own verbosity
     import torch  # the user's own model code imports it (its import-time warning filters are its own)
+    import torch.distributed as dist
     optuna.logging.set_verbosity(optuna.logging.INFO)
     warnings.simplefilter("error", ResourceWarning)
     logging.getLogger().setLevel(logging.DEBUG)
     os.environ["USER_SETTING"] = "mine"
     gc.set_threshold(1000, 20, 20)
+    torch.manual_seed(1234)
+    random.seed(99)
+    torch.set_num_threads(2)
+    def mine(signum, frame):
+        pass
+    signal.signal(signal.SIGTERM, mine)
 
     def snapshot():
         loggers = {n: (l.level, len(l.handlers), l.propagate) for n, l in
                    [("", logging.getLogger())] + sorted(logging.Logger.manager.loggerDict.items())
                    if isinstance(l, logging.Logger) and n in BEFORE_NAMES}
+        cudnn = torch.backends.cudnn
         return {"gc": [gc.isenabled(), list(gc.get_threshold()), gc.get_freeze_count()],
                 "warnings": [repr(f) for f in warnings.filters],
                 "env": sorted(os.environ.items()), "loggers": loggers,
-                "optuna": optuna.logging.get_verbosity()}
+                "optuna": optuna.logging.get_verbosity(),
+                "torch_rng": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest(),
+                "random": hashlib.sha1(repr(random.getstate()).encode()).hexdigest(),
+                "group": dist.is_initialized(),
+                "matmul": torch.get_float32_matmul_precision(),
+                "cudnn": [cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32],
+                "threads": torch.get_num_threads(),
+                "signals": [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)],
+                "live_threads": sorted(t.name for t in threading.enumerate())}
 
     BEFORE_NAMES = {"", *logging.Logger.manager.loggerDict}
     import tuner
     BEFORE_NAMES = {"", *logging.Logger.manager.loggerDict}
-    before = snapshot()
-    tuner.measure(sys.argv[1])
-    after_measure = snapshot()
-    tuner.search(sys.argv[1], trials=2, confirm=1, attribute=0, quiet=True, out=sys.argv[2])
-    after_search = snapshot()
-    print(json.dumps({"before": before, "measure": after_measure, "search": after_search}))
+''')
+
+USER = SNAPSHOT + textwrap.dedent('''
+    compiles = []
+    def counting(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+    @torch.compile(backend=counting)
+    def users_own(x):
+        return torch.sin(x) * 2
+    users_own(torch.ones(3))
+    recipe, out = sys.argv[1], sys.argv[2]
+    shots = {"before": snapshot()}
+    tuner.measure(recipe, num_workers=2)
+    shots["measure with loader workers"] = snapshot()
+    tuner.measure(recipe, zero_stage=1)
+    shots["measure of ZeRO-1 on one rank"] = snapshot()
+    tuner.measure(recipe, compile=True)
+    shots["measure of a compiled trial"] = snapshot()
+    users_own(torch.ones(3))
+    recompiled = len(compiles) - 1
+    tuner.plan(recipe, out=out + "/plan")
+    shots["plan"] = snapshot()
+    tuner.search(recipe, trials=2, confirm=1, attribute=0, quiet=True, out=out)
+    shots["search"] = snapshot()
+    tuner.api.check(recipe, out + "/best.json", rounds=1, absolute=True)
+    shots["check"] = snapshot()
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    t = torch.ones(2); dist.all_reduce(t); dist.destroy_process_group()
+    print(json.dumps({"shots": shots, "recompiled": recompiled, "user_group": float(t.sum())}))
 ''')
 
 
-def test_measure_and_search_from_python_leave_gc_warnings_loggers_and_environment_as_found(toy, tmp_path):
-    recipe = toy(space={"num_workers": [0, 1]})
+def test_every_library_call_leaves_the_process_as_it_found_it(toy, tmp_path):
+    recipe = toy(space={"num_workers": [0, 1], "micro_batch_size": [8, 16]}, steps={"warmup": 1, "measure": 3},
+                 budget={"trials": 2, "memory_gib": 8})
     script = tmp_path / "user.py"
     script.write_text(USER)
-    done = run([sys.executable, str(script), str(recipe), str(tmp_path / "run")], timeout=300)
+    done = run([sys.executable, str(script), str(recipe), str(tmp_path / "run")], timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    before = got["before"]
-    assert before["gc"] == [True, [1000, 20, 20], 0]
-    for call in ("measure", "search"):
-        assert got[call]["gc"] == before["gc"], call  # nothing frozen, thresholds kept
-        assert got[call]["warnings"] == before["warnings"], call
-        assert got[call]["env"] == before["env"], call
-        assert got[call]["loggers"] == before["loggers"], call
-        assert got[call]["optuna"] == before["optuna"] == 20, call  # INFO, the user's
+    shots = got.pop("shots")
+    before = shots.pop("before")
+    assert before["gc"] == [True, [1000, 20, 20], 0] and before["group"] is False
+    for call, after in shots.items():
+        differ = {k: (before[k], after[k]) for k in before if after[k] != before[k]}
+        assert not differ, f"{call} changed the caller's process: {differ}"
+    assert got == {"recompiled": 0, "user_group": 2.0}  # its compiled function kept; its own group formed after
+
+
+KEEPS_THE_CALLERS_GROUP = SNAPSHOT + textwrap.dedent('''
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    group = dist.group.WORLD
+    result = tuner.measure(sys.argv[1], zero_stage=1)
+    t = torch.ones(2); dist.all_reduce(t)
+    print(json.dumps({"state": result.state, "same_group": dist.group.WORLD is group, "sum": float(t.sum())}))
+    dist.destroy_process_group()
+''')
+
+
+def test_a_process_group_the_caller_formed_is_used_and_kept(toy, tmp_path):
+    recipe = toy(steps={"warmup": 1, "measure": 3})
+    script = tmp_path / "user.py"
+    script.write_text(KEEPS_THE_CALLERS_GROUP)
+    done = run([sys.executable, str(script), str(recipe)], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"state": "ok", "same_group": True, "sum": 2.0}
+
+
+HANGS = SNAPSHOT + textwrap.dedent('''
+    from tuner.trial.failures import TrialHung
+    before = snapshot()
+    try:
+        tuner.measure(sys.argv[1])
+        outcome = "returned"
+    except TrialHung as exc:
+        outcome = str(exc)
+    after = snapshot()
+    again = tuner.measure(sys.argv[1], micro_batch_size=16)  # the process goes on: the user's to keep
+    print(json.dumps({"outcome": outcome, "same": before == after, "again": again.state}))
+''')
+
+
+def test_a_hung_trial_in_a_library_call_raises_in_the_caller_and_the_process_goes_on(toy, tmp_path):
+    """The task's forward sleeps for an hour in the first trial at micro-batch 8; past the
+    trial's 8 s limit the call raises TrialHung with where the trial was, and the caller's
+    process (not exited with 75, as the command line is) runs the next call."""
+    recipe = toy(task_args={"hang_at_micro": 8, "hang_rank": 0, "hang_marker": str(tmp_path / "hung-once")},
+                 steps={"warmup": 1, "measure": 3, "timeout_s": 8}, baseline={"micro_batch_size": 8})
+    script = tmp_path / "user.py"
+    script.write_text(HANGS)
+    done = run([sys.executable, str(script), str(recipe)], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["outcome"].startswith("hung: the trial ran past its 8 s limit; rank 0 in compute_loss (toy.py"), got
+    assert "recorded as hung" in got["outcome"] and got["same"] and got["again"] == "ok", got
 
 
 def test_a_library_call_freezes_only_for_its_own_length_and_keeps_a_callers_freeze():
@@ -74,10 +169,10 @@ def test_a_library_call_freezes_only_for_its_own_length_and_keeps_a_callers_free
     assert gc.get_freeze_count() == 0
     gc.freeze()  # the caller's own
     try:
-        mine = gc.get_freeze_count()
         with trial_run.frozen_for_the_call():
             trial_run.freeze()
-        assert gc.get_freeze_count() == mine
+            assert not trial_run._FROZEN  # the call freezes nothing of its own: the caller froze
+        assert gc.get_freeze_count() > 0  # and unfreezes nothing (frozen objects that die leave the count)
     finally:
         gc.unfreeze()
 

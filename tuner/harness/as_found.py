@@ -1,13 +1,29 @@
 """A library call leaves the caller's process as it found it.
 
-``tuner.measure()`` and ``tuner.search()`` run inside a user's own Python process (a
-notebook, a trainer, a test suite). What the tuner changes for its own sake there is put
-back when the call returns: the garbage collector (enabled, thresholds; nothing frozen),
-the warnings filters, the level, handlers and propagation of every logger that existed
-before the call (optuna's verbosity, DeepSpeed's logger), and the environment variables
-(a lone process's rendezvous variables, Slurm's node groups). pandas, torch and optuna
-never freeze a caller's heap either; only the tuner's own command-line processes, which
-own their whole life, use ``gc.freeze`` (:func:`tuner.trial.run.freeze`).
+``tuner.measure()``, ``tuner.search()``, ``tuner.plan()`` and ``tuner.check()`` run inside
+a user's own Python process (a notebook, a trainer, a test suite). What the tuner changes
+for its own sake there is put back when the call returns, normally or not:
+
+- the garbage collector (enabled, thresholds; nothing frozen: :mod:`tuner.trial.run`);
+- the warnings filters, and the level, handlers and propagation of every logger that
+  existed before the call (optuna's verbosity, DeepSpeed's logger);
+- the environment variables (a lone process's rendezvous variables, Slurm's node groups);
+- the random number generators a trial seeds (torch's, on the CPU and every CUDA device
+  already initialised; Python's ``random``; NumPy's global one);
+- torch's process-wide settings: float32 matmul precision, cuDNN's flags, TF32 matmuls,
+  intra-op threads;
+- the SIGINT and SIGTERM handlers;
+- the default process group: a world of one the call formed on a rendezvous of its own
+  (a lone process's ZeRO or FSDP2 trial) is destroyed on the way out, its variables with
+  it; one the caller had is used and kept; under torchrun the group is the job's
+  (:func:`tuner.harness.distributed.formed_alone`);
+- the threads the call started (monitors, watchdogs, heartbeats) are waited for.
+
+Seen before it: ``tuner.measure(..., zero_stage=1)`` left a live process group with its
+rendezvous variables deleted, so the caller's own ``init_process_group`` failed after it;
+torch's global RNG came back reseeded; ``tuner.plan()`` left a warnings filter. pandas,
+torch and optuna never freeze a caller's heap either; only the tuner's own command-line
+processes, which own their whole life, use ``gc.freeze`` (:func:`tuner.trial.run.freeze`).
 """
 
 from __future__ import annotations
@@ -16,20 +32,42 @@ import contextlib
 import gc
 import logging
 import os
+import random
+import signal
+import sys
+import threading
+import time
 import warnings
 from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+THREAD_WAIT_S = 5.0
+"""How long the call waits for the threads it started to end (each ends within a tick)."""
 
 
 @contextlib.contextmanager
 def as_found() -> Iterator[None]:
-    """Snapshot the process-wide state a library may touch; restore it on the way out."""
+    """Snapshot the process-wide state a library call may touch; restore it on the way out."""
     enabled, thresholds = gc.isenabled(), gc.get_threshold()
     filters = list(warnings.filters)
     environ = dict(os.environ)
     loggers = {name: _logger_state(logger) for name, logger in _loggers()}
+    rng = _rng_state()
+    torch_settings = _torch_settings()
+    handlers = _signal_handlers()
+    threads = set(threading.enumerate())
+    had_group = dist.is_available() and dist.is_initialized()
+    ok = False
     try:
         yield
+        ok = True
     finally:
+        if not had_group:
+            _destroy_group_formed(ok)
+        _join_new_threads(threads)
         (gc.enable if enabled else gc.disable)()
         gc.set_threshold(*thresholds)
         warnings.filters[:] = filters
@@ -42,10 +80,13 @@ def as_found() -> Iterator[None]:
                 os.environ[key] = value
         for name, logger in _loggers():
             if name in loggers:
-                level, handlers, propagate, disabled = loggers[name]
+                level, handlers_, propagate, disabled = loggers[name]
                 logger.setLevel(level)
-                logger.handlers[:] = handlers
+                logger.handlers[:] = handlers_
                 logger.propagate, logger.disabled = propagate, disabled
+        _set_rng_state(rng)
+        _set_torch_settings(torch_settings)
+        _set_signal_handlers(handlers)
 
 
 def _loggers() -> Iterator[tuple[str, logging.Logger]]:
@@ -57,3 +98,82 @@ def _loggers() -> Iterator[tuple[str, logging.Logger]]:
 
 def _logger_state(logger: logging.Logger) -> tuple[int, list[Any], bool, bool]:
     return logger.level, list(logger.handlers), logger.propagate, logger.disabled
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["random"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+
+
+def _torch_settings() -> dict[str, Any]:
+    cudnn = torch.backends.cudnn
+    return {"matmul": torch.get_float32_matmul_precision(), "threads": torch.get_num_threads(),
+            "cudnn": (cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32),
+            "tf32": torch.backends.cuda.matmul.allow_tf32}
+
+
+def _set_torch_settings(settings: dict[str, Any]) -> None:
+    if torch.get_float32_matmul_precision() != settings["matmul"]:
+        torch.set_float32_matmul_precision(settings["matmul"])
+    if torch.get_num_threads() != settings["threads"]:
+        torch.set_num_threads(settings["threads"])
+    cudnn = torch.backends.cudnn
+    cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32 = settings["cudnn"]
+    torch.backends.cuda.matmul.allow_tf32 = settings["tf32"]
+
+
+def _signal_handlers() -> dict[int, Any]:
+    return {s: signal.getsignal(s) for s in SIGNALS}
+
+
+def _set_signal_handlers(handlers: dict[int, Any]) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set them, and only it could have changed them
+    for s, handler in handlers.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
+
+
+def _destroy_group_formed(ok: bool) -> None:
+    """The lone world of one the call formed, taken down: after a barrier when the call
+    ended normally, at once when it ended by an error (its group may be broken)."""
+    from tuner.harness import distributed
+
+    if not (dist.is_available() and distributed.formed_alone()):
+        return
+    if ok:
+        distributed.shutdown()
+    else:
+        distributed.shutdown_quietly()
+    _forget_deepspeed_group()
+
+
+def _forget_deepspeed_group() -> None:
+    """DeepSpeed keeps its own handle on the group it was given (``deepspeed.comm``): a
+    later ``deepspeed.initialize`` in the caller's process would talk to the destroyed one."""
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None and getattr(comm, "cdb", None) is not None:
+        comm.cdb = None
+
+
+def _join_new_threads(before: set[threading.Thread]) -> None:
+    """Wait for the threads the call started: each has been told to stop and ends within
+    a tick; one that does not is left (a daemon), never killed."""
+    deadline = time.monotonic() + THREAD_WAIT_S
+    for thread in set(threading.enumerate()) - before:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))

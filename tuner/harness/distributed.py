@@ -52,12 +52,26 @@ BACKEND_ENV = "TUNER_DIST_BACKEND"
 refuses: ``scripts/gpu_acceptance.py``)."""
 
 
+_alone = False
+"""The default group is a world of one on a rendezvous this process made up itself."""
+
+
+def formed_alone() -> bool:
+    """Whether the default group is a lone process's world of one on the tuner's own
+    rendezvous: a library call that formed it takes it down again (:mod:`tuner.harness.as_found`).
+    A group on a launcher's rendezvous (torchrun's) is the job's: re-forming one on
+    torchrun's agent store after destroying it hangs, so it stays for the process."""
+    return _alone and dist.is_initialized()
+
+
 def ensure_process_group(device: torch.device) -> None:
     """Create the default group once: NCCL on CUDA, gloo on CPU (or ``$TUNER_DIST_BACKEND``)."""
+    global _alone
     if dist.is_initialized():
         return
     backend = os.environ.get(BACKEND_ENV) or ("nccl" if device.type == "cuda" else "gloo")
-    if "MASTER_ADDR" not in os.environ:  # one process without torchrun (e.g. DeepSpeed alone)
+    _alone = "MASTER_ADDR" not in os.environ
+    if _alone:  # one process without torchrun (e.g. DeepSpeed alone)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                           RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(minutes=10)}

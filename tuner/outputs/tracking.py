@@ -190,7 +190,11 @@ class WandbTracker(Tracker):
 
     def start(self, recipe: "Recipe", out: Path) -> str | None:
         import wandb
+        from wandb.sdk import wandb_setup
 
+        self.own_service = wandb_setup._singleton is None  # noqa: SLF001 - whether W&B was set up before us
+        """W&B was not set up in this process before the search: its service process (wandb-core)
+        is the search's to end, as a library call leaves the caller's process as found."""
         mode = os.environ.get("WANDB_MODE") or ("online" if _wandb_credentials() else "offline")
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "tuner", name=f"search {recipe.name}",
                               dir=str(out), mode=mode, reinit="create_new",
@@ -225,6 +229,8 @@ class WandbTracker(Tracker):
             artifact.add_file(str(path))
         self.run.log_artifact(artifact)
         self.run.finish()
+        if self.own_service:
+            wandb.teardown()
 
 
 def _wandb_credentials() -> bool:

@@ -123,7 +123,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     assert recipe.task is not None
     trial = TrialResult(config.params(), state, reason, None, timings, losses, notes, pruned_at)
     result = _agree(recipe.task, recipe.task_args, config, ctx, trial, window, convolutions)
-    result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size)
+    result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size, ctx.device.type == "cuda")
     watchdog.learn(recipe.path, recipe.steps, recipe.global_batch_size, config, dog.stop(), result)
     return result
 
@@ -192,9 +192,11 @@ _OWN = False
 
 def own_process() -> None:
     """This process is the tuner's own command line: :func:`freeze` may freeze its heap (in a
-    user's process, where ``tuner.measure()`` is a library call, it never does)."""
+    user's process, where ``tuner.measure()`` is a library call, it never does), and a hung
+    trial ends it (a library call raises instead: :mod:`tuner.trial.watchdog`)."""
     global _OWN
     _OWN = True
+    watchdog.command_line()
 
 
 @contextlib.contextmanager

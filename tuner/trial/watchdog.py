@@ -1,5 +1,5 @@
-"""No hang anywhere: every in-process trial has a time limit, and a trial past it ends the
-process after saying where each rank was.
+"""No hang anywhere: every in-process trial has a time limit, and a trial past it ends,
+after saying where each rank was.
 
 A rank stuck in the task's code, or waiting in a collective for a rank that is (a failure
 inside the backward on one rank, a ZeRO-3 gather, a rank killed mid-trial), cannot be
@@ -8,7 +8,12 @@ rank waits for the trial's end; past the limit it publishes the main thread's in
 Python frame (``compute_loss (toy.py:112)``, or ``_engine_run_backward`` for a rank
 waiting in the backward's all-reduce) through the process group's store, rank 0 reads
 every rank's, has the trial recorded ``hung`` with that reason (``on_hang``: the search's
-record of the trial in flight), and every rank exits with :data:`EXIT_HUNG`. Re-running the same command
+record of the trial in flight), and then, in the tuner's own command lines, every rank
+exits with :data:`EXIT_HUNG`; in a library call (``tuner.measure()`` in a user's process,
+which is the user's to keep) the thread that runs the trial gets
+:class:`~tuner.trial.failures.TrialHung` instead, through a signal its handler turns into
+the exception (a rank waiting inside native code, a collective, takes it when the call
+returns to Python: the group's timeout at the latest). Re-running the same command
 resumes: the hung trial is recorded, not run again. (``torchrun --max-restarts=N`` is not
 advised: its restarted gloo ranks sat in their rendezvous for 480 s and more without
 forming a group, as in pytorch/pytorch#167288 for NCCL, where a re-run resumes in
@@ -18,14 +23,18 @@ until a trial of the recipe has finished here, then what its measured steps say.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable
 
+from tuner.trial.failures import TrialHung
 from tuner.trial.limits import Limits
 
 if TYPE_CHECKING:
@@ -43,6 +52,18 @@ compile: the first trial of each kind (DeepSpeed's engine build, inductor's comp
 far longer than an eager trial's start) runs under the ceiling."""
 FLOOR_S = 60.0
 """No learned limit is shorter."""
+SIGNAL = signal.SIGUSR2
+"""The signal that interrupts the trial's thread in a library call (its handler, the
+tuner's for the trial's length only, raises :class:`TrialHung`)."""
+_EXIT_ON_HANG = False
+"""Set by the command lines (:func:`command_line`): a hung trial ends the process."""
+
+
+def command_line() -> None:
+    """This process is the tuner's own command line: a hung trial exits it (75) rather than
+    raising in it."""
+    global _EXIT_ON_HANG
+    _EXIT_ON_HANG = True
 
 
 class Watchdog:
@@ -54,14 +75,29 @@ class Watchdog:
         """Rank 0's way to record the trial in flight as ``hung`` before the process ends."""
         self.started = time.monotonic()
         self._done = threading.Event()
-        self._main = threading.main_thread().ident
+        self._runner = threading.current_thread()
+        """The thread that runs the trial: the one a hang is raised in (library calls)."""
+        self._main = self._runner.ident
+        self._reason: str | None = None
+        self._previous: Any = None
+        self._handling = not _EXIT_ON_HANG and self._runner is threading.main_thread()
+        if self._handling:
+            self._previous = signal.signal(SIGNAL, self._raise)
         self._thread = threading.Thread(target=self._wait, name="tuner-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> float:
-        """The trial ended in time; returns its seconds."""
+        """The trial ended (in time, or by its hang); returns its seconds. The thread that ran
+        it gets its own signal handler back."""
         self._done.set()
+        if self._handling:
+            self._handling = False
+            signal.signal(SIGNAL, self._previous)
         return time.monotonic() - self.started
+
+    def _raise(self, signum: int, frame: FrameType | None) -> None:
+        if self._reason is not None and not self._done.is_set():
+            raise TrialHung(self._reason)
 
     def _wait(self) -> None:
         if self._done.wait(self.limit_s):
@@ -79,7 +115,22 @@ class Watchdog:
                 _say(_store(), "tuner/hung/recorded", "1")
         else:  # the first rank to exit has torchrun end the others: rank 0 must have recorded it by then
             _wait(_store(), "tuner/hung/recorded", 30)
-        os._exit(EXIT_HUNG)
+        if _EXIT_ON_HANG:
+            os._exit(EXIT_HUNG)
+        self._interrupt(reason)
+
+    def _interrupt(self, reason: str) -> None:
+        """Raise :class:`TrialHung` in the thread that runs the trial: by a signal its
+        handler turns into the exception where that thread is the main one (a blocking
+        call, a sleep, returns early), else as an asynchronous exception that thread meets
+        at its next Python instruction."""
+        self._reason = reason
+        if self._handling:
+            signal.pthread_kill(self._runner.ident or 0, SIGNAL)
+        else:
+            hung = type("TrialHung", (TrialHung,), {"default_reason": reason})
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._runner.ident or 0),
+                                                       ctypes.py_object(hung))
 
     def _where(self) -> str:
         """Each rank's innermost Python frame: its own, and the others' through the store."""

@@ -45,6 +45,11 @@ class Engine(ABC):
         self.config = config
         self.device = device
         self.notes = []
+        self._compiled_before: Any = None
+        if config.compile:
+            from tuner.trial.engines.levers import compiled_so_far
+
+            self._compiled_before = compiled_so_far()
 
     @abstractmethod
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
@@ -76,7 +81,7 @@ class Engine(ABC):
         if self.config.compile:
             from tuner.trial.engines.levers import release_compiled
 
-            release_compiled()
+            release_compiled(self._compiled_before)
         self.recompute = None
 
     @abstractmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
@@ -38,12 +39,10 @@ def prepare(device: torch.device) -> None:
     global _prepared
     if _prepared:
         return
-    import deepspeed
     from deepspeed.utils import logger as ds_logger
 
     ds_logger.setLevel(logging.WARNING)  # its INFO lines would drown the table
-    ensure_process_group(device)  # a lone process gets a world of one, not MPI discovery
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
+    _group(device)
     world = torch.distributed.get_world_size()
     for stage in (1, 3):
         from tuner.config.space import Config
@@ -56,6 +55,19 @@ def prepare(device: torch.device) -> None:
         engine.close()
         del engine
     _prepared = True
+
+
+def _group(device: torch.device) -> None:
+    """The process group DeepSpeed trains in, formed where there is none (a lone process
+    gets a world of one, not MPI discovery), and DeepSpeed's own handle on it. A library
+    call takes down a group it formed when it returns (:mod:`tuner.harness.as_found`), so
+    each trial sees to it; a group the caller formed without torchrun's variables is used
+    as it is (DeepSpeed insists on ``LOCAL_RANK``: the device's index)."""
+    import deepspeed
+
+    ensure_process_group(device)
+    os.environ.setdefault("LOCAL_RANK", str(device.index or 0))
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo", verbose=False)
 
 
 class DeepSpeedEngine(Engine):
@@ -71,6 +83,7 @@ class DeepSpeedEngine(Engine):
         super().__init__(config, device)
         import deepspeed
 
+        _group(device)
         module.to(device)
         optimizer = make_optimizer(module.parameters())
         self.ds_config = ds_config(config, world_size, cuda=device.type == "cuda")

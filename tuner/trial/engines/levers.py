@@ -192,31 +192,59 @@ def prepare_compile(device: torch.device) -> None:
     global _compile_ready
     if _compile_ready:
         return
+    before = compiled_so_far()
     block = torch.nn.Linear(4, 4).to(device)
     block.compile()
     block(torch.ones(2, 4, device=device)).sum().backward()
     del block
-    release_compiled()
+    release_compiled(before)
     _compile_ready = True
 
 
-def release_compiled() -> None:
-    """Forget dynamo's compiled code and the real tensors it still holds; inductor's disk
-    cache stays, so the next trial's compile of the same graphs is a cache hit.
+def compiled_so_far() -> tuple[frozenset[int], frozenset[int]]:
+    """What dynamo holds before a trial compiles: the code objects it has compiled (their
+    ids) and its cached backends. :func:`release_compiled` lets go of the rest only."""
+    from torch._dynamo import convert_frame, eval_frame
 
-    ``torch._dynamo.reset()`` is not enough on torch 2.13: every compiled trial left its
+    codes = frozenset(id(c) for t in (convert_frame.input_codes, convert_frame.output_codes)
+                      for ref in t.seen if (c := ref()) is not None)
+    return codes, frozenset(eval_frame.cached_backends)
+
+
+def release_compiled(before: tuple[frozenset[int], frozenset[int]] | None = None) -> None:
+    """Forget what dynamo compiled since ``before`` (:func:`compiled_so_far`) and the real
+    tensors it still holds; inductor's disk cache stays, so the next trial's compile of the
+    same graphs is a cache hit. What was compiled before, the caller's own compiled models
+    in a library call, is left as it was: ``torch._dynamo.reset()`` would make them compile
+    again on their next call.
+
+    Dropping the code caches is not enough on torch 2.13: every compiled trial left its
     parameters alive (48, then 76 ``Parameter`` objects after two compiled GPT-2 trials,
     +44% PSS on the next trial), held by ``ShapeEnv.tracked_fakes`` of guards that outlive
     the reset (a known leak, fixed upstream by pytorch/pytorch#193015 in August 2026).
-    Dropping the tracked fakes of every live ``ShapeEnv`` frees them (0 left); it is one
-    scan of the garbage collector's objects at teardown, outside any measurement.
+    Dropping the tracked fakes of every live ``ShapeEnv`` frees them (0 left; a finished
+    compile never reads them again); it is one scan of the garbage collector's objects at
+    teardown, outside any measurement.
     """
     import gc
 
     import torch._dynamo
+    from torch._dynamo import convert_frame, eval_frame
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    torch._dynamo.reset()  # noqa: SLF001 - torch.compiler.reset() does not drop the guards' fakes
+    codes, backends = before if before is not None else (frozenset(), frozenset())
+    with convert_frame.compile_lock:
+        for tracker in (convert_frame.input_codes, convert_frame.output_codes):
+            for ref in list(tracker.seen):
+                code = ref()
+                if code is not None and id(code) not in codes:
+                    torch._dynamo.reset_code(code)  # noqa: SLF001 - one code object's cache entries
+                    tracker.seen.remove(ref)
+                    tracker.seen_ids.discard(id(code))
+        for k in set(eval_frame.cached_backends) - backends:
+            backend = eval_frame.cached_backends.pop(k)
+            if hasattr(backend, "reset"):
+                backend.reset()
     from torch._inductor import codecache
 
     # The loaded modules of this trial's kernels (the disk cache stays): without this the
