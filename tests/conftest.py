@@ -55,8 +55,23 @@ def toy_recipe(folder: Path, **fields: Any) -> Path:
 
 
 def run(cmd: list[str], timeout: float = 300, **env: str) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in a session of its own; past ``timeout`` its whole tree is killed (torchrun's
+    ranks, each in a session of their own, and loader workers included), then the timeout
+    is raised."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full_env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=full_env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, out, err) from None
+    except BaseException:
+        kill_tree(proc.pid)
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def torchrun(nproc: int, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -64,40 +79,128 @@ def torchrun(nproc: int, *args: str, timeout: float = 600) -> subprocess.Complet
                 "--standalone", *args], timeout=timeout)
 
 
-_before: set[int] = set()
-
-
-def leftovers() -> list[Any]:
-    """Processes the running test started (at any depth below this one) that are still
-    there, zombies included: what it did not end and reap. Processes other tests left are
-    not its business (a leftover of one test once failed five others here)."""
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything below it, found before any of it dies (a rank whose
+    parent died first is this process's child again: see :func:`_subreaper`)."""
     import psutil
 
-    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _before]
-
-
-@pytest.fixture(autouse=True)
-def _reap_what_the_test_started():
-    """Every test ends what it started, also when it fails: its leftovers are terminated,
-    then killed, and waited for (a zombie child is reaped), so the next test starts clean."""
-    import psutil
-
-    global _before
-    _before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    left = leftovers()
-    for p in left:
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in tree:
         try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(tree, timeout=10)
+
+
+_before: set[int] = set()
+_left: list[str] = []
+"""What tests left running, said when the session ends."""
+
+
+def _subreaper() -> None:
+    """Make this process the reaper of its orphans (Linux ``PR_SET_CHILD_SUBREAPER``): a
+    process whose parent dies (torchrun killed before its ranks, a daemonising helper) is
+    then this process's child again instead of init's, so that nothing a test started can
+    outlive it unseen."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def leftovers(before: set[int] | None = None) -> list[Any]:
+    """Processes below this one that the running test started (not ``before`` it, nor below
+    a process that was: the services a session fixture started, and their own children,
+    are theirs), still there, zombies included."""
+    import psutil
+
+    known = _before if before is None else before
+    me = os.getpid()
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        if p.pid in known or _reaped(p):
+            continue
+        try:
+            chain = [q.pid for q in p.parents()]
+        except psutil.Error:
+            continue
+        below_me = chain[: chain.index(me)] if me in chain else chain
+        if not any(q in known for q in below_me):
+            out.append(p)
+    return out
+
+
+def _reaped(p: Any) -> bool:
+    """Reap ``p`` if it is a zombie child of this process: an orphan that died after its
+    parent (a script trial's loader worker) comes back here, this process being their
+    subreaper, and is gone once reaped."""
+    import psutil
+
+    try:
+        if p.status() != psutil.STATUS_ZOMBIE or p.ppid() != os.getpid():
+            return False
+        return os.waitpid(p.pid, os.WNOHANG)[0] == p.pid
+    except (psutil.Error, ChildProcessError):
+        return True
+
+
+def _end(procs: list[Any]) -> list[str]:
+    """Terminate, then kill, and reap ``procs``; what each was (for the message)."""
+    import psutil
+
+    said = []
+    for p in procs:
+        try:
+            said.append(f"{p.pid} {' '.join(p.cmdline())[:120] or p.name()}")
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(left, timeout=10)
+    _, alive = psutil.wait_procs(procs, timeout=10)
     for p in alive:
         try:
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=10)
+    return said
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _nothing_left_behind():
+    """The session's last word: no process any test started is still alive at the end (each
+    test's are ended after it; this fails the run for one that escaped or was left)."""
+    _subreaper()
+    yield
+    import psutil
+
+    late = leftovers(set())
+    _, alive = psutil.wait_procs(late, timeout=15)  # a service's fixture stopped it: it may still be going
+    said = _end(alive)
+    if said or _left:
+        pytest.fail("processes left running by the tests: " + "; ".join(_left + said), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _reap_what_the_test_started(request):
+    """Every test ends what it started, also when it fails: its leftovers (after a moment to
+    end on their own) are terminated, then killed, and reaped, so the next test starts
+    clean; each is remembered, and the session fails for them at its end."""
+    import psutil
+
+    global _before
+    _before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = leftovers()
+    _, left = psutil.wait_procs(left, timeout=5)
+    said = _end(left)
+    if said:
+        _left.append(f"{request.node.nodeid}: {', '.join(said)}")
 
 
 @pytest.fixture
