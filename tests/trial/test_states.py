@@ -45,3 +45,45 @@ def test_a_trial_that_breaks_its_process_says_so_and_only_then():
     assert "collectives queued" in poisons(State.ERROR, "KeyError: 'x'", "fsdp", 8)
     for state in (State.PRUNED, State.HUNG, State.NONFINITE, State.OK):
         assert poisons(state, "CUDA error", "fsdp", 8) is None
+
+
+def test_on_cuda_a_failed_ddp_or_layout_trial_on_several_ranks_breaks_the_process_too():
+    """NCCL's collectives run on the device's stream: a bucket's all-reduce launched before
+    one rank failed waits there for it. On gloo the agreed failure leaves nothing queued."""
+    from tuner.trial.failures import poisons
+
+    for engine in ("torch", "layout"):
+        assert "collectives queued" in poisons(State.OOM, "OutOfMemoryError: out of memory", engine, 2, cuda=True)
+        assert poisons(State.OOM, "OutOfMemoryError: out of memory", engine, 2, cuda=False) is None
+        assert poisons(State.OOM, "OutOfMemoryError: out of memory", engine, 1, cuda=True) is None
+
+
+def test_a_library_that_cannot_allocate_its_workspace_is_out_of_memory_not_a_broken_device():
+    """cuBLAS creating its handle in a full device says CUBLAS_STATUS_ALLOC_FAILED: the trial
+    did not fit (infeasible, the search goes on), where other cuBLAS errors are sticky."""
+    from tuner.trial.failures import classify, poisons
+
+    state, reason = classify(RuntimeError("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"))
+    assert state == State.OOM and poisons(state, reason, "torch", 1, cuda=True) is None
+    state, reason = classify(RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx`"))
+    assert state == State.ERROR and poisons(state, reason, "torch", 1, cuda=True) is not None
+
+
+def test_compile_is_refused_in_one_line_where_inductor_lacks_its_tools(monkeypatch):
+    """A CUDA image without gcc, or without triton: every compiled trial failed before; now
+    the lever leaves the space saying what is missing."""
+    import importlib.util
+
+    from tuner.config.levers import LEVERS
+    from tuner.config.machine import Machine, compiler_missing
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CC", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "triton" else real(n, *a))
+    missing = compiler_missing(cuda=True)
+    assert "triton" in missing and "C compiler" in missing
+    assert "C++ compiler" in compiler_missing(cuda=False)
+    machine = Machine(cuda=True, bf16=True, fp16=True, compiler=False, compiler_missing=missing)
+    ((value, why, fallback),) = LEVERS["compile"].refused(machine)
+    assert (value, fallback) == (True, False) and why.startswith("torch.compile's inductor needs triton")

@@ -188,8 +188,9 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           reference=False, verdicts={"host-cpu-saturated": 2, "host-bound": 1, "compute-bound": 1},
           suggest=((True,), "compile: true (fused kernels)"),
           refused=lambda m: [] if m.compiler else [
-              (True, "torch.compile's inductor needs a C++ compiler on the PATH (g++ or clang++) for CPU code, "
-                     "and none was found", False)],
+              (True, "torch.compile's inductor needs "
+                     f"{m.compiler_missing or 'a C++ compiler on the PATH (g++ or clang++) for CPU code'}, and this "
+                     "machine has none", False)],
           risk="compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
                "the precision guard",
           label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.levers:compile_model",

@@ -14,7 +14,10 @@ class Machine:
     bf16: bool
     fp16: bool
     compiler: bool = True
-    """A C++ compiler for inductor's CPU code (a GPU build still compiles host code)."""
+    """What ``torch.compile``'s inductor needs here: a C++ compiler for CPU code; on CUDA,
+    triton and a C compiler (triton builds its kernel launchers with the system's ``cc``)."""
+    compiler_missing: str = ""
+    """What of that is missing, in words (empty when nothing is)."""
     fsdp2: bool = True
     cudnn: bool = False
     """cuDNN on a CUDA device (``cudnn_benchmark`` picks its convolution algorithms)."""
@@ -24,7 +27,6 @@ class Machine:
     @classmethod
     def detect(cls) -> "Machine":
         import inspect
-        import shutil
 
         import torch
 
@@ -33,14 +35,33 @@ class Machine:
         # natively (Ampere or newer): by default torch also says yes where it is emulated, and
         # an emulated bf16 trial on a V100 or T4 is slower and measures nothing a user wants.
         bf16 = native_bf16(torch) if cuda else True
-        compiler = cuda or any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+        missing = compiler_missing(cuda)
         # FSDP2's fully_shard is public from torch 2.6; importing it to find out cost 0.3-0.7 s
         # of every search's start (torch.distributed.fsdp loads its whole package).
         fsdp2 = torch.distributed.is_available() and torch.__version__ >= (2, 6)
         cudnn = cuda and torch.backends.cudnn.is_available()
         in_order = "in_order" in inspect.signature(torch.utils.data.DataLoader).parameters
-        return cls(cuda=cuda, bf16=bf16, fp16=cuda, compiler=bool(compiler), fsdp2=fsdp2, cudnn=cudnn,
-                   in_order=in_order)
+        return cls(cuda=cuda, bf16=bf16, fp16=cuda, compiler=not missing, compiler_missing=missing, fsdp2=fsdp2,
+                   cudnn=cudnn, in_order=in_order)
+
+
+def compiler_missing(cuda: bool) -> str:
+    """What inductor lacks on this machine: on a CPU a C++ compiler; on CUDA triton and a C
+    compiler (seen on a CUDA image without gcc: every compiled trial failed in triton's
+    launcher build, each recorded an error, where the lever should have left the space)."""
+    import importlib.util
+    import os
+    import shutil
+
+    if not cuda:
+        found = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+        return "" if found else "a C++ compiler on the PATH (g++ or clang++) for CPU code"
+    missing = []
+    if importlib.util.find_spec("triton") is None:
+        missing.append("triton (pip install triton)")
+    if not any(shutil.which(c) for c in (os.environ.get("CC", ""), "cc", "gcc", "clang") if c):
+        missing.append("a C compiler on the PATH (cc, gcc or clang) for triton's kernel launchers")
+    return " and ".join(missing)
 
 
 def native_bf16(torch: Any) -> bool:

@@ -21,12 +21,20 @@ class TrialStop(Exception):
         """(measured steps, samples/s) when the stop is a pruning."""
 
 
+_OUT_OF_MEMORY = re.compile(r"out of memory|can't allocate memory|CUBLAS_STATUS_ALLOC_FAILED|"
+                            r"CUDNN_STATUS_ALLOC_FAILED|CUSOLVER_STATUS_ALLOC_FAILED", re.IGNORECASE)
+"""What an exception says when it is memory that ran out: the allocator's own error, and
+the libraries' that allocate their workspace outside it (cuBLAS creating its handle in a
+full device raises ``CUDA error: CUBLAS_STATUS_ALLOC_FAILED``, not an out-of-memory error;
+classed as a device fault, it ended the search for a re-run where the next, smaller trial
+would have fit)."""
+
+
 def classify(exc: BaseException) -> tuple[State, str]:
     """(state, one-line reason) for a trial's exception."""
     text = f"{type(exc).__name__}: {exc}".strip()
     first = text.splitlines()[0][:500] if text else type(exc).__name__
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text.lower() \
-            or "can't allocate memory" in text.lower():
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or _OUT_OF_MEMORY.search(text):
         return State.OOM, first
     if isinstance(exc, TrialError):
         return State.ERROR, first
@@ -47,6 +55,24 @@ errors are sticky (every later call in the process fails with the same one), and
 communicator that aborted cannot be used again."""
 
 
+class TrialHung(BaseException):
+    """A trial ran past its time limit inside a library call (``tuner.measure()`` in a
+    user's process): raised in the thread that ran it, with where each rank was, after the
+    search recorded it ``hung``. A ``BaseException``, as ``KeyboardInterrupt`` is, so that
+    no ``except Exception`` on the way (the trial's own failure handling, a user's loop)
+    turns it into an ordinary failed trial and goes on. The command lines never raise it:
+    their processes exit with :data:`EXIT_RESTART` instead (:mod:`tuner.trial.watchdog`)."""
+
+    exit_code = 75
+    default_reason = "hung: the trial ran past its limit"
+    """The reason when raised as a type (an asynchronous exception carries no arguments)."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        reason = reason or self.default_reason
+        super().__init__(f"{reason}; the trial is recorded as hung: run the same search again to resume")
+        self.reason = reason
+
+
 class ProcessPoisoned(Exception):
     """This process can run no more trials (:func:`poisons`); the trial that broke it is
     recorded, and the same command resumes in a fresh process."""
@@ -58,7 +84,7 @@ class ProcessPoisoned(Exception):
         self.why = why
 
 
-def poisons(state: str, reason: str | None, engine: str, world_size: int) -> str | None:
+def poisons(state: str, reason: str | None, engine: str, world_size: int, cuda: bool = False) -> str | None:
     """Why no further trial can run in this process after a trial that ended in ``state``
     (agreed by every rank), or ``None`` when the next one can.
 
@@ -66,11 +92,15 @@ def poisons(state: str, reason: str | None, engine: str, world_size: int) -> str
     NCCL abort) fails every later CUDA call in the process. A sharded engine on several
     ranks that failed on one of them (in the forward, say) leaves the others' collectives
     queued on the device or the process group: the next trial's first collective would
-    meet them instead of its own."""
+    meet them instead of its own. On CUDA the same holds for DDP and the parallel layout:
+    their NCCL collectives run on the device's stream, and a rank that failed after its
+    peers launched a bucket's all-reduce leaves those kernels waiting for it (on gloo a
+    collective completes or fails on the host, and the agreed failure leaves nothing
+    queued: the next trial runs, as the tests on two CPU ranks show)."""
     if state not in (State.ERROR, State.OOM):
         return None
     if state == State.ERROR and reason is not None and _DEVICE_FAULT.search(reason):
         return "a CUDA or communication error leaves this process's device or process group unusable"
-    if world_size > 1 and engine in ("deepspeed", "fsdp"):
+    if world_size > 1 and (engine in ("deepspeed", "fsdp") or (cuda and engine in ("torch", "layout"))):
         return f"a failed {engine} trial on {world_size} ranks can leave collectives queued on the other ranks"
     return None
