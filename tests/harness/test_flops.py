@@ -87,3 +87,36 @@ def test_mfu_is_achieved_over_peak_per_device():
     assert out["samples_per_s"] == pytest.approx(32)
     assert out["achieved_tflops"] == pytest.approx(16)
     assert out["mfu"] == pytest.approx(0.16)
+
+
+def test_a_checkpointed_first_trial_counts_the_models_flops_not_its_recompute(tmp_path):
+    """The FLOPs per sample are the model's whatever trial comes first: before, a trial with
+    full checkpointing counted its recompute too, and every later trial's MFU read about a
+    third high. Here the first trial of the process checkpoints every block, and the
+    count is the plain model's, as a plain eager forward and backward counts it."""
+    import torch.utils.data
+
+    from tuner.config.task import load_task
+
+    from conftest import ROOT, write_recipe
+
+    recipe = write_recipe(tmp_path, {"name": "ck", "task": str(ROOT / "recipes" / "tasks" / "llama.py"),
+                                     "global_batch_size": 4, "steps": {"warmup": 1, "measure": 2}})
+    m = tuner.measure(recipe, activation_checkpointing="full", micro_batch_size=4)
+    assert m.state == "ok", m.reason
+    task = load_task(str(ROOT / "recipes" / "tasks" / "llama.py"), ROOT)
+    batch = next(iter(torch.utils.data.DataLoader(task.build_dataset({}), batch_size=4, collate_fn=task.collate)))
+    model = task.build_model({})
+    plain = count_flops(lambda: task.compute_loss(model, batch).backward()) / 4
+    x = m.metrics
+    assert x["achieved_tflops"] == pytest.approx(plain * x["samples_per_s"] / 1e12, rel=1e-6)
+
+
+def test_a_mig_slice_has_its_share_of_the_peak():
+    """A100 3g.20gb: 42 of the A100's 108 SMs. A full GPU reports all of them: its peak is
+    the table's."""
+    mig = "NVIDIA A100-SXM4-40GB MIG 3g.20gb"
+    assert peak_for_name(mig, "bf16", sms=42) == pytest.approx(312e12 * 42 / 108)
+    assert peak_for_name(mig, "bf16") is None  # a slice of unknown size: no guess
+    assert peak_for_name("NVIDIA H100 80GB HBM3", "bf16", sms=132) == pytest.approx(989.4e12)
+    assert peak_for_name("NVIDIA H200", "bf16", sms=132) == pytest.approx(989.4e12)

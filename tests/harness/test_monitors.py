@@ -62,3 +62,21 @@ def test_host_memory_reads_pss_only_when_resident_memory_reaches_a_new_high():
     del block
     assert steady <= 3, steady  # the start's reading, and at most a couple of allocator wobbles
     assert grown > steady and peak - tree_pss_bytes(psutil.Process()) > 64 * 1024 * 1024
+
+
+def test_the_process_is_found_on_its_gpu_inside_a_pid_namespace():
+    """NVML lists host PIDs; in a container this process is pid 27 and the host's 41234. By
+    PID where a namespace shows it, else the only process on the device, else the only one
+    that can hold this process's allocator reserve; never a guess between two."""
+    from tuner.harness.system.monitors import namespace_pids, pick_own
+
+    gib = 2**30
+    assert pick_own([(41234, 3 * gib), (999, 5 * gib)], {27, 41234}) == 3 * gib
+    assert pick_own([(41234, 3 * gib)], {27}) == 3 * gib  # alone on its device
+    others = [(41234, 3 * gib), (999, gib // 2)]
+    assert pick_own(others, {27}, reserved=2 * gib) == 3 * gib  # only it holds 2 GiB
+    assert pick_own([(41234, 3 * gib), (999, 5 * gib)], {27}, reserved=2 * gib) is None  # two could
+    assert pick_own([], {27}) is None
+    import os
+
+    assert os.getpid() in namespace_pids(os.getpid())

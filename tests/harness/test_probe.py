@@ -170,3 +170,16 @@ def test_the_core_probe_calls_its_hooks_and_never_reads_a_trial_file(monkeypatch
             break
     assert steps == [(1, 2), (2, 2), (3, 2), (4, 2)] and closed == [probe]
     assert len(probe.window.step_times) == 3 and not (tmp_path / "result.json").exists()
+
+
+def test_an_open_ended_window_keeps_only_the_steps_it_has_not_read():
+    """measure=None in a training loop of a week: each step's marks (CUDA events on a GPU)
+    are let go once read into the window, not kept for the whole run."""
+    from tuner.harness.probe_core import ProbeCore
+
+    probe = ProbeCore(warmup=2, measure=None, monitors=False)
+    for _ in probe.loader(range(500)):
+        probe.step(samples=4)
+    assert probe.measured == 498 and len(probe.window.step_times) == 498
+    assert len(probe._steps) <= 2  # the last one read, and what the timeline has not reached
+    probe.close()

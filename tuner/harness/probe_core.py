@@ -93,6 +93,7 @@ class ProbeCore:
         on_close: Callable[["ProbeCore"], None] | None = None,
         reset_peaks: bool = True,
         timing: Timing | None = None,
+        device_later: Callable[[], torch.device | None] | None = None,
     ) -> None:
         if warmup < 0 or not (measure is None or measure == "auto" or (isinstance(measure, int) and measure >= 1)):
             raise ValueError(f"warmup must be >= 0 and measure >= 1, 'auto' or None, got {warmup} and {measure!r}")
@@ -120,7 +121,11 @@ class ProbeCore:
         self._timing: Timing = timing if timing is not None else source_for(self.device)
         """Marks on the host clock, or on the device's stream (:mod:`tuner.harness.timing`)."""
         self._steps: list[Step] = []
+        """The measured steps not yet read into the window, and the last one read (whose end
+        the next step's time starts from): a step read is let go, its CUDA events with it."""
         self._settled = 0
+        self._read = 0
+        """Steps read into the window and let go."""
         self._start_mark: Any = None
         self._fetches: list[Fetch] = []
         self._wait = 0.0
@@ -139,6 +144,18 @@ class ProbeCore:
         self._memory: HostMemory | None = None
         self._gpu: GpuUtil | None = None
         self._on_step, self._on_close = on_step, on_close
+        self._device_later = device_later
+        """Asked once, at the loop's first batch or step, for the device it trains on: a probe
+        made before the script's ``torch.cuda.set_device`` (at the top of a training script,
+        as the docs show) learns its rank's device there, not at construction."""
+
+    def _resolve_device(self) -> None:
+        if self._device_later is None:
+            return
+        ask, self._device_later = self._device_later, None
+        device = ask()
+        if device is not None and cuda_index(device) != self.device and self.window_start is None:
+            self.use_device(device)
 
     # --- the loop's side ------------------------------------------------------------------
 
@@ -146,6 +163,7 @@ class ProbeCore:
         """Yield from ``iterable``, timing each ``next()`` (and ``transfer``, the copy to the
         device) as data wait: on a GPU, as the gap the device sat idle for the batch
         (:mod:`tuner.harness.timing`)."""
+        self._resolve_device()
         it = iter(iterable)
         nvtx = self._nvtx
         if self.steps_done == 0:
@@ -174,6 +192,7 @@ class ProbeCore:
         """A point on the probe's timeline, for a loop that fetches its batches itself: make
         one before fetching (or at the end of the previous batch) and give it to
         :meth:`record_fetch` with the batch."""
+        self._resolve_device()
         if self.window_start is None and self.warmup == 0 and self.steps_done == 0:
             return self._open_window()
         return self._timing.mark()
@@ -193,6 +212,7 @@ class ProbeCore:
 
     def step(self, samples: int | None = None) -> None:
         """One optimizer step has finished; ``samples`` overrides the inferred count."""
+        self._resolve_device()
         end = self._timing.mark()
         now = self._timing.host(end)
         self.steps_done += 1
@@ -205,7 +225,7 @@ class ProbeCore:
             if self.window.comm_waits is not None:
                 self.window.comm_waits.append(self.comm.take())
             self._settle(block=False)
-            if self._window_complete(len(self._steps)):
+            if self._window_complete(self.measured):
                 self._close_window(now)
         elif self.steps_done == self.warmup:
             now = self._timing.host(self._open_window())
@@ -225,13 +245,18 @@ class ProbeCore:
     @property
     def measured(self) -> int:
         """Steps counted inside the window so far (some maybe not yet reached by the device)."""
-        return len(self._steps)
+        return self._read + len(self._steps)
 
     def _settle(self, block: bool) -> None:
         """Move the measured steps the timeline has passed into the window (all of them
         with ``block``, after the window): on a GPU, decisions inside the window use only
         what the device has done (:func:`tuner.harness.timing.settle`)."""
         self._settled = settle(self._timing, self._start_mark, self._steps, self._settled, self.window, block)
+        if self._settled > 1:  # keep the last read step: the next one is timed from its end
+            gone = self._settled - 1
+            del self._steps[:gone]
+            self._read += gone
+            self._settled = 1
 
     def watch(self, model: Any) -> Any:
         """Time the collectives a wrapped model runs: a DDP model's gradient all-reduces

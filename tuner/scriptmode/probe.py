@@ -39,10 +39,11 @@ class Probe(ProbeCore):
             percent; ``None`` measures every step after warm-up and ``done`` never
             becomes true (a script-mode trial sets its own).
         device: the training device; CUDA step times come from events on its stream.
-            Default: the current CUDA device where CUDA is available (``cuda`` means that
-            one too), else the host clock. The process's peak-memory counters are never
-            reset: ``peak_mem_gib`` is ``max_memory_reserved`` since the process started
-            or your own last reset.
+            Default: this rank's CUDA device where CUDA is available, read at the loop's
+            first batch or step (after your ``torch.cuda.set_device``; without one,
+            torchrun's ``LOCAL_RANK``), else the host clock; ``cuda`` means the current one.
+            The process's peak-memory counters are never reset: ``peak_mem_gib`` is
+            ``max_memory_reserved`` since the process started or your own last reset.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.
         flops_per_sample: forward + backward FLOPs of one sample; gives
             ``achieved_tflops``, and ``mfu`` on a GPU of the peak table.
@@ -69,7 +70,8 @@ class Probe(ProbeCore):
             warmup, measure = int(trial["warmup"]), trial["measure"]
         super().__init__(warmup, measure, device if device is not None else default_device(), tokens_per_sample,
                          flops_per_sample=flops_per_sample, amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
-                         on_step=_step_check(trial), on_close=_reporter(trial), reset_peaks=False)
+                         on_step=_step_check(trial), on_close=_reporter(trial), reset_peaks=False,
+                         device_later=default_device if device is None else None)
         self.notes: list[str] = []
         """What the search should know about this trial's numbers (reported with them)."""
         self.unmeasured: set[str] = set()

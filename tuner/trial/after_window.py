@@ -93,18 +93,34 @@ def profiled_comm_share(job: "Job") -> float | None:
 
 
 def count_task_flops(job: "Job") -> None:
-    """FLOPs per sample, once per task in this process, unless the task says them: one
-    forward and backward of the last batch under FlopCounterMode."""
+    """FLOPs per sample, once per task and arguments in this process, unless the task says
+    them: what the model itself costs, so that MFU means the same in every trial.
+
+    Counted on a copy of the task's model built on the meta device (no memory, no time, no
+    lever: one forward and backward of the last batch's shapes under FlopCounterMode).
+    Counting on the trial's own model instead took whichever trial came first: a
+    checkpointed one counted its recompute too (MFU about a third high in every later
+    trial), a parallel-layout rank only its part (left unknown). Where the model cannot be
+    built or run on the meta device (weights loaded from a file, ``.item()`` in the loss),
+    the first plain trial counts it: eager, not checkpointed, the whole model on this rank.
+    """
     assert job.recipe.task is not None
-    key = flops_key(job.recipe.task, job.recipe.task_args)
-    if key in _FLOPS or job.config.engine == "layout":  # a model-parallel rank runs a part: counted elsewhere
-        return
     task, args = job.recipe.task, job.recipe.task_args
-    assert task is not None
+    key = flops_key(task, args)
+    if key in _FLOPS:
+        return
     if task.flops_per_sample is not None:
         _FLOPS[key] = float(task.flops_per_sample(args))
         return
     batch = job.last_batch
+    try:
+        _FLOPS[key] = _meta_count(task, args, batch) / job.config.micro_batch_size or None
+        return
+    except Exception:  # noqa: BLE001 - not meta-friendly: count on a plain trial below
+        pass
+    c = job.config
+    if c.engine == "layout" or c.activation_checkpointing != "none" or c.compile:
+        return  # its count would not be the model's: a later plain trial counts it
 
     def one_micro_batch() -> None:
         loss = job.forward(batch, True)
@@ -116,6 +132,22 @@ def count_task_flops(job: "Job") -> None:
         raise
     except Exception:  # noqa: BLE001 - an op the counter cannot follow: no MFU, not a failed trial
         _FLOPS[key] = None
+
+
+def _meta_count(task: "Task", args: dict[str, Any], batch: Any) -> float:
+    """FLOPs of one forward and backward of the task's plain model on ``batch``'s shapes,
+    on the meta device."""
+    from torch.utils._pytree import tree_map
+
+    with torch.device("meta"):
+        model = task.build_model(args)
+    meta = tree_map(lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t, batch)
+
+    def step() -> None:
+        with torch.device("meta"):  # what the loss creates without a device (positions, masks) too
+            task.compute_loss(model, meta).backward()
+
+    return count_flops(step)
 
 
 def task_flops(task: "Task", task_args: dict[str, Any]) -> float | None:

@@ -8,6 +8,7 @@ the training loop does.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 import torch
@@ -25,8 +26,21 @@ def cuda_index(device: torch.device | str | None) -> torch.device | None:
 
 
 def default_device() -> torch.device | None:
-    """The current CUDA device when CUDA is available, else ``None`` (the host clock)."""
-    return cuda_index("cuda") if torch.cuda.is_available() else None
+    """This rank's CUDA device when CUDA is available (:func:`rank_device`), else ``None``
+    (the host clock)."""
+    return rank_device() if torch.cuda.is_available() else None
+
+
+def rank_device() -> torch.device:
+    """The CUDA device this process trains on: the current one, unless that is still the
+    default ``cuda:0`` while torchrun's ``LOCAL_RANK`` names another visible device (a
+    script that moves its model to ``cuda:{local_rank}`` without ``set_device``: every rank
+    would otherwise time device 0's stream, which runs none of its work)."""
+    current = torch.cuda.current_device()
+    local = os.environ.get("LOCAL_RANK")
+    if current == 0 and local is not None and local.isdigit() and 0 < int(local) < torch.cuda.device_count():
+        return torch.device("cuda", int(local))
+    return torch.device("cuda", current)
 
 
 def accelerator_of(parameters: Iterable[Any]) -> torch.device | None:

@@ -15,28 +15,32 @@ import torch
 
 TFLOPS = 1e12
 
-PEAKS: tuple[tuple[frozenset[str], frozenset[str], dict[str, float]], ...] = (
-    # (tokens the name must hold, tokens it must not, dense peak TFLOP/s by dtype)
-    (frozenset({"H200", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    (frozenset({"H200"}), frozenset({"NVL"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    (frozenset({"H100", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}),
-    (frozenset({"H100", "PCIE"}), frozenset(), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    (frozenset({"H100"}), frozenset({"NVL", "PCIE"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    (frozenset({"GH200"}), frozenset(), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    (frozenset({"A100"}), frozenset(), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    (frozenset({"L40S"}), frozenset(), {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}),
-    (frozenset({"L40"}), frozenset(), {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}),
-    (frozenset({"L4"}), frozenset(), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    (frozenset({"A10G"}), frozenset(), {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}),
-    (frozenset({"A10"}), frozenset(), {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}),
-    (frozenset({"V100"}), frozenset(), {"fp16": 125.0, "fp32": 15.7}),
-    (frozenset({"T4"}), frozenset(), {"fp16": 65.0, "fp32": 8.1}),
+PEAKS: tuple[tuple[frozenset[str], frozenset[str], dict[str, float], int], ...] = (
+    # (tokens the name must hold, tokens it must not, dense peak TFLOP/s by dtype, the whole GPU's SMs)
+    (frozenset({"H200", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}, 132),
+    (frozenset({"H200"}), frozenset({"NVL"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}, 132),
+    (frozenset({"H100", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}, 132),
+    (frozenset({"H100", "PCIE"}), frozenset(), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}, 114),
+    (frozenset({"H100"}), frozenset({"NVL", "PCIE"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+     132),
+    (frozenset({"GH200"}), frozenset(), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}, 132),
+    (frozenset({"A100"}), frozenset(), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 108),
+    (frozenset({"L40S"}), frozenset(), {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}, 142),
+    (frozenset({"L40"}), frozenset(), {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}, 142),
+    (frozenset({"L4"}), frozenset(), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}, 58),
+    (frozenset({"A10G"}), frozenset(), {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}, 80),
+    (frozenset({"A10"}), frozenset(), {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}, 72),
+    (frozenset({"V100"}), frozenset(), {"fp16": 125.0, "fp32": 15.7}, 80),
+    (frozenset({"T4"}), frozenset(), {"fp16": 65.0, "fp32": 8.1}, 40),
 )
 """Sources: NVIDIA data sheets (H100/H200 SXM and NVL, H100 PCIe, GH200, A100, L40S, L40,
-L4, A10, A10G, V100, T4), dense figures (half the sparsity ones). A name is matched by
-whole tokens (split at spaces and hyphens), never by substring: ``NVIDIA L40`` holds the
-text "L4" and once read the L4's 121 TFLOP/s (an MFU above 1 on an L40's 181); ``NVIDIA
-H100 NVL`` once read the SXM's 989. Extend here; nothing else needs to change."""
+L4, A10, A10G, V100, T4), dense figures (half the sparsity ones), and each whole GPU's
+streaming multiprocessors. A name is matched by whole tokens (split at spaces and
+hyphens), never by substring: ``NVIDIA L40`` holds the text "L4" and once read the L4's 121
+TFLOP/s (an MFU above 1 on an L40's 181); ``NVIDIA H100 NVL`` once read the SXM's 989. A
+MIG slice (``NVIDIA A100-SXM4-40GB MIG 3g.20gb``: 42 of the A100's 108 SMs) has its share
+of the peak, by its SMs: it once got the whole GPU's, an MFU 2.6x too low. Extend here;
+nothing else needs to change."""
 
 
 def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False) -> float | None:
@@ -45,7 +49,8 @@ def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False)
     ``convolutions``: the model has convolutions, which cuDNN runs in TF32 by default."""
     if device.type != "cuda":
         return None
-    return peak_for_name(torch.cuda.get_device_name(device), amp_dtype, tf32_in_use(convolutions))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return peak_for_name(torch.cuda.get_device_name(device), amp_dtype, tf32_in_use(convolutions), sms)
 
 
 def tf32_in_use(convolutions: bool) -> bool:
@@ -57,14 +62,18 @@ def tf32_in_use(convolutions: bool) -> bool:
     return bool(backends.cuda.matmul.allow_tf32 or (convolutions and backends.cudnn.allow_tf32))
 
 
-def peak_for_name(name: str, amp_dtype: str, allow_tf32: bool = False) -> float | None:
-    """The table lookup behind :func:`peak_flops`, by the name CUDA reports."""
+def peak_for_name(name: str, amp_dtype: str, allow_tf32: bool = False, sms: int | None = None) -> float | None:
+    """The table lookup behind :func:`peak_flops`, by the name CUDA reports; ``sms``: the
+    device's streaming multiprocessors, which scale the peak of a slice (a MIG instance;
+    one named MIG without them has no known peak)."""
     key = "tf32" if amp_dtype == "fp32" and allow_tf32 else amp_dtype
     tokens = set(name.upper().replace("-", " ").split())
-    for required, excluded, peaks in PEAKS:
+    for required, excluded, peaks, whole in PEAKS:
         if required <= tokens and not excluded & tokens:
             value = peaks.get(key)
-            return value * TFLOPS if value is not None else None
+            if value is None or ("MIG" in tokens and sms is None):
+                return None
+            return value * TFLOPS * (min(sms, whole) / whole if sms else 1.0)
     return None
 
 

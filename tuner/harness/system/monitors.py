@@ -251,6 +251,7 @@ class GpuUtil(_Sampler):
         allocator's reserve, NCCL's buffers, cuBLAS workspaces (``None`` where NVML does not
         attribute memory to processes, or sees another pid namespace)."""
         self._handle = _nvml_handle(device_index) if device_index is not None else None
+        self._device_index = device_index
         self._util_ok = self._memory_ok = self._own_ok = True
         self._pid = os.getpid()
 
@@ -300,22 +301,52 @@ class GpuUtil(_Sampler):
 
     def _own_bytes(self, pynvml: Any) -> int | None:
         try:
-            return process_device_bytes(self._handle, self._pid)
+            return process_device_bytes(self._handle, self._pid, _reserved(self._device_index))
         except pynvml.NVMLError:
             self._own_ok = False
             return None
 
 
-def process_device_bytes(handle: Any, pid: int) -> int | None:
+def process_device_bytes(handle: Any, pid: int, reserved: int = 0) -> int | None:
     """Process ``pid``'s memory on the device of NVML ``handle``, from NVML's list of
-    compute processes (``None`` when it is not listed, or NVML gives no figure: some
-    drivers, another pid namespace). Raises NVML's error when the list cannot be read."""
+    compute processes (:func:`pick_own`; ``None`` when it cannot be told, or NVML gives no
+    figure). Raises NVML's error when the list cannot be read."""
     import pynvml
 
-    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-        if p.pid == pid and isinstance(p.usedGpuMemory, int):
-            return int(p.usedGpuMemory)
-    return None
+    listed = [(int(p.pid), int(p.usedGpuMemory)) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+              if isinstance(p.usedGpuMemory, int)]
+    return pick_own(listed, namespace_pids(pid), reserved)
+
+
+def namespace_pids(pid: int) -> set[int]:
+    """``pid`` in every PID namespace /proc can show (``NSpid`` of /proc/PID/status)."""
+    pids = {pid}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    pids |= {int(x) for x in line.split()[1:]}
+    except OSError:
+        pass
+    return pids
+
+
+def pick_own(listed: list[tuple[int, int]], pids: set[int], reserved: int = 0) -> int | None:
+    """This process's bytes among NVML's ``(pid, bytes)`` entries for its device.
+
+    NVML lists processes by the host's PIDs; inside a container with its own PID namespace
+    ``os.getpid()`` is another number (and the container's /proc shows no host PID), so
+    matching by PID alone gave ``None`` there, and the budget silently lost the CUDA
+    context's and NCCL's memory. By elimination then: this process holds a context on its
+    device, so it is the only entry, or the only one large enough for what its own
+    allocator has reserved (``reserved``); where that leaves several, ``None`` (no guess)."""
+    mine = [used for pid, used in listed if pid in pids]
+    if mine:
+        return mine[0]
+    if len(listed) == 1:
+        return listed[0][1]
+    fits = [used for _, used in listed if used >= reserved > 0]
+    return fits[0] if len(fits) == 1 else None
 
 
 def own_device_bytes(device_index: int) -> int | None:
@@ -324,9 +355,18 @@ def own_device_bytes(device_index: int) -> int | None:
     if handle is None:
         return None
     try:
-        return process_device_bytes(handle, os.getpid())
+        return process_device_bytes(handle, os.getpid(), _reserved(device_index))
     except Exception:  # noqa: BLE001 - NVML refused: no figure
         return None
+
+
+def _reserved(device_index: int | None) -> int:
+    """What this process's caching allocator holds on the device (0 without one)."""
+    import torch
+
+    if device_index is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0
+    return int(torch.cuda.memory_reserved(device_index))
 
 
 def _nvml_handle(device_index: int) -> object | None:
