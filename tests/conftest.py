@@ -97,6 +97,27 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(tree, timeout=10)
 
 
+QUICK_LIMIT_S = 15.0
+"""A test of the quick tier (``pytest -m "not slow"``) that takes longer than this fails,
+saying to mark it ``@pytest.mark.slow``: the tier stays under 3 minutes by construction,
+not by remembering to keep it so (its tests take 0.01-7 s each on 2 cores)."""
+
+
+def _quick_tier(config: pytest.Config) -> bool:
+    return "not slow" in (config.option.markexpr or "")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]):
+    outcome = yield
+    report = outcome.get_result()
+    if (call.when == "call" and report.passed and _quick_tier(item.config)
+            and call.duration > QUICK_LIMIT_S):
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid} took {call.duration:.0f} s, past the quick tier's {QUICK_LIMIT_S:.0f} s "
+                           "a test: mark it @pytest.mark.slow (it then runs in the full suite)")
+
+
 _before: set[int] = set()
 _left: list[str] = []
 """What tests left running, said when the session ends."""

@@ -53,6 +53,7 @@ def test_a_failed_configuration_on_the_path_is_reported():
     assert a.rows[1].failed == "oom: CUDA out of memory" and a.rows[1].samples_per_s is None
 
 
+@pytest.mark.slow
 def test_attribution_table_on_the_quick_start_recipe(tmp_path):
     """The shipped quick start: workers are what the baseline lacks, and the table says so."""
     result = tuner.search("recipes/quickstart.yaml", trials=3, confirm=1, attribute=2, out=tmp_path / "run",

@@ -43,6 +43,7 @@ def test_a_wide_model_on_cached_data_is_compute_bound(toy):
     assert "data wait" in m.diagnosis[0].evidence and "stall-free ceiling" not in m.diagnosis[0].evidence
 
 
+@pytest.mark.slow
 def test_a_large_all_reduce_under_two_ranks_is_communication_bound(toy):
     recipe = toy(task_args={"width": 16384, "step_ms": 2.0}, steps={"warmup": 3, "measure": 15})
     proc = torchrun(2, "-m", "tuner.measure", str(recipe), "--json")

@@ -15,6 +15,8 @@ from tuner.analysis.evidence import Seen, memory_per_worker, revise
 
 from conftest import run, toy_recipe
 
+pytestmark = pytest.mark.slow
+
 ONE_CORE = ["taskset", "-c", "0"]
 
 

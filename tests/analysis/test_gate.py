@@ -13,6 +13,8 @@ import tuner
 
 from conftest import run, toy_recipe
 
+pytestmark = pytest.mark.slow
+
 TASK = {"read_ms": 2.5, "step_ms": 20.0}
 """Each sample reads for 2.5 ms and each micro-batch computes for 20 ms (sleeps: the same
 cost in every process): the baseline reads on the loop (40 + 20 ms a step), the answer reads

@@ -28,6 +28,8 @@ from tuner.tuning.pool import Pool
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow
+
 TOLERANCE = 0.02
 SIGMAS = (0.02, 0.05, 0.10, 0.22)
 EFFECTS = (0.10, 0.05, 0.0, -0.05, -0.10)

@@ -153,6 +153,7 @@ def test_impossible_levers_are_refused_before_anything_runs(toy, args, message):
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_recipe_fixing_fsdp_and_zero_together_is_refused(toy):
     proc = run([sys.executable, "-m", "tuner.search", str(toy(space={"fsdp": "full_shard", "zero_stage": 2}))])
     assert proc.returncode == 2 and "space: fsdp: full_shard and zero_stage: 2" in proc.stderr, proc.stderr

@@ -87,6 +87,7 @@ USER = SNAPSHOT + textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_every_library_call_leaves_the_process_as_it_found_it(toy, tmp_path):
     recipe = toy(space={"num_workers": [0, 1], "micro_batch_size": [8, 16]}, steps={"warmup": 1, "measure": 3},
                  budget={"trials": 2, "memory_gib": 8})
@@ -117,6 +118,7 @@ KEEPS_THE_CALLERS_GROUP = SNAPSHOT + textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_process_group_the_caller_formed_is_used_and_kept(toy, tmp_path):
     recipe = toy(steps={"warmup": 1, "measure": 3})
     script = tmp_path / "user.py"
@@ -140,6 +142,7 @@ HANGS = SNAPSHOT + textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_a_hung_trial_in_a_library_call_raises_in_the_caller_and_the_process_goes_on(toy, tmp_path):
     """The task's forward sleeps for an hour in the first trial at micro-batch 8; past the
     trial's 8 s limit the call raises TrialHung with where the trial was, and the caller's

@@ -14,6 +14,8 @@ from tuner.harness.comm import CommTimer, exposed_share, uncovered, union
 
 from conftest import torchrun
 
+pytestmark = pytest.mark.slow
+
 
 def _trace_shares(folder) -> list[float]:
     shares = []

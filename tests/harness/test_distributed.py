@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tuner.harness.metrics import METRIC_NAMES
 
 from conftest import TESTS, torchrun
 
 
+@pytest.mark.slow
 def test_ddp_on_two_ranks_prints_one_json_from_rank_0(toy):
     # a steady 10 ms wait per forward: the auto window's interval narrows within its first second
     recipe = toy(task_args={"read_ms": 0.5, "step_ms": 10}, space={"micro_batch_size": [4, 8]})
@@ -31,12 +34,14 @@ def test_table_is_printed_once_under_torchrun(toy):
     assert proc.stdout.count("step_time_p99_s") == 1
 
 
+@pytest.mark.slow
 def test_recipe_error_under_torchrun_is_reported_once(toy):
     proc = torchrun(2, "-m", "tuner.measure", str(toy(space={"micro_batch_size": [16]})))
     assert proc.returncode != 0
     assert proc.stderr.count("micro_batch_size 16 x world size 2") == 1
 
 
+@pytest.mark.slow
 def test_zero_stages_fp32_bf16_and_isolation(toy, tmp_path):
     """ZeRO 0-3 x fp32/bf16 train under 2 ranks in one process, and measuring them leaves
     nothing behind: the first configuration measured again gives its numbers back."""

@@ -68,7 +68,7 @@ def test_the_process_is_found_on_its_gpu_inside_a_pid_namespace():
     """NVML lists host PIDs; in a container this process is pid 27 and the host's 41234. By
     PID where a namespace shows it, else the only process on the device, else the only one
     that can hold this process's allocator reserve; never a guess between two."""
-    from tuner.harness.system.monitors import namespace_pids, pick_own
+    from tuner.harness.system.nvml import namespace_pids, pick_own
 
     gib = 2**30
     assert pick_own([(41234, 3 * gib), (999, 5 * gib)], {27, 41234}) == 3 * gib

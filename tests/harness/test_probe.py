@@ -69,6 +69,7 @@ def test_probe_summary_before_any_step_says_what_to_do():
         tuner.Probe().summary()
 
 
+@pytest.mark.slow
 def test_probe_under_torchrun_times_ddp_and_reduces_over_ranks(tmp_path):
     """A user's DDP loop on 2 gloo ranks: each rank's summary is the same combined one
     (global samples per step, the slower rank's step), with DDP's all-reduces timed."""

@@ -38,6 +38,7 @@ def test_the_rule_waits_for_its_minimums_and_stops_at_its_caps():
     assert rule.next_check(8) == 9 and rule.next_check(100) == 120 and rule.next_check(390) == 400
 
 
+@pytest.mark.slow
 def test_a_slow_step_is_not_over_measured_and_a_fast_one_gets_enough_steps(toy):
     slow = tuner.measure(toy(task_args={"step_ms": 250}, steps={"warmup": 1, "measure": "auto"}))
     m = slow.metrics

@@ -15,6 +15,8 @@ from tuner.config.errors import RecipeError
 
 from conftest import ROOT, write_recipe
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

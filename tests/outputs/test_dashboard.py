@@ -20,6 +20,8 @@ import tuner
 
 from conftest import ROOT, _free_port, write_recipe
 
+pytestmark = pytest.mark.slow
+
 
 def _recipe(folder, name, **fields):
     return write_recipe(folder, {

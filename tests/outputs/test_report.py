@@ -15,6 +15,8 @@ import tuner
 
 from conftest import run, toy_recipe
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):

@@ -14,6 +14,8 @@ import tuner
 
 from conftest import ROOT, write_recipe
 
+pytestmark = pytest.mark.slow
+
 
 def _recipe(folder, **fields):
     return write_recipe(folder, {

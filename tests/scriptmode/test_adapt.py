@@ -12,6 +12,8 @@ import tuner
 
 from conftest import ROOT, TESTS, leftovers, write_recipe
 
+pytestmark = pytest.mark.slow
+
 
 def _rows(out):
     with (out / "trials.csv").open() as f:

@@ -12,6 +12,8 @@ from tuner.config.errors import RecipeError
 
 from conftest import TESTS, write_recipe
 
+pytestmark = pytest.mark.slow
+
 FLAGS = {"micro_batch_size": "--batch-size {}", "grad_accum_steps": "--grad-accum-steps {}"}
 
 

@@ -13,6 +13,8 @@ from tuner.study.searchspace import build_space
 
 from conftest import TESTS, write_recipe
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("deepspeed")
 
 

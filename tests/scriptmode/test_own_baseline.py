@@ -15,6 +15,8 @@ from tuner.scriptmode.baseline import merge
 
 from conftest import ROOT, TESTS, write_recipe
 
+pytestmark = pytest.mark.slow
+
 HF_ARGS = ["--max_steps", "100000", "--use_cpu", "--report_to", "none", "--save_strategy", "no",
            "--logging_strategy", "no", "--disable_tqdm", "true", "--latency_ms", "3"]
 

@@ -28,6 +28,7 @@ def _trials(tmp_path, name, prewarmed, **env):
     return ScriptTrials(recipe, tmp_path / name), config
 
 
+@pytest.mark.slow
 def test_a_forked_trial_sees_what_a_fresh_python_would(tmp_path):
     """argv, __name__/__file__, folder, sys.path[0], the recipe's env, OMP_NUM_THREADS (read
     when torch is imported: it took effect), stdin, a subprocess, DataLoader workers, torch's

@@ -28,6 +28,7 @@ def _no_script_processes() -> bool:
     return not mine
 
 
+@pytest.mark.slow
 def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
     result = tuner.search(ROOT / "recipes" / "script_plain.yaml", trials=3, confirm=0, attribute=0, quiet=True,
                           out=tmp_path / "run", overrides=["steps.measure=12"])
@@ -39,6 +40,7 @@ def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
     assert _no_script_processes()
 
 
+@pytest.mark.slow
 def test_a_crash_a_silent_script_and_a_hang_are_recorded_with_their_reasons(tmp_path):
     recipe = _modes_recipe(tmp_path, timeout_s=10)  # the hang waits this long (a normal run: the search test)
     crash = tuner.measure(recipe, micro_batch_size=4)
@@ -51,6 +53,7 @@ def test_a_crash_a_silent_script_and_a_hang_are_recorded_with_their_reasons(tmp_
     assert leftovers() == [] and _no_script_processes()
 
 
+@pytest.mark.slow
 def test_the_search_goes_on_past_a_crashing_configuration(tmp_path):
     recipe = _modes_recipe(tmp_path, space={"micro_batch_size": [8, 4]}, baseline={"micro_batch_size": 8})
     proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet"])
@@ -81,6 +84,7 @@ def test_a_losing_script_trial_is_pruned_by_the_searchs_rule(tmp_path):
     assert _no_script_processes()
 
 
+@pytest.mark.slow
 def test_script_recipe_errors_are_one_line(tmp_path):
     bad = _modes_recipe(tmp_path, script="missing.py")
     proc = run([sys.executable, "-m", "tuner.measure", str(bad)])
@@ -90,6 +94,7 @@ def test_script_recipe_errors_are_one_line(tmp_path):
     assert proc.returncode == 2 and "args: only for script: recipes" in proc.stderr
 
 
+@pytest.mark.slow
 def test_two_nodes_meet_through_the_agent(tmp_path):
     """nnodes: 2 on one machine: the search's side and an agent's side of every trial meet
     at the rendezvous; the agent ends its side with the trial and leaves nothing behind."""
@@ -158,6 +163,7 @@ def test_a_trials_time_limit_follows_what_was_measured():
     assert limits.limit(2, "auto") == 2 * 10.0 + 5 * (2 * 1.5 + AUTO.max_s + 1.5)
 
 
+@pytest.mark.slow
 def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     """A script broken whatever the knobs (here: it asks for NCCL on a machine without GPUs,
     as a single-GPU script run on the wrong node does): the baseline fails with the script's
@@ -178,6 +184,7 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"
 
 
+@pytest.mark.slow
 def test_one_process_runs_as_its_user_runs_it_and_torchrun_only_when_asked(tmp_path):
     """A single-process script that starts a process group when it sees WORLD_SIZE (as many
     single-GPU scripts do) is run as `python script.py` by default: no distributed

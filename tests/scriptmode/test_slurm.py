@@ -15,6 +15,8 @@ import pytest
 
 from conftest import ROOT, TESTS, write_recipe
 
+pytestmark = pytest.mark.slow
+
 FLAGS = {"micro_batch_size": "--batch-size {}", "grad_accum_steps": "--grad-accum-steps {}",
          "num_workers": "--workers {}"}
 

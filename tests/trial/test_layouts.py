@@ -15,6 +15,8 @@ import tomllib
 
 from conftest import TESTS, torchrun, write_recipe
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("transformers")
 LLAMA = {"name": "layouts", "task": str(TESTS.parent / "recipes" / "tasks" / "llama.py"),
          "task_args": {"layers": 4}, "global_batch_size": 8, "steps": {"warmup": 2, "measure": 4}}

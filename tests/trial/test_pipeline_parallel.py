@@ -12,6 +12,8 @@ from tuner.trial import pipeline_parallel as pp
 
 from conftest import TESTS, torchrun
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 

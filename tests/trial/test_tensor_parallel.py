@@ -11,6 +11,8 @@ from tuner.trial import tensor_parallel
 
 from conftest import TESTS, torchrun
 
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 
 

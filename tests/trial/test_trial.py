@@ -55,6 +55,7 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
     assert threading.active_count() == before
 
 
+@pytest.mark.slow
 def test_a_b_a_gives_a_back(toy):
     """Measuring B in between must not slow A: no more than 15% below the first, the same
     memory. A's step is mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two

@@ -14,6 +14,8 @@ import pytest
 
 from conftest import TESTS, run, write_recipe
 
+pytestmark = pytest.mark.slow
+
 RECIPE = {
     "name": "known",
     "task": str(TESTS / "tasks" / "known_ranking.py"),

@@ -6,7 +6,11 @@ from __future__ import annotations
 import csv
 import time
 
+import pytest
+
 from conftest import torchrun
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_rank_stuck_in_its_forward_is_recorded_hung_and_the_search_resumes(toy, tmp_path):

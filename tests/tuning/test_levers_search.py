@@ -14,6 +14,8 @@ from tuner.study.searchspace import Space, suggest
 
 from conftest import TESTS, write_recipe
 
+pytestmark = pytest.mark.slow
+
 ACTIVATIONS = str(TESTS.parent / "recipes" / "tasks" / "activations.py")
 
 

@@ -34,6 +34,7 @@ def _tuner(*args: str):
     return run([sys.executable, "-m", "tuner", *args])
 
 
+@pytest.mark.slow
 def test_the_plan_agrees_with_what_then_runs_and_seeds_the_search(tmp_path):
     """The plan's largest fitting micro-batch without checkpointing fits when measured, the
     next size up does not (or reads within 15% of what the plan said: a fixed bar, not the

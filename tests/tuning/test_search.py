@@ -63,6 +63,7 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
     assert all(r["state"] in ("ok", "pruned") for r in table)
 
 
+@pytest.mark.slow
 def test_rerunning_resumes_and_the_budget_counts_what_was_done(toy, tmp_path):
     recipe = toy(task_args=LATENCY, space={"num_workers": [0, 1, 2, 3], "micro_batch_size": [4, 8, 16]})
     out = tmp_path / "run"
@@ -88,6 +89,7 @@ def test_a_space_measured_through_stops_at_once_and_trials_csv_has_one_row_each(
     assert "duplicate_of" not in table[0]
 
 
+@pytest.mark.slow
 def test_target_and_time_budget_stop_early(toy, tmp_path):
     recipe = toy(target={"samples_per_s": 1.0}, space={"num_workers": [0, 1, 2]})
     result = tuner.search(recipe, trials=10, out=tmp_path / "t", confirm=0, quiet=True)
@@ -153,6 +155,7 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
     assert frozen.user_attrs["state"] == "pruned"
 
 
+@pytest.mark.slow
 def test_search_command_under_two_ranks_with_zero_stages_and_an_oom_rank(toy, tmp_path):
     """Rank 1 runs out of memory for micro-batches of 8: those trials are infeasible, the
     other rank does not hang. A sharded trial that failed on one rank can leave the other's
@@ -195,6 +198,7 @@ def test_search_command_under_two_ranks_with_zero_stages_and_an_oom_rank(toy, tm
     assert proc.stderr.count("tuner.search toy") == 1  # ...from rank 0 only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -9), (signal.SIGINT, 130)])
 def test_killed_search_keeps_its_trials_and_resumes(toy, tmp_path, sig, code):
     recipe = toy(task_args={"read_ms": 2.0}, steps={"warmup": 1, "measure": 15},
@@ -253,6 +257,7 @@ def test_bad_storage_url_is_an_input_error(toy, tmp_path, capsys):
     assert "error: storage: cannot open 'nosuchdb://x/y'" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path):
     """An I/O-latency-bound loader: the search's answer beats the baseline by >= 1.25x and
     is >= 0.92x of the best point of a grid over loader workers, re-measured interleaved."""
@@ -284,6 +289,7 @@ def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_pa
     assert ratio >= 0.92, (str(found), grid, ours, theirs)
 
 
+@pytest.mark.slow
 def test_a_search_that_has_converged_stops_before_its_budget(toy, tmp_path):
     """Steady steps (a fixed wait per forward, cached data): once the neighbourhood of the
     best is measured, sampler trials bring nothing new and the search says it converged;

@@ -18,6 +18,8 @@ from tuner.study import storage as storage_mod
 
 from conftest import run
 
+pytestmark = pytest.mark.slow
+
 
 def _recipe(toy, tmp_path, trials=4):
     return toy(steps={"warmup": 1, "measure": 3}, budget={"trials": trials},

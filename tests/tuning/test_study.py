@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import tuner
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import Machine
@@ -89,6 +91,7 @@ def _open_at_once(path: str, barrier, results, tuner_side: bool) -> None:
         results.put(f"{type(exc).__name__}: {exc}")
 
 
+@pytest.mark.slow
 def test_opening_a_new_study_while_another_process_opens_it_too(tmp_path):
     """Simultaneous opens of a new SQLite file collide on creating the schema (seen in CI:
     the search exited 2 at start while a test polled its study); the tuner's side retries."""

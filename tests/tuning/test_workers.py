@@ -26,8 +26,8 @@ from tuner.study.storage import Resilient
 
 from conftest import ROOT, _free_port
 
-pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
-                                        "ignore:Heartbeat of storage:UserWarning")
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning",
+                                                           "ignore:Heartbeat of storage:UserWarning")]
 
 
 def _study(url: str, heartbeat: int | None = None) -> optuna.Study:

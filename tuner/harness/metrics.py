@@ -191,3 +191,20 @@ def _comm_share(w: Window, n: int) -> float | None:
 
 def _share(part: float, whole: float) -> float:
     return min(1.0, part / whole) if whole > 0 else 0.0
+
+
+def live_figures(recent: list[tuple[float, float, int]], steps: int, samples: int, wait_s: float) -> dict[str, float]:
+    """The live endpoint's figures: over ``recent`` steps (step seconds, data-wait seconds,
+    samples; a copy the loop no longer appends to), and the probe's totals. Host clock, no
+    device synchronisation."""
+    times = [s for s, _, _ in recent]
+    busy = sum(times)
+    return {
+        "steps": float(steps),
+        "samples": float(samples),
+        "data_wait_seconds": wait_s,
+        "step_time_p50_s": percentile(times, 50) if times else 0.0,
+        "step_time_p90_s": percentile(times, 90) if times else 0.0,
+        "samples_per_s": sum(n for _, _, n in recent) / busy if busy > 0 else 0.0,
+        "data_wait_share": min(1.0, sum(w for _, w, _ in recent) / busy) if busy > 0 else 0.0,
+    }

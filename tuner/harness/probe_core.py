@@ -34,10 +34,10 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
-from tuner.harness.metrics import Window, percentile, summarize
+from tuner.harness.metrics import Window, live_figures, summarize
 from tuner.harness.nvtx import Ranges
 from tuner.harness.system.devices import cuda_index
-from tuner.harness.system.monitors import GpuUtil, HostMemory, children_cpu, cpu_seconds
+from tuner.harness.system.monitors import WindowMonitors, children_cpu, cpu_seconds
 from tuner.harness.timing import Fetch, Step, Timing, samples_in, settle, source_for
 from tuner.harness.window_length import AUTO, Auto
 
@@ -141,13 +141,11 @@ class ProbeCore:
         self._watched: list[str] = []
         self._server: Any = None
         self._monitors = monitors
-        self._memory: HostMemory | None = None
-        self._gpu: GpuUtil | None = None
+        self._sampling: WindowMonitors | None = None
         self._on_step, self._on_close = on_step, on_close
         self._device_later = device_later
         """Asked once, at the loop's first batch or step, for the device it trains on: a probe
-        made before the script's ``torch.cuda.set_device`` (at the top of a training script,
-        as the docs show) learns its rank's device there, not at construction."""
+        made before the script's ``set_device`` learns its rank's device there."""
 
     def _resolve_device(self) -> None:
         if self._device_later is None:
@@ -343,19 +341,8 @@ class ProbeCore:
 
     def live(self) -> dict[str, float]:
         """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the
-        live endpoint serves. Host clock, no device synchronisation."""
-        recent = list(self.recent)  # one copy, made while holding the GIL: the loop may append
-        steps = [s for s, _, _ in recent]
-        busy = sum(steps)
-        return {
-            "steps": float(self.steps_done),
-            "samples": float(self.total_samples),
-            "data_wait_seconds": self.total_wait,
-            "step_time_p50_s": percentile(steps, 50) if steps else 0.0,
-            "step_time_p90_s": percentile(steps, 90) if steps else 0.0,
-            "samples_per_s": sum(n for _, _, n in recent) / busy if busy > 0 else 0.0,
-            "data_wait_share": min(1.0, sum(w for _, w, _ in recent) / busy) if busy > 0 else 0.0,
-        }
+        live endpoint serves (:func:`tuner.harness.metrics.live_figures`)."""
+        return live_figures(list(self.recent), self.steps_done, self.total_samples, self.total_wait)
 
     # --- internals ------------------------------------------------------------------------
 
@@ -377,10 +364,7 @@ class ProbeCore:
             self.window.comm_waits = []
             self._patch()
         if self._monitors:
-            self._memory = HostMemory(MEMORY_INTERVAL_S).start()
-            self._gpu = GpuUtil(self.device.index if self._cuda and self.device is not None else None).start()
-            if self._cuda and self._reset_peaks:
-                torch.cuda.reset_peak_memory_stats(self.device)
+            self._sampling = WindowMonitors(self.device, MEMORY_INTERVAL_S, self._reset_peaks)
         self._cpu_start = cpu_seconds(self._proc)
         self._workers_start = children_cpu(self._proc)
         self._start_mark = mark = self._timing.mark()
@@ -388,18 +372,9 @@ class ProbeCore:
         return mark
 
     def _stop_monitors(self) -> None:
-        w = self.window
-        if self._memory is not None:
-            w.peak_host_bytes = self._memory.stop()
-            self._memory = None
-        if self._gpu is not None:
-            self._gpu.stop()
-            start = self.window_start or 0.0
-            w.gpu_util = self._gpu.mean(start, start + w.wall_s)
-            w.gpu_mem_used_bytes, w.gpu_mem_process_bytes = self._gpu.peak_used, self._gpu.peak_own
-            self._gpu = None
-            if self._cuda:
-                w.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counter
+        if self._sampling is not None:
+            self._sampling.stop(self.window, self.window_start or 0.0)
+            self._sampling = None
 
     def _close_window(self, now: float) -> None:
         self.window_end = now

@@ -64,7 +64,7 @@ def room(device: torch.device | None = None) -> int:
     index = cuda_index(device or "cuda")
     assert index is not None
     free, _ = torch.cuda.mem_get_info(index)
-    from tuner.harness.system.monitors import own_device_bytes
+    from tuner.harness.system.nvml import own_device_bytes
 
     own = own_device_bytes(index.index if index.index is not None else torch.cuda.current_device())
     return int(free) + max(int(torch.cuda.memory_reserved(index)), own or 0)

@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from tuner.harness.system.nvml import nvml_handle, process_device_bytes, reserved_bytes
+
 
 class _Sampler:
     """A daemon thread that calls :meth:`sample` every ``interval`` seconds until stopped."""
@@ -250,7 +252,7 @@ class GpuUtil(_Sampler):
         """Peak NVML memory of this process on the device, bytes: its CUDA context, the
         allocator's reserve, NCCL's buffers, cuBLAS workspaces (``None`` where NVML does not
         attribute memory to processes, or sees another pid namespace)."""
-        self._handle = _nvml_handle(device_index) if device_index is not None else None
+        self._handle = nvml_handle(device_index) if device_index is not None else None
         self._device_index = device_index
         self._util_ok = self._memory_ok = self._own_ok = True
         self._pid = os.getpid()
@@ -301,90 +303,10 @@ class GpuUtil(_Sampler):
 
     def _own_bytes(self, pynvml: Any) -> int | None:
         try:
-            return process_device_bytes(self._handle, self._pid, _reserved(self._device_index))
+            return process_device_bytes(self._handle, self._pid, reserved_bytes(self._device_index))
         except pynvml.NVMLError:
             self._own_ok = False
             return None
-
-
-def process_device_bytes(handle: Any, pid: int, reserved: int = 0) -> int | None:
-    """Process ``pid``'s memory on the device of NVML ``handle``, from NVML's list of
-    compute processes (:func:`pick_own`; ``None`` when it cannot be told, or NVML gives no
-    figure). Raises NVML's error when the list cannot be read."""
-    import pynvml
-
-    listed = [(int(p.pid), int(p.usedGpuMemory)) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-              if isinstance(p.usedGpuMemory, int)]
-    return pick_own(listed, namespace_pids(pid), reserved)
-
-
-def namespace_pids(pid: int) -> set[int]:
-    """``pid`` in every PID namespace /proc can show (``NSpid`` of /proc/PID/status)."""
-    pids = {pid}
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    pids |= {int(x) for x in line.split()[1:]}
-    except OSError:
-        pass
-    return pids
-
-
-def pick_own(listed: list[tuple[int, int]], pids: set[int], reserved: int = 0) -> int | None:
-    """This process's bytes among NVML's ``(pid, bytes)`` entries for its device.
-
-    NVML lists processes by the host's PIDs; inside a container with its own PID namespace
-    ``os.getpid()`` is another number (and the container's /proc shows no host PID), so
-    matching by PID alone gave ``None`` there, and the budget silently lost the CUDA
-    context's and NCCL's memory. By elimination then: this process holds a context on its
-    device, so it is the only entry, or the only one large enough for what its own
-    allocator has reserved (``reserved``); where that leaves several, ``None`` (no guess)."""
-    mine = [used for pid, used in listed if pid in pids]
-    if mine:
-        return mine[0]
-    if len(listed) == 1:
-        return listed[0][1]
-    fits = [used for _, used in listed if used >= reserved > 0]
-    return fits[0] if len(fits) == 1 else None
-
-
-def own_device_bytes(device_index: int) -> int | None:
-    """This process's memory on CUDA device ``device_index`` as NVML counts it, or ``None``."""
-    handle = _nvml_handle(device_index)
-    if handle is None:
-        return None
-    try:
-        return process_device_bytes(handle, os.getpid(), _reserved(device_index))
-    except Exception:  # noqa: BLE001 - NVML refused: no figure
-        return None
-
-
-def _reserved(device_index: int | None) -> int:
-    """What this process's caching allocator holds on the device (0 without one)."""
-    import torch
-
-    if device_index is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
-        return 0
-    return int(torch.cuda.memory_reserved(device_index))
-
-
-def _nvml_handle(device_index: int) -> object | None:
-    """NVML's handle for CUDA device ``device_index`` (matched by UUID, so that
-    ``CUDA_VISIBLE_DEVICES`` renumbering cannot point at another GPU); ``None`` when
-    NVML or the device is not there."""
-    try:
-        import pynvml
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
-        uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
-    except Exception:  # noqa: BLE001 - no driver, no library, MIG, an old NVML: no signal
-        return None
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
@@ -403,3 +325,30 @@ def children_cpu(proc: psutil.Process) -> dict[int, float]:
             continue
         out[pid] = t.user + t.system
     return out
+
+
+class WindowMonitors:
+    """The samplers a measured window runs beside the loop: the process tree's PSS
+    (:class:`HostMemory`, every ``memory_interval`` seconds) and NVML (:class:`GpuUtil`);
+    their start-up before the window's clock, their readings into the window after it."""
+
+    def __init__(self, device: Any, memory_interval: float, reset_peaks: bool) -> None:
+        self.device, self.cuda = device, device is not None and device.type == "cuda"
+        self.memory = HostMemory(memory_interval).start()
+        self.gpu = GpuUtil(device.index if self.cuda else None).start()
+        if self.cuda and reset_peaks:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def stop(self, window: Any, start: float) -> None:
+        """Stop both; ``window`` gets the host peak, NVML's utilisation over ``[start, start
+        + window.wall_s]`` and peaks, and the allocator's peak on CUDA."""
+        window.peak_host_bytes = self.memory.stop()
+        self.gpu.stop()
+        window.gpu_util = self.gpu.mean(start, start + window.wall_s)
+        window.gpu_mem_used_bytes, window.gpu_mem_process_bytes = self.gpu.peak_used, self.gpu.peak_own
+        if self.cuda:
+            import torch
+
+            window.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counter
