@@ -37,7 +37,8 @@ def build_model(args: dict) -> torch.nn.Module:
         num_attention_heads=args.get("heads", 4),
         num_key_value_heads=args.get("kv_heads", 2),
         max_position_embeddings=args.get("seq_len", 32),
-        attn_implementation="eager",  # the same kernels on every rank and every layout
+        # eager by default: the same kernels on every rank and every layout; "sdpa" for a GPU run
+        attn_implementation=args.get("attn_implementation", "eager"),
     )
     return LlamaForCausalLM(config)
 

@@ -1,0 +1,683 @@
+"""The checks ``scripts/gpu_acceptance.py`` runs on one GPU, in three groups of under four
+minutes each (``--group N``), each a tuner measurement against a truth the tuner does not
+compute. Rules: :data:`gpu_acceptance.RULES`; the task measured: ``scripts/gpu_task.py``.
+
+What one GPU cannot show: NCCL refuses two ranks on one device, so the two-rank checks run
+over gloo (CUDA tensors, collectives staged through the host): they check that the engines
+train and that a failed sharded trial ends the search for a re-run; how fast NCCL is, and
+``comm_share`` (the profiled NCCL kernels), need a node with two GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+import gpu_task
+from gpu_acceptance import ROOT, Check, Row, failed, judge
+
+TASK = Path(gpu_task.__file__).resolve()
+GIB = 2**30
+
+
+class Lab:
+    """Recipes, the device, and the plain-loop truths shared by the checks."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.micro = gpu_task.MICRO
+
+    def recipe(self, name: str, task_args: dict[str, Any] | None = None, measure: int = 30, warmup: int = 5,
+               batch: int | None = None, **extra: Any) -> Path:
+        import yaml
+
+        body = {"name": name, "task": str(TASK), "task_args": task_args or {},
+                "global_batch_size": batch or self.micro,
+                "steps": {"warmup": warmup, "measure": measure, "repeats": 1}, "out": str(self.folder / name), **extra}
+        path = self.folder / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(body))
+        return path
+
+    def measure(self, name: str, task_args: dict[str, Any] | None = None, measure: int = 30,
+                batch: int | None = None, **knobs: Any) -> Any:
+        import tuner
+
+        return tuner.measure(self.recipe(name, task_args, measure, batch=batch), **knobs)
+
+    def plain(self, steps: int, **kwargs: Any) -> dict[str, float]:
+        """:meth:`_plain`, then its model, optimizer and cached blocks released."""
+        out = self._plain(steps, **kwargs)
+        gc.collect()
+        torch.cuda.empty_cache()
+        return out
+
+    def _plain(self, steps: int, sleep_ms: float = 0.0, payload: int = 0, pin: bool = False,
+               dtype: torch.dtype | None = None, compiled: bool = False, model: str = "mlp",
+               batch: int | None = None) -> dict[str, float]:
+        """The same training step without the tuner: the batch built on the host, ``sleep_ms``
+        of host time (the slow loader), the copy, forward, backward, AdamW. Timed with a
+        synchronize around the steps after 3 warm-up steps; ``first_s`` is the first
+        (compiling) step's own time; ``host_share`` the share of the loop's time the host
+        spent blocked in the loader's sleep and the copy (what a tuner reading the host clock
+        would call data wait). ``compiled``: each block compiled, as the tuner does."""
+        torch.manual_seed(0)
+        args = {"model": model}
+        net = gpu_task.build_model(args).to(self.device)
+        if compiled:
+            for block in gpu_task.blocks(net) or [net]:
+                block.compile()
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+        data = gpu_task.Synthetic(64, payload, model)
+        n = batch or self.micro
+        rows = [data[i % 64] for i in range(n)]
+        host = torch.utils.data.default_collate(rows)
+        if pin:
+            host = [t.pin_memory() for t in host]
+        blocked = 0.0
+
+        def one() -> None:
+            nonlocal blocked
+            t0 = time.perf_counter()
+            if sleep_ms:
+                time.sleep(sleep_ms / 1000.0)
+            on = [t.to(self.device, non_blocking=pin) for t in host]
+            blocked += time.perf_counter() - t0
+            with torch.autocast("cuda", dtype=dtype) if dtype else contextlib.nullcontext():
+                loss = nn.functional.cross_entropy(net(on[0]), on[1])
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        one()
+        torch.cuda.synchronize()
+        first = time.perf_counter() - start
+        for _ in range(2):
+            one()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        torch.cuda.synchronize()
+        blocked, start = 0.0, time.perf_counter()
+        for _ in range(steps):
+            one()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        return {"step_s": wall / steps, "first_s": first, "host_share": blocked / wall,
+                "reserved": float(torch.cuda.max_memory_reserved(self.device))}
+
+    def traced(self, name: str, task_args: dict[str, Any] | None = None, measure: int = 20,
+               **knobs: Any) -> tuple[Any, dict[str, float]]:
+        """A tuner measurement whose measured window is also traced by the profiler, and the
+        truth read from that trace of the same run: over the device's span from the
+        window's first GPU activity to its last, the share it sat idle or copying to the
+        device (the exposed data wait), and the share of host-to-device copies."""
+        import tuner
+
+        folder = self.folder / f"{name}_trace"
+        m = tuner.measure(self.recipe(name, task_args, measure), trace=folder, **knobs)
+        events = json.loads((folder / "trace_rank0.json").read_text())["traceEvents"]
+        device = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        if not device:
+            raise RuntimeError("the profiler's trace holds no GPU activity (CUPTI missing?)")
+        start = min(float(e["ts"]) for e in device)
+        end = max(float(e["ts"]) + float(e["dur"]) for e in device)
+
+        def h2d(e: dict[str, Any]) -> bool:
+            return e["cat"] == "gpu_memcpy" and "HtoD" in e["name"]
+
+        busy = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in device if not h2d(e)])
+        copies = _union([(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in device if h2d(e)])
+        span = end - start
+        return m, {"wait": 1.0 - busy / span, "copy": copies / span}
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Total length of ``intervals`` merged (the tuner's own interval union)."""
+    from tuner.harness.comm import union
+
+    return sum(b - a for a, b in union(intervals))
+
+
+def nvml_used_bytes(index: int) -> int | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle).used)
+    except Exception:  # noqa: BLE001 - no NVML: the row says so
+        return None
+
+
+def with_nvml_peak(work: Callable[[], Any], peaks: list[int]) -> Any:
+    """``work()``, with NVML's used memory of the current GPU sampled every 50 ms into ``peaks``."""
+    stop = threading.Event()
+    index = torch.cuda.current_device()
+
+    def sample() -> None:
+        while not stop.is_set():
+            used = nvml_used_bytes(index)
+            if used is None:
+                return
+            peaks.append(used)
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        return work()
+    finally:
+        stop.set()
+        thread.join()
+
+
+def smi_utilization(work: Callable[[], Any]) -> float | None:
+    """Mean ``nvidia-smi`` utilization.gpu over ``work()``, sampled every 0.1 s."""
+    samples: list[float] = []
+    stop = threading.Event()
+    index = torch.cuda.current_device()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
+                samples.append(float(out.stdout.strip().splitlines()[0]) / 100.0)
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                return
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    work()
+    stop.set()
+    thread.join()
+    return statistics.fmean(samples) if samples else None
+
+
+def command(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def torchrun(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return command("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args, timeout=timeout,
+                   env={"TUNER_DIST_BACKEND": "gloo", **(env or {})})
+
+
+# --- group 1: timing and memory ------------------------------------------------------------
+
+def step_time(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    m = lab.measure("base", pin_memory=True, num_workers=0)
+    seen["base"] = m
+    peaks: list[int] = []
+    truth = with_nvml_peak(lambda: lab.plain(30), peaks)
+    seen["plain"], seen["plain_used"] = truth, max(peaks, default=None)
+    tuner_step = lab.micro / m.metrics["samples_per_s"]
+    return [judge("step time: tuner (CUDA events) vs a synchronized plain loop, s", "within_10pct", tuner_step,
+                  truth["step_s"])]
+
+
+def data_wait(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """The loop ahead of the device (the host's loader time hides under the device's step:
+    the device never waits, while the host's own clock says it waited half the time), and
+    the device waiting (the loader longer than the step)."""
+    base = seen["plain"]["step_s"]
+    ahead = 0.5 * base * 1000
+    m, truth = lab.traced("ahead", {"sleep_ms": ahead}, pin_memory=True, num_workers=0)
+    naive = lab.plain(20, sleep_ms=ahead, pin=True)["host_share"]
+    rows = [judge("data wait, the loop ahead of the device (loader 0.5 x step): tuner vs trace", "wait_ahead",
+                  m.metrics["data_wait_share"], truth["wait"], f"host clock {naive:.2f}", naive=naive)]
+    for factor in (1.5, 3.0):
+        m, truth = lab.traced(f"behind{factor}", {"sleep_ms": factor * base * 1000}, pin_memory=True,
+                              num_workers=0)
+        rows.append(judge(f"data wait, the device waiting (loader {factor} x step): tuner vs trace", "wait_idle",
+                          m.metrics["data_wait_share"], truth["wait"]))
+    return rows
+
+
+PAYLOAD = 1 << 15
+"""128 KiB of floats a sample, 64 MiB a batch: about 1.3 ms pinned, 4-6 ms pageable, on a
+13 ms step, collated by 8 workers (the step stays the device's)."""
+
+
+def transfer(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """Copies on a GPU-bound step: the copy's share as the trace shows it, pinned and
+    pageable; and the pageable copy's data wait, which is the copy (the device idle for
+    it), not the host's wait for the earlier kernels the copy queues behind (what a tuner
+    reading the host clock around ``.to()`` would call input-transfer-bound)."""
+    rows = []
+    for pin in (True, False):
+        m, truth = lab.traced(f"copy{int(pin)}", {"payload": PAYLOAD}, pin_memory=pin, num_workers=8)
+        rows.append(judge(f"transfer share, pin_memory={pin}: tuner vs the trace's host-to-device copies", "transfer",
+                          m.metrics["transfer_share"], truth["copy"]))
+        if not pin:
+            naive = lab.plain(20, payload=PAYLOAD, pin=False)["host_share"]
+            rows.append(judge("data wait with a pageable copy on a GPU-bound step: tuner vs trace", "pageable_wait",
+                              m.metrics["data_wait_share"], truth["wait"], f"host clock {naive:.2f}", naive=naive))
+    return rows
+
+
+HELD_GIB = 20
+HOLDER = f"""
+import sys, time, torch
+x = torch.empty({HELD_GIB} * 2**30, dtype=torch.uint8, device="cuda")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def memory(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    from tuner.harness.system.devices import room
+
+    m, truth = seen["base"], seen["plain"]
+    x = m.metrics
+    rows = [judge("peak_mem_gib vs a plain loop's max_memory_reserved, GiB", "within_5pct", x["peak_mem_gib"],
+                  truth["reserved"] / GIB)]
+    nvml = seen["plain_used"]
+    rows.append(judge("gpu_mem_used_gib vs NVML's used memory over the plain loop, GiB", "within_10pct",
+                      x["gpu_mem_used_gib"], None if nvml is None else nvml / GIB))
+    rows.append(judge("gpu_mem_process_gib: above the allocator's peak, within the device's used, GiB",
+                      "process_memory", x.get("gpu_mem_process_gib"), None, low=x["peak_mem_gib"],
+                      high=x["gpu_mem_used_gib"]))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held", "the holder did not start"
+        total = torch.cuda.get_device_properties(lab.device).total_memory
+        used = nvml_used_bytes(lab.device.index or 0)
+        mine = torch.cuda.memory_reserved(lab.device)
+        got = room(lab.device)
+    finally:
+        holder.kill()
+        holder.wait()
+    truth_room = None if used is None else total - used + mine
+    rows.append(judge(f"the search's default budget with another process holding {HELD_GIB} GiB: room vs "
+                      "free + own (NVML), GiB", "budget", got / GIB, None if truth_room is None else truth_room / GIB,
+                      total=total / GIB, held=HELD_GIB))
+    return rows
+
+
+def flops(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """A transformer block with attention (SDPA on CUDA): FLOPs a sample counted by the
+    tuner (its meta-device pass) vs nanoGPT's 6N + 12 L H Q T by hand."""
+    m = lab.measure("transformer", {"model": "transformer"}, measure=10, batch=64)
+    counted = m.metrics["achieved_tflops"] * 1e12 / m.metrics["samples_per_s"]
+    return [judge("FLOPs a sample of a transformer with attention: tuner vs by hand", "within_1pct", counted,
+                  gpu_task.analytic_flops_per_sample(model="transformer"))]
+
+
+def mfu(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """A model that is nothing but bf16 matmuls: the tuner's MFU against the analytic FLOPs
+    over a synchronized plain loop's step, over the same peak."""
+    from tuner.harness.system.flops import peak_flops
+
+    m = lab.measure("matmul", {"model": "matmul"}, measure=30, amp_dtype="bf16")
+    plain = lab.plain(30, dtype=torch.bfloat16, model="matmul")
+    peak = peak_flops(lab.device, "bf16")
+    truth = None if peak is None else gpu_task.analytic_flops_per_sample(model="matmul") * lab.micro / \
+        plain["step_s"] / peak
+    return [judge("MFU of a bf16 matmul stack: tuner vs analytic FLOPs / plain step / peak", "within_10pct",
+                  m.metrics["mfu"], truth)]
+
+
+# --- group 2: failures, engines, compile ----------------------------------------------------
+
+def ooms(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    before = lab.measure("before_oom", pin_memory=True, num_workers=0, measure=10)
+    rows = []
+    for where in ("forward_oom", "backward_oom"):
+        m = lab.measure(where, {"fail": where}, measure=5)
+        rows.append(judge(f"an OOM in the {where.split('_')[0]} is recorded as oom", "equal", m.state, "oom",
+                          (m.reason or "")[:80]))
+    again = lab.measure("after_oom", pin_memory=True, num_workers=0, measure=10)
+    rows.append(judge("the next trial's peak after two OOMs vs before them, GiB", "within_3pct",
+                      again.metrics["peak_mem_gib"], before.metrics["peak_mem_gib"]))
+    return rows
+
+
+def poisoned(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    recipe = lab.recipe("assert", {"fail": "device_assert"}, measure=5)
+    proc = command("-m", "tuner.measure", str(recipe), "--repeats", "3", "--json", timeout=240)
+    try:
+        out = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        out = {}
+    said = "this process stopped there" in proc.stderr
+    got = f"{out.get('state')}, {len(out.get('repeats') or [])} run, said={said}"
+    return [judge("a device-side assert: recorded, no further repeat, one line", "equal", got,
+                  "error, 1 run, said=True", (out.get("reason") or proc.stderr[-120:])[:100])]
+
+
+def resume(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """A sticky CUDA error in the second trial: the search records it and exits 75; the same
+    command resumes and its later trials succeed (the error's trial not run again)."""
+    recipe = lab.recipe("sticky", {"fail": "device_assert", "fail_micro": 256}, measure=5,
+                        baseline={"micro_batch_size": 512}, space={"micro_batch_size": [512, 256, 128]},
+                        budget={"trials": 3})
+    cmd = ("-m", "tuner.search", str(recipe), "--confirm", "0", "--attribute", "0", "--quiet")
+    first, second = command(*cmd, timeout=240), command(*cmd, timeout=240)
+    with open(lab.folder / "sticky" / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    states = {r["micro_batch_size"]: r["state"] for r in rows}
+    ok = first.returncode == 75 and second.returncode == 0 and states.get("256") == "error" \
+        and states.get("512") == "ok" and states.get("128") == "ok" and len(rows) == 3
+    return [judge("after a sticky CUDA error: exit 75, then the same command finishes the search", "true", ok,
+                  True, f"exits {first.returncode}, {second.returncode}; {states}")]
+
+
+def precisions(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    rows = []
+    reference = lab.measure("fp32_ref", measure=10).repeats[0].losses
+    for engine, knobs in (("DeepSpeed ZeRO-2", {"zero_stage": 2}), ("FSDP2", {"fsdp": "full_shard"})):
+        for dtype in ("bf16", "fp16"):
+            m = lab.measure(f"{engine.split()[0]}_{dtype}", measure=10, amp_dtype=dtype, **knobs)
+            losses = m.repeats[0].losses if m.repeats else []
+            fine = m.state == "ok" and bool(losses) and all(map(lambda v: v == v and abs(v) != float("inf"), losses))
+            rows.append(judge(f"{engine} {dtype}: trains, finite loss, first loss vs fp32", "within_5pct",
+                              losses[0] if fine else None, reference[0], f"{m.state} {(m.reason or '')[:60]}"))
+    return rows
+
+
+def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """ZeRO-2 with the optimizer on the host: DeepSpeed's own fp32 partitions are pinned
+    (read with ``is_pinned()``), as ``ds_config.json`` exports."""
+    from tuner.config.export import ds_config
+    from tuner.config.space import Config
+    from tuner.trial.engines import deepspeed_engine
+
+    pinned: list[bool] = []
+    init = deepspeed_engine.DeepSpeedEngine.__init__
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        parts = getattr(self.model.optimizer, "single_partition_of_fp32_groups", None) or []
+        pinned.extend(bool(t.is_pinned()) for t in parts)
+
+    deepspeed_engine.DeepSpeedEngine.__init__ = recording  # type: ignore[method-assign]
+    try:
+        m = lab.measure("offload", measure=3, zero_stage=2, offload_optimizer="cpu")
+    finally:
+        deepspeed_engine.DeepSpeedEngine.__init__ = init  # type: ignore[method-assign]
+    config = Config(micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2, offload_optimizer="cpu",
+                    engine="deepspeed")
+    exported = ds_config(config, 1, cuda=True)["zero_optimization"]["offload_optimizer"].get("pin_memory")
+    ok = m.state == "ok" and bool(pinned) and all(pinned) and exported is True
+    return [judge("ZeRO-2 offload: the host partitions are pinned, and ds_config.json says so", "true", ok, True,
+                  f"{m.state}; {sum(pinned)}/{len(pinned)} pinned; exported pin_memory={exported}")]
+
+
+def compile_time(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """compile_s (dynamo's counters) against a plain loop's first-step excess, each compiling
+    the same blocks with inductor's cache already warm (a run of each before): like with
+    like, where a cold whole-model compile against a warm per-block one failed for that."""
+    import torch._dynamo
+
+    lab.measure("compile_warm", measure=5, compile=True)
+    torch._dynamo.reset()
+    lab.plain(3, compiled=True)
+    torch._dynamo.reset()
+    plain = lab.plain(10, compiled=True)
+    torch._dynamo.reset()
+    m = lab.measure("compiled", measure=10, compile=True)
+    excess = plain["first_s"] - plain["step_s"]
+    return [judge("compile_s vs a plain loop's first-step excess, both warm, s", "compile",
+                  m.metrics["compile_s"] if m.metrics else None, excess)]
+
+
+# --- group 3: the search, processes, script mode ---------------------------------------------
+
+def utilization(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    step = lab.plain(10)["step_s"]
+    sleep_ms = 2.0 * step * 1000
+    m = lab.measure("util", {"sleep_ms": sleep_ms}, pin_memory=True, num_workers=0)
+    smi = smi_utilization(lambda: lab.plain(max(5, int(5.0 / (sleep_ms / 1000.0))), sleep_ms=sleep_ms))
+    return [judge("gpu_util (NVML) vs nvidia-smi on a loader-bound loop", "utilization", m.metrics["gpu_util"], smi)]
+
+
+def search(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """A search on one GPU end to end: a micro-batch the memory model puts over the budget
+    is skipped, one made slow (the task sleeps below 1024) is pruned on its CUDA-event
+    steps, the answer is written out with its configs to paste."""
+    import tuner
+
+    probe = lab.measure("search_probe", measure=5, batch=8192, micro_batch_size=1024)
+    budget = round(probe.metrics["peak_mem_gib"] * 1.4, 2)
+    recipe = lab.recipe("search", {"slow_below": 1024, "slow_ms": 40.0}, measure=20, batch=8192,
+                        baseline={"micro_batch_size": 1024}, space={"micro_batch_size": [8192, 1024, 512]},
+                        budget={"trials": 4, "memory_gib": budget})
+    result = tuner.search(recipe, confirm=2, quiet=True)
+    with open(lab.folder / "search" / "trials.csv", newline="") as f:
+        states = {r["micro_batch_size"]: r["state"] for r in csv.DictReader(f)}
+    files = [n for n in ("best.json", "ds_config.json", "dataloader.json", "report.md")
+             if (lab.folder / "search" / n).exists()]
+    ok = states.get("8192") == "skipped" and states.get("512") == "pruned" and len(files) == 4 \
+        and result is not None and result.best["params"]["micro_batch_size"] == 1024
+    return [judge("a search on one GPU: memory skip, pruning, answer and exports", "true", ok, True,
+                  f"budget {budget} GiB; {states}; {files}")]
+
+
+def two_ranks(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    rows = []
+    for label, knobs in (("DDP", []), ("ZeRO-2", ["--set", "zero_stage=2"])):
+        recipe = lab.recipe(f"ranks_{label}", measure=10)
+        proc = torchrun("-m", "tuner.measure", str(recipe), *knobs, "--json")
+        try:
+            m = json.loads(proc.stdout)
+        except json.JSONDecodeError:
+            m = {}
+        rows.append(judge(f"two ranks on one GPU over gloo, {label}: trains", "equal", m.get("state"), "ok",
+                          proc.stderr[-100:] if proc.returncode else ""))
+    recipe = lab.recipe("ranks_fail", {"fail": "rank1"}, measure=5, space={"zero_stage": [2]})
+    proc = torchrun("-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet")
+    said = [line for line in proc.stderr.splitlines() if "re-run the same command to resume" in line]
+    ranks_75 = proc.stderr.count("exitcode  : 75")  # torchrun's own summary (it exits 1 itself)
+    rows.append(judge("a failed sharded trial on two ranks: recorded, the ranks exit 75 for a re-run", "true",
+                      ranks_75 >= 1 and len(said) >= 1, True, (said or [proc.stderr[-100:]])[0][:100]))
+    return rows
+
+
+PROBE_SCRIPT = """
+import json, torch, torch.distributed as dist
+import tuner
+probe = tuner.Probe(warmup=3, measure=10)   # made before set_device, as a script's first lines do
+dist.init_process_group("gloo")
+torch.cuda.set_device(0)
+model = torch.nn.Linear(4096, 4096).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+data = [(torch.randn(256, 4096),) for _ in range(20)]
+for (x,) in probe.loader(data):
+    model(x.cuda(non_blocking=True)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    probe.step()
+    if probe.done:
+        break
+s = probe.summary()
+if dist.get_rank() == 0:
+    print(json.dumps({"device": str(probe.device), "rate": s["samples_per_s"], "steps": s["measured_steps"]}))
+dist.destroy_process_group()
+"""
+
+
+def probe_torchrun(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    script = lab.folder / "probe_ranks.py"
+    script.write_text(PROBE_SCRIPT)
+    proc = torchrun(str(script))
+    try:
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        got = {}
+    ok = proc.returncode == 0 and got.get("device") == "cuda:0" and got.get("steps") == 10 and \
+        (got.get("rate") or 0) > 0
+    return [judge("tuner.Probe under torchrun, two processes on one GPU: each rank's window, reduced", "true", ok,
+                  True, json.dumps(got) if got else proc.stderr[-120:])]
+
+
+VISIBLE_SCRIPT = """
+import os, torch
+import tuner
+print("visible", os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count(), flush=True)
+probe = tuner.Probe()
+model = torch.nn.Linear(1024, 1024).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+while not probe.done:
+    for x in probe.loader([torch.randn(64, 1024) for _ in range(20)]):
+        model(x.cuda()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        probe.step()
+        if probe.done:
+            break
+"""
+
+
+def script_gpus(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """A script trial sees the GPU the search claimed for it, and that one only."""
+    import tuner
+
+    folder = lab.folder / "visible"
+    folder.mkdir()
+    (folder / "train.py").write_text(VISIBLE_SCRIPT)
+    (folder / "recipe.yaml").write_text("name: visible\nscript: train.py\nglobal_batch_size: 64\n"
+                                        "steps: {warmup: 2, measure: 5}\ntimeout_s: 120\n")
+    result = tuner.search(folder / "recipe.yaml", trials=1, confirm=0, attribute=0, quiet=True)
+    logs = sorted((folder / "runs" / "visible" / "trials").glob("*/output.log"))
+    said = next((line for log in logs for line in log.read_text().splitlines() if line.startswith("visible")), "")
+    ok = result is not None and said.split()[1:] == ["0", "1"]
+    return [judge("a script trial's CUDA_VISIBLE_DEVICES: the claimed GPU, one device", "true", ok, True, said)]
+
+
+def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """The layout engine on one GPU (tensor = pipeline = 1, a mesh of one): the same losses
+    as the plain engine, step for step, from the same weights and batches."""
+    from tuner.config.space import Config
+    from tuner.config.task import load_task
+    from tuner.trial.engines.layout_engine import LayoutEngine
+    from tuner.trial.engines.torch_engine import TorchEngine
+
+    task = load_task(str(TASK), ROOT)
+    args = {"model": "mlp", "width": 1024}
+    data = gpu_task.Synthetic(64, 0)
+    batches = [[t.to(lab.device) for t in torch.utils.data.default_collate([data[i] for i in range(j, j + 64)])]
+               for j in range(0, 256, 64)]
+    losses: dict[str, list[float]] = {}
+    for name in ("torch", "layout"):
+        torch.manual_seed(0)
+        module = gpu_task.build_model(args)
+        config = Config(micro_batch_size=64, grad_accum_steps=1, engine=name)
+        make = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
+        engine = (LayoutEngine(module, task, make, config, lab.device, 1) if name == "layout"
+                  else TorchEngine(module.to(lab.device), make, task.compute_loss, config, lab.device))
+        losses[name] = []
+        for batch in batches:
+            losses[name].append(float(engine.forward_backward(batch, True)))
+            engine.optimizer_step()
+        engine.close()
+    return [judge("the layout engine on one GPU (tp = pp = 1) trains as the plain engine", "losses",
+                  losses["layout"], losses["torch"])]
+
+
+PREWARM_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuner
+
+device = "cuda" if torch.cuda.is_available() else "cpu"
+cfg = tuner.config(global_batch_size=512, micro_batch_size=512)
+model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 16))
+model = model.to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(4096, 1024), torch.randint(0, 16, (4096,)))
+probe = tuner.Probe(device=device)
+print("device", device, torch.cuda.is_available(), flush=True)
+while not probe.done:
+    for x, y in probe.loader(DataLoader(data, **cfg.dataloader_kwargs())):
+        loss = nn.functional.cross_entropy(model(x.to(device, non_blocking=True)), y.to(device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        probe.step()
+        if probe.done:
+            break
+"""
+
+
+def prewarmed(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """Two script trials forked from the pre-warmed launcher and two fresh ones, alternating:
+    CUDA in a child of a process that imported torch (never CUDA) works as in a fresh one."""
+    import dataclasses
+
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine
+    from tuner.measurement import measured_config
+    from tuner.scriptmode.launcher import ScriptTrials
+
+    folder = Path(tempfile.mkdtemp(prefix="tuner-prewarm-"))
+    (folder / "train.py").write_text(PREWARM_SCRIPT)
+    (folder / "recipe.yaml").write_text("name: prewarm\nscript: train.py\nglobal_batch_size: 512\n"
+                                        "steps: {warmup: 5, measure: 40}\ntimeout_s: 180\n")
+    recipe = load_recipe(folder / "recipe.yaml")
+    assert recipe.script is not None
+    config, _ = measured_config(recipe, Machine.detect())
+    runs: dict[bool, list[Any]] = {True: [], False: []}
+    trials = {warm: ScriptTrials(dataclasses.replace(recipe, script=dataclasses.replace(recipe.script, prewarm=warm)),
+                                 folder / f"run-{warm}") for warm in (True, False)}
+    try:
+        for _ in range(2):
+            for warm in (True, False):
+                runs[warm].append(trials[warm].run(config))
+    finally:
+        for t in trials.values():
+            t.close()
+    ok = all(r.ok for rs in runs.values() for r in rs)
+    if not ok:
+        return [failed("prewarmed", "; ".join((r.reason or "")[:60] for rs in runs.values() for r in rs if not r.ok))]
+    log = (folder / "run-True" / "trials" / "002" / "output.log").read_text()
+    rate = {w: statistics.median([r.metrics["samples_per_s"] for r in rs]) for w, rs in runs.items()}
+    forked, on_cuda = "forked from the pre-warmed launcher" in log, "device cuda True" in log
+    return [judge("a script trial forked from the pre-warmed launcher trains on CUDA: samples/s vs fresh",
+                  "within_10pct", rate[True] if forked and on_cuda else None, rate[False],
+                  f"forked={forked}, cuda={on_cuda}")]
+
+
+CHECKS: list[Check] = [
+    Check("step_time", 1, 25, step_time),
+    Check("data_wait", 1, 60, data_wait, needs=("step_time",)),
+    Check("transfer", 1, 40, transfer),
+    Check("memory", 1, 25, memory, needs=("step_time",), requires=("nvml",)),
+    Check("flops", 1, 20, flops),
+    Check("mfu", 1, 20, mfu),
+    Check("ooms", 2, 30, ooms),
+    Check("poisoned", 2, 30, poisoned),
+    Check("resume", 2, 45, resume),
+    Check("precisions", 2, 60, precisions, requires=("deepspeed",)),
+    Check("offload", 2, 30, offload, requires=("deepspeed",)),
+    Check("compile", 2, 40, compile_time, requires=("compiler",)),
+    Check("utilization", 3, 25, utilization, requires=("nvml",)),
+    Check("search", 3, 60, search),
+    Check("two_ranks", 3, 60, two_ranks, requires=("deepspeed",)),
+    Check("probe_torchrun", 3, 20, probe_torchrun),
+    Check("script_gpus", 3, 15, script_gpus),
+    Check("layout", 3, 15, layout_path),
+    Check("prewarmed", 3, 30, prewarmed),
+]
+"""Every check, in the order a full run takes them, with its group and expected seconds
+on an H200 (estimates until a GPU run measures them: each row records its own)."""

@@ -1,0 +1,177 @@
+"""The task ``scripts/gpu_acceptance.py`` measures (``task:`` in the recipes it writes).
+
+Three models, by ``task_args["model"]``:
+
+- ``mlp`` (default): IN -> WIDTH x DEPTH -> 16 classes, 210 M parameters at the default
+  width, 512 samples a step: about 13 ms of fp32 matmuls on an H200 against a few ms of
+  host time to collate, so the step is the device's unless a check makes the loader slow.
+- ``transformer``: LAYERS pre-norm encoder blocks (attention through
+  ``scaled_dot_product_attention``, MLP of 4 x d) on random tokens' embeddings: the FLOP
+  count's truth for a model with attention (:func:`analytic_flops_per_sample`).
+- ``matmul``: a bias-free stack of d x d matmuls, nothing else: MFU's truth (every FLOP is
+  a matmul the analytic count names).
+
+The loader can be made slow (``sleep_ms`` of host time per batch, in ``collate``), the
+batch can carry a ``payload`` of floats per sample to copy to the device, and the forward
+or backward can be made to run out of memory, to trip a device-side assert, to fail on
+rank 1, or to be slow for micro-batches below ``slow_below`` (``slow_ms`` each: a
+configuration the prune rule must cut).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+WIDTH, DEPTH, IN, MICRO = 8192, 4, 1024, 512
+SEQ, D_MODEL, HEADS, LAYERS = 256, 512, 8, 4
+"""The transformer's sequence length, width, heads and blocks."""
+
+
+class Synthetic(torch.utils.data.Dataset):
+    """Random samples (``IN`` features or ``SEQ`` x ``D_MODEL`` embeddings, a class), an
+    optional ``payload`` tensor of that many floats each."""
+
+    def __init__(self, size: int, payload: int, model: str = "mlp") -> None:
+        self.size, self.payload, self.model = size, payload, model
+        g = torch.Generator().manual_seed(0)
+        shape = (64, SEQ, D_MODEL) if model == "transformer" else (64, D_MODEL if model == "matmul" else IN)
+        self.x = torch.randn(*shape, generator=g)
+        self.y = torch.randint(0, 16, (64,), generator=g)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> Any:
+        j = i % 64
+        if self.payload:
+            return self.x[j], self.y[j], torch.zeros(self.payload)
+        return self.x[j], self.y[j]
+
+
+_ARGS: dict[str, Any] = {}
+
+
+def build_dataset(args: dict[str, Any]) -> Synthetic:
+    _ARGS.clear()
+    _ARGS.update(args)
+    return Synthetic(args.get("size", 1 << 16), args.get("payload", 0), args.get("model", "mlp"))
+
+
+def collate(samples: list[Any]) -> Any:
+    if _ARGS.get("sleep_ms"):
+        time.sleep(_ARGS["sleep_ms"] / 1000.0)
+    return torch.utils.data.default_collate(samples)
+
+
+class _BackwardOOM(torch.autograd.Function):
+    """Identity forward; a backward that asks for more memory than the device has."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        total = torch.cuda.get_device_properties(grad.device).total_memory
+        torch.empty(2 * total, dtype=torch.uint8, device=grad.device)
+        return grad
+
+
+class Block(nn.Module):
+    """Pre-norm attention and MLP, the way GPT-2 and Llama compose them."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.out = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.up, self.down = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class Transformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Block(D_MODEL, HEADS) for _ in range(LAYERS))
+        self.head = nn.Linear(D_MODEL, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1))
+
+
+def build_model(args: dict[str, Any]) -> nn.Module:
+    model = args.get("model", "mlp")
+    if model == "transformer":
+        return Transformer()
+    if model == "matmul":
+        return nn.Sequential(*(nn.Linear(D_MODEL, D_MODEL, bias=False) for _ in range(DEPTH)),
+                             nn.Linear(D_MODEL, 16, bias=False))
+    width = args.get("width", WIDTH)
+    layers: list[nn.Module] = [nn.Linear(IN, width), nn.ReLU()]
+    for _ in range(DEPTH - 1):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 16))
+    return nn.Sequential(*layers)
+
+
+def blocks(model: nn.Module) -> list[nn.Module]:
+    if isinstance(model, Transformer):
+        return list(model.layers)
+    return [m for m in model if isinstance(m, nn.Linear)]
+
+
+def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    x, y = batch[0], batch[1]
+    fail = _ARGS.get("fail")
+    if fail == "forward_oom":
+        total = torch.cuda.get_device_properties(x.device).total_memory
+        torch.empty(2 * total, dtype=torch.uint8, device=x.device)
+    if fail == "device_assert" and x.shape[0] == _ARGS.get("fail_micro", x.shape[0]):
+        y = y + 1000  # out of range for 16 classes: the loss kernel's device-side assert
+    if fail == "rank1" and torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+        raise RuntimeError("rank 1's forward failed (raised by the acceptance task)")
+    if x.shape[0] < _ARGS.get("slow_below", 0):
+        time.sleep(_ARGS.get("slow_ms", 0.0) / 1000.0)
+    out = model(x)
+    if fail == "backward_oom":
+        out = _BackwardOOM.apply(out)
+    return nn.functional.cross_entropy(out, y)
+
+
+def build_optimizer(params: Any, args: dict[str, Any]) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-4)
+
+
+def analytic_flops_per_sample(width: int = WIDTH, model: str = "mlp") -> float:
+    """FLOPs of one sample's forward and backward, by hand.
+
+    A matmul of ``in x out`` weights costs 2 x in x out a row forward and twice that
+    backward (input and weight gradients): 6 x the weights. What autograd skips: the
+    first layer's input gradient (the data needs none), 2 x its weights a row.
+    ``transformer``: per token 6 x the blocks' weights (the first block's input gradient
+    is needed: its LayerNorm's weights are behind it), plus attention's scores and
+    weighted sum, 4 x T x d a token forward (counted whole, causal or not, as
+    FlopCounterMode counts ``scaled_dot_product_attention`` on CUDA) and twice that
+    backward: nanoGPT's ``6N + 12 L H Q T`` a token; the head runs once a sample on the
+    mean token. (FlopCounterMode counts no FLOPs for CPU's fused attention kernel; with
+    the math backend it counts these.)"""
+    if model == "transformer":
+        block = 3 * D_MODEL**2 + D_MODEL**2 + 8 * D_MODEL**2
+        per_token = 6 * LAYERS * block + 12 * LAYERS * SEQ * D_MODEL
+        return float(SEQ * per_token + 6 * D_MODEL * 16)
+    if model == "matmul":
+        return 6.0 * (DEPTH * D_MODEL**2 + D_MODEL * 16) - 2.0 * D_MODEL**2
+    weights = IN * width + (DEPTH - 1) * width * width + width * 16
+    return 6.0 * weights - 2.0 * IN * width
