@@ -118,11 +118,23 @@ def _runs(pool: Pool, ka: str, kb: str) -> int:
     return min(len(pool.by_key(ka).rates), len(pool.by_key(kb).rates))
 
 
+ANSWER_RUNS = 2
+"""Runs of its own a configuration needs before a decision makes it the answer. The pooled
+noise can decide a drop from one run of the simpler configuration (seen: the answer
+without two cheap changes, together, recommended on its one search trial, "median of 1
+run"); the method verifies an answer with repeated runs, so such a pair stays open a round."""
+
+
 def _closed(pool: Pool, ka: str, kb: str, tolerance: float) -> bool:
+    """Whether a pair (richer, simpler) needs no more runs: a failure, or the rule settled,
+    and the simpler side measured :data:`ANSWER_RUNS` times if it is the one adopted."""
     a, b = pool.by_key(ka), pool.by_key(kb)
     if a.failures or b.failures:
         return True
-    return decision.settled(slowdown(a.stats, b.stats, pool.spread()), tolerance)
+    s = slowdown(a.stats, b.stats, pool.spread())
+    if not decision.settled(s, tolerance):
+        return False
+    return len(b.rates) >= ANSWER_RUNS or decision.call(s, tolerance).verdict != decision.DROP
 
 
 @dataclass
