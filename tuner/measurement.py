@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.config import layout
 from tuner.config.errors import RecipeError
-from tuner.config.space import Config, Machine, make_config
+from tuner.config.space import Config, Machine, lever_refusal, make_config
 from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.harness.system.environment import environment
 from tuner.runner import runner_for
@@ -98,7 +98,7 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     knobs.update(recipe.knob_overrides)
     config, notes = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
     refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(recipe.world_size), None,
-                             machine.cuda)
+                             machine.cuda) or lever_refusal(config.params(), machine)
     if refused is not None:
         raise RecipeError(refused)
     return config, notes

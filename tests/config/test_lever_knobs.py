@@ -145,7 +145,7 @@ def _read_back_by_lightning_cli(config, tmp_path):
      "--set: fsdp: full_shard and zero_stage: 2 are two ways to shard the same model"),
     (["--set", "offload_optimizer=cpu"], "--set: offload_optimizer: cpu needs a sharded optimizer"),
     (["--set", "compile=maybe"], "--set compile: expected true or false"),
-    (["--set", "activation_checkpointing=half"], "expected one of none, selective, full"),
+    (["--set", "activation_checkpointing=half"], "expected one of none, op, selective, full"),
 ])
 def test_impossible_levers_are_refused_before_anything_runs(toy, args, message):
     proc = run([sys.executable, "-m", "tuner.measure", str(toy()), *args])

@@ -26,9 +26,10 @@ LEVERS = levers.LEVERS
 TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")
 """Shown in a result row's title, not among its levers."""
 WORLD = 2
-ANY = Machine(cuda=True, bf16=True, fp16=True, cudnn=True)
+ANY = Machine(cuda=True, bf16=True, fp16=True, cudnn=True, capability=(9, 0),
+              packages=frozenset({"torchao", "liger_kernel"}))
 CONTEXTS = ({}, {"num_workers": 2}, {"zero_stage": 1}, {"zero_stage": 2}, {"fsdp": "full_shard"},
-            {"pipeline_parallel": 2}, {"tensor_parallel": 2})
+            {"pipeline_parallel": 2}, {"tensor_parallel": 2}, {"compile": True})
 """Where a lever is tried: the first of these in which it applies."""
 
 
@@ -128,3 +129,19 @@ def test_the_refusals_name_a_value_and_a_fallback_the_lever_takes() -> None:
     for name, lever in LEVERS.items():
         for value, why, fallback in lever.refused(bare):
             assert lever.parse(value, name) == value and lever.parse(fallback, name) == fallback and why
+
+
+NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss")
+"""The levers of a 2026 GPU, each added as its declaration and its functions alone."""
+
+
+@pytest.mark.parametrize("name", NEW_LEVERS)
+def test_a_lever_added_through_the_registry_is_named_in_at_most_three_modules(name: str) -> None:
+    """Its declaration, its functions, and at most one more: every layer reads the rest from
+    the registry (the stages, the exports, the memory model, the diagnosis, the routes)."""
+    import re
+
+    word = re.compile(rf"\b{name}\b")
+    root = Path(levers.__file__).resolve().parents[1]
+    naming = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if word.search(p.read_text()))
+    assert len(naming) <= 3, naming

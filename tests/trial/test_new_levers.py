@@ -177,10 +177,14 @@ def test_compute_bound_advice_leaves_out_what_the_configuration_already_does():
     metrics = {"samples_per_s": 100.0, "data_wait_share": 0.0, "step_time_p50_s": 0.1, "step_time_p99_s": 0.1}
     fused = diagnose(metrics, {"optimizer_impl": "fused", "compile": True, "amp_dtype": "bf16"}, device="cpu")
     step = next(v for v in fused if v.kind == "compute-bound").next_step
-    assert "optimizer_impl" not in step and "compile" not in step and "amp_dtype" not in step
+    assert "optimizer_impl" not in step and "compile: true" not in step and "amp_dtype" not in step
     assert "matmul_precision" not in step and "cudnn_benchmark" not in step  # a CPU runs neither
+    # the values a CPU runs of a lever it half runs; a mode only once compile is on
+    assert "compile_mode: max-autotune-no-cudagraphs," in step and "attention_backend: flash" in step
+    assert "cudnn" not in step and "reduce-overhead" not in step and "float8" not in step
     gpu = next(v for v in diagnose(metrics, {}, device="cuda") if v.kind == "compute-bound").next_step
     assert gpu.index("matmul_precision: high") < gpu.index("compile: true") and "cudnn_benchmark" in gpu
+    assert "compile_mode" not in gpu and "float8: tensorwise" in gpu and "attention_backend: flash or cudnn" in gpu
 
 
 def test_the_guard_compares_out_of_order_curves_by_their_mean():

@@ -164,12 +164,14 @@ def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         return None
     used = f"peak memory {peak:.2f} GiB of a {budget:g} GiB budget" if budget and peak else ""
     retry = f"{retries} allocator retries (cudaMalloc failed, cache flushed)" if retries else ""
+    # the registry's other memory levers (the allocator, a fused loss), where this machine runs them
+    more = remedies("memory-bound", f.params, f.device, said=("micro_batch_size", "amp_dtype"))
     return Verdict(
         "memory-bound", (peak / budget) if budget and peak else 0.0,
         "; ".join(x for x in (used, retry) if x),
         "little room to grow: a higher ZeRO stage or FSDP2 (fsdp: full_shard), bf16, a smaller micro-batch with "
         "more accumulation, or activation checkpointing frees memory (and lets a larger micro-batch fit); "
-        "offload_optimizer: cpu when the model does not fit at all",
+        "offload_optimizer: cpu when the model does not fit at all" + (f"; also {more}" if more else ""),
     )
 
 
@@ -223,19 +225,27 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
 CPU_ONLY = Machine(cuda=False, bf16=True, fp16=False, cudnn=False)
 
 
-def remedies(kind: str, params: Mapping[str, Any], device: str) -> str:
+def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str, ...] = ()) -> str:
     """The levers a verdict points at (their ``suggest``, in its order), less those the
-    configuration already follows and, off a GPU, those a CPU cannot run."""
+    configuration already follows or that it does not use (``compile_mode`` without
+    ``compile``), those the verdict ``said`` in its own words and, off a GPU, the values a
+    CPU cannot run."""
     out = []
+    knobs = {**{n: lever.default for n, lever in levers.LEVERS.items()}, **params}
     for name in levers.pointed_at(kind):
         lever = levers.LEVERS[name]
-        if lever.suggest is None:
+        if lever.suggest is None or name in said:
             continue
         already, words = lever.suggest
-        if params.get(name, lever.default) in already:
+        if knobs[name] in already or (lever.needs is not None and not lever.needs(knobs, 1)):
             continue
-        if device != "cuda" and already and all(v in {r[0] for r in lever.refused(CPU_ONLY)} for v in already):
-            continue
+        if device != "cuda" and already:
+            refused = {r[0] for r in lever.refused(CPU_ONLY)}
+            runs = [v for v in already if v not in refused]
+            if not runs:
+                continue
+            if len(runs) < len(already):
+                words = f"{name}: {' or '.join(str(v) for v in runs)}"
         out.append(words)
     return ", ".join(out)
 

@@ -17,17 +17,20 @@ from typing import Any, Callable, Literal, Mapping
 from tuner.config.errors import RecipeError
 from tuner.config.machine import Machine
 
-Group = Literal["loader", "precision", "batch", "layout", "sharding", "model", "kernels", "communication", "optimizer"]
+Group = Literal["loader", "precision", "batch", "layout", "sharding", "model", "kernels", "communication", "optimizer",
+                "memory"]
 """What a lever acts on (the loader's levers are the ones a loader change is made of)."""
 Memory = Literal["states", "activations", "per_sample", "workers", "none"]
 """How a lever moves a rank's peak memory, as the memory model and ``tuner plan`` take it:
 ``states`` (parameters, gradients, optimizer: sharding and offload, analytic),
 ``activations`` (scales the per-sample slope by :attr:`Lever.prior`), ``per_sample`` (the
 micro-batch itself), ``workers`` (what each loader worker holds), ``none``."""
-Stage = Literal["loader", "process", "model", "engine", "optimizer", "batch"]
+Stage = Literal["loader", "process", "model", "engine", "optimizer", "batch", "forward", "convert"]
 """Where a trial applies it: DataLoader keyword, process-wide setting held for the trial
 (then restored), the model before the engine wraps it, the engine, the optimizer, the
-training loop's batch arithmetic."""
+training loop's batch arithmetic, a context around each forward (the attention kernel),
+a converter of the model's layers before anything else touches it (low-precision layers,
+a fused loss: :mod:`tuner.trial.engines.stages`)."""
 ADAPTERS = ("torch", "hf", "lightning", "accelerate", "deepspeed")
 EXPORT_FILES = ("dataloader.json", "ds_config.json", "accelerate_config.yaml", "hf_training_args.json",
                 "torchtitan.toml", "torch_settings.py", "lightning_trainer.yaml")
@@ -106,6 +109,18 @@ class Lever:
     reference: Any = UNGUARDED
     """The value the precision guard's reference runs at, for a lever that changes a
     step's arithmetic (reduced precision and compiled kernels round differently)."""
+    refusal: Callable[[Mapping[str, Any], Machine], str | None] | None = None
+    """Why a configuration (every knob) cannot run with this lever's value on this machine,
+    naming the rule: the sampler's proposal is recorded ``skipped`` with it, never run
+    (flash attention with fp32; CUDA graphs with FSDP2)."""
+    export_with: str = ""
+    """``module:function`` in the config layer, ``(config, file, world_size)`` -> what the
+    lever writes into that export file (a dict merged into a JSON/YAML file's mapping, or
+    lines added to a TOML or Python one; ``None``: nothing): its exports in its own entry."""
+    env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
+    """For a lever a process reads from its environment at start (the CUDA allocator's
+    settings): ``(value, the environment so far)`` -> the variables a script trial's process
+    gets. Script mode sets them for every adapter."""
 
     def parse(self, value: Any, where: str) -> Any:
         """Check one value; ``where`` names it in the error (e.g. ``space.num_workers[2]``)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from tuner.config.gpu_levers import GPU_LEVERS
 from tuner.config.lever import ADAPTERS, Lever
 from tuner.config.machine import Machine
 
@@ -175,15 +176,19 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.fsdp_engine:FSDPEngine",
           exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                    "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"}),
-    Lever("activation_checkpointing", str, "none", "recompute block activations in the backward",
-          choices=("none", "selective", "full"), aliases=((False, "none"), (None, "none")), group="model",
+    Lever("activation_checkpointing", str, "none",
+          "recompute activations in the backward: every block's whole forward (full), every other block's "
+          "(selective), or each block's cheap operators, its matmul and attention outputs kept (op)",
+          choices=("none", "op", "selective", "full"), aliases=((False, "none"), (None, "none")), group="model",
           path=60, walk=50, ordered=True, reference="none", verdicts={"memory-bound": 2},
           risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
                "dropout matches)",
           label="ac={}", adapters=frozenset({"hf"}), memory="activations",
-          prior={"none": 1.0, "selective": 0.5, "full": 0.1}, stage="model",
+          prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
           apply=f"{ENGINES}.levers:checkpoint_blocks",
-          exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint"}),
+          exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
+                   "torch_settings.py": "op_context (op)"},
+          export_with="tuner.config.gpu_levers:op_checkpointing_exports"),
     Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels", path=110, walk=60,
           reference=False, verdicts={"host-cpu-saturated": 2, "host-bound": 1, "compute-bound": 1},
           suggest=((True,), "compile: true (fused kernels)"),
@@ -270,6 +275,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           risk="batch order varies run to run (the same batches each epoch): not for order-sensitive training",
           label="out_of_order", adapters=REBUILT, stage="loader", apply="tuner.trial.data:make_loader",
           loader_kwarg="in_order", kwarg_at_default=False, exports={"dataloader.json": "in_order"}),
+    *GPU_LEVERS,
 )}
 """Every lever, in declaration order."""
 

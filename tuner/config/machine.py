@@ -23,6 +23,10 @@ class Machine:
     """cuDNN on a CUDA device (``cudnn_benchmark`` picks its convolution algorithms)."""
     in_order: bool = True
     """This PyTorch's DataLoader takes ``in_order`` (torch >= 2.6)."""
+    capability: tuple[int, int] | None = None
+    """The CUDA device's compute capability (9, 0 for Hopper); ``None`` without CUDA."""
+    packages: frozenset[str] = frozenset()
+    """Optional kernel libraries installed here (``torchao``, ``liger_kernel``)."""
 
     @classmethod
     def detect(cls) -> "Machine":
@@ -41,8 +45,17 @@ class Machine:
         fsdp2 = torch.distributed.is_available() and torch.__version__ >= (2, 6)
         cudnn = cuda and torch.backends.cudnn.is_available()
         in_order = "in_order" in inspect.signature(torch.utils.data.DataLoader).parameters
+        capability = tuple(torch.cuda.get_device_capability()) if cuda else None
         return cls(cuda=cuda, bf16=bf16, fp16=cuda, compiler=not missing, compiler_missing=missing, fsdp2=fsdp2,
-                   cudnn=cudnn, in_order=in_order)
+                   cudnn=cudnn, in_order=in_order, capability=capability,  # type: ignore[arg-type]
+                   packages=installed(("torchao", "liger_kernel")))
+
+
+def installed(names: tuple[str, ...]) -> frozenset[str]:
+    """Which of the optional packages ``names`` are installed (found, not imported)."""
+    import importlib.util
+
+    return frozenset(n for n in names if importlib.util.find_spec(n) is not None)
 
 
 def compiler_missing(cuda: bool) -> str:

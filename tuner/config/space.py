@@ -27,8 +27,8 @@ Knob = Lever
 KNOBS: dict[str, Lever] = LEVERS
 """Every knob (:mod:`tuner.config.levers`), by name."""
 __all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "KNOBS", "Config", "Knob", "Machine", "applies", "conflict",
-           "defaults", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space", "reference_knobs",
-           "restrict", "unsupported"]
+           "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
+           "reference_knobs", "restrict", "unsupported"]
 
 
 def applies(name: str, knobs: Mapping[str, Any], world_size: int) -> bool:
@@ -82,6 +82,19 @@ def conflict(knobs: Mapping[str, Any]) -> str | None:
     knobs = {**defaults(), **knobs}
     for lever in LEVERS.values():
         why = lever.conflict(knobs) if lever.conflict is not None else None
+        if why is not None:
+            return why
+    return None
+
+
+def lever_refusal(knobs: Mapping[str, Any], machine: Machine) -> str | None:
+    """Why this configuration (every knob, after :func:`make_config`) cannot run here by one
+    of its levers' rules (``Lever.refusal``: flash attention with fp32, CUDA graphs with
+    FSDP2), naming the rule; ``None``: it can. The search records such a proposal
+    ``skipped``, never runs it."""
+    values = {**defaults(), **knobs}
+    for lever in LEVERS.values():
+        why = lever.refusal(values, machine) if lever.refusal is not None else None
         if why is not None:
             return why
     return None

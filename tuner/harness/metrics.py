@@ -30,6 +30,8 @@ METRIC_NAMES = (
     "stall_free_method",
     # what this process holds on its GPU (context, allocator, NCCL), what a budget is checked against
     "gpu_mem_process_gib",
+    # what the allocator handed out at its peak (CUDA): reserved minus this is what it cached idle
+    "peak_allocated_gib",
 )
 
 
@@ -56,6 +58,10 @@ class Window:
     cpu_s: float = 0.0
     """CPU seconds (user + system) of the main process over the window."""
     peak_device_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    """The allocator's peak of memory handed out to tensors (CUDA's ``max_memory_allocated``):
+    ``peak_device_bytes`` less this is what it held cached, unused (fragmentation,
+    the allocator's settings' effect)."""
     peak_host_bytes: int | None = None
     gpu_util: float | None = None
     """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
@@ -178,6 +184,8 @@ def summarize(
     out["host_mem_gib"] = host_gib
     # On a CPU-only machine the host is the device: its PSS is what runs out.
     out["peak_mem_gib"] = max(devices) / GIB if devices else host_gib
+    allocated = [w.peak_allocated_bytes for w in windows if w.peak_allocated_bytes is not None]
+    out["peak_allocated_gib"] = max(allocated) / GIB if allocated else None
     return out
 
 

@@ -86,6 +86,10 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(script.folder), env.get("PYTHONPATH")) if p)
     if script.adapt and values is not None:  # after the recipe's env: the trial's values must win (see adapters)
         env.update(adapters.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
+    if values is not None:  # what a process reads from its environment at start (the CUDA allocator's settings)
+        for name, lever in KNOBS.items():
+            if lever.env is not None and name in trial["knobs"]:
+                env.update(lever.env(trial["knobs"][name], env))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # torchrun sets its own
     return cmd, env

@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.config import layout
 from tuner.config.errors import RecipeError
-from tuner.config.space import KNOBS, Config, Machine, applies, defaults, make_config, restrict, unsupported
+from tuner.config.space import (
+    KNOBS,
+    Config,
+    Machine,
+    applies,
+    defaults,
+    lever_refusal,
+    make_config,
+    restrict,
+    unsupported,
+)
 from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
@@ -31,11 +41,15 @@ class Space:
     """Ranks per node (a tensor-parallel group stays inside one)."""
     cuda: bool = True
     """The ranks are GPUs (some layouts are refused on CPU ranks only)."""
+    machine: Machine | None = None
+    """What this machine can do, for the levers' own rules (:func:`lever_refusal`)."""
 
     def refusal(self, params: Mapping[str, Any], world_size: int, global_batch: int) -> str | None:
-        """Why this configuration's parallel layout cannot run (``None``: it can)."""
+        """Why this configuration cannot run: its parallel layout, or one of its levers' rules
+        (``None``: it can)."""
         return layout.batch_refusal(params, world_size, global_batch) or layout.refusal(
-            params, world_size, self.per_node, self.blocks, self.cuda)
+            params, world_size, self.per_node, self.blocks, self.cuda) or lever_refusal(
+            params, self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda))
 
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or
@@ -103,7 +117,7 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
         notes += [f"{name} applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no PyTorch "
                   "DeviceMesh): the layouts shard their data-parallel dimension with fsdp" for name in
                   ("zero_stage",) if len(restricted[name]) > 1 or restricted[name][0] != 0]
-    return Space(restricted, tuple(notes), verdicts.blocks, per_node, machine.cuda)
+    return Space(restricted, tuple(notes), verdicts.blocks, per_node, machine.cuda, machine)
 
 
 def _adapt(recipe: "Recipe") -> str | None:

@@ -22,7 +22,8 @@ from tuner.harness.metrics import Window, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.prune import checks as prune_checks
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
-from tuner.trial.engines import build_engine
+from tuner.trial.engines import build_engine, stages
+from tuner.trial.engines.gpu_levers import GraphShapes
 from tuner.trial.failures import TrialStop, classify
 from tuner.trial.trial_result import Instruments, PruneRule, State
 
@@ -69,6 +70,7 @@ class Job:
         self.measured_steps = 0
         self.first_step_s: float | None = None
         self.compiled_before: float | None = None
+        self.graph_shapes = GraphShapes.of(config)
 
     def build(self) -> None:
         recipe, config, ctx = self.recipe, self.config, self.ctx
@@ -167,7 +169,10 @@ class Job:
         any of them waits in the backward's collectives for a rank that will never come."""
         loss, failure = None, None
         try:
-            loss = self.engine.forward(batch, last)
+            if self.graph_shapes is not None:
+                self.graph_shapes.see(batch)
+            with stages.forward(self.config):
+                loss = self.engine.forward(batch, last)
         except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as TrialStop
             failure = classify(exc)
         start = time.perf_counter()

@@ -179,6 +179,7 @@ def _allocator_end(window: Window, device: torch.device, before: dict[str, Any])
     if device.type != "cuda":
         return
     window.peak_device_bytes = torch.cuda.max_memory_reserved(device)
+    window.peak_allocated_bytes = torch.cuda.max_memory_allocated(device)
     now = torch.cuda.memory_stats(device)
     window.alloc_retries = now.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)
     window.cuda_ooms = now.get("num_ooms", 0) - before.get("num_ooms", 0)

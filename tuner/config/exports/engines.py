@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import layout
+from tuner.config.exports.fragments import lever_fragments, merge_dict
 from tuner.config.levers import LEVERS
 
 if TYPE_CHECKING:
@@ -41,6 +42,8 @@ def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str
     }
     if "offload_optimizer" in zero:
         out["zero_force_ds_cpu_optimizer"] = False
+    for fragment in lever_fragments(config, "ds_config.json", world_size):
+        merge_dict(out, fragment)
     return out
 
 
@@ -58,9 +61,11 @@ def torch_settings(config: "Config") -> str:
              "# script, before the model is wrapped (levers at their defaults are left out).", "import torch"]
     values = config.params()
     for name, lever in LEVERS.items():
-        line = lever.exports.get("torch_settings.py")
+        line = lever.exports.get("torch_settings.py") if not lever.export_with else None  # its own lines below
         if line and values[name] != lever.default and (name != "ddp_bucket_cap_mb" or config.engine == "torch"):
             lines.append(f"{line.format(values[name])}  # {name}")
+    for fragment in lever_fragments(config, "torch_settings.py", 1):
+        lines += [f"{line}" for line in fragment]
     if len(lines) == 3:
         lines.append("# nothing to set: every such lever is at its default")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tuner.config import layout
+from tuner.config.exports.fragments import lever_fragments, merge_toml_lines
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -48,13 +49,18 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
     if config.engine == "deepspeed":
         lines.append(f"# ZeRO stage {config.zero_stage} has no torchtitan equivalent; its FSDP2 is "
                      "data_parallel_shard_degree > 1")
-    lines += ["", "[activation_checkpoint]", f'mode = "{config.activation_checkpointing}"']
-    if config.activation_checkpointing == "selective":
+    ac = config.activation_checkpointing
+    lines += ["", "[activation_checkpoint]", f'mode = "{"selective" if ac == "op" else ac}"']
+    if ac == "selective":
         lines.append('selective_ac_option = "2"  # every 2nd block')
+    if ac == "op":
+        lines.append('selective_ac_option = "op"  # each block, its matmul and attention outputs kept')
     implementation = {"default": "for-loop", "foreach": "foreach", "fused": "fused"}[config.optimizer_impl]
     lines += ["", "[optimizer]", f'implementation = "{implementation}"']
     if config.amp_dtype == "fp16":
         lines.insert(1, "# fp16: torchtitan trains in bf16 or fp32 (no loss scaling); bf16 is the nearest")
+    for fragment in lever_fragments(config, "torchtitan.toml", world_size):
+        lines = merge_toml_lines(lines, fragment)
     return "\n".join(lines) + "\n"
 
 

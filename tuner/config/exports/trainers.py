@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import layout
+from tuner.config.exports.fragments import lever_fragments, merge_dict, merge_yaml_lines
 from tuner.config.levers import LEVERS
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
                      "model.gradient_checkpointing_enable() in the script; Accelerate's config has no key for it")
     if config.compile:
         lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
+    for fragment in lever_fragments(config, "accelerate_config.yaml", world_size):
+        lines = merge_yaml_lines(lines, fragment)
     return "\n".join(lines) + "\n"
 
 
@@ -123,6 +126,8 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
         args["activation_checkpointing"] = True
         if config.activation_checkpointing == "selective":
             args["activation_checkpointing_kwargs"] = {"every_n_layers": 2}
+    for fragment in lever_fragments(config, "hf_training_args.json", 1):
+        merge_dict(args, fragment)
     return args
 
 

@@ -351,4 +351,5 @@ class WindowMonitors:
         if self.cuda:
             import torch
 
-            window.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counter
+            window.peak_device_bytes = torch.cuda.max_memory_reserved(self.device)  # host-side counters
+            window.peak_allocated_bytes = torch.cuda.max_memory_allocated(self.device)

@@ -51,7 +51,7 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
         from tuner.trial.engines.layout_engine import LayoutEngine
 
         return LayoutEngine(module, task, make_optimizer, config, device, world_size)
-    blocks, recompute, notes = levers.prepare_model(module, task, config, device)
+    blocks, recompute, notes, after = levers.prepare_model(module, task, config, device)
     engine: Engine
     if config.engine == "deepspeed":
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine
@@ -65,5 +65,5 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
         from tuner.trial.engines.torch_engine import TorchEngine
 
         engine = TorchEngine(module, make_optimizer, task.compute_loss, config, device)
-    engine.recompute, engine.notes = recompute, notes
+    engine.recompute, engine.notes, engine.after_step = recompute, notes, after
     return engine

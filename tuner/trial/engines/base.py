@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 
@@ -38,6 +38,9 @@ class Engine(ABC):
     """What the task's ``compute_loss`` receives (the wrapped module)."""
     recompute: "Recompute | None" = None
     """Times the checkpointed blocks' recompute (set by :func:`build_engine`)."""
+    after_step: "list[Callable[[], None]]"
+    """What the model converters need after each optimizer step (low-precision scales under
+    FSDP2), in order."""
     notes: list[str]
     """What a trial should say about how the engine was built (the blocks it used)."""
 
@@ -45,6 +48,7 @@ class Engine(ABC):
         self.config = config
         self.device = device
         self.notes = []
+        self.after_step = []
         self._compiled_before: Any = None
         if config.compile:
             from tuner.trial.engines.levers import compiled_so_far
@@ -82,7 +86,7 @@ class Engine(ABC):
             from tuner.trial.engines.levers import release_compiled
 
             release_compiled(self._compiled_before)
-        self.recompute = None
+        self.recompute, self.after_step = None, []
 
     @abstractmethod
     def _release(self) -> None:
@@ -112,6 +116,8 @@ class OwnLoopEngine(Engine):
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        for after in self.after_step:
+            after()
 
     def _release(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -35,7 +35,7 @@ from torch import nn
 from tuner.config import layout as layouts
 from tuner.harness.distributed import ensure_process_group
 from tuner.trial import pipeline_parallel, tensor_parallel
-from tuner.trial.engines import levers
+from tuner.trial.engines import levers, stages
 from tuner.trial.engines.base import DTYPES, OwnLoopEngine, autocast
 from tuner.trial.engines.fsdp_engine import FSDP_COLLECTIVES
 from tuner.trial.engines.pipeline_clock import PipelineClock
@@ -98,6 +98,7 @@ class LayoutEngine(OwnLoopEngine):
         self.mesh = mesh_for(device, lay.pp, lay.dp, lay.tp)
         stage_index, _, _ = lay.coordinates(dist.get_rank())
         self.compute_loss, self.scaler = task.compute_loss, None
+        self.after_step = stages.convert(module, config)  # the whole model's layers, before any cut or shard
         styles = self._plan(module, task) if lay.tp > 1 else {}
         virtual = layouts.VIRTUAL_STAGES[config.pipeline_schedule] if lay.pp > 1 else 1
         count = lay.pp * virtual
@@ -115,9 +116,10 @@ class LayoutEngine(OwnLoopEngine):
                 self._shard_tensors(part, styles, task, config)
             blocks = list(part.layers) if isinstance(part, pipeline_parallel.Stage) else \
                 levers.find_blocks(part, task if lay.pp == 1 else None)[0]
-            levers.checkpoint_blocks(blocks, config.activation_checkpointing, self.recompute)
+            levers.checkpoint_blocks(blocks, config.activation_checkpointing, self.recompute,
+                                     lambda: stages.forward(config))
             if config.compile:
-                levers.compile_model(part, blocks)
+                levers.compile_model(part, blocks, config)
             if config.fsdp != "off":
                 self._fully_shard(part, blocks)
         self.parts = parts

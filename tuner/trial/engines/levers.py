@@ -18,11 +18,15 @@ block contains its checkpointed region and FSDP2 shards the compiled block:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from tuner.trial.engines import stages
+from tuner.trial.engines.gpu_levers import compile_kwargs, op_policy
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -94,22 +98,40 @@ class Recompute:
         return sum(s for t, s in self.spans if start <= t <= end)
 
 
-def checkpoint_blocks(blocks: list[torch.nn.Module], mode: str, recompute: Recompute) -> int:
-    """Checkpoint every block (``full``) or every other one (``selective``); returns how many."""
+def checkpoint_blocks(blocks: list[torch.nn.Module], mode: str, recompute: Recompute,
+                      around: Callable[[], ContextManager[Any]] | None = None) -> int:
+    """Checkpoint every block (``full``), every other one (``selective``), or every block with
+    its matmul and attention outputs kept (``op``: :func:`~.gpu_levers.op_policy`); returns how
+    many. ``around``: the contexts each forward runs under (the attention kernel), entered
+    again for the recompute in the backward, which runs outside them: a forward under the
+    math kernel recomputed under the default one computes other tensors (found: ``op`` with
+    ``attention_backend: math`` failed its backward, "flash attention ... not found in
+    storage")."""
     if mode == "none":
         return 0
     if not blocks:
         raise ValueError("activation_checkpointing needs the model's repeated blocks and none were found; "
                          "define blocks(model) in the task")
-    chosen = blocks if mode == "full" else blocks[::2]
+    chosen = blocks[::2] if mode == "selective" else blocks
+
+    def contexts() -> tuple[ContextManager[Any], ContextManager[Any]]:
+        forward, again = op_policy() if mode == "op" else (contextlib.nullcontext(), contextlib.nullcontext())
+        return forward, _both(again, around() if around is not None else contextlib.nullcontext())
+
     for block in chosen:
         inner = recompute.wrap(block.forward)
 
         def checkpointed(*args: Any, _inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
         block.forward = checkpointed  # type: ignore[method-assign]
     return len(chosen)
+
+
+@contextlib.contextmanager
+def _both(first: ContextManager[Any], second: ContextManager[Any]) -> Iterator[None]:
+    with first, second:
+        yield
 
 
 def without_kv_cache(module: torch.nn.Module, mode: str) -> None:
@@ -123,25 +145,29 @@ def without_kv_cache(module: torch.nn.Module, mode: str) -> None:
         config.use_cache = False  # type: ignore[union-attr]
 
 
-def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module]) -> None:
-    """``torch.compile`` each block in place, or the whole model when it has none."""
+def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module], config: "Config | None" = None) -> None:
+    """``torch.compile`` each block in place, or the whole model when it has none, in the
+    config's mode (:func:`~.gpu_levers.compile_kwargs`)."""
+    kwargs = compile_kwargs(config) if config is not None else {}
     for block in blocks or [module]:
-        block.compile()
+        block.compile(**kwargs)
 
 
-def prepare_model(module: torch.nn.Module, task: "Task | None", config: "Config",
-                  device: torch.device) -> tuple[list[torch.nn.Module], Recompute, list[str]]:
-    """Checkpointing and compile as the config asks; returns the blocks, the recompute
-    clock and notes (which blocks, when a lever used them)."""
+def prepare_model(module: torch.nn.Module, task: "Task | None", config: "Config", device: torch.device
+                  ) -> tuple[list[torch.nn.Module], Recompute, list[str], list[Callable[[], None]]]:
+    """The model converters, then checkpointing and compile, as the config asks (torchtitan's
+    order); returns the blocks, the recompute clock, notes (which blocks, when a lever used
+    them) and what must run after each optimizer step."""
+    after = stages.convert(module, config)
     blocks, found = find_blocks(module, task)
     notes = [found] if (config.fsdp != "off" or config.activation_checkpointing != "none" or config.compile) else []
     notes += channels_last(module, config.channels_last)
     recompute = Recompute(timed=device.type == "cpu" and not config.compile)
     without_kv_cache(module, config.activation_checkpointing)
-    checkpoint_blocks(blocks, config.activation_checkpointing, recompute)
+    checkpoint_blocks(blocks, config.activation_checkpointing, recompute, lambda: stages.forward(config))
     if config.compile:
-        compile_model(module, blocks)
-    return blocks, recompute, notes
+        compile_model(module, blocks, config)
+    return blocks, recompute, notes, after
 
 
 def channels_last(module: torch.nn.Module, on: bool) -> list[str]:

@@ -1,0 +1,97 @@
+"""What a lever writes into the configs to paste, from its own entry (``Lever.export_with``).
+
+A lever's export function returns, for one file, a mapping (keys and values, nested by
+section: ``{"dynamo_config": {"dynamo_mode": "max-autotune"}}``), or for ``torch_settings.py``
+lines of Python; ``"#"`` in a mapping holds comment lines. Each exporter merges them into
+what it wrote, into a section it already has or a new one at the end, so that a lever's
+exports belong to its declaration and no exporter names it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from tuner.config.levers import LEVERS
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+
+
+def lever_fragments(config: "Config", file: str, world_size: int) -> list[Any]:
+    """Every lever's fragment for ``file``, in declaration order (none where it says nothing)."""
+    import importlib
+
+    out = []
+    for lever in LEVERS.values():
+        if lever.export_with and file in lever.exports:
+            module, _, name = lever.export_with.partition(":")
+            fragment = getattr(importlib.import_module(module), name)(config, file, world_size)
+            if fragment:
+                out.append(fragment)
+    return out
+
+
+def merge_dict(into: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """``fragment`` merged into ``into`` (nested mappings merged, values replaced)."""
+    for key, value in fragment.items():
+        if key == "#":
+            continue
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge_dict(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+def _scalar(value: Any, quote: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f"{quote}{value}{quote}" if quote else value
+    if isinstance(value, list):
+        return json.dumps(value)
+    return str(value)
+
+
+def merge_yaml_lines(lines: list[str], fragment: dict[str, Any]) -> list[str]:
+    """``fragment`` into a YAML file written as lines: a top-level key whose block exists
+    gets its sub-keys at that block's end; others are appended."""
+    out = list(lines)
+    for key, value in fragment.items():
+        if key == "#":
+            out += [f"# {c}" for c in value]
+            continue
+        if not isinstance(value, dict):
+            out.append(f"{key}: {_scalar(value, '')}")
+            continue
+        sub = [f"  {k}: {_scalar(v, '')}" for k, v in value.items()]
+        if f"{key}:" in out:
+            at = out.index(f"{key}:") + 1
+            while at < len(out) and out[at].startswith("  "):
+                at += 1
+            out[at:at] = sub
+        else:
+            out += [f"{key}:", *sub]
+    return out
+
+
+def merge_toml_lines(lines: list[str], fragment: dict[str, Any]) -> list[str]:
+    """``fragment`` (``{section: {key: value}}``) into a TOML file written as lines: a section
+    that exists gets its keys at its end; others are appended."""
+    out = list(lines)
+    for section, values in fragment.items():
+        if section == "#":
+            out += [f"# {c}" for c in values]
+            continue
+        body = [f"{k} = {_scalar(v, chr(34))}" if k != "#" else "\n".join(f"# {c}" for c in v)
+                for k, v in values.items()]
+        header = f"[{section}]"
+        if header in out:
+            at = out.index(header) + 1
+            while at < len(out) and out[at] and not out[at].startswith("["):
+                at += 1
+            out[at:at] = body
+        else:
+            out += ["", header, *body]
+    return out
