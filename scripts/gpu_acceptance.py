@@ -13,7 +13,8 @@ a broken tuner would report, and ``tests/scripts/test_gpu_acceptance.py`` checks
 that the rule fails it (and passes a right one).
 
 It first says in one line what it needs and whether it is here (CUDA PyTorch, nvidia-ml-py,
-triton and a C compiler, DeepSpeed); a check whose need is missing fails with that reason.
+triton and a C compiler, DeepSpeed, torchao's float8 on a GPU of compute capability 8.9); a
+check whose need is missing fails with that reason.
 Each row goes to the table on stdout and to the JSON (``--out``) as soon as its check
 finishes, so a run cut at its time limit keeps what it measured. Exit 0 when every row
 passed, 1 otherwise; without CUDA it says so in one line and exits 2.
@@ -38,7 +39,8 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 GROUP_BUDGET_S = 240.0
 """A group's expected seconds on an H200 stay under this: one command of the device tool's
-10 minutes leaves room for a re-run of the group, and the device's 15 minutes hold three."""
+10 minutes leaves room for a re-run of the group; the device's 15 minutes hold three of the
+four, so a session runs first the groups its change touches."""
 
 Row = dict[str, Any]
 
@@ -109,6 +111,10 @@ RULES: dict[str, Rule] = {
                         (0.4, 0.35, {}), (1.0, 0.35, {})),
     "equal": Rule("equal", lambda m, t: m == t, ("oom", "oom", {}), ("error", "oom", {})),
     "true": Rule("holds", lambda m, t: m is True, (True, True, {}), (False, True, {})),
+    "backend": Rule(
+        "runs where a plain sdpa_kernel forward runs (with that kernel alone); refused before a trial where it fails",
+        lambda m, t: (m, t) in (("runs", "runs"), ("refused", "fails")),
+        ("refused", "fails", {}), ("refused", "runs", {})),  # a kernel the machine has, lost to a wrong rule
     "losses": Rule(
         "every step's loss within 1e-3 (relative) of the plain engine's",
         lambda m, t: isinstance(m, list) and isinstance(t, list) and len(m) == len(t) > 0
@@ -204,10 +210,26 @@ def dependencies() -> dict[str, str | None]:
             "DeepSpeed's CPU Adam cannot be built here (offload)"
     except Exception as exc:  # noqa: BLE001 - not installed, or its ops cannot build
         out["deepspeed"] = f"deepspeed: {type(exc).__name__}: {str(exc)[:80]}"
+    out["float8"] = float8_missing(out["cuda"] is None)
     return out
 
 
-WHAT = {"cuda": "CUDA PyTorch", "nvml": "nvidia-ml-py", "compiler": "triton + C compiler", "deepspeed": "DeepSpeed"}
+def float8_missing(cuda: bool) -> str | None:
+    """What float8 training needs that is not here: torchao, a GPU of compute capability 8.9."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed"
+    if not cuda:
+        return "no CUDA device"
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return None if (major, minor) >= (8, 9) else f"compute capability {major}.{minor} < 8.9"
+
+
+WHAT = {"cuda": "CUDA PyTorch", "nvml": "nvidia-ml-py", "compiler": "triton + C compiler", "deepspeed": "DeepSpeed",
+        "float8": "torchao float8"}
 
 
 def dependency_line(deps: dict[str, str | None]) -> str:

@@ -1,6 +1,7 @@
-"""The checks ``scripts/gpu_acceptance.py`` runs on one GPU, in three groups of under four
-minutes each (``--group N``), each a tuner measurement against a truth the tuner does not
-compute. Rules: :data:`gpu_acceptance.RULES`; the task measured: ``scripts/gpu_task.py``.
+"""The checks ``scripts/gpu_acceptance.py`` runs on one GPU, in four groups of under four
+minutes each (``--group N``; the fourth: the levers of a 2026 GPU), each a tuner measurement
+against a truth the tuner does not compute. Rules: :data:`gpu_acceptance.RULES`; the task
+measured: ``scripts/gpu_task.py``.
 
 What one GPU cannot show: NCCL refuses two ranks on one device, so the two-rank checks run
 over gloo (CUDA tensors, collectives staged through the host): they check that the engines
@@ -658,6 +659,188 @@ def prewarmed(lab: Lab, seen: dict[str, Any]) -> list[Row]:
                   f"forked={forked}, cuda={on_cuda}")]
 
 
+# --- group 4: the levers of a 2026 GPU --------------------------------------------------------
+
+def float8(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """float8 (tensorwise) on the transformer trains within the precision guard's tolerance
+    of bf16 (the mean loss over the same steps), and it is torchao's: its converter
+    recorded turning every block's four projections into ``Float8Linear`` (the head, 16
+    wide, left as torchtitan leaves it)."""
+    import torchao.float8 as ao
+
+    converted: list[int] = []
+    original = ao.convert_to_float8_training
+
+    def recording(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        out = original(module, *args, **kwargs)
+        converted.append(sum(type(m).__name__ == "Float8Linear" for m in module.modules()))
+        return out
+
+    ao.convert_to_float8_training = recording
+    try:
+        args = {"model": "transformer"}
+        bf16 = lab.measure("bf16_ref", args, measure=20, batch=64, amp_dtype="bf16")
+        f8 = lab.measure("float8", args, measure=20, batch=64, amp_dtype="bf16", float8="tensorwise")
+    finally:
+        ao.convert_to_float8_training = original
+
+    def mean_loss(m: Any) -> float | None:
+        losses = m.repeats[0].losses if m.state == "ok" and m.repeats else []
+        return statistics.fmean(losses) if losses else None
+
+    rate = ""
+    if bf16.metrics and f8.metrics:
+        rate = f"samples/s float8 {f8.metrics['samples_per_s']:.0f}, bf16 {bf16.metrics['samples_per_s']:.0f}"
+    return [judge("float8 tensorwise: mean loss vs bf16's over the same steps", "within_5pct", mean_loss(f8),
+                  mean_loss(bf16), f"{f8.state} {(f8.reason or '')[:60]}; {rate}"),
+            judge("float8: Linear layers torchao converted (4 a block, not the head)", "equal",
+                  converted[0] if converted else None, 4 * gpu_task.LAYERS)]
+
+
+def _plain_sdpa(lab: Lab, backend: str) -> str:
+    """Whether one block's forward and backward run in bf16 under ``sdpa_kernel`` with that
+    backend alone, in a plain loop: ``runs`` or ``fails``."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tuner.config.gpu_levers import BACKENDS
+
+    block = gpu_task.Block(gpu_task.D_MODEL, gpu_task.HEADS).to(lab.device)
+    x = torch.randn(8, gpu_task.SEQ, gpu_task.D_MODEL, device=lab.device, requires_grad=True)
+    try:
+        with sdpa_kernel([getattr(SDPBackend, BACKENDS[backend])]), torch.autocast("cuda", dtype=torch.bfloat16):
+            block(x).float().sum().backward()
+        torch.cuda.synchronize()
+        return "runs"
+    except RuntimeError:
+        return "fails"
+
+
+def attention(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """Each SDPA backend: the tuner refuses before a trial what a plain forward under
+    ``sdpa_kernel`` cannot run, and a trial of the others runs with that backend alone
+    enabled where the transformer's attention runs (recorded by the task)."""
+    from tuner.config.gpu_levers import BACKENDS
+    from tuner.config.space import Machine, lever_refusal, make_config, unsupported
+
+    machine = Machine.detect()
+    refused = {value for name, value, _, _ in unsupported(machine) if name == "attention_backend"}
+    rows = []
+    for backend in BACKENDS:
+        config, _ = make_config({"attention_backend": backend, "amp_dtype": "bf16"}, 64, 1, machine)
+        truth = _plain_sdpa(lab, backend)
+        if backend in refused or lever_refusal(config.params(), machine) is not None:
+            rows.append(judge(f"attention_backend {backend}: refused or runs, as a plain forward", "backend",
+                              "refused", truth))
+            continue
+        log = lab.folder / f"sdpa_{backend}.jsonl"
+        m = lab.measure(f"sdpa_{backend}", {"model": "transformer", "sdpa_log": str(log)}, measure=5, batch=64,
+                        amp_dtype="bf16", attention_backend=backend)
+        enabled = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        measured = "runs" if m.state == "ok" and enabled == [[backend]] else f"{m.state}: enabled {enabled}"
+        rows.append(judge(f"attention_backend {backend}: refused or runs, as a plain forward", "backend", measured,
+                          truth, (m.reason or "")[:60]))
+    return rows
+
+
+def _graph_launches(folder: Path) -> int:
+    events = json.loads((folder / "trace_rank0.json").read_text())["traceEvents"]
+    return sum(1 for e in events if e.get("ph") == "X" and e.get("name") == "cudaGraphLaunch")
+
+
+def graphs(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """``compile_mode: reduce-overhead`` captures CUDA graphs and replays them in the
+    measured window (``cudaGraphLaunch`` in the profiler's trace of that window, at least
+    one a step); the default mode, the same blocks compiled, launches none."""
+    import tuner
+
+    counts, states = {}, {}
+    for mode in ("default", "reduce-overhead"):
+        folder = lab.folder / f"graphs_{mode}"
+        recipe = lab.recipe(f"graphs_{mode}", {"model": "transformer"}, measure=10, batch=64)
+        m = tuner.measure(recipe, trace=folder, compile=True, compile_mode=mode, amp_dtype="bf16")
+        states[mode] = f"{m.state} {(m.reason or '')[:50]}"
+        counts[mode] = _graph_launches(folder) if m.state == "ok" and (folder / "trace_rank0.json").exists() else None
+    ok = counts["reduce-overhead"] is not None and counts["reduce-overhead"] >= 10 and counts["default"] == 0
+    return [judge("reduce-overhead replays CUDA graphs in the window, default mode none", "true", ok, True,
+                  f"cudaGraphLaunch: {counts}; {states}")]
+
+
+EXPANDABLE_SCRIPT = """
+import json, os, sys
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import tuner
+
+cfg = tuner.config(global_batch_size=256, micro_batch_size=256)
+model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 16)).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+data = TensorDataset(torch.randn(2048, 1024), torch.randint(0, 16, (2048,)))
+probe = tuner.Probe(device="cuda")
+while not probe.done:
+    for x, y in probe.loader(DataLoader(data, **cfg.dataloader_kwargs())):
+        nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not os.path.exists(sys.argv[1]):  # before the window ends the process
+            segments = torch.cuda.memory_snapshot()
+            with open(sys.argv[1], "w") as f:
+                json.dump({"env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "segments": len(segments),
+                           "expandable": sum(bool(s.get("is_expandable")) for s in segments)}, f)
+        probe.step()
+        if probe.done:
+            break
+"""
+
+
+def expandable(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """``expandable_segments`` reaches the process it is for: a script trial's environment
+    and allocator (its segments expandable, by the allocator's own snapshot), and an
+    in-process trial's allocator, off again after it; ``peak_mem_gib - peak_allocated_gib``,
+    the memory it is meant to save, measured with it and without."""
+    import dataclasses
+
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine
+    from tuner.measurement import measured_config
+    from tuner.scriptmode.launcher import ScriptTrials
+
+    folder = Path(tempfile.mkdtemp(prefix="tuner-expandable-"))
+    facts = folder / "allocator.json"
+    (folder / "train.py").write_text(EXPANDABLE_SCRIPT)
+    (folder / "recipe.yaml").write_text(f"name: expandable\nscript: train.py\nargs: [{str(facts)!r}]\n"
+                                        "global_batch_size: 256\nsteps: {warmup: 3, measure: 10}\ntimeout_s: 120\n")
+    recipe = load_recipe(folder / "recipe.yaml")
+    config, _ = measured_config(recipe, Machine.detect())
+    trials = ScriptTrials(recipe, folder / "run")
+    try:
+        result = trials.run(dataclasses.replace(config, expandable_segments=True))
+    finally:
+        trials.close()
+    said = json.loads(facts.read_text()) if facts.exists() else {}
+    script_ok = result.ok and "expandable_segments:True" in (said.get("env") or "") and said.get("expandable", 0) > 0
+    rows = [judge("expandable_segments in a script trial: its environment and its allocator's segments", "true",
+                  script_ok, True, f"{result.state}; {said}")]
+    slack, inside = {}, {}
+    for on in (False, True):
+        log = lab.folder / f"alloc_{on}.json"
+        m = lab.measure(f"expandable_{on}", {"model": "transformer", "alloc_log": str(log)}, measure=10, batch=64,
+                        amp_dtype="bf16", expandable_segments=on)
+        inside[on] = json.loads(log.read_text()) if log.exists() else {}
+        if m.metrics and m.metrics.get("peak_allocated_gib") is not None:
+            slack[on] = round(m.metrics["peak_mem_gib"] - m.metrics["peak_allocated_gib"], 3)
+    after = torch.empty(64 << 20, dtype=torch.uint8, device=lab.device)
+    restored = not any(s.get("is_expandable") for s in torch.cuda.memory_snapshot())
+    del after
+    ok = inside[True].get("expandable", 0) > 0 and inside[False].get("expandable", 1) == 0 and restored \
+        and len(slack) == 2
+    rows.append(judge("expandable_segments in an in-process trial: its segments expandable, none without, off after",
+                      "true", ok, True, f"reserved - allocated GiB: without {slack.get(False)}, with "
+                                        f"{slack.get(True)}; restored={restored}"))
+    return rows
+
+
 CHECKS: list[Check] = [
     Check("step_time", 1, 25, step_time),
     Check("data_wait", 1, 60, data_wait, needs=("step_time",)),
@@ -678,6 +861,10 @@ CHECKS: list[Check] = [
     Check("script_gpus", 3, 15, script_gpus),
     Check("layout", 3, 15, layout_path),
     Check("prewarmed", 3, 30, prewarmed),
+    Check("float8", 4, 40, float8, requires=("float8",)),
+    Check("attention", 4, 45, attention),
+    Check("graphs", 4, 80, graphs, requires=("compiler",)),
+    Check("expandable", 4, 45, expandable),
 ]
 """Every check, in the order a full run takes them, with its group and expected seconds
 on an H200 (estimates until a GPU run measures them: each row records its own)."""

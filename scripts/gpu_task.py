@@ -15,7 +15,9 @@ The loader can be made slow (``sleep_ms`` of host time per batch, in ``collate``
 batch can carry a ``payload`` of floats per sample to copy to the device, and the forward
 or backward can be made to run out of memory, to trip a device-side assert, to fail on
 rank 1, or to be slow for micro-batches below ``slow_below`` (``slow_ms`` each: a
-configuration the prune rule must cut).
+configuration the prune rule must cut). For the GPU levers' checks it records the SDPA
+backends enabled where its attention runs (``sdpa_log``) and what its process says of the
+CUDA allocator (``alloc_log``).
 """
 
 from __future__ import annotations
@@ -81,6 +83,38 @@ class _BackwardOOM(torch.autograd.Function):
         return grad
 
 
+_WRITTEN: set[tuple[str, ...]] = set()
+
+
+def _record_sdpa(path: str) -> None:
+    """The SDPA backends enabled where the attention runs (``sdpa_kernel`` leaves one), each
+    new set once, to a file the acceptance check reads."""
+    import json
+
+    b = torch.backends.cuda
+    enabled = tuple(n for n, on in (("math", b.math_sdp_enabled()), ("flash", b.flash_sdp_enabled()),
+                                    ("efficient", b.mem_efficient_sdp_enabled()), ("cudnn", b.cudnn_sdp_enabled()))
+                    if on)
+    if enabled not in _WRITTEN:
+        _WRITTEN.add(enabled)
+        with open(path, "a") as f:
+            f.write(json.dumps(enabled) + "\n")
+
+
+def _record_allocator(path: str) -> None:
+    """What the trial's process says of its CUDA allocator, once: the environment variable
+    and whether its segments are expandable (the allocator's own snapshot)."""
+    import json
+    import os
+
+    if os.path.exists(path):
+        return
+    segments = torch.cuda.memory_snapshot()
+    with open(path, "w") as f:
+        json.dump({"env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), "segments": len(segments),
+                   "expandable": sum(bool(s.get("is_expandable")) for s in segments)}, f)
+
+
 class Block(nn.Module):
     """Pre-norm attention and MLP, the way GPT-2 and Llama compose them."""
 
@@ -94,6 +128,8 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if _ARGS.get("sdpa_log") and x.is_cuda:  # not the FLOP count's meta-device pass
+            _record_sdpa(_ARGS["sdpa_log"])
         a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
         return x + self.down(nn.functional.gelu(self.up(self.norm2(x))))
@@ -145,6 +181,8 @@ def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     if x.shape[0] < _ARGS.get("slow_below", 0):
         time.sleep(_ARGS.get("slow_ms", 0.0) / 1000.0)
     out = model(x)
+    if _ARGS.get("alloc_log") and x.is_cuda:
+        _record_allocator(_ARGS["alloc_log"])
     if fail == "backward_oom":
         out = _BackwardOOM.apply(out)
     return nn.functional.cross_entropy(out, y)

@@ -111,7 +111,8 @@ def test_every_row_is_written_as_its_check_finishes_and_a_broken_check_is_a_fail
 
 def test_what_it_needs_is_said_in_one_line():
     deps = gpu_acceptance.dependencies()
-    assert set(deps) == {"cuda", "nvml", "compiler", "deepspeed"}
+    assert set(deps) == {"cuda", "nvml", "compiler", "deepspeed", "float8"}
+    assert deps["float8"] in ("torchao is not installed", "no CUDA device")
     assert deps["cuda"] is not None and "sees no CUDA device" in deps["cuda"]  # this machine
     line = gpu_acceptance.dependency_line(deps)
     assert line.startswith("gpu_acceptance: needs: CUDA PyTorch MISSING") and "\n" not in line
