@@ -290,7 +290,7 @@ def test_operator_level_checkpointing_trains_gpt2_as_without_it(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["default", "max-autotune-no-cudagraphs"])
+@pytest.mark.parametrize("mode", ["max-autotune-no-cudagraphs"])  # default: tests/trial/test_levers.py
 def test_each_compile_mode_a_cpu_runs_trains_with_its_compile_outside_the_window(tmp_path, mode):
     recipe = write_recipe(tmp_path, {
         "name": "modes", "task": str(ROOT / "recipes" / "tasks" / "gpt2.py"),
