@@ -122,6 +122,10 @@ def checkpoint_blocks(blocks: list[torch.nn.Module], mode: str, recompute: Recom
         inner = recompute.wrap(block.forward)
 
         def checkpointed(*args: Any, _inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # the recompute is traced with the forward: its kernels are fixed,
+                # and compile takes only dispatch-mode contexts (found: FSDP2 + selective + compile failed)
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs,
+                                  **({"context_fn": op_policy} if mode == "op" else {}))
             return checkpoint(_inner, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
         block.forward = checkpointed  # type: ignore[method-assign]
