@@ -63,3 +63,39 @@ def test_a_padded_batch_is_refused_and_a_batch_is_read_for_its_ids_and_labels():
     assert why.startswith("pipeline_parallel: this task's batches carry an attention_mask that masks padding")
     with pytest.raises(ValueError, match="needs batches of token ids"):
         pp.input_ids([ids])
+
+
+@pytest.mark.parametrize("family,attention", [("llama", "sdpa"), ("llama", "eager"), ("gpt2", "sdpa"),
+                                              ("gpt2", "eager")])
+def test_a_stage_attends_causally_through_the_kernels_flag_where_the_model_does(monkeypatch, family, attention):
+    """Under sdpa the stage passes no mask and SDPA runs its causal path (``is_causal``: the
+    flash kernels, no L x L tensor), as the whole model does; under eager the explicit mask.
+    Either way the one-stage cut computes the whole model's logits."""
+    import torch
+
+    torch.manual_seed(0)
+    if family == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=2, attn_implementation=attention))
+    else:
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=32, n_head=2, vocab_size=64, attn_implementation=attention, resid_pdrop=0.0,
+            embd_pdrop=0.0, attn_pdrop=0.0))
+    model.eval()
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    calls: list[tuple[bool, bool]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs.get("attn_mask") is None, bool(kwargs.get("is_causal"))))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    with torch.no_grad():
+        whole = model(input_ids=ids).logits
+        calls.clear()
+        cut = pp.stage(model, 0, 1)(ids)
+    assert pp.causal_by_flag(model) is (attention == "sdpa")
+    assert calls == ([(True, True)] * 2 if attention == "sdpa" else []), calls  # one per block, causal by flag
+    torch.testing.assert_close(cut, whole, rtol=1e-5, atol=1e-5)

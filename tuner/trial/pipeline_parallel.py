@@ -10,9 +10,11 @@ Each stage is an ``nn.Module`` that PyTorch's own
 ``torch.distributed.pipelining.PipelineStage`` runs under any of its schedules (GPipe,
 1F1B, interleaved); micro-batches per step follow from micro-batch x accumulation. The
 stage computes what the whole model's forward computes between its blocks: the position
-embeddings (Llama's rotary ones, GPT-2's learned ones on the first stage), and the causal
-mask the model builds itself (given explicitly: eager attention with no mask attends both
-ways).
+embeddings (Llama's rotary ones, GPT-2's learned ones on the first stage), and causal
+attention as the model would: under ``sdpa`` and FlashAttention (transformers'
+``attn_implementation``) no mask, so the kernel's own causal path runs (``is_causal``: the
+flash and memory-efficient kernels, no L x L tensor); under any other attention (eager,
+flex) an explicit additive mask, since they read no mask as attending both ways.
 
 GPT-2 ties its output projection to its token embedding: one parameter that the first and
 the last stage each hold a copy of. :func:`tied` names it, and the layout engine sums the
@@ -58,6 +60,19 @@ def supported(model: nn.Module) -> str | None:
     return None
 
 
+CAUSAL_BY_FLAG = ("sdpa", "flash_attention")
+"""Attention implementations (prefixes of transformers' ``attn_implementation``) that run
+causal attention from ``is_causal`` when given no mask: transformers' ``sdpa_attention_forward``
+sets ``is_causal = q_length > 1 and attention_mask is None`` (5.x), its FlashAttention path
+takes ``causal=module.is_causal``. Eager and flex attention do not: they need the mask."""
+
+
+def causal_by_flag(model: nn.Module) -> bool:
+    """Whether ``model``'s attention is causal with no mask (see :data:`CAUSAL_BY_FLAG`)."""
+    kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    return isinstance(kind, str) and kind.startswith(CAUSAL_BY_FLAG)
+
+
 def blocks_of(model: nn.Module) -> nn.ModuleList:
     parts = FAMILIES[family(model) or ""]
     return getattr(getattr(model, parts["inner"]), parts["layers"])
@@ -82,6 +97,7 @@ class Stage(nn.Module):
     def __init__(self, model: nn.Module, blocks: range, first: bool, last: bool) -> None:
         super().__init__()
         self.family = family(model)
+        self.causal_by_flag = causal_by_flag(model)
         parts = FAMILIES[self.family or ""]
         inner: Any = getattr(model, parts["inner"])
         self.embed = getattr(inner, parts["embed"]) if first else None
@@ -100,8 +116,8 @@ class Stage(nn.Module):
             hidden = hidden + self.positions(positions)
         if self.drop is not None:
             hidden = self.drop(hidden)
-        mask = torch.full((length, length), float("-inf"), device=hidden.device, dtype=hidden.dtype).triu(1)
-        mask = mask[None, None]
+        mask = None if self.causal_by_flag else \
+            torch.full((length, length), float("-inf"), device=hidden.device, dtype=hidden.dtype).triu(1)[None, None]
         rotary = self.rotary(hidden, positions) if self.rotary is not None else None
         for layer in self.layers:
             if rotary is not None:
