@@ -26,7 +26,8 @@ import torch
 import torch.distributed as dist
 
 from tuner.harness.distributed import ensure_process_group
-from tuner.trial.engines.base import DTYPES, OwnLoopEngine, autocast
+from tuner.trial.engines import data_parallel
+from tuner.trial.engines.base import OwnLoopEngine, autocast
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -50,20 +51,12 @@ class FSDPEngine(OwnLoopEngine):
     ) -> None:
         super().__init__(config, device)
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         ensure_process_group(device)  # one rank still shards, over a world of one
         module.to(device)
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        param_dtype = DTYPES[config.amp_dtype] if config.amp_dtype != "fp32" else None
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        offload = (CPUOffloadPolicy(pin_memory=device.type == "cuda") if config.offload_optimizer == "cpu"
-                   else OffloadPolicy())
-        reshard = config.fsdp == "full_shard"
-        for block in blocks:
-            fully_shard(block, mesh=mesh, mp_policy=policy, offload_policy=offload, reshard_after_forward=reshard)
-        self.model: Any = fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=offload,
-                                      reshard_after_forward=reshard)
+        self.model: Any = data_parallel.shard(module, blocks, mesh, config, reshard=config.fsdp == "full_shard",
+                                              offload=config.offload_optimizer == "cpu", pin=device.type == "cuda")
         self.optimizer = make_optimizer(module.parameters())
         self.compute_loss = compute_loss
         self.scaler = None

@@ -10,8 +10,8 @@ One ``DeviceMesh`` of shape ``(pp, dp, tp)`` (:mod:`tuner.config.layout`). In or
    interleaved schedule: ``s`` and ``s + pp``) and drops the rest.
 3. Tensor parallelism on what this rank kept, over the ``tp`` sub-mesh; then checkpointing
    and compile on its blocks, then FSDP2 (``fsdp`` on) on the ``dp`` sub-mesh, per block
-   and per stage. Without FSDP2, the data-parallel copies average their gradients before
-   each optimizer step (one all-reduce per parameter over the ``dp`` group).
+   and per stage; without it, FSDP2's ``replicate`` there when there are model copies
+   (one gradient all-reduce per block, overlapped with the backward: :mod:`.data_parallel`).
 4. A step: without stages, each micro-batch is the task's ``compute_loss`` as in the other
    engines; with stages, the micro-batches of one optimizer step are gathered and run by
    PyTorch's schedule (``accumulation`` micro-batches per pipeline step), and the last
@@ -35,8 +35,8 @@ from torch import nn
 from tuner.config import layout as layouts
 from tuner.harness.distributed import ensure_process_group
 from tuner.trial import pipeline_parallel, tensor_parallel
-from tuner.trial.engines import levers, stages
-from tuner.trial.engines.base import DTYPES, OwnLoopEngine, autocast
+from tuner.trial.engines import data_parallel, levers, stages
+from tuner.trial.engines.base import OwnLoopEngine, autocast
 from tuner.trial.engines.fsdp_engine import FSDP_COLLECTIVES
 from tuner.trial.engines.pipeline_clock import PipelineClock
 
@@ -120,8 +120,7 @@ class LayoutEngine(OwnLoopEngine):
                                      lambda: stages.forward(config))
             if config.compile:
                 levers.compile_model(part, blocks, config)
-            if config.fsdp != "off":
-                self._fully_shard(part, blocks)
+            self._data_parallel(part, blocks)
         self.parts = parts
         self.model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
         self.optimizer = make_optimizer([p for part in parts for p in part.parameters()])
@@ -175,18 +174,17 @@ class LayoutEngine(OwnLoopEngine):
         if plan:  # a stage of only the embedding, or only the head, has nothing the plan names
             tensor_parallel.parallelize(part, tp_mesh, plan)
 
-    def _fully_shard(self, part: nn.Module, blocks: list[nn.Module]) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        config = self.config
-        param_dtype = DTYPES[config.amp_dtype] if config.amp_dtype != "fp32" else None
-        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-        # Pipeline stages run each block's backward per micro-batch: resharding after the
-        # forward would all-gather again for every one (torchtitan keeps them gathered too).
-        reshard = config.fsdp == "full_shard" and self.layout.pp == 1
-        for block in blocks:
-            fully_shard(block, mesh=self.mesh["dp"], mp_policy=policy, reshard_after_forward=reshard)
-        fully_shard(part, mesh=self.mesh["dp"], mp_policy=policy, reshard_after_forward=reshard)
+    def _data_parallel(self, part: nn.Module, blocks: list[nn.Module]) -> None:
+        """FSDP2 over the ``dp`` sub-mesh when sharding, else its ``replicate`` when there
+        are model copies: per block, gradients averaged in one all-reduce each, overlapped
+        with the backward (:mod:`.data_parallel`)."""
+        if self.config.fsdp != "off":
+            # Pipeline stages run each block's backward per micro-batch: resharding after the
+            # forward would all-gather again for every one (torchtitan keeps them gathered too).
+            reshard = self.config.fsdp == "full_shard" and self.layout.pp == 1
+            data_parallel.shard(part, blocks, self.mesh["dp"], self.config, reshard=reshard)
+        elif self.layout.dp > 1:
+            data_parallel.replicate(part, blocks, self.mesh["dp"])
 
     def _schedule(self, parts: list[nn.Module], indices: list[int], count: int, task: "Task") -> Any:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -205,9 +203,7 @@ class LayoutEngine(OwnLoopEngine):
     # --- a step ---------------------------------------------------------------------------
 
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
-        if self.config.fsdp != "off":
-            for part in self.parts:
-                part.set_requires_gradient_sync(last)  # type: ignore[operator]
+        data_parallel.set_sync(self.parts, last)
         if self.schedule is None:
             with autocast(self.device, self.config.amp_dtype):
                 return self.compute_loss(self.model, batch)
@@ -247,8 +243,6 @@ class LayoutEngine(OwnLoopEngine):
     def optimizer_step(self) -> None:
         if self.tied:
             self._sum_tied()
-        if self.layout.dp > 1 and self.config.fsdp == "off":
-            self._average_gradients()
         super().optimizer_step()
 
     def _sum_tied(self) -> None:
@@ -261,21 +255,9 @@ class LayoutEngine(OwnLoopEngine):
             if grad is not None:
                 dist.all_reduce(_local(grad), group=group)
 
-    def _average_gradients(self) -> None:
-        """What DDP would do, over the ``dp`` group: each parameter's local gradient shard
-        (a DTensor's local tensor under tensor parallelism) averaged over the model copies."""
-        group = self.mesh["dp"].get_group()
-        for part in self.parts:
-            for p in part.parameters():
-                if p.grad is None:
-                    continue
-                grad = _local(p.grad)
-                dist.all_reduce(grad, group=group)
-                grad.div_(self.layout.dp)
-
     def time_collectives(self, timer: "CommTimer") -> ContextManager[Any]:
-        """On CPU/gloo, the host time of the collectives: FSDP2's and the gradient averaging
-        (``torch.distributed``), GPT-2's hand-made tensor-parallel ones (the same), and
+        """On CPU/gloo, the host time of the collectives: FSDP2's (sharded or replicated:
+        ``torch.distributed``), GPT-2's hand-made tensor-parallel ones (the same), and
         DTensor's tensor-parallel ones, which it issues through the functional collectives
         (``torch.distributed._functional_collectives``: the call, then ``wait_tensor`` where
         the result is first used). Not the stages' sends and receives (``P2POp`` accepts

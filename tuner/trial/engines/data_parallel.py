@@ -1,0 +1,70 @@
+"""The data-parallel dimension of the own-loop engines: FSDP2's ``fully_shard`` or its
+``replicate``, per block and on the root, over a 1-D mesh. The one module that calls them.
+
+- ``fully_shard`` (``fsdp: full_shard / shard_grad_op``): parameters, gradients and the
+  optimizer's state sharded; mixed precision is its ``MixedPrecisionPolicy`` (parameters
+  cast for compute, gradients reduced in fp32).
+- ``replicate`` (``fsdp: off`` with several model copies beside tensor or pipeline
+  parallelism): DDP's arithmetic on FSDP2's machinery. Each block's gradients are averaged
+  in one all-reduce issued as soon as its backward ends, so communication overlaps the
+  backward of the blocks below it, as DDP's buckets do. Before it, the layout engine
+  averaged each parameter after the backward: one collective per parameter and none of it
+  overlapped (a 4-block GPT-2 in 2 interleaved stages beside 2 copies, rank 0: 29
+  all-reduces a step; 6 with ``replicate``, ``tests/trial/test_layouts.py``), a cost a GPU's search would have charged to the
+  layouts, not to the hardware. torchtitan refuses DDP beside other parallelism; FSDP2's
+  ``replicate`` takes DTensor parameters (tensor parallelism) as ``fully_shard`` does.
+
+Both accumulate without communicating until the last micro-batch
+(``set_requires_gradient_sync``, which PyTorch's pipeline schedules also drive).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from tuner.trial.engines.base import DTYPES
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+
+
+def policy(config: "Config") -> Any:
+    """Parameters in the trial's AMP dtype for compute, gradients reduced in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    param_dtype = DTYPES[config.amp_dtype] if config.amp_dtype != "fp32" else None
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def shard(module: nn.Module, blocks: list[nn.Module], mesh: Any, config: "Config", *, reshard: bool,
+          offload: bool = False, pin: bool = False) -> Any:
+    """``fully_shard`` each block, then the root (what the blocks leave: embeddings, head)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    mp = policy(config)
+    where = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=where, reshard_after_forward=reshard)
+    return fully_shard(module, mesh=mesh, mp_policy=mp, offload_policy=where, reshard_after_forward=reshard)
+
+
+def replicate(module: nn.Module, blocks: list[nn.Module], mesh: Any) -> Any:
+    """Replicate each block, then the root: one gradient all-reduce per block, overlapped
+    with the backward. Parameters stay in fp32 (the forward's autocast casts, as without
+    it), so the curve is the one the per-parameter average trained."""
+    from torch.distributed._composable.replicate_with_fsdp import replicate as replicate_module
+
+    for block in blocks:
+        replicate_module(block, mesh=mesh)
+    return replicate_module(module, mesh=mesh)
+
+
+def set_sync(parts: list[nn.Module], last: bool) -> None:
+    """Communicate gradients only on the micro-batch that closes the accumulation."""
+    for part in parts:
+        sync = getattr(part, "set_requires_gradient_sync", None)
+        if sync is not None:
+            sync(last)
