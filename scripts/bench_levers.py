@@ -9,6 +9,14 @@ compiled ones the compile time of each round (the first pays the compiler, later
 inductor's cache).
 
     torchrun --nproc_per_node=2 scripts/bench_levers.py --rounds 3
+
+``--group layouts`` (4 ranks) measures the parallel layouts' gradient averaging beside the
+one it replaced (issue 35): FSDP2's ``replicate``, one all-reduce per block as its backward
+ends, against one all-reduce per parameter after the backward, reproduced here by
+switching ``replicate`` off and averaging each gradient before the optimizer step, in the
+same rounds of the same process.
+
+    torchrun --nproc_per_node=4 scripts/bench_levers.py --group layouts --rounds 5
 """
 
 from __future__ import annotations
@@ -24,7 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 warnings.filterwarnings("ignore")
 
+import contextlib  # noqa: E402
+from typing import Any, Iterator  # noqa: E402
+
 import tuner  # noqa: E402
+
+BEFORE = "_per_parameter"
+"""A row's marker: average each gradient after the backward, as the layout engine did."""
 
 LEVERS: dict[str, dict[str, object]] = {
     "baseline (fp32, eager, DDP)": {},
@@ -39,6 +53,17 @@ LEVERS: dict[str, dict[str, object]] = {
     "zero_stage 2 + overlap_comm": {"zero_stage": 2, "overlap_comm": True},
     "offload_optimizer: cpu (FSDP2)": {"fsdp": "full_shard", "offload_optimizer": "cpu"},
 }
+PP = {"pipeline_parallel": 2, "micro_batch_size": 2, "pipeline_schedule": "interleaved_1f1b"}
+TP = {"tensor_parallel": 2, "micro_batch_size": 4}
+LAYOUTS: dict[str, dict[str, object]] = {
+    "baseline (fp32, eager, DDP)": {},
+    "pp 2 (interleaved) x dp 2, per block (replicate)": PP,
+    "pp 2 (interleaved) x dp 2, per parameter (before)": {**PP, BEFORE: True},
+    "tp 2 x dp 2, per block (replicate)": TP,
+    "tp 2 x dp 2, per parameter (before)": {**TP, BEFORE: True},
+}
+GROUPS = {"levers": ("gpt2_tiny (4 layers)", "activations (micro-batch 256 a rank)"),
+          "layouts": ("gpt2_tiny (4 layers), layouts on 4 ranks",)}
 RECIPES = {
     "gpt2_tiny (4 layers)": (ROOT / "recipes" / "gpt2_tiny.yaml",
                              ["task_args.n_layer=4", "steps.warmup=3", "steps.measure=20"], LEVERS),
@@ -51,22 +76,62 @@ RECIPES = {
         "micro-batch 256, activation_checkpointing: full": {"micro_batch_size": 256,
                                                              "activation_checkpointing": "full"},
     }),
+    "gpt2_tiny (4 layers), layouts on 4 ranks": (ROOT / "recipes" / "gpt2_tiny.yaml",
+                                                 ["task_args.n_layer=4", "task_args.dropout=0.0", "global_batch_size=32", "steps.warmup=3",
+                                                  "steps.measure=20"], LAYOUTS),
 }
+
+
+@contextlib.contextmanager
+def per_parameter(on: bool) -> Iterator[None]:
+    """The layout engine as it was: no ``replicate``; each parameter's gradient (its local
+    shard) all-reduced over the ``dp`` group and divided, after the backward."""
+    if not on:
+        yield
+        return
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from tuner.trial.engines import data_parallel, layout_engine
+
+    engine, replicate, step = layout_engine.LayoutEngine, data_parallel.replicate, \
+        layout_engine.LayoutEngine.optimizer_step
+
+    def average_then_step(self: Any) -> None:
+        group = self.mesh["dp"].get_group()
+        for part in self.parts:
+            for p in part.parameters():
+                if p.grad is not None:
+                    grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+                    dist.all_reduce(grad, group=group)
+                    grad.div_(self.layout.dp)
+        step(self)
+
+    data_parallel.replicate = lambda module, blocks, mesh: module
+    engine.optimizer_step = average_then_step  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        data_parallel.replicate, engine.optimizer_step = replicate, step  # type: ignore[method-assign]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--group", choices=sorted(GROUPS), default="levers")
     args = parser.parse_args()
     main_rank = os.environ.get("RANK", "0") == "0"  # the group only exists after the first measure
-    for label, (path, overrides, levers) in RECIPES.items():
+    for label in GROUPS[args.group]:
+        path, overrides, levers = RECIPES[label]
         rates: dict[str, list[float]] = {name: [] for name in levers}
         peaks: dict[str, list[float]] = {name: [] for name in levers}
         compiles: dict[str, list[float]] = {name: [] for name in levers}
         comms: dict[str, list[float]] = {name: [] for name in levers}
         for _ in range(args.rounds):
             for name, knobs in levers.items():
-                m = tuner.measure(str(path), overrides=overrides, **knobs)
+                knobs = dict(knobs)
+                with per_parameter(bool(knobs.pop(BEFORE, False))):
+                    m = tuner.measure(str(path), overrides=overrides, **knobs)
                 if m.metrics is None:
                     continue
                 rates[name].append(m.metrics["samples_per_s"])
