@@ -77,8 +77,9 @@ RECIPES = {
                                                              "activation_checkpointing": "full"},
     }),
     "gpt2_tiny (4 layers), layouts on 4 ranks": (ROOT / "recipes" / "gpt2_tiny.yaml",
-                                                 ["task_args.n_layer=4", "task_args.dropout=0.0", "global_batch_size=32", "steps.warmup=3",
-                                                  "steps.measure=20"], LAYOUTS),
+                                                 ["task_args.n_layer=4", "task_args.dropout=0.0",
+                                                  "global_batch_size=32", "steps.warmup=3", "steps.measure=20"],
+                                                 LAYOUTS),
 }
 
 

@@ -1,5 +1,5 @@
 """A library call leaves the caller's process as it found it: ``tuner.measure()`` (loader
-workers; ZeRO-1 on one rank; a compiled trial), ``tuner.plan()``, ``tuner.search()`` and
+workers; ZeRO-1 on one rank; FSDP2 on one rank, twice; a compiled trial), ``tuner.plan()``, ``tuner.search()`` and
 ``tuner.check()`` from a user's own Python process, checked in a fresh interpreter against
 a snapshot the user's code takes itself (the truth is outside the code under test)."""
 
@@ -68,6 +68,9 @@ USER = SNAPSHOT + textwrap.dedent('''
     shots["measure with loader workers"] = snapshot()
     tuner.measure(recipe, zero_stage=1)
     shots["measure of ZeRO-1 on one rank"] = snapshot()
+    for _ in range(2):  # the second forms a new group: no mesh of the first's may be kept
+        assert tuner.measure(recipe, fsdp="full_shard").state == "ok"
+    shots["measure of FSDP2 on one rank, twice"] = snapshot()
     tuner.measure(recipe, compile=True)
     shots["measure of a compiled trial"] = snapshot()
     users_own(torch.ones(3))

@@ -1,6 +1,7 @@
-"""How a trial trains: :func:`build_engine` picks plain/DDP, DeepSpeed, FSDP2 or the parallel
-layout (tensor/pipeline parallelism) for a config, after the levers every engine shares
-(checkpointing, compile, optimizer kernels)."""
+"""How a trial trains: :func:`build_engine` prepares the model once for every engine
+(:func:`.parallelize.parallelize`: converters, tensor/pipeline parallelism, checkpointing,
+compile, the data-parallel wrapping) and runs its steps in plain/DDP, DeepSpeed, FSDP2 or
+the parallel layout's engine."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from tuner.trial.engines import levers
 from tuner.trial.engines.base import Engine, autocast
+from tuner.trial.engines.parallelize import parallelize
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -47,23 +49,24 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
             return levers.apply_impl(task.build_optimizer(params, task_args), config.optimizer_impl)
         return torch.optim.AdamW(params, lr=1e-4, **levers.optimizer_kwargs(config.optimizer_impl))
 
-    if config.engine == "layout":  # cuts and shards first, then checkpoints and compiles what it kept
+    prepared = parallelize(module, task, config, device, world_size)
+    del module  # a pipeline stage keeps only its own blocks
+    if config.engine == "layout":
         from tuner.trial.engines.layout_engine import LayoutEngine
 
-        return LayoutEngine(module, task, make_optimizer, config, device, world_size)
-    blocks, recompute, notes, after = levers.prepare_model(module, task, config, device)
+        return LayoutEngine(prepared, task, make_optimizer, config, device)
     engine: Engine
     if config.engine == "deepspeed":
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine
 
-        engine = DeepSpeedEngine(module, make_optimizer, task.compute_loss, config, device, world_size)
+        engine = DeepSpeedEngine(prepared.model, make_optimizer, task.compute_loss, config, device, world_size)
     elif config.engine == "fsdp":
         from tuner.trial.engines.fsdp_engine import FSDPEngine
 
-        engine = FSDPEngine(module, blocks, make_optimizer, task.compute_loss, config, device)
+        engine = FSDPEngine(prepared.model, make_optimizer, task.compute_loss, config, device)
     else:
         from tuner.trial.engines.torch_engine import TorchEngine
 
-        engine = TorchEngine(module, make_optimizer, task.compute_loss, config, device)
-    engine.recompute, engine.notes, engine.after_step = recompute, notes, after
+        engine = TorchEngine(prepared.model, make_optimizer, task.compute_loss, config, device)
+    engine.recompute, engine.notes, engine.after_step = prepared.recompute, prepared.notes, prepared.after_step
     return engine

@@ -1,5 +1,6 @@
 """The data-parallel dimension of the own-loop engines: FSDP2's ``fully_shard`` or its
-``replicate``, per block and on the root, over a 1-D mesh. The one module that calls them.
+``replicate``, per block and on the root, over the ``dp`` mesh, or DDP for a whole model.
+The one module that calls them (:func:`tuner.trial.engines.parallelize.parallelize` does).
 
 - ``fully_shard`` (``fsdp: full_shard / shard_grad_op``): parameters, gradients and the
   optimizer's state sharded; mixed precision is its ``MixedPrecisionPolicy`` (parameters
@@ -10,9 +11,10 @@
   backward of the blocks below it, as DDP's buckets do. Before it, the layout engine
   averaged each parameter after the backward: one collective per parameter and none of it
   overlapped (a 4-block GPT-2 in 2 interleaved stages beside 2 copies, rank 0: 29
-  all-reduces a step; 6 with ``replicate``, ``tests/trial/test_layouts.py``), a cost a GPU's search would have charged to the
-  layouts, not to the hardware. torchtitan refuses DDP beside other parallelism; FSDP2's
-  ``replicate`` takes DTensor parameters (tensor parallelism) as ``fully_shard`` does.
+  all-reduces a step; 6 with ``replicate``, ``tests/trial/test_layouts.py``), a cost a
+  GPU's search would have charged to the layouts, not to the hardware. torchtitan refuses
+  DDP beside other parallelism; FSDP2's ``replicate`` takes DTensor parameters (tensor
+  parallelism) as ``fully_shard`` does.
 
 Both accumulate without communicating until the last micro-batch
 (``set_requires_gradient_sync``, which PyTorch's pipeline schedules also drive).
@@ -60,6 +62,15 @@ def replicate(module: nn.Module, blocks: list[nn.Module], mesh: Any) -> Any:
     for block in blocks:
         replicate_module(block, mesh=mesh)
     return replicate_module(module, mesh=mesh)
+
+
+def ddp(module: nn.Module, config: "Config", device: torch.device) -> Any:
+    """DDP over the world: gradients in buckets of ``ddp_bucket_cap_mb`` (a lever),
+    all-reduced from C++ as each bucket fills during the backward."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                   bucket_cap_mb=config.ddp_bucket_cap_mb)
 
 
 def set_sync(parts: list[nn.Module], last: bool) -> None:

@@ -1,4 +1,5 @@
-"""FSDP2: ``torch.distributed.fsdp.fully_shard`` on each block and on the root.
+"""FSDP2: ``torch.distributed.fsdp.fully_shard`` on each block and on the root
+(:mod:`.data_parallel`, called by :func:`tuner.trial.engines.parallelize.parallelize`).
 
 - ``fsdp: full_shard`` reshards each block's parameters after its forward and gathers them
   again for the backward (ZeRO-3's memory); ``shard_grad_op`` keeps them gathered from
@@ -25,8 +26,6 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 import torch
 import torch.distributed as dist
 
-from tuner.harness.distributed import ensure_process_group
-from tuner.trial.engines import data_parallel
 from tuner.trial.engines.base import OwnLoopEngine, autocast
 
 if TYPE_CHECKING:
@@ -42,22 +41,16 @@ all-gathers and reduce-scatters (torch 2.13's ``_fsdp_collectives``)."""
 class FSDPEngine(OwnLoopEngine):
     def __init__(
         self,
-        module: torch.nn.Module,
-        blocks: list[torch.nn.Module],
+        model: Any,
         make_optimizer: Callable[[Any], torch.optim.Optimizer],
         compute_loss: Callable[[Any, Any], torch.Tensor],
         config: "Config",
         device: torch.device,
     ) -> None:
+        """``model`` is sharded already (:func:`tuner.trial.engines.parallelize.parallelize`)."""
         super().__init__(config, device)
-        from torch.distributed.device_mesh import init_device_mesh
-
-        ensure_process_group(device)  # one rank still shards, over a world of one
-        module.to(device)
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        self.model: Any = data_parallel.shard(module, blocks, mesh, config, reshard=config.fsdp == "full_shard",
-                                              offload=config.offload_optimizer == "cpu", pin=device.type == "cuda")
-        self.optimizer = make_optimizer(module.parameters())
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters())
         self.compute_loss = compute_loss
         self.scaler = None
         if config.amp_dtype == "fp16":

@@ -1,23 +1,19 @@
 """The parallel layout: tensor and pipeline parallelism, with FSDP2 or replication on the
 data-parallel dimension, composed as torchtitan composes them (issue 27).
 
-One ``DeviceMesh`` of shape ``(pp, dp, tp)`` (:mod:`tuner.config.layout`). In order:
+The model arrives prepared by :func:`tuner.trial.engines.parallelize.parallelize`, as every
+engine's does: tensor parallelism, the pipeline split (this rank's stage, or two under the
+interleaved schedule), checkpointing and compile on the blocks, then FSDP2 or its
+``replicate`` over the ``dp`` sub-mesh of one ``(pp, dp, tp)`` ``DeviceMesh``
+(:mod:`tuner.config.layout`). This engine runs its steps:
 
-1. The tensor-parallel plan is matched against the whole model's module names (the task's
-   own ``parallelize`` wins; else the model's shipped plan, :mod:`tuner.trial.tensor_parallel`).
-2. With ``pipeline_parallel`` the model is cut into stages (the task's ``pipeline_split``
-   or :mod:`tuner.trial.pipeline_parallel`); this rank keeps its stage (two under the
-   interleaved schedule: ``s`` and ``s + pp``) and drops the rest.
-3. Tensor parallelism on what this rank kept, over the ``tp`` sub-mesh; then checkpointing
-   and compile on its blocks, then FSDP2 (``fsdp`` on) on the ``dp`` sub-mesh, per block
-   and per stage; without it, FSDP2's ``replicate`` there when there are model copies
-   (one gradient all-reduce per block, overlapped with the backward: :mod:`.data_parallel`).
-4. A step: without stages, each micro-batch is the task's ``compute_loss`` as in the other
-   engines; with stages, the micro-batches of one optimizer step are gathered and run by
-   PyTorch's schedule (``accumulation`` micro-batches per pipeline step), and the last
-   stage's loss is sent to the others, so every rank records the same curve. Each
-   pipeline step is timed with the stages' work inside it: the bubble share
-   (:mod:`tuner.trial.engines.pipeline_clock`).
+- Without stages each micro-batch is the task's ``compute_loss`` as in the other
+  engines; with stages, the micro-batches of one optimizer step are gathered and run by
+  PyTorch's schedule (``accumulation`` micro-batches per pipeline step), and the last
+  stage's loss is sent to the others, so every rank records the same curve. Each
+  pipeline step is timed with the stages' work inside it: the bubble share
+  (:mod:`tuner.trial.engines.pipeline_clock`).
+- A tied embedding's two copies (first and last stage) get the sum of their gradients.
 
 fp16 is refused for these layouts (:func:`tuner.config.layout.refusal`); bf16 is FSDP2's
 ``MixedPrecisionPolicy`` when sharded, autocast otherwise.
@@ -33,11 +29,11 @@ import torch.distributed as dist
 from torch import nn
 
 from tuner.config import layout as layouts
-from tuner.harness.distributed import ensure_process_group
-from tuner.trial import pipeline_parallel, tensor_parallel
-from tuner.trial.engines import data_parallel, levers, stages
+from tuner.trial import pipeline_parallel
+from tuner.trial.engines import data_parallel
 from tuner.trial.engines.base import OwnLoopEngine, autocast
 from tuner.trial.engines.fsdp_engine import FSDP_COLLECTIVES
+from tuner.trial.engines.parallelize import Parallelized
 from tuner.trial.engines.pipeline_clock import PipelineClock
 
 if TYPE_CHECKING:
@@ -47,18 +43,6 @@ if TYPE_CHECKING:
 
 FUNCTIONAL = ("all_reduce", "reduce_scatter_tensor", "all_gather_tensor", "wait_tensor")
 """The functional collectives DTensor's redistributions call (torch 2.13), and their wait."""
-_MESHES: dict[tuple[str, int, int, int], Any] = {}
-"""One mesh per shape for the process: each new mesh makes new process groups, which
-torch never frees before the process ends."""
-
-
-def mesh_for(device: torch.device, pp: int, dp: int, tp: int) -> Any:
-    from torch.distributed.device_mesh import init_device_mesh
-
-    key = (device.type, pp, dp, tp)
-    if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    return _MESHES[key]
 
 
 _ENDS: dict[tuple[int, int, int, int], Any] = {}
@@ -89,44 +73,20 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 
 
 class LayoutEngine(OwnLoopEngine):
-    def __init__(self, module: nn.Module, task: "Task", make_optimizer: Callable[[Any], torch.optim.Optimizer],
-                 config: "Config", device: torch.device, world_size: int) -> None:
+    def __init__(self, prepared: Parallelized, task: "Task",
+                 make_optimizer: Callable[[Any], torch.optim.Optimizer], config: "Config",
+                 device: torch.device) -> None:
         super().__init__(config, device)
-        ensure_process_group(device)
-        self.layout = layouts.Layout(config.tensor_parallel, config.pipeline_parallel, world_size)
+        self.layout, self.mesh, self.parts = prepared.layout, prepared.mesh, prepared.parts
         lay = self.layout
-        self.mesh = mesh_for(device, lay.pp, lay.dp, lay.tp)
-        stage_index, _, _ = lay.coordinates(dist.get_rank())
         self.compute_loss, self.scaler = task.compute_loss, None
-        self.after_step = stages.convert(module, config)  # the whole model's layers, before any cut or shard
-        styles = self._plan(module, task) if lay.tp > 1 else {}
-        virtual = layouts.VIRTUAL_STAGES[config.pipeline_schedule] if lay.pp > 1 else 1
-        count = lay.pp * virtual
-        indices = [stage_index + k * lay.pp for k in range(virtual)] if lay.pp > 1 else [0]
-        levers.without_kv_cache(module, config.activation_checkpointing)
-        tied = {id(p) for p in pipeline_parallel.tied(module)} if lay.pp > 1 and task.pipeline_split is None else set()
-        parts = self._split(module, task, count, indices) if lay.pp > 1 else [module]
-        self.tied = [(i, name) for i, part in enumerate(parts) for name, p in part.named_parameters() if id(p) in tied]
-        """(part, parameter name) of this rank's copies of a parameter the first and last stages share."""
-        del module
-        self.recompute = levers.Recompute(timed=device.type == "cpu" and not config.compile)
-        for part in parts:
-            part.to(device)
-            if lay.tp > 1:
-                self._shard_tensors(part, styles, task, config)
-            blocks = list(part.layers) if isinstance(part, pipeline_parallel.Stage) else \
-                levers.find_blocks(part, task if lay.pp == 1 else None)[0]
-            levers.checkpoint_blocks(blocks, config.activation_checkpointing, self.recompute,
-                                     lambda: stages.forward(config))
-            if config.compile:
-                levers.compile_model(part, blocks, config)
-            self._data_parallel(part, blocks)
-        self.parts = parts
-        self.model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
-        self.optimizer = make_optimizer([p for part in parts for p in part.parameters()])
+        self.recompute, self.notes, self.after_step = prepared.recompute, prepared.notes, prepared.after_step
+        self.tied = prepared.tied
+        self.model: Any = prepared.model
+        self.optimizer = make_optimizer(prepared.parameters())
         self.clock = PipelineClock(device)
         """Each pipeline step and the stages' work inside it: the bubble (:mod:`.pipeline_clock`)."""
-        self.schedule = self._schedule(parts, indices, count, task) if lay.pp > 1 else None
+        self.schedule = self._schedule(self.parts, prepared.indices, prepared.stages, task) if lay.pp > 1 else None
         self.pending: list[Any] = []
         self.checked, self.task_split = False, task.pipeline_split is not None
         self.notes.append(f"layout: tensor_parallel {lay.tp}" + (" (sequence parallel)" if config.sequence_parallel
@@ -134,57 +94,6 @@ class LayoutEngine(OwnLoopEngine):
                           + f" x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
                           + (f" ({config.pipeline_schedule}, {config.grad_accum_steps} micro-batches per pipeline "
                              "step)" if lay.pp > 1 else ""))
-
-    # --- building -----------------------------------------------------------------------
-
-    def _plan(self, module: nn.Module, task: "Task") -> dict[nn.Module, str]:
-        """The plan's styles by module object, matched on the whole model's names (a stage
-        or a wrapper renames them)."""
-        if task.parallelize is not None:
-            return {}
-        plan, why = tensor_parallel.plan_of(module)
-        if plan is not None:
-            plan, said = tensor_parallel.with_vocab(module, plan, self.layout.tp)
-            self.notes.append(f"tensor parallel: {said}")
-        if plan is not None and self.config.sequence_parallel:
-            plan, why = tensor_parallel.with_sequence(module, plan)
-        if plan is None:
-            raise ValueError(why)
-        refused = tensor_parallel.refused(module, self.layout.tp)
-        if refused:
-            raise ValueError(refused)
-        named = dict(module.named_modules())
-        return {named[name]: style for name, style in tensor_parallel.matches(module, plan).items()}
-
-    def _split(self, module: nn.Module, task: "Task", count: int, indices: list[int]) -> list[nn.Module]:
-        if task.pipeline_split is not None:
-            parts = list(task.pipeline_split(module, count))
-            if len(parts) != count or not all(isinstance(p, nn.Module) for p in parts):
-                raise ValueError(f"the task's pipeline_split(model, {count}) must return {count} torch.nn.Module "
-                                 f"stages, got {len(parts)}")
-            return [parts[i] for i in indices]
-        return [pipeline_parallel.stage(module, i, count) for i in indices]
-
-    def _shard_tensors(self, part: nn.Module, styles: dict[nn.Module, str], task: "Task", config: "Config") -> None:
-        tp_mesh = self.mesh["tp"]
-        if task.parallelize is not None:
-            task.parallelize(part, tp_mesh, config)
-            return
-        plan = {name: styles[m] for name, m in part.named_modules() if m in styles}
-        if plan:  # a stage of only the embedding, or only the head, has nothing the plan names
-            tensor_parallel.parallelize(part, tp_mesh, plan)
-
-    def _data_parallel(self, part: nn.Module, blocks: list[nn.Module]) -> None:
-        """FSDP2 over the ``dp`` sub-mesh when sharding, else its ``replicate`` when there
-        are model copies: per block, gradients averaged in one all-reduce each, overlapped
-        with the backward (:mod:`.data_parallel`)."""
-        if self.config.fsdp != "off":
-            # Pipeline stages run each block's backward per micro-batch: resharding after the
-            # forward would all-gather again for every one (torchtitan keeps them gathered too).
-            reshard = self.config.fsdp == "full_shard" and self.layout.pp == 1
-            data_parallel.shard(part, blocks, self.mesh["dp"], self.config, reshard=reshard)
-        elif self.layout.dp > 1:
-            data_parallel.replicate(part, blocks, self.mesh["dp"])
 
     def _schedule(self, parts: list[nn.Module], indices: list[int], count: int, task: "Task") -> Any:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B

@@ -1,5 +1,6 @@
-"""What every engine does to the model before wrapping it: find the repeated blocks, put
-activation checkpointing and ``torch.compile`` on them, and pick the optimizer's kernels.
+"""What every engine does to the model before wrapping it (:func:`.parallelize.parallelize`
+calls these in order): find the repeated blocks, put activation checkpointing and
+``torch.compile`` on them, channels-last; and the optimizer's kernels.
 
 The order is torchtitan's (checkpointing, then compile, then sharding), so a compiled
 block contains its checkpointed region and FSDP2 shards the compiled block:
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from tuner.trial.engines import stages
 from tuner.trial.engines.gpu_levers import compile_kwargs, op_policy
 
 if TYPE_CHECKING:
@@ -155,23 +155,6 @@ def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module], config
     kwargs = compile_kwargs(config) if config is not None else {}
     for block in blocks or [module]:
         block.compile(**kwargs)
-
-
-def prepare_model(module: torch.nn.Module, task: "Task | None", config: "Config", device: torch.device
-                  ) -> tuple[list[torch.nn.Module], Recompute, list[str], list[Callable[[], None]]]:
-    """The model converters, then checkpointing and compile, as the config asks (torchtitan's
-    order); returns the blocks, the recompute clock, notes (which blocks, when a lever used
-    them) and what must run after each optimizer step."""
-    after = stages.convert(module, config)
-    blocks, found = find_blocks(module, task)
-    notes = [found] if (config.fsdp != "off" or config.activation_checkpointing != "none" or config.compile) else []
-    notes += channels_last(module, config.channels_last)
-    recompute = Recompute(timed=device.type == "cpu" and not config.compile)
-    without_kv_cache(module, config.activation_checkpointing)
-    checkpoint_blocks(blocks, config.activation_checkpointing, recompute, lambda: stages.forward(config))
-    if config.compile:
-        compile_model(module, blocks, config)
-    return blocks, recompute, notes, after
 
 
 def channels_last(module: torch.nn.Module, on: bool) -> list[str]:

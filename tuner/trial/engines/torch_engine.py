@@ -6,7 +6,6 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tuner.trial.engines.base import OwnLoopEngine, autocast
@@ -24,22 +23,18 @@ class TorchEngine(OwnLoopEngine):
 
     def __init__(
         self,
-        module: torch.nn.Module,
+        model: Any,
         make_optimizer: Callable[[Any], torch.optim.Optimizer],
         compute_loss: Callable[[Any, Any], torch.Tensor],
         config: "Config",
         device: torch.device,
     ) -> None:
+        """``model``: the module, or DDP's wrapper of it over several ranks
+        (:func:`tuner.trial.engines.parallelize.parallelize`)."""
         super().__init__(config, device)
-        module.to(device)
-        self.distributed = dist.is_initialized() and dist.get_world_size() > 1
-        self.model: Any = (
-            DDP(module, device_ids=[device.index] if device.type == "cuda" else None,
-                bucket_cap_mb=config.ddp_bucket_cap_mb)
-            if self.distributed
-            else module
-        )
-        self.optimizer = make_optimizer(module.parameters())
+        self.distributed = isinstance(model, DDP)
+        self.model: Any = model
+        self.optimizer = make_optimizer(model.module.parameters() if self.distributed else model.parameters())
         self.compute_loss = compute_loss
         self.scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
         self._timed = False

@@ -1,0 +1,170 @@
+"""One model preparation for every engine: :func:`parallelize`, in torchtitan's order.
+
+1. The model converters (``float8``: :func:`tuner.trial.engines.stages.convert`), on the
+   whole model's layers before any cut or shard.
+2. Tensor (and sequence) parallelism: the plan matched on the whole model's module names
+   (the task's own ``parallelize`` wins; else the model's shipped plan,
+   :mod:`tuner.trial.tensor_parallel`).
+3. The pipeline split: this rank keeps its stage (two under the interleaved schedule:
+   ``s`` and ``s + pp``) and drops the rest.
+4. On each part this rank kept: the sharding plan over the ``tp`` sub-mesh, channels-last,
+   activation checkpointing and compile on its blocks.
+5. The data-parallel dimension: FSDP2 (``fsdp`` on) or its ``replicate`` (model copies
+   beside tensor or pipeline parallelism) over the ``dp`` sub-mesh
+   (:mod:`.data_parallel`), or DDP's buckets when the model is whole (its
+   ``bucket_cap_mb`` is a lever). DeepSpeed's engine wraps the model itself.
+
+The layout is always built (``tensor_parallel`` x ``pipeline_parallel`` x the rest of the
+world, 1 x 1 x world by default; :class:`tuner.config.layout.Layout`), and one
+``DeviceMesh`` of shape ``(pp, dp, tp)`` per shape serves every trial of the process: a new
+mesh makes new process groups, which torch never frees before the process ends (the FSDP2
+engine made a 1-D mesh each trial before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tuner.config import layout as layouts
+from tuner.harness.distributed import ensure_process_group
+from tuner.trial import pipeline_parallel, tensor_parallel
+from tuner.trial.engines import data_parallel, levers, stages
+
+if TYPE_CHECKING:
+    from tuner.config.space import Config
+    from tuner.config.task import Task
+
+_MESHES: dict[tuple[str, int, int, int], tuple[Any, Any]] = {}
+"""One mesh per shape for the process (see the module's docstring), beside the default group
+it was made in: a library call that formed its own group takes it down on return
+(:mod:`tuner.harness.as_found`), and the next call's mesh must be made in the next group."""
+
+
+def mesh_for(device: torch.device, pp: int, dp: int, tp: int) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key = (device.type, pp, dp, tp)
+    world = dist.group.WORLD
+    if key not in _MESHES or _MESHES[key][0] is not world:
+        _MESHES[key] = (world, init_device_mesh(device.type, (pp, dp, tp), mesh_dim_names=("pp", "dp", "tp")))
+    return _MESHES[key][1]
+
+
+@dataclass
+class Parallelized:
+    """What :func:`parallelize` made of the task's model on this rank."""
+
+    layout: layouts.Layout
+    parts: list[nn.Module]
+    """This rank's pieces: the whole model, or its pipeline stages (in ``indices`` order)."""
+    model: Any
+    """What the task's ``compute_loss`` receives: the part, DDP's wrapper, or the stages."""
+    recompute: levers.Recompute
+    mesh: Any = None
+    """The ``(pp, dp, tp)`` mesh, where a process group is in play."""
+    indices: list[int] = field(default_factory=lambda: [0])
+    """The pipeline stage index of each part."""
+    stages: int = 1
+    """How many stages the model was cut into (``pp`` x virtual stages per rank)."""
+    tied: list[tuple[int, str]] = field(default_factory=list)
+    """(part, parameter name) of this rank's copies of a parameter the first and last stages
+    share (GPT-2's embedding and head), whose gradients the engine sums."""
+    notes: list[str] = field(default_factory=list)
+    after_step: list[Callable[[], None]] = field(default_factory=list)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+
+def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch.device,
+                world_size: int) -> Parallelized:
+    """Prepare ``module`` for ``config`` on this rank, in the order of the module's docstring."""
+    lay = layouts.Layout(config.tensor_parallel, config.pipeline_parallel, world_size)
+    mesh = None
+    if config.engine == "layout" or config.fsdp != "off":
+        ensure_process_group(device)  # one rank still shards, over a world of one
+        mesh = mesh_for(device, lay.pp, lay.dp, lay.tp)
+    after = stages.convert(module, config)
+    notes: list[str] = []
+    styles = _plan(module, task, config, lay, notes) if lay.tp > 1 else {}
+    virtual = layouts.VIRTUAL_STAGES[config.pipeline_schedule] if lay.pp > 1 else 1
+    count = lay.pp * virtual
+    stage_index = lay.coordinates(dist.get_rank())[0] if mesh is not None else 0
+    indices = [stage_index + k * lay.pp for k in range(virtual)] if lay.pp > 1 else [0]
+    levers.without_kv_cache(module, config.activation_checkpointing)
+    tied_ids = {id(p) for p in pipeline_parallel.tied(module)} if lay.pp > 1 and task.pipeline_split is None \
+        else set()
+    parts = _split(module, task, count, indices) if lay.pp > 1 else [module]
+    tied = [(i, name) for i, part in enumerate(parts) for name, p in part.named_parameters() if id(p) in tied_ids]
+    recompute = levers.Recompute(timed=device.type == "cpu" and not config.compile)
+    for part in parts:
+        if config.engine != "deepspeed":  # DeepSpeed moves what it keeps
+            part.to(device)
+        if lay.tp > 1:
+            _shard_tensors(part, styles, task, config, mesh["tp"])
+        blocks, found = (list(part.layers), "") if isinstance(part, pipeline_parallel.Stage) else \
+            levers.find_blocks(part, task if lay.pp == 1 else None)
+        if config.engine != "layout" and (config.fsdp != "off" or config.activation_checkpointing != "none"
+                                          or config.compile):
+            notes.append(found)  # which blocks the levers used, and how they were found
+        notes += levers.channels_last(part, config.channels_last)
+        levers.checkpoint_blocks(blocks, config.activation_checkpointing, recompute, lambda: stages.forward(config))
+        if config.compile:
+            levers.compile_model(part, blocks, config)
+        if config.fsdp != "off":
+            # Pipeline stages run each block's backward per micro-batch: resharding after the
+            # forward would all-gather again for every one (torchtitan keeps them gathered too).
+            data_parallel.shard(part, blocks, mesh["dp"], config, reshard=config.fsdp == "full_shard" and lay.pp == 1,
+                                offload=config.offload_optimizer == "cpu", pin=device.type == "cuda")
+        elif config.engine == "layout" and lay.dp > 1:
+            data_parallel.replicate(part, blocks, mesh["dp"])
+    model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
+    if config.engine == "torch" and dist.is_initialized() and dist.get_world_size() > 1:
+        model = data_parallel.ddp(parts[0], config, device)
+    return Parallelized(lay, parts, model, recompute, mesh, indices, count, tied, notes, after)
+
+
+def _plan(module: nn.Module, task: "Task", config: "Config", lay: layouts.Layout,
+          notes: list[str]) -> dict[nn.Module, str]:
+    """The tensor-parallel plan's styles by module object, matched on the whole model's
+    names (a stage or a wrapper renames them)."""
+    if task.parallelize is not None:
+        return {}
+    plan, why = tensor_parallel.plan_of(module)
+    if plan is not None:
+        plan, said = tensor_parallel.with_vocab(module, plan, lay.tp)
+        notes.append(f"tensor parallel: {said}")
+    if plan is not None and config.sequence_parallel:
+        plan, why = tensor_parallel.with_sequence(module, plan)
+    if plan is None:
+        raise ValueError(why)
+    refused = tensor_parallel.refused(module, lay.tp)
+    if refused:
+        raise ValueError(refused)
+    named = dict(module.named_modules())
+    return {named[name]: style for name, style in tensor_parallel.matches(module, plan).items()}
+
+
+def _split(module: nn.Module, task: "Task", count: int, indices: list[int]) -> list[nn.Module]:
+    if task.pipeline_split is not None:
+        parts = list(task.pipeline_split(module, count))
+        if len(parts) != count or not all(isinstance(p, nn.Module) for p in parts):
+            raise ValueError(f"the task's pipeline_split(model, {count}) must return {count} torch.nn.Module "
+                             f"stages, got {len(parts)}")
+        return [parts[i] for i in indices]
+    return [pipeline_parallel.stage(module, i, count) for i in indices]
+
+
+def _shard_tensors(part: nn.Module, styles: dict[nn.Module, str], task: "Task", config: "Config",
+                   tp_mesh: Any) -> None:
+    if task.parallelize is not None:
+        task.parallelize(part, tp_mesh, config)
+        return
+    plan = {name: styles[m] for name, m in part.named_modules() if m in styles}
+    if plan:  # a stage of only the embedding, or only the head, has nothing the plan names
+        tensor_parallel.parallelize(part, tp_mesh, plan)
