@@ -115,13 +115,13 @@ def test_two_nodes_meet_through_the_agent(tmp_path):
     try:
         first = tuner.measure(recipe, num_workers=1)
     finally:
-        agent.send_signal(signal.SIGINT)
+        agent.send_signal(signal.SIGTERM)  # what kill, Slurm and container runtimes send
         try:  # the agent ends its side of a trial within the trial's limit (timeout_s: 90)
             _, err = agent.communicate(timeout=90 + 30)
         except subprocess.TimeoutExpired:
             agent.kill()
             _, err = agent.communicate()
-            pytest.fail(f"the agent did not stop within 120 s of Ctrl-C: {err[-2000:]}")
+            pytest.fail(f"the agent did not stop within 120 s of SIGTERM: {err[-2000:]}")
     assert first.state == "ok", (first.reason, err[-2000:])
     # The probe's step check passed: 16 samples per step per rank = 32 / 2 ranks, one per node.
     assert first.environment["world_size"] == 2
@@ -129,6 +129,30 @@ def test_two_nodes_meet_through_the_agent(tmp_path):
     assert [p.name for p in folder.glob("output-*.log")] == [f"output-{socket.gethostname()}.log"]
     assert agent.returncode == 0 and "Traceback" not in err
     assert leftovers() == [] and _no_script_processes()
+
+
+def test_the_agent_stops_on_ctrl_c_even_when_started_with_it_ignored(tmp_path):
+    """A shell without job control starts a background command with SIGINT ignored, and the
+    agent inherits that: it ignored Ctrl-C until ``--idle-exit`` (seen: 120 s in a suite run
+    from a script). It now restores Ctrl-C and stops at once."""
+    import signal
+    import subprocess
+
+    recipe = write_recipe(tmp_path, {
+        "name": "two-nodes", "script": str(ROOT / "recipes" / "scripts" / "train_plain.py"), "nproc_per_node": 1,
+        "nnodes": 2, "rdzv_endpoint": "127.0.0.1:29555", "global_batch_size": 32, "out": str(tmp_path / "run")})
+    agent = subprocess.Popen([sys.executable, "-m", "tuner.agent", str(recipe), "--idle-exit", "60"], cwd=ROOT,
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        assert "Ctrl-C to stop" in agent.stderr.readline()  # printed once its handlers are in place
+        agent.send_signal(signal.SIGINT)
+        assert agent.wait(timeout=15) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        agent.stderr.close()
 
 
 def test_several_node_settings_are_checked(tmp_path, capsys):

@@ -9,19 +9,23 @@ trial (it writes ``ended`` in the trial folder) the agent ends its process tree 
 same way (its own session, SIGTERM then SIGKILL). Its output goes to
 ``output-<host>.log`` in the trial folder.
 
-Start the agents before or with the search; they run until Ctrl-C (or ``--idle-exit S``
-seconds without a trial). The search records a trial whose other nodes never joined as
-an error when its rendezvous times out (``timeout_s``).
+Start the agents before or with the search; they run until Ctrl-C or SIGTERM (or
+``--idle-exit S`` seconds without a trial), and end the trial they are part of either way.
+The search records a trial whose other nodes never joined as an error when its rendezvous
+times out (``timeout_s``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, Iterator
 
 POLL_S = 0.2
 
@@ -82,6 +86,28 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None  # absent, or being written: the next look
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stoppable() -> Iterator[None]:
+    """Ctrl-C and SIGTERM both end the agent through :meth:`Agent.close`, which ends the
+    trial it is part of. SIGTERM (what ``kill``, Slurm and container runtimes send) killed
+    the agent outright before, leaving the trial's torchrun, in its own session, running.
+    Ctrl-C is restored to raise: a shell without job control starts a background command
+    with SIGINT ignored, and an agent started so ignored it until ``--idle-exit`` (seen in
+    the suite run from a script: 120 s). The handlers before are put back."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 def serve(recipe: Any, out: Path, idle_exit: float | None) -> int:
     """Run the agent on ``out`` until Ctrl-C, or ``idle_exit`` seconds without a trial."""
     if recipe.script is None or recipe.script.nnodes < 2:
@@ -90,16 +116,17 @@ def serve(recipe: Any, out: Path, idle_exit: float | None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     agent = Agent(recipe, out.resolve())
-    print(f"tuner.agent: {agent.host} runs its part of every trial under {out} "
-          f"(rendezvous {recipe.script.rdzv_endpoint}); Ctrl-C to stop", file=sys.stderr)
     idle_since = time.monotonic()
-    try:
-        while idle_exit is None or time.monotonic() - idle_since < idle_exit:
-            if agent.poll():
-                idle_since = time.monotonic()
-            time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        agent.close()
+    with _stoppable():
+        print(f"tuner.agent: {agent.host} runs its part of every trial under {out} "
+              f"(rendezvous {recipe.script.rdzv_endpoint}); Ctrl-C to stop", file=sys.stderr, flush=True)
+        try:
+            while idle_exit is None or time.monotonic() - idle_since < idle_exit:
+                if agent.poll():
+                    idle_since = time.monotonic()
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            agent.close()
     return 0
