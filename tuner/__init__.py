@@ -10,7 +10,7 @@ Public API::
     tuner.config(**defaults)        # a script's knobs: the trial's under the tuner, else the defaults
     tuner.load_recipe(path)         # a validated Recipe
 
-The package is layered (README, "Inside"): ``config`` -> ``harness`` -> ``trial`` ->
+The package is layered (docs/architecture.md): ``config`` -> ``harness`` -> ``trial`` ->
 (``scriptmode``, ``analysis``) -> ``tuning`` -> ``outputs`` -> ``api``/``cli`` -> the
 command shims; a module imports only from its own layer or the ones before it.
 """

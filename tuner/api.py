@@ -25,7 +25,7 @@ from tuner.harness import distributed, interrupt
 from tuner.harness.as_found import as_found
 from tuner.harness.system.environment import environment
 from tuner.measurement import Measurement, measure_recipe
-from tuner.memory.plan import CapacityPlan, plan_recipe
+from tuner.memory.capacity import CapacityPlan, plan_recipe
 from tuner.trial.trial_result import Instruments
 from tuner.tuning.search_result import SearchResult
 
@@ -249,7 +249,7 @@ def plan(
 ) -> CapacityPlan | None:
     """What fits, without a search: the largest micro-batch predicted to fit the memory
     budget for each sharding x AMP x checkpointing combination of the recipe's space, from
-    the analytic model states and a few short profiled trials (:mod:`tuner.memory.plan`).
+    the analytic model states and a few short profiled trials (:mod:`tuner.memory.capacity`).
 
     Rank 0 returns the plan (``None`` on other ranks) and writes ``plan.json`` into the run
     folder (``out``, default the recipe's), where a search of the same recipe then starts

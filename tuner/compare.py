@@ -1,7 +1,7 @@
 """``python -m tuner.compare RUN_A RUN_B [--a best|baseline|N] [--b ...] [--html PATH]``.
 
 Only the command lives here; from Python use ``tuner.compare(run_a, run_b)``
-(:mod:`tuner.outputs.comparison`; the verdicts: :mod:`tuner.analysis.compare`).
+(:mod:`tuner.outputs.comparison`; the verdicts: :mod:`tuner.analysis.run_verdicts`).
 """
 
 from tuner.cli import compare_main, run_command

@@ -80,7 +80,7 @@ def test_one_run_folder_counts_its_noise_once(run, tmp_path):
 
 
 def test_the_tolerance_decides_within_beyond_and_undecided():
-    from tuner.analysis.compare import against
+    from tuner.analysis.run_verdicts import against
 
     assert against((0.03, 0.08), 0.02) == "beyond" and against((-0.09, -0.03), 0.02) == "beyond"
     assert against((-0.01, 0.015), 0.02) == "within"

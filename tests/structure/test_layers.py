@@ -1,5 +1,5 @@
 """The package's shape, checked statically (AST; nothing imported): imports go one way
-(DESIGN.md, "Inside"), no cycles, small modules and functions, few top-level modules."""
+(docs/architecture.md), no cycles, small modules and functions, few top-level modules."""
 
 from __future__ import annotations
 

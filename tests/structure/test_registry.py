@@ -15,8 +15,8 @@ from tuner.config import export, levers
 from tuner.config.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.config.script import ADAPTER_ROUTES
 from tuner.config.space import Config, Machine, conflict, make_config
+from tuner.memory import capacity
 from tuner.memory import model as memory
-from tuner.memory import plan as capacity
 from tuner.outputs import console
 from tuner.scriptmode.config import TrialConfig
 from tuner.trial.engines.process import resolve

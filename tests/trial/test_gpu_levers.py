@@ -19,7 +19,8 @@ import tuner
 from tuner.config import export
 from tuner.config.gpu_levers import _expandable_env
 from tuner.config.space import Machine, lever_refusal, make_config, unsupported
-from tuner.trial.engines import levers, stages
+from tuner.trial.engines import model_levers as levers
+from tuner.trial.engines import stages
 from tuner.trial.engines.gpu_levers import GraphShapes, attention_kernel, float8_model
 
 from conftest import ROOT, run, write_recipe

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from tuner.trial.engines import levers
+from tuner.trial.engines import model_levers as levers
 
 from conftest import TESTS, torchrun, write_recipe
 

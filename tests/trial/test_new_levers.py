@@ -67,7 +67,7 @@ def test_channels_last_converts_the_model_and_every_image_batch(tmp_path):
 
 
 def test_channels_last_on_a_model_without_convolutions_says_it_changes_nothing():
-    from tuner.trial.engines.levers import channels_last
+    from tuner.trial.engines.model_levers import channels_last
 
     assert channels_last(torch.nn.Linear(4, 4), True) == [
         "channels_last: the model has no 2-D convolution, so the memory format changes nothing it computes"]

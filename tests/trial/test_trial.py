@@ -7,6 +7,7 @@ import sys
 import threading
 
 import pytest
+import torch
 
 import tuner
 from tuner.harness.metrics import METRIC_NAMES
@@ -57,24 +58,28 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
 
 @pytest.mark.slow
 def test_a_b_a_gives_a_back(toy):
-    """Measuring B in between must not slow A: no more than 15% below the first, the same
-    memory. A's step is mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two
-    workers), so its rate is steady: A measured 4 times with B between each read 595-628
-    samples/s (±3%) on this 2-core machine; 15% is five times that, and below what a worker
-    or thread B left behind would cost. One-sided: a machine that gets quieter between the
-    two (seen in CI with other tests beside it: 1.86x) speeds A up, which B cannot cause.
-    A is measured twice after B, and the faster of the two is held to the rule: what B left
-    behind slows both, a moment of load beside the suite one (seen: 0.81 once in a full
-    run, 1.0 alone)."""
+    """Measuring B in between must not slow A. What B could leave behind is checked where
+    it would be: no process below this one, the same threads, torch's thread settings, and
+    A's memory. The rate catches what those miss, at a bound the machine's moments do not
+    reach: A's step is mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two
+    workers), 595-690 samples/s alone (A B A A A: 618, B, 641, 636, 661: 1.03-1.07). In
+    full-suite runs the A's after B read 0.81, 0.82 and 0.77 of the first, both slowed
+    alike: load from around the suite, not B. So the faster of two A's after B must keep
+    0.7 of the first. One-sided: a machine that gets quieter (seen in CI: 1.86x) speeds A
+    up, which B cannot cause."""
     recipe = toy(task_args={"read_ms": 0.5, "width": 256, "step_ms": 10.0}, steps={"warmup": 3, "measure": 12})
     a = dict(num_workers=2, micro_batch_size=8)
     b = dict(num_workers=4, micro_batch_size=16, amp_dtype="bf16", prefetch_factor=8)
     first = tuner.measure(recipe, **a)
+    threads, torch_threads = threading.active_count(), (torch.get_num_threads(), torch.get_num_interop_threads())
     tuner.measure(recipe, **b)
+    assert leftovers() == []  # B's workers are gone
+    assert threading.active_count() == threads
+    assert (torch.get_num_threads(), torch.get_num_interop_threads()) == torch_threads
     after = [tuner.measure(recipe, **a) for _ in range(2)]
     again = max(after, key=lambda m: m.metrics["samples_per_s"])
     ratio = again.metrics["samples_per_s"] / first.metrics["samples_per_s"]
-    assert ratio > 0.85, [m.metrics["samples_per_s"] / first.metrics["samples_per_s"] for m in after]
+    assert ratio > 0.7, [m.metrics["samples_per_s"] / first.metrics["samples_per_s"] for m in after]
     # Memory that B left behind would show here; 10% covers allocator noise.
     assert again.metrics["peak_mem_gib"] <= first.metrics["peak_mem_gib"] * 1.10
 

@@ -123,7 +123,7 @@ def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path,
     pytest.importorskip("transformers")
     import tuner
     from tuner.config.space import Machine
-    from tuner.memory.plan import Profiler
+    from tuner.memory.capacity import Profiler
     from tuner.trial.trial_result import State, TrialResult
 
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # what a one-process group left behind: another job's

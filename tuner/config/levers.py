@@ -185,7 +185,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                "dropout matches)",
           label="ac={}", adapters=frozenset({"hf"}), memory="activations",
           prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
-          apply=f"{ENGINES}.levers:checkpoint_blocks",
+          apply=f"{ENGINES}.model_levers:checkpoint_blocks",
           exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
                    "torch_settings.py": "op_context (op)"},
           export_with="tuner.config.gpu_levers:op_checkpointing_exports"),
@@ -198,7 +198,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                      "machine has none", False)],
           risk="compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
                "the precision guard",
-          label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.levers:compile_model",
+          label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compile_model",
           exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
                    "torchtitan.toml": "compile"}),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
@@ -240,7 +240,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           group="optimizer", path=120, walk=110, verdicts={"host-bound": 2, "compute-bound": 4},
           suggest=(("fused",), "optimizer_impl: fused"),
           risk="fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
-          label="opt={}", adapters=frozenset({"hf"}), stage="optimizer", apply=f"{ENGINES}.levers:apply_impl",
+          label="opt={}", adapters=frozenset({"hf"}), stage="optimizer", apply=f"{ENGINES}.model_levers:apply_impl",
           exports={"hf_training_args.json": "optim", "torchtitan.toml": "optimizer.implementation"}),
     Lever("matmul_precision", str, "highest", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
           choices=("highest", "high", "medium"), group="kernels", refused=_matmul_refused, ordered=True,
@@ -256,7 +256,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           suggest=((True,), "channels_last: true (convolutional models)"),
           risk="custom kernels or reshapes that assume NCHW-contiguous tensors copy (or break); only convolutional "
                "models gain",
-          label="channels_last", stage="model", apply=f"{ENGINES}.levers:channels_last",
+          label="channels_last", stage="model", apply=f"{ENGINES}.model_levers:channels_last",
           exports={"torch_settings.py": "model = model.to(memory_format=torch.channels_last)  # and each image "
                                         "batch: x.to(memory_format=torch.channels_last)"}),
     Lever("cudnn_benchmark", bool, False, "cuDNN times its convolution algorithms and keeps the fastest",

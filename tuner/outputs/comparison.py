@@ -3,7 +3,7 @@
 Each side is one configuration of its run: ``best`` (default), ``baseline``, or a trial's
 number in ``trials.csv``. The numbers come from the run folder (``best.json``: the pooled
 median and every run of the best and the baseline, the run's noise; ``trials.csv``: one
-row per trial), the verdicts from :mod:`tuner.analysis.compare`.
+row per trial), the verdicts from :mod:`tuner.analysis.run_verdicts`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tuner.analysis.compare import Comparison, Side
-from tuner.analysis.compare import compare as compare_sides
 from tuner.analysis.interval import LEVEL
+from tuner.analysis.run_verdicts import Comparison, Side
+from tuner.analysis.run_verdicts import compare as compare_sides
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.outputs.run_folder import PARAM_COLUMNS

@@ -18,7 +18,7 @@ from tuner.harness.metrics import METRIC_NAMES
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult
     from tuner.measurement import Measurement
-    from tuner.memory.plan import CapacityPlan
+    from tuner.memory.capacity import CapacityPlan
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 

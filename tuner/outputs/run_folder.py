@@ -23,7 +23,7 @@ from tuner.study import workers
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.memory.plan import CapacityPlan
+    from tuner.memory.capacity import CapacityPlan
     from tuner.tuning.search_result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tuner.trial.engines import levers
+from tuner.trial.engines import model_levers as levers
 from tuner.trial.engines.base import Engine, autocast
 from tuner.trial.engines.parallelize import parallelize
 

@@ -19,7 +19,7 @@ import torch
 if TYPE_CHECKING:
     from tuner.config.space import Config
     from tuner.harness.comm import CommTimer
-    from tuner.trial.engines.levers import Recompute
+    from tuner.trial.engines.model_levers import Recompute
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -51,7 +51,7 @@ class Engine(ABC):
         self.after_step = []
         self._compiled_before: Any = None
         if config.compile:
-            from tuner.trial.engines.levers import compiled_so_far
+            from tuner.trial.engines.model_levers import compiled_so_far
 
             self._compiled_before = compiled_so_far()
 
@@ -83,7 +83,7 @@ class Engine(ABC):
         """Release everything the engine holds, so the next trial starts clean."""
         self._release()
         if self.config.compile:
-            from tuner.trial.engines.levers import release_compiled
+            from tuner.trial.engines.model_levers import release_compiled
 
             release_compiled(self._compiled_before)
         self.recompute, self.after_step = None, []

@@ -33,7 +33,8 @@ from torch import nn
 from tuner.config import layout as layouts
 from tuner.harness.distributed import ensure_process_group
 from tuner.trial import pipeline_parallel, tensor_parallel
-from tuner.trial.engines import data_parallel, levers, stages
+from tuner.trial.engines import data_parallel, stages
+from tuner.trial.engines import model_levers as levers
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
