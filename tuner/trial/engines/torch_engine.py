@@ -34,7 +34,7 @@ class TorchEngine(OwnLoopEngine):
         super().__init__(config, device)
         self.distributed = isinstance(model, DDP)
         self.model: Any = model
-        self.optimizer = make_optimizer(model.module.parameters() if self.distributed else model.parameters())
+        self.optimizer = make_optimizer(model.parameters())  # DDP yields its module's own parameters
         self.compute_loss = compute_loss
         self.scaler = torch.amp.GradScaler(device.type) if config.amp_dtype == "fp16" else None
         self._timed = False
