@@ -51,6 +51,7 @@ from tuner.config.space import Config, Machine  # noqa: E402
 from tuner.harness import distributed  # noqa: E402
 from tuner.study import records as study_mod  # noqa: E402
 from tuner.study.searchspace import build_space  # noqa: E402
+from tuner.study.study import Study  # noqa: E402
 from tuner.trial import engines  # noqa: E402
 from tuner.trial.run import run_trial  # noqa: E402
 
@@ -121,8 +122,8 @@ def main() -> None:
                 found = tuner.search(seeded, trials=budget, out=tmp, confirm=1, quiet=True)
                 search_s = time.perf_counter() - start
                 study = optuna.load_study(study_name=seeded.name, storage=f"sqlite:///{tmp}/study.db")
-                picks = [(Config(**t.user_attrs["params"]), t.value if t.value is not None else 0.0)
-                         for t in study_mod.measured(study)]
+                picks = [(Config(**(t.params or {})), t.value if t.value is not None else 0.0)
+                         for t in study_mod.measured(Study(study))]
             hit, _ = score(picks, oracle)
             results["tuner.search"].append((hit, Config(**found.best["params"]), search_s))
             rng = random.Random(seed)

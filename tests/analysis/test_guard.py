@@ -72,7 +72,7 @@ def test_a_pruned_trial_whose_curve_left_the_reference_is_recorded_imprecise(toy
     assert order["knobs"]["amp_dtype"] == "bf16"
     decider.record(TrialResult(decider.current.params(), State.PRUNED, reason="slower than the best so far",
                                losses=[2.6, 1.3], pruned_at=(2, 30.0)))
-    last = decider.study.trials[-1]
-    assert last.user_attrs["state"] == "imprecise", last.user_attrs
+    last = decider.study.records()[-1]
+    assert last.outcome == "imprecise", last.attrs
     assert "precision guard: the bf16 loss 1.3 is 48.0% from the fp32 reference 2.5 at step 2" in \
-        last.user_attrs["reason"]
+        last.get("reason")

@@ -110,7 +110,9 @@ def _study(n: int, top: str):
                            "metrics": {"samples_per_s": 100.0 + 50 * params[top]}}.items():
             trial.set_user_attr(key, value)
         study.tell(trial, 100.0 + 50 * params[top])
-    return study
+    from tuner.study.study import Study
+
+    return Study(study)
 
 
 def _with_attribution(top: str):

@@ -101,6 +101,21 @@ def test_no_private_member_of_another_object_without_a_reason() -> None:
     assert not found, "\n".join(found)
 
 
+def test_optuna_is_imported_only_behind_the_study_interface() -> None:
+    """The search talks to the tuner's own study (``tuner/study/study.py``: ask, tell,
+    enqueue, records) and reads :class:`tuner.study.record.Record`; Optuna is imported by
+    three modules of ``tuner/study`` at most (issue 35: it was 17, in tuning/, outputs/ and
+    memory/), in functions and under TYPE_CHECKING counted too."""
+    importers = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(n == "optuna" or n.startswith("optuna.") for n in names):
+                importers.add(name)
+    assert importers <= {"tuner.study.study", "tuner.study.backend", "tuner.study.storage"}, sorted(importers)
+
+
 def test_no_subpackage_over_2000_lines_without_subpackages() -> None:
     """A large subpackage is split by what its parts do (tuning/ once held 3,200 lines: the
     search, the study and the memory model)."""

@@ -20,7 +20,7 @@ from tuner.memory import model as memory
 from tuner.outputs import console
 from tuner.scriptmode.config import TrialConfig
 from tuner.trial.engines.process import resolve
-from tuner.tuning import guided
+from tuner.tuning.proposing import guided
 
 LEVERS = levers.LEVERS
 TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")

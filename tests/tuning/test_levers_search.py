@@ -11,6 +11,7 @@ import pytest
 import tuner
 from tuner.config.space import Machine, conflict
 from tuner.study.searchspace import Space, suggest
+from tuner.study.study import Asked
 
 from conftest import TESTS, write_recipe
 
@@ -68,7 +69,7 @@ def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
     # micro-batches were seen (``prior`` for a checkpointing mode not measured yet). Seen here:
     # analytic 34% and 27% off, fitted 1% and 22% (micro-batch 16's 2 MiB tensors sit on
     # glibc's heap, which a model of live tensors does not see).
-    by_number = {t.number: t.user_attrs.get("prediction") for t in result.study.trials}
+    by_number = {t.number: t.get("prediction") for t in result.study.records()}
     basis = [by_number[int(r["number"])] for r in trials]  # the measured trials, in order
     assert basis[0] == "analytic" and set(basis[2:]) <= {"fitted", "prior"}, basis
     ran = [r for r in trials if r["state"] != "pruned"]  # a pruned trial (16 with checkpointing, at times) has no peak
@@ -94,7 +95,7 @@ def test_the_sampler_never_proposes_fsdp_with_zero_or_offload_without_sharding()
     seen = set()
     for _ in range(120):
         trial = study.ask()
-        knobs = suggest(trial, space, {}, world_size=2)
+        knobs = suggest(Asked(trial), space, {}, world_size=2)
         assert conflict(knobs) is None, knobs
         assert not (knobs["zero_stage"] == 0 and knobs["overlap_comm"]), knobs  # DeepSpeed's knob, only for ZeRO
         assert not (knobs["zero_stage"] > 0 and knobs["ddp_bucket_cap_mb"] != 25), knobs  # DDP's, only for DDP

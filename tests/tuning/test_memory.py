@@ -95,11 +95,11 @@ def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_p
         knobs = {**decider.baseline_config.params(), "micro_batch_size": micro}
         decider.memory.observe(knobs, peak(micro) * 1.01, peak(micro), "fitted")
     order = decider.next(False)
-    skipped = [t for t in decider.study.trials if t.user_attrs.get("state") == State.SKIPPED]
-    assert [t.user_attrs["params"]["micro_batch_size"] for t in skipped] == [16, 8]  # largest first, both over
-    assert skipped[0].user_attrs["reason"] == "predicted 0.46 GiB > budget 0.36 GiB (model error so far ±1%)"
+    skipped = [t for t in decider.study.records() if t.outcome == State.SKIPPED]
+    assert [t.params["micro_batch_size"] for t in skipped] == [16, 8]  # largest first, both over
+    assert skipped[0].get("reason") == "predicted 0.46 GiB > budget 0.36 GiB (model error so far ±1%)"
     assert order["knobs"]["micro_batch_size"] == 4  # predicted 0.34: it runs
-    assert [t.user_attrs["state"] for t in study_mod.measured(decider.study)] == ["ok", "skipped", "skipped"]
+    assert [t.outcome for t in study_mod.measured(decider.study)] == ["ok", "skipped", "skipped"]
     from tuner.tuning import budget
 
     assert budget.stop_reason(decider.study, recipe.budget, recipe.target, 0.0) is None  # skips cost no trials
@@ -200,3 +200,39 @@ def test_a_layout_puts_its_stages_and_shards_on_a_rank():
     gpipe = {"micro_batch_size": 2, "pipeline_parallel": 2, "pipeline_schedule": "gpipe", "grad_accum_steps": 8}
     assert activation_units(gpipe) == 2 * 8 / 2 and activation_units({**gpipe, "pipeline_schedule": "1f1b"}) == 2
     assert activation_units({"micro_batch_size": 2, "pipeline_parallel": 2}, global_batch=64, world_size=8) == 2
+
+
+def test_a_proposer_put_in_the_chain_decides_what_runs_next(toy, tmp_path):
+    """Changing the search is writing one proposer (:mod:`tuner.tuning.proposing.proposers`):
+    one that wants micro-batch 2 after the baseline gets it measured next, said as its why
+    in the study; without it, the guided walk's step comes (the largest micro-batch first)."""
+    import tuner
+    from tuner.config.space import Machine
+    from tuner.study.searchspace import build_space
+    from tuner.trial.trial_result import State, TrialResult
+    from tuner.tuning.decider import Decider
+    from tuner.tuning.events import SearchEvents
+    from tuner.tuning.proposing.proposers import Proposal
+
+    class Two:
+        def propose(self, now):
+            if now.best is not None and not now.taken({**now.best.params, "micro_batch_size": 2}):
+                return Proposal({**now.best.params, "micro_batch_size": 2}, {"why": "mine: micro-batch 2"})
+            return None
+
+    for chain, expected in ((True, 2), (False, 8)):
+        recipe = tuner.load_recipe(toy(space={"micro_batch_size": [1, 2, 4, 8]}, baseline={"micro_batch_size": 1},
+                                       budget={"trials": 10}, out=str(tmp_path / f"run{chain}"), name=f"p{chain}"))
+        machine = Machine.detect()
+        decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
+        if chain:
+            decider.proposers.insert(1, Two())
+        assert decider.next(False)["knobs"]["micro_batch_size"] == 1  # the baseline first, whatever the chain
+        metrics = {"samples_per_s": 100.0, "peak_mem_gib": 0.3, "host_mem_gib": 0.3, "data_wait_share": 0.0}
+        decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
+        micro = decider.next(False)["knobs"]["micro_batch_size"]
+        asked = decider.study.records()[-1]
+        assert micro == expected
+        assert asked.get("why") == "mine: micro-batch 2" if chain else asked.get("guided") and "mine" not in asked.get(
+            "why")
+        decider.workers.close()

@@ -148,11 +148,12 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
     study, _ = study_mod.open_study(recipe.name, recipe.storage, 0)
     trial = study.ask()
     state, frozen = study_mod.record(study, trial, result, recipe.budget)
-    assert state == "pruned" and frozen.state == optuna.trial.TrialState.PRUNED
+    assert state == "pruned" and frozen.status == "pruned"
     steps, rate = result.pruned_at
-    assert frozen.intermediate_values == {steps: pytest.approx(rate)}
+    assert study.optuna.trials[frozen.number].state == optuna.trial.TrialState.PRUNED
+    assert study.optuna.trials[frozen.number].intermediate_values == {steps: pytest.approx(rate)}
     assert steps >= 3  # never on two steps: at least three steady steps show it below the bar
-    assert frozen.user_attrs["state"] == "pruned"
+    assert frozen.outcome == "pruned"
 
 
 @pytest.mark.slow

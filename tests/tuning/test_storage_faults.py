@@ -29,7 +29,7 @@ def _recipe(toy, tmp_path, trials=4):
 def _finished(db):
     study = optuna.load_study(study_name="toy", storage=f"sqlite:///{db}")
     done = [t for t in study.trials if t.state.is_finished() and "duplicate_of" not in t.user_attrs]
-    return done, [study_mod.config_of(t) for t in done if study_mod.config_of(t)]
+    return done, [t.user_attrs["params"] for t in done if t.user_attrs.get("params")]
 
 
 def test_a_damaged_study_file_is_one_line_and_left_as_it_was(toy, tmp_path):
@@ -122,17 +122,18 @@ def test_a_trial_this_process_left_running_is_put_back_not_waited_for(tmp_path):
     RUNNING under this process's own worker name. The next search in the same process must
     not wait for it as another worker's (it did, up to 900 s): it is failed, with why, and
     put back to be measured."""
+    from tuner.study.study import Asked, Study
     from tuner.study.workers import Workers
 
     study = optuna.create_study(study_name="orphans", storage=f"sqlite:///{tmp_path / 'study.db'}")
-    first = Workers(study)
-    trial = study.ask()
-    trial.suggest_int("num_workers", 0, 4)
+    first = Workers(Study(study))
+    trial = Asked(study.ask())
+    trial.choose("num_workers", [0, 1, 2, 4])
     first.claim(trial, "num_workers=2")
     first.begin(trial)
     first.close()  # the first search ends here, its trial never told (the disk was full)
     assert first._beat.join(5) is None and not first._beat.is_alive()
-    second = Workers(study)
+    second = Workers(Study(study))
     start = time.monotonic()
     try:
         assert second.lead() is None  # it finishes the search itself

@@ -8,7 +8,7 @@ import tuner
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import Machine
 from tuner.study.searchspace import Space, baseline_knobs, build_space
-from tuner.tuning.guided import guided_next
+from tuner.tuning.proposing.guided import guided_next
 
 from conftest import toy_recipe
 
@@ -205,6 +205,9 @@ def test_a_trial_another_worker_ended_meanwhile_is_not_a_crash(tmp_path):
     other._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
     recipe = tuner.load_recipe(toy_recipe(tmp_path))
     result = TrialResult({"num_workers": 0}, "ok", metrics={"samples_per_s": 10.0})
-    state, frozen = study_mod.record(study, trial, result, recipe.budget)
-    assert state == "ok" and frozen.state == optuna.trial.TrialState.FAIL
-    assert frozen.user_attrs["reason"] == "its worker stopped mid-trial"
+    from tuner.study.record import Status
+    from tuner.study.study import Asked, Study
+
+    state, frozen = study_mod.record(Study(study), Asked(trial), result, recipe.budget)
+    assert state == "ok" and frozen.status == Status.FAIL
+    assert frozen.attrs["reason"] == "its worker stopped mid-trial"

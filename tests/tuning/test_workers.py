@@ -22,7 +22,9 @@ from tuner.config.recipe import load_recipe
 from tuner.study import records as study_mod
 from tuner.study import storage as storage_mod
 from tuner.study import workers as workers_mod
+from tuner.study.backend import retry_stale
 from tuner.study.storage import Resilient
+from tuner.study.study import Study
 
 from conftest import ROOT, _free_port
 
@@ -33,7 +35,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::optuna.excep
 def _study(url: str, heartbeat: int | None = None) -> optuna.Study:
     storage = optuna.storages.RDBStorage(
         url, heartbeat_interval=heartbeat, grace_period=2 * heartbeat if heartbeat else None,
-        heartbeat_stale_trial_callback=workers_mod.retry_stale if heartbeat else None)
+        heartbeat_stale_trial_callback=retry_stale if heartbeat else None)
     return optuna.create_study(study_name=f"t-{uuid.uuid4().hex[:10]}", storage=Resilient(storage, "pg"),
                                direction="maximize")
 
@@ -51,7 +53,7 @@ def test_two_workers_claiming_one_configuration_at_once_never_both_run_it(postgr
     first = _study(postgres)
     second = optuna.load_study(study_name=first.study_name,
                                storage=Resilient(optuna.storages.RDBStorage(postgres), "pg"))
-    pair = [workers_mod.Workers(first), workers_mod.Workers(second)]
+    pair = [workers_mod.Workers(Study(first)), workers_mod.Workers(Study(second))]
     barrier = threading.Barrier(2)
     winners, attempts = [], []
 
@@ -60,7 +62,7 @@ def test_two_workers_claiming_one_configuration_at_once_never_both_run_it(postgr
         for attempt in range(1, 20):
             if key in w.elsewhere():
                 return  # the other one holds it
-            if w.claim(workers_mod.ask(w.study), key) is None:
+            if w.claim(w.study.ask(), key) is None:
                 held.append(attempt)
                 return
 
@@ -95,7 +97,7 @@ def test_a_trial_whose_worker_stopped_beating_is_failed_and_put_back(postgres):
     local.suggest_categorical("micro_batch_size", [4, 8])
     local.set_user_attr("worker", _dead_pid())
     local.set_user_attr("claim", "config-b")
-    me = workers_mod.Workers(study)
+    me = workers_mod.Workers(Study(study))
     assert me.reap() == 1  # the dead local process at once; the other host's beat is still fresh
     time.sleep(3)
     assert me.reap() == 1  # now its beat is older than the grace period
@@ -118,13 +120,13 @@ def test_the_worker_that_finishes_is_one_and_a_dead_one_is_replaced(postgres):
         live = {"host": socket.gethostname(), "pid": sleeper.pid, "since": psutil.Process(sleeper.pid).create_time()}
         lock = optuna.create_study(study_name=f"{study.study_name}.finishing", storage=study._storage)
         lock.set_user_attr("holder", live)
-        me = workers_mod.Workers(study)
+        me = workers_mod.Workers(Study(study))
         assert me.lead() == f"{socket.gethostname()}:{sleeper.pid}"  # a live worker finishes: not this one
         lock.set_user_attr("holder", _dead_pid())
         assert me.lead() is None  # its holder died: this one finishes
-        assert workers_mod.Workers(study).lead() is not None  # and no second one while it does
+        assert workers_mod.Workers(Study(study)).lead() is not None  # and no second one while it does
         me.close()
-        assert workers_mod.Workers(study).lead() is None  # released: the next search of the study may finish
+        assert workers_mod.Workers(Study(study)).lead() is None  # released: the next search of the study may finish
     finally:
         sleeper.kill()
 

@@ -29,7 +29,7 @@ WAIT_GONE = 0.5
 """The data wait counts as removed when it fell below this fraction of what it was."""
 FAMILY_FIRST: dict[str, tuple[str, ...]] = {kind: levers.pointed_at(kind) for kind in levers.verdict_kinds()}
 """The knobs a verdict points at (each lever's ``verdicts``): the search tries them first
-(:mod:`tuner.tuning.guided`), and a verdict says which of them the trials already moved
+(:mod:`tuner.tuning.proposing.guided`), and a verdict says which of them the trials already moved
 without gain."""
 SATURATED = 0.85
 """Busy cores (main process + workers) at or above this fraction of the cores available."""

@@ -45,9 +45,8 @@ from tuner.harness.system.monitors import HostMemory
 from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
-
     from tuner.config.task import Task
+    from tuner.study.record import Record
 
 GIB = 1024**3
 GROUP = levers.with_memory("activations")
@@ -272,7 +271,7 @@ SETTLED_AFTER = 3
 
 
 def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, host_is_device: bool,
-              measured: "list[FrozenTrial]", global_batch: int | None = None) -> tuple[MemoryModel | None, str | None]:
+              measured: "list[Record]", global_batch: int | None = None) -> tuple[MemoryModel | None, str | None]:
     """The model for a recipe's task (``None`` and why not for a script, which has none, or
     a model the meta device cannot build), fed with the trials a resumed study already
     measured.
@@ -293,10 +292,9 @@ def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, h
     model = MemoryModel(parameters, overhead, world_size, host_is_device, global_batch=global_batch,
                         rank_parameters=lambda tp, pp, virtual: rank_parameters(built, tp, pp, virtual))
     for t in measured:
-        metrics = t.user_attrs.get("metrics") or {}
+        metrics = t.metrics or {}
         if metrics.get("peak_mem_gib"):
-            model.observe(t.user_attrs["params"], t.user_attrs.get("predicted_peak_gib"), metrics["peak_mem_gib"],
-                          t.user_attrs.get("prediction"))
+            model.observe(t.params, t.get("predicted_peak_gib"), metrics["peak_mem_gib"], t.get("prediction"))
     return model, None
 
 

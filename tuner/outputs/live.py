@@ -72,11 +72,11 @@ class Live(SearchEvents):
             self.progress.update(self._task, description=f"trial {number}")
 
     def finish_trial(self, trial: Any, outcome: str, best: float | None) -> None:
-        p, m = trial.user_attrs["params"], trial.user_attrs.get("metrics") or {}
+        p, m = trial.params, trial.metrics or {}
         rate = m.get("samples_per_s")
         wait = m.get("data_wait_share")
         peak = m.get("peak_mem_gib")
-        reason = trial.user_attrs.get("reason") or ""
+        reason = trial.get("reason") or ""
         mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
         row = (f"{trial.number:>5}  {p['num_workers']:>7} {p['prefetch_factor']:>2} {str(p['pin_memory'])[0]:>3} "
                f"{str(p['persistent_workers'])[0]:>4} {p['amp_dtype']:>4} "

@@ -8,7 +8,6 @@ as inline SVG (matplotlib), so it opens from disk with no network and no script.
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,11 @@ from tuner.config.errors import RecipeError
 from tuner.outputs.markdown import ReportData, render_markdown
 from tuner.outputs.plots import render_html
 from tuner.study import records as study_mod
+from tuner.study.study import Study
 from tuner.tuning.search_result import SearchResult
 
 
-def build_report(out: str | Path, study: Any = None, storage: str | None = None) -> tuple[Path, Path]:
+def build_report(out: str | Path, study: Study | None = None, storage: str | None = None) -> tuple[Path, Path]:
     """Write ``report.md`` and ``report.html`` into ``out``; returns their paths."""
     out = Path(out)
     if study is None:
@@ -32,68 +32,52 @@ def build_report(out: str | Path, study: Any = None, storage: str | None = None)
     return md, page
 
 
-def load_study(out: Path, storage: str | None) -> Any:
-    """The study of a run folder (its ``study.db`` unless ``storage`` says otherwise)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+def load_study(out: Path, storage: str | None) -> Study:
+    """The study of a run folder (its ``study.db`` unless ``storage`` says otherwise; of
+    several studies in one storage, the one named after the folder)."""
     url = storage or f"sqlite:///{out / 'study.db'}"
     if storage is None and not (out / "study.db").is_file():
         raise RecipeError(f"{out}: no study.db here (give the search's run folder, or --storage URL)")
-    try:
-        summaries = optuna.get_all_study_summaries(url)
-    except Exception as exc:  # noqa: BLE001 - any storage failure is the user's URL or file
-        raise RecipeError(f"--storage {url}: cannot open it ({type(exc).__name__}: {exc})") from None
-    summaries = [s for s in summaries if not s.study_name.endswith(".finishing")]  # a workers' lock, no search
-    if not summaries:
-        raise RecipeError(f"{url} holds no study")
-    name = summaries[0].study_name
-    if len(summaries) > 1:
-        named = [s.study_name for s in summaries if s.study_name == out.name]
-        if not named:
-            raise RecipeError(f"{url} holds several studies ({', '.join(s.study_name for s in summaries)}): "
-                              "give the run folder named after one")
-        name = named[0]
-    return optuna.load_study(study_name=name, storage=url)
+    return Study.load(url, prefer=out.name)
 
 
 IMPORTANCE_MIN_TRIALS = 10
 """Feasible trials below which a knob importance is noise (at least two per searched knob, too)."""
 
 
-def collect(study: Any, out: Path) -> ReportData:
+def collect(study: Study, out: Path) -> ReportData:
     """The trials, the search's result (kept in the study when it ended), the importance."""
     trials = []
     feasible = {t.number for t in study_mod.feasible(study)}
     for t in study_mod.measured(study):
-        attrs = t.user_attrs
+        attrs = t.attrs
         trials.append({
-            "number": t.number, "state": attrs.get("state", t.state.name.lower()),
+            "number": t.number, "state": attrs.get("state", t.status.value),
             "reason": attrs.get("reason"), "params": attrs.get("params") or {},
             "metrics": attrs.get("metrics"), "baseline": bool(attrs.get("baseline")),
             "feasible": t.number in feasible, "predicted_peak_gib": attrs.get("predicted_peak_gib"),
         })
-    record = study.user_attrs.get("result")
+    record = study.attrs.get("result")
     result = SearchResult.from_json(record, out) if record else _unfinished(study, trials, out)
     importance, note = _importance(study, trials, result)
-    return ReportData(result.name or study.study_name, trials, result, importance, note)
+    return ReportData(result.name or study.name, trials, result, importance, note)
 
 
-def _unfinished(study: Any, trials: list[dict[str, Any]], out: Path) -> SearchResult:
+def _unfinished(study: Study, trials: list[dict[str, Any]], out: Path) -> SearchResult:
     """An interrupted (or still running) search: the best measured trial, unconfirmed."""
     best = study_mod.best_feasible(study)
     base = next((t for t in trials if t["baseline"]), None)
     return SearchResult(
         out=out,
-        best={"params": best.user_attrs["params"] if best else None,
-              "metrics": best.user_attrs["metrics"] if best else None,
+        best={"params": best.params if best else None,
+              "metrics": best.metrics if best else None,
               "source": "search trial (the search did not finish)"},
         baseline={"params": base["params"], "metrics": base["metrics"]} if base else {},
         speedup=None, target_met=False, stopped="unknown", trials=len(trials),
     )
 
 
-def _importance(study: Any, trials: list[dict[str, Any]], result: SearchResult) -> tuple[dict[str, float], str]:
+def _importance(study: Study, trials: list[dict[str, Any]], result: SearchResult) -> tuple[dict[str, float], str]:
     """Optuna's knob importance, only where it means something, with what it rests on.
 
     Seen on the quick start's report (7 feasible trials): PED-ANOVA ranked num_workers last,
@@ -110,11 +94,7 @@ def _importance(study: Any, trials: list[dict[str, Any]], result: SearchResult) 
         return {}, (f"Knob importance is not shown: it would rest on {len(feasible)} feasible trial(s); "
                     f"it needs {needed} to tell knobs apart.")
     try:
-        import optuna
-
-        with warnings.catch_warnings():  # "some regimes have < 2 trials"
-            warnings.simplefilter("ignore")
-            importance = optuna.importance.get_param_importances(study)
+        importance = study.importance()
     except Exception:  # noqa: BLE001 - too uniform trials: no importance to show
         return {}, "Knob importance is not shown: the trials are too uniform for Optuna to rank the knobs."
     rows = [r for r in (result.attribution.rows if result.attribution else []) if r.share is not None]

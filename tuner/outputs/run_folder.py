@@ -19,11 +19,11 @@ from tuner.config import export
 from tuner.config.space import KNOBS, Config
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.study import workers
+from tuner.study.record import Status
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.memory.capacity import CapacityPlan
+    from tuner.study.study import Study
     from tuner.tuning.search_result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
@@ -51,7 +51,7 @@ def write_run(result: "SearchResult") -> None:
         (out / "lightning_trainer.yaml").write_text(export.lightning_trainer(config, result.world_size, cuda))
     record = result.to_json()
     _json(out / "best.json", record)
-    study.set_user_attr("result", record)  # the report is rebuilt from the study alone
+    study.set_attr("result", record)  # the report is rebuilt from the study alone
     build_report(out, study)
 
 
@@ -62,7 +62,7 @@ def write_plan(plan: "CapacityPlan", out: Path) -> Path:
     return out / "plan.json"
 
 
-def write_trials_csv(path: Path, study: "optuna.Study") -> None:
+def write_trials_csv(path: Path, study: "Study") -> None:
     """One row per configuration measured, skipped or failed: its params, metrics, state and
     reason. A proposal the search answered from an earlier trial (``duplicate_of``) is not a
     row: it measured nothing (seen: 111 rows for 11 measured trials, and 200 identical
@@ -73,19 +73,19 @@ def write_trials_csv(path: Path, study: "optuna.Study") -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
-        for t in study.get_trials(deepcopy=False):
-            attrs = t.user_attrs
-            if "duplicate_of" in attrs:
+        for t in study.records():
+            attrs = t.attrs
+            if t.duplicate:
                 continue
             row: dict[str, Any] = {
                 "number": t.number,
-                "state": attrs.get("state", t.state.name.lower()),
+                "state": attrs.get("state", t.status.value),
                 "reason": attrs.get("reason") or "",
                 "baseline": bool(attrs.get("baseline")),
-                "duration_s": f"{t.duration.total_seconds():.2f}" if t.duration else "",
+                "duration_s": f"{t.duration_s:.2f}" if t.duration_s is not None else "",
                 "worker": workers.name(attrs["worker"]) if attrs.get("worker") else "",
             }
-            if t.state.name == "FAIL" and attrs.get("claim") and not attrs.get("state"):
+            if t.status == Status.FAIL and attrs.get("claim") and not attrs.get("state"):
                 row["reason"] = "its worker stopped beating (died?): put back to be measured again"
             row.update({k: v for k, v in (attrs.get("params") or {}).items() if k in PARAM_COLUMNS})
             row.update({k: v for k, v in (attrs.get("metrics") or {}).items() if k in METRIC_NAMES})

@@ -42,10 +42,9 @@ from tuner.trial.trial_result import State
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
+    from tuner.study.record import Record
     from tuner.tuning.search_result import SearchResult
 
 PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb"}
@@ -286,9 +285,9 @@ class Tracked(SearchEvents):
     def chose(self, number: int, why: str) -> None:
         self.inner.chose(number, why)
 
-    def finish_trial(self, trial: "optuna.trial.FrozenTrial", outcome: str, best: float | None) -> None:
+    def finish_trial(self, trial: "Record", outcome: str, best: float | None) -> None:
         self.inner.finish_trial(trial, outcome, best)
-        attrs = trial.user_attrs
+        attrs = trial.attrs
         for tracker in list(self.trackers):
             self._guard(tracker, lambda t=tracker: t.trial(
                 trial.number, dict(attrs.get("params") or {}), attrs.get("metrics"), outcome,

@@ -2,14 +2,17 @@
 
 Optuna's public ``Study`` and ``Trial`` cannot do what several workers on one study need:
 write a trial of another worker (fail it, with why, when its worker died), read one trial
-afresh, beat for the trial in flight. Its storage can, by trial id, and neither the storage
-a study holds nor a trial's id is public. So :func:`keep` remembers the storage handle the
-tuner builds when it opens a study (:func:`tuner.study.records.open_study`), and only this
-module reads a private attribute, in two functions; everything else goes through it.
+afresh, beat for the trial in flight, put a dead worker's trial back. Its storage can, by
+trial id, and neither the storage a study holds nor a trial's id is public. So :func:`keep`
+remembers the storage handle the tuner builds when it opens a study
+(:meth:`tuner.study.study.Study.open`), and only this module reads a private attribute, in
+two functions; everything else goes through it.
 """
 
 from __future__ import annotations
 
+import copy
+import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -41,19 +44,19 @@ def trial_id(trial: "optuna.Trial | FrozenTrial") -> int:
     return int(trial._trial_id)  # noqa: SLF001 - public on neither Trial nor FrozenTrial
 
 
-def set_attr(study: optuna.Study, trial: "optuna.Trial | FrozenTrial", key: str, value: Any) -> None:
+def set_attr(study: optuna.Study, tid: int, key: str, value: Any) -> None:
     """A user attribute of any trial of the study, another worker's too."""
-    storage(study).set_trial_user_attr(trial_id(trial), key, value)
+    storage(study).set_trial_user_attr(tid, key, value)
 
 
-def fail(study: optuna.Study, trial: "optuna.Trial | FrozenTrial") -> bool:
+def fail(study: optuna.Study, tid: int) -> bool:
     """Mark a running trial FAIL; ``False`` when it had already finished meanwhile."""
-    return bool(storage(study).set_trial_state_values(trial_id(trial), TrialState.FAIL))
+    return bool(storage(study).set_trial_state_values(tid, TrialState.FAIL))
 
 
-def read(study: optuna.Study, trial: "optuna.Trial | FrozenTrial") -> "FrozenTrial":
+def read(study: optuna.Study, tid: int) -> "FrozenTrial":
     """The trial as the storage holds it now."""
-    return storage(study).get_trial(trial_id(trial))
+    return storage(study).get_trial(tid)
 
 
 def beats(study: optuna.Study) -> bool:
@@ -63,23 +66,21 @@ def beats(study: optuna.Study) -> bool:
     return bool(is_heartbeat_enabled(storage(study)))
 
 
-def heartbeat(study: optuna.Study, trial_or_id: "optuna.Trial | FrozenTrial | int") -> None:
+def heartbeat(study: optuna.Study, tid: int) -> None:
     """Record a heartbeat for a running trial (where the storage keeps them)."""
     if beats(study):
-        tid = trial_or_id if isinstance(trial_or_id, int) else trial_id(trial_or_id)
         storage(study).record_heartbeat(tid)  # type: ignore[attr-defined]
 
 
-def load(name: str, study: optuna.Study) -> optuna.Study:
-    """Another study (by ``name``) in ``study``'s storage."""
-    return optuna.load_study(study_name=name, storage=storage(study))
-
-
-def create(name: str, study: optuna.Study) -> optuna.Study:
-    """A new study in ``study``'s storage (``DuplicatedStudyError`` if it exists)."""
-    return optuna.create_study(study_name=name, storage=storage(study))
-
-
-def delete(name: str, study: optuna.Study) -> None:
-    """Delete another study of ``study``'s storage (``KeyError`` if there is none)."""
-    optuna.delete_study(study_name=name, storage=storage(study))
+def retry_stale(study: optuna.Study, trial: "FrozenTrial") -> None:
+    """Put a trial whose worker died back, WAITING, once (Optuna's heartbeat retry; a
+    configuration that kills its worker twice is not tried a third time), without the dead
+    worker's claim and outcome, and saying why it runs. Also the storage's own callback for
+    the trials its heartbeat check fails (:func:`tuner.study.storage.rdb`)."""
+    cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
+    again = copy.deepcopy(trial)
+    kept = {k: v for k, v in trial.user_attrs.items() if k not in ("claim", "worker", "state", "reason")}
+    again.user_attrs = {**kept, "why": f"trial {trial.number} again: its worker stopped mid-trial"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cls(max_retry=1)(study, again)

@@ -24,9 +24,8 @@ from tuner.config.space import (
 from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.config.recipe import Recipe
+    from tuner.study.study import Asked
 
 
 @dataclass(frozen=True)
@@ -144,19 +143,19 @@ def baseline_knobs(recipe: "Recipe", space: Space, machine: Machine) -> dict[str
     return knobs
 
 
-def suggest(trial: "optuna.Trial", space: Space, baseline: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
+def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
     """Ask the sampler for one point, each knob only where it applies given those asked
     before it (:func:`tuner.config.space.applies`: loader-only knobs with workers, FSDP2
     without ZeRO, offload with sharding, buckets with their engine). The enqueued baseline
     trial keeps the baseline's values for knobs the space fixes."""
-    if trial.user_attrs.get("baseline"):
+    if trial.attrs.get("baseline"):
         space = Space({k: (baseline[k],) if len(v) == 1 else v for k, v in space.choices.items()})
     knobs = defaults()
     for name, values in space.choices.items():  # KNOBS order: a knob's conditions come before it
         if not applies(name, knobs, world_size):
             knobs[name] = KNOBS[name].default
         elif len(values) > 1:
-            knobs[name] = trial.suggest_categorical(name, list(values))
+            knobs[name] = trial.choose(name, values)
         else:
             knobs[name] = values[0]
     return knobs

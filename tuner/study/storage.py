@@ -16,6 +16,7 @@ Only database errors are intercepted (SQLAlchemy's DBAPI errors and Optuna's
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import warnings
 from pathlib import Path
@@ -27,6 +28,10 @@ from optuna.storages._heartbeat import BaseHeartbeat
 
 from tuner.config.errors import RecipeError
 
+HEARTBEAT_S = max(1, int(os.environ.get("TUNER_HEARTBEAT_S", "10")))
+"""Seconds between a worker's beats for its trial in flight (``TUNER_HEARTBEAT_S``)."""
+GRACE_S = 6 * HEARTBEAT_S
+"""A trial whose last beat is older than this is its worker's death: failed, re-run."""
 RETRY_S = 60.0
 """How long a lock or an unreachable server is waited out before the search stops."""
 
@@ -180,10 +185,10 @@ Resilient.__abstractmethods__ = frozenset()
 def rdb(url: str) -> BaseStorage:
     """Optuna's RDB storage for ``url`` with heartbeats, so that workers sharing it re-run a
     dead worker's trial (:mod:`tuner.study.workers`)."""
-    from tuner.study import workers
+    from tuner.study import backend
 
-    wanted = {"heartbeat_interval": workers.HEARTBEAT_S, "grace_period": workers.GRACE_S,
-              "heartbeat_stale_trial_callback": workers.retry_stale, "failed_trial_callback": workers.retry_stale}
+    wanted = {"heartbeat_interval": HEARTBEAT_S, "grace_period": GRACE_S,
+              "heartbeat_stale_trial_callback": backend.retry_stale, "failed_trial_callback": backend.retry_stale}
     accepted = inspect.signature(optuna.storages.RDBStorage.__init__).parameters
     if "heartbeat_stale_trial_callback" in accepted:
         wanted.pop("failed_trial_callback")
@@ -194,3 +199,22 @@ def rdb(url: str) -> BaseStorage:
     # unfinished trials are always read afresh); without it each decision reads every trial
     # several times over (the workers' checks)
     return optuna.storages.get_storage(inner)
+
+
+def racing(exc: BaseException) -> bool:
+    """Another process opening the same new storage at the same moment (a dashboard, a
+    script polling the study) makes the schema creation collide: "table ... already
+    exists", "database is locked", two inserts of Alembic's version row (seen: 7 of 40
+    simultaneous opens of a new SQLite file failed so, one in CI). Worth another try, as
+    the schema is then complete; any other error is not."""
+    import sqlalchemy
+
+    cause: BaseException | None = exc
+    while cause is not None:
+        text = str(cause).lower()
+        if isinstance(cause, sqlalchemy.exc.OperationalError):
+            return "already exists" in text or "locked" in text
+        if isinstance(cause, sqlalchemy.exc.IntegrityError):
+            return "alembic_version" in text
+        cause = cause.__cause__ or cause.__context__
+    return False

@@ -32,23 +32,16 @@ import random
 import socket
 import threading
 import time
-import warnings
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import optuna
-from optuna.trial import TrialState
-
-from tuner.harness import interrupt
-from tuner.study import backend
+from tuner.study.record import Record, Status
+from tuner.study.storage import GRACE_S, HEARTBEAT_S
+from tuner.study.study import Asked, Exists, Finished
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
+    from tuner.study.study import Study
 
-HEARTBEAT_S = max(1, int(os.environ.get("TUNER_HEARTBEAT_S", "10")))
-"""Seconds between a worker's beats for its trial in flight (``TUNER_HEARTBEAT_S``)."""
-GRACE_S = 6 * HEARTBEAT_S
-"""A trial whose last beat is older than this is its worker's death: failed, re-run."""
 WAIT_OTHERS_S = 900.0
 """The longest the finishing worker waits for the others' trials in flight (the default
 trial limit is 600 s; a hung trial is ended by its own watchdog well before this)."""
@@ -93,7 +86,7 @@ def fingerprint(environment: Mapping[str, Any]) -> str:
 class Workers:
     """This worker's part in a shared study."""
 
-    def __init__(self, study: optuna.Study, events_note: Any = None, room: Callable[[], int] | None = None) -> None:
+    def __init__(self, study: "Study", events_note: Any = None, room: Callable[[], int] | None = None) -> None:
         """``room``: trials left in the budget, trials in flight not counted (``None``: no budget)."""
         self.study, self._room = study, room
         self.me = identity()
@@ -112,16 +105,16 @@ class Workers:
         while not self._stop.wait(HEARTBEAT_S):
             try:
                 if self._trial_id is not None:
-                    backend.heartbeat(self.study, self._trial_id)
+                    self.study.heartbeat(self._trial_id)
                 if self._holding:
-                    self._lock_study().set_user_attr("beat", time.time())
+                    self._lock_study().set_attr("beat", time.time())
             except Exception:  # noqa: BLE001 - a beat that fails is a late beat, never a crash
                 pass
 
-    def begin(self, trial: optuna.Trial) -> None:
-        """``trial`` runs now: beat for it (Optuna's heartbeat record)."""
-        self._trial_id = backend.trial_id(trial)
-        backend.heartbeat(self.study, trial)
+    def begin(self, trial: Asked) -> None:
+        """``trial`` runs now: beat for it (the storage's heartbeat record)."""
+        self._trial_id = trial.id
+        self.study.heartbeat(trial.id)
 
     def end(self) -> None:
         self._trial_id = None
@@ -136,14 +129,12 @@ class Workers:
     def reap(self) -> int:
         """Fail the trials whose worker died (no beat for :data:`GRACE_S`, or its pid gone on
         this host) and put each back for another worker; returns how many."""
-        before = {t.number for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.study)
+        before = {t.number for t in self.study.records(Status.RUNNING)}
+        self.study.fail_stale()
         gone = 0
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            who = t.user_attrs.get("worker")
-            if who is None or backend.trial_id(t) == self._trial_id:
+        for t in self.study.records(Status.RUNNING):
+            who = t.get("worker")
+            if who is None or t.id == self._trial_id:
                 continue
             orphan = self.mine(who)  # an earlier search in this process left it (seen: a full disk)
             if not orphan and alive(who) is not False:
@@ -151,16 +142,16 @@ class Workers:
             why = ("an earlier search in this process stopped mid-trial (its result could not be recorded)"
                    if orphan else f"its worker ({name(who)}) stopped mid-trial")
             try:  # another worker may be failing it at the same moment: one of them does
-                backend.set_attr(self.study, t, "state", State.ERROR.value)
-                backend.set_attr(self.study, t, "reason", why)
-                if backend.fail(self.study, t):
-                    if t.user_attrs.get("claim"):  # asked but never claimed: nothing to measure again
-                        retry_stale(self.study, backend.read(self.study, t))
+                self.study.set_attr_of(t, "state", State.ERROR.value)
+                self.study.set_attr_of(t, "reason", why)
+                if self.study.fail(t):
+                    if t.get("claim"):  # asked but never claimed: nothing to measure again
+                        self.study.retry(t)
                     gone += 1
-            except optuna.exceptions.UpdateFinishedTrialError:
+            except Finished:
                 pass
-        gone += sum(1 for t in self.study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
-                    if t.number in before and t.user_attrs.get("claim") and not t.user_attrs.get("state"))
+        gone += sum(1 for t in self.study.records(Status.FAIL)
+                    if t.number in before and t.get("claim") and not t.outcome)
         if gone:
             self._note(f"{gone} trial(s) of a worker that stopped failed and put back to be measured again")
         return gone
@@ -173,29 +164,28 @@ class Workers:
         except (TypeError, ValueError):
             return False
 
-    def elsewhere(self, mine: int | None = None, unclaimed: bool = False) -> dict[str, "FrozenTrial"]:
+    def elsewhere(self, mine: int | None = None, unclaimed: bool = False) -> dict[str, Record]:
         """Other workers' trials in flight, by their claim (``mine``: a trial id of this worker's).
         ``unclaimed``: also trials asked but not yet claimed, younger than :data:`GRACE_S` (a
         worker between ``ask`` and its claim; keyed ``asked:N``)."""
         now, out = datetime.datetime.now(), {}
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if backend.trial_id(t) in (self._trial_id, mine):
+        for t in self.study.records(Status.RUNNING):
+            if t.id in (self._trial_id, mine):
                 continue
-            if t.user_attrs.get("claim"):
-                out[t.user_attrs["claim"]] = t
-            elif unclaimed and t.datetime_start and (now - t.datetime_start).total_seconds() < GRACE_S \
-                    and alive(t.user_attrs.get("worker")) is not False:
+            if t.get("claim"):
+                out[t.get("claim")] = t
+            elif unclaimed and t.started and (now - t.started).total_seconds() < GRACE_S \
+                    and alive(t.get("worker")) is not False:
                 out[f"asked:{t.number}"] = t
         return out
 
     def _taken(self, key: str, mine: int) -> bool:
         """Whether another trial holds ``key``: in flight, or measured (it may have finished
         since this worker last read the study)."""
-        return any(t.user_attrs.get("claim") == key and backend.trial_id(t) != mine
-                   and (t.state == TrialState.RUNNING or "params" in t.user_attrs)
-                   for t in self.study.get_trials(deepcopy=False))
+        return any(t.get("claim") == key and t.id != mine and (t.status == Status.RUNNING or t.params is not None)
+                   for t in self.study.records())
 
-    def claim(self, trial: optuna.Trial, key: str) -> str | None:
+    def claim(self, trial: Asked, key: str) -> str | None:
         """Claim ``key`` (a configuration) for ``trial``, inside the budget.
         ``None``: claimed; else why ``trial`` was withdrawn: ``"taken"`` (another worker
         measures it), ``"budget"`` (the trials in flight fill the budget: the same
@@ -205,25 +195,25 @@ class Workers:
         worker ended meanwhile is ``"taken"`` too: it is not this worker's to run."""
         try:
             return self._claim(trial, key)
-        except optuna.exceptions.UpdateFinishedTrialError:
+        except Finished:
             return "taken"
 
-    def _claim(self, trial: optuna.Trial, key: str) -> str | None:
-        trial.set_user_attr("worker", self.me)
-        trial.set_user_attr("claim", key)
-        why = ("taken" if self._taken(key, backend.trial_id(trial)) else
+    def _claim(self, trial: Asked, key: str) -> str | None:
+        trial.set("worker", self.me)
+        trial.set("claim", key)
+        why = ("taken" if self._taken(key, trial.id) else
                "finishing" if self.finishing_elsewhere(closed=True) else None)
         if why is None and self._room is not None:
             room = self._room()
-            flying = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            why = "budget" if sum(1 for t in flying if t.user_attrs.get("claim")) > room else None
+            flying = self.study.records(Status.RUNNING)
+            why = "budget" if sum(1 for t in flying if t.get("claim")) > room else None
         if why is None:
             return None
-        trial.set_user_attr("state", "yielded")
-        trial.set_user_attr("reason", {"taken": "another worker measures this configuration",
+        trial.set("state", "yielded")
+        trial.set("reason", {"taken": "another worker measures this configuration",
                                        "budget": "other workers' trials in flight fill the trial budget",
                                        "finishing": "another worker is finishing the search"}[why])
-        self.study.tell(trial, state=TrialState.FAIL)
+        self.study.tell(trial, Status.FAIL)
         time.sleep(random.uniform(0.05, 0.5))  # two that withdrew at once do not meet again
         return why
 
@@ -232,24 +222,24 @@ class Workers:
         both withdrew from it (or a withdrawal beside a dead worker's) left it to nobody."""
         if any(repr(key) == claim for key in measured):
             return False
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-            if t.user_attrs.get("claim") == claim or (t.state == TrialState.WAITING and t.user_attrs.get("baseline")):
+        for t in self.study.records(Status.RUNNING, Status.WAITING):
+            if t.get("claim") == claim or (t.status == Status.WAITING and t.baseline):
                 return False
         return True
 
     # --- the end --------------------------------------------------------------------------
 
     def _lock_name(self) -> str:
-        return f"{self.study.study_name}.finishing"
+        return f"{self.study.name}.finishing"
 
-    def _lock_study(self) -> optuna.Study:
-        return backend.load(self._lock_name(), self.study)
+    def _lock_study(self) -> "Study":
+        return self.study.sibling(self._lock_name())
 
     def finishing_elsewhere(self, closed: bool = False) -> str | None:
         """The worker that finishes the search, if another one live does (``closed``: only
         once it has stopped waiting for the trials in flight)."""
         try:
-            attrs = self._lock_study().user_attrs
+            attrs = self._lock_study().attrs
         except KeyError:
             return None
         if closed and not attrs.get("closed"):
@@ -259,7 +249,7 @@ class Workers:
             return None if holder == self.me else "another worker"
         beat = float(attrs.get("beat", time.time()))
         if alive(holder) is False or (alive(holder) is None and time.time() - beat > GRACE_S):
-            backend.delete(self._lock_name(), self.study)
+            self.study.delete_sibling(self._lock_name())
             self._note(f"the worker that was finishing ({name(holder)}) stopped: another one finishes")
             return None
         return name(holder)
@@ -273,11 +263,11 @@ class Workers:
         if os.environ.get(FOLLOW_ENV):  # a node-group worker of a parallel Slurm search
             return "the search that started this worker"
         try:
-            lock = backend.create(self._lock_name(), self.study)
-        except optuna.exceptions.DuplicatedStudyError:
+            lock = self.study.create_sibling(self._lock_name())
+        except Exists:
             return self.finishing_elsewhere() or "another worker"
-        lock.set_user_attr("holder", self.me)
-        lock.set_user_attr("beat", time.time())
+        lock.set_attr("holder", self.me)
+        lock.set_attr("beat", time.time())
         self._holding = True
         self.reap()  # this process's own orphans are no other worker's trials in flight
         deadline, said = time.monotonic() + WAIT_OTHERS_S, False
@@ -290,9 +280,9 @@ class Workers:
                     self._note(f"waiting for {len(self.elsewhere(unclaimed=True))} trial(s) of other workers to "
                                "finish")
                     said = True
-                time.sleep(1.0 if not lock.user_attrs.get("closed") else 0.2)
+                time.sleep(1.0 if not lock.attrs.get("closed") else 0.2)
                 self.reap()
-            lock.set_user_attr("closed", True)
+            lock.set_attr("closed", True)
         return None
 
     def _finished_meanwhile(self) -> str | None:
@@ -300,7 +290,7 @@ class Workers:
         run folder: the finisher waited for every trial in flight). A worker slowed past the
         whole finish once finished again, a second confirmation and run folder; a search
         started after the finish (a re-run to resume) still finishes."""
-        done = self.study.user_attrs.get("finished")
+        done = self.study.attrs.get("finished")
         if done and done.get("by") != self.id and float(done.get("at", 0.0)) > self.started:
             return f"{done['by']} (already done)"
         return None
@@ -308,56 +298,23 @@ class Workers:
     def mark_finished(self) -> None:
         """This worker finished the search and wrote the run folder (see :meth:`_finished_meanwhile`)."""
         if self._holding:
-            self.study.set_user_attr("finished", {"by": self.id, "at": time.time()})
+            self.study.set_attr("finished", {"by": self.id, "at": time.time()})
 
     def release(self) -> None:
         """The search is finished: the next search of this study may finish again."""
         self._holding = False
         try:
-            backend.delete(self._lock_name(), self.study)
+            self.study.delete_sibling(self._lock_name())
         except KeyError:
             pass
 
     def environments(self, mine: Mapping[str, Any]) -> str | None:
         """A note when the study's trials ran in environments other than this worker's."""
         own = fingerprint(mine)
-        others = {t.user_attrs["env"] for t in self.study.get_trials(deepcopy=False)
-                  if t.user_attrs.get("env") and t.user_attrs["env"] != own and "params" in t.user_attrs}
+        others = {t.get("env") for t in self.study.records()
+                  if t.get("env") and t.get("env") != own and t.params is not None}
         if not others:
             return None
         return (f"trials of this study ran in {len(others)} environment(s) other than this worker's ({own}): "
                 "their numbers are not comparable with this node's; confirmation re-measures the finalists here")
 
-
-def ask(study: optuna.Study, who: Mapping[str, Any] | None = None) -> optuna.Trial:
-    """``study.ask()``, without Optuna's warning that heartbeats are meant for ``optimize``:
-    this module beats for the asked trial itself. ``who`` (:func:`identity`) is stamped on
-    the trial at once, before its claim: a process killed between the two leaves a trial
-    others can tell is dead (unstamped, a resumed search waited out the 60 s grace). A
-    Ctrl-C between the two is held until the stamp is written, then raised (seen in a
-    loaded CI run: an unstamped trial, failed 60 s later without its reason)."""
-    with interrupt.deferred():
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Heartbeat of storage")
-            trial = study.ask()
-        if who is not None:
-            trial.set_user_attr("worker", dict(who))
-    if interrupt.pressed():
-        raise KeyboardInterrupt
-    return trial
-
-
-def retry_stale(study: optuna.Study, trial: "FrozenTrial") -> None:
-    """Put a trial whose worker died back, WAITING, once (Optuna's heartbeat retry; a
-    configuration that kills its worker twice is not tried a third time), without the dead
-    worker's claim and outcome, and saying why it runs."""
-    import copy
-
-    cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or optuna.storages.RetryFailedTrialCallback
-    again = copy.deepcopy(trial)
-    kept = {k: v for k, v in trial.user_attrs.items() if k not in ("claim", "worker", "state", "reason")}
-    again.user_attrs = {**kept,
-                        "why": f"trial {trial.number} again: its worker stopped mid-trial"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cls(max_retry=1)(study, again)

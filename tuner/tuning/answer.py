@@ -15,14 +15,13 @@ from tuner.tuning import budget, recommend
 from tuner.tuning.search_result import SearchResult, measure_command
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.analysis.attribution import Attribution
     from tuner.analysis.diagnose import Verdict
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
     from tuner.runner import Runner
     from tuner.study.searchspace import Space
+    from tuner.study.study import Study
     from tuner.study.workers import Workers
     from tuner.tuning.events import SearchEvents
     from tuner.tuning.finalists import Confirmation
@@ -35,7 +34,7 @@ class Searched(Protocol):
     recipe: "Recipe"
     space: "Space"
     pool: "Pool"
-    study: "optuna.Study"
+    study: "Study"
     events: "SearchEvents"
     workers: "Workers"
     runner: "Runner | None"
@@ -64,7 +63,7 @@ def result(d: Searched, stopped: str, confirmed: "Confirmation | None",
     notes = list(d.space.notes) + (confirmed.notes if confirmed is not None else [])
     best_trial = study_mod.best_feasible(d.study)
     best_params = confirmed.winner if confirmed is not None else (
-        best_trial.user_attrs["params"] if best_trial is not None else None)
+        best_trial.params if best_trial is not None else None)
     decision = None
     if best_params is not None:
         decision = recommend.decide(best_params, confirmed, attribution, pool, d.baseline_config.params(),
@@ -73,9 +72,9 @@ def result(d: Searched, stopped: str, confirmed: "Confirmation | None",
         for note in decision.notes:
             notes.append(note)
             d.events.note(note)
-    baseline_trial = next((t for t in study_mod.measured(d.study) if t.user_attrs.get("baseline")), None)
+    baseline_trial = next((t for t in study_mod.measured(d.study) if t.baseline), None)
     best = d._summary(best_params, pool)  # noqa: SLF001 - its sibling
-    base = d._summary(baseline_trial.user_attrs["params"] if baseline_trial else None, pool)  # noqa: SLF001
+    base = d._summary(baseline_trial.params if baseline_trial else None, pool)  # noqa: SLF001
     if best["params"]:
         best["command"] = measure_command(d.recipe.path, d.recipe.world_size, best["params"], d.runner)
     speedup = None

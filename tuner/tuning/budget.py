@@ -19,9 +19,9 @@ from tuner.trial.after_window import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.config.recipe import Budget, Steps, Target
+    from tuner.study.record import Record
+    from tuner.study.study import Study
     from tuner.tuning.pool import Pool
 
 
@@ -51,27 +51,27 @@ def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
     return target.tokens_per_s is not None and tps is not None and tps >= target.tokens_per_s
 
 
-def stop_reason(study: "optuna.Study", budget: "Budget", target: "Target", elapsed_s: float,
+def stop_reason(study: "Study", budget: "Budget", target: "Target", elapsed_s: float,
                 running: int = 0) -> str | None:
     """``target``, ``trials`` or ``minutes`` when the search must stop before another trial;
     ``running``: other workers' trials in flight, which count against the trial budget."""
     best = study_mod.best_feasible(study)
-    if best is not None and meets(best.user_attrs["metrics"], target):
+    if best is not None and meets(best.metrics, target):
         return "target"
     done = ran(study)
     if len(done) + running >= budget.trials:
         return "trials"
     if budget.minutes is not None:
-        durations = [t.duration.total_seconds() for t in done if t.duration]
+        durations = [t.duration_s for t in done if t.duration_s]
         expected = statistics.median(durations) if durations else 0.0
         if elapsed_s + expected > budget.minutes * 60:
             return "minutes"
     return None
 
 
-def ran(study: "optuna.Study") -> list["optuna.trial.FrozenTrial"]:
+def ran(study: "Study") -> list["Record"]:
     """The trials that count against the trial budget: measured, not skipped."""
-    return [t for t in study_mod.measured(study) if t.user_attrs.get("state") != State.SKIPPED]
+    return [t for t in study_mod.measured(study) if t.outcome != State.SKIPPED]
 
 
 def prune_rule(best_value: float, world_size: int, tolerance: float = 0.02, noise: float | None = None) -> PruneBar:

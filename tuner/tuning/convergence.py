@@ -19,8 +19,7 @@ from tuner.trial.trial_result import State
 from tuner.tuning import budget
 
 if TYPE_CHECKING:
-    import optuna
-
+    from tuner.study.record import Record
     from tuner.tuning.pool import Pool
 
 NOISE_DOF = 4
@@ -41,28 +40,28 @@ class Convergence:
         self.sampled = False
         """The trial in flight came from the sampler with the guided neighbourhood exhausted."""
 
-    def repeat(self, best: "optuna.trial.FrozenTrial") -> dict[str, Any] | None:
+    def repeat(self, best: "Record") -> dict[str, Any] | None:
         """The best's knobs to measure again while the run's noise is unknown (``None``: known,
         or the repeats failed too often to learn it)."""
         if self.pool.spread()[1] >= NOISE_DOF or self.repeats >= NOISE_DOF + 2:
             return None
         self.repeats += 1
-        return best.user_attrs["params"]
+        return best.params
 
     def converged(self, space_size: int, measured: int) -> bool:
         return self.streak >= budget.converged_after(space_size, measured)
 
-    def record(self, before: "optuna.trial.FrozenTrial | None", trial: "optuna.trial.FrozenTrial") -> None:
+    def record(self, before: "Record | None", trial: "Record") -> None:
         """Count ``trial`` (just recorded) against ``before``, the best before it."""
         if before is None:
             self.streak = 0
             return
         if not self.sampled:
             return
-        if trial.user_attrs.get("state") != State.OK:
+        if trial.outcome != State.OK:
             self.streak += 1
             return
-        verdict = decision.judge(self.pool.slowdown(trial.user_attrs["params"], before.user_attrs["params"]),
+        verdict = decision.judge(self.pool.slowdown(trial.params, before.params),
                                  self.tolerance)
         if verdict == decision.KEEP:
             self.streak = 0

@@ -1,42 +1,40 @@
 """Rank 0's side of a search: the study, the budget, what to measure next.
 
-The loop is the method: the baseline first, then one change at a time from the best so
-far (:mod:`tuner.tuning.guided`), then TPE, always with the memory budget as a
-constraint; a configuration proposed again is answered from what was already measured,
-never measured twice; slow trials are pruned (:mod:`tuner.tuning.budget`).
+The loop is the method: what to measure comes from the chain of proposers (the baseline,
+``tuner plan``'s seed, one change at a time from the best so far, then the sampler:
+:mod:`tuner.tuning.proposing.proposers`); what may not run is recorded ``skipped`` by the filters
+(:mod:`tuner.tuning.proposing.filters`); a configuration proposed again is answered from what was
+already measured, never measured twice; slow trials are pruned (:mod:`tuner.tuning.budget`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
-from optuna.trial import TrialState
-
 from tuner.analysis.diagnose import Verdict
-from tuner.analysis.guard import divergence
-from tuner.config.space import Config, Machine, make_config, numerics
+from tuner.config.space import KNOBS, Config, Machine, make_config
 from tuner.harness.system.environment import environment
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
-from tuner.study import searchspace, workers
+from tuner.study import searchspace
+from tuner.study.record import Record, Status
 from tuner.study.workers import Workers, fingerprint
 from tuner.trial.trial_result import State, TrialResult
-from tuner.tuning import answer, budget, guided, recommend, summary
+from tuner.tuning import answer, budget, recommend, summary
 from tuner.tuning.broken import why_broken
 from tuner.tuning.convergence import Convergence
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.finalists import FINALISTS, TIME_SHARE
 from tuner.tuning.pool import Pool
+from tuner.tuning.proposing import filters, proposers
 from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.analysis.attribution import Attribution
     from tuner.config.recipe import Recipe
     from tuner.runner import Runner
+    from tuner.study.study import Asked
     from tuner.trial.trial_result import PruneRule
     from tuner.tuning.finalists import Confirmation
 
@@ -67,43 +65,51 @@ class Decider:
         self.points = searchspace.every_key(space, recipe, machine)
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
-        self.earlier_s = sum(t.duration.total_seconds() for t in study_mod.measured(self.study) if t.duration)
-        self.trial: optuna.Trial | None = None
+        self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
+        self.trial: Asked | None = None
         self.current: Config | None = None
         self.prune: PruneRule | None = None
         """The pruning rule for the trial in flight (``None``: no best to compare with yet)."""
         self.known = self._known()
-        self.reference: list[float] | None = next(
-            (t.user_attrs["losses"] for t in study_mod.feasible(self.study)
-             if numerics(t.user_attrs["params"]) is None and t.user_attrs.get("losses")), None)
-        """The reference loss per step (fp32, eager), for the precision guard (from a resumed
-        study, if it has one)."""
+        self.guard = filters.PrecisionGuard(recipe.precision.tolerance,
+                                            filters.first_losses(study_mod.feasible(self.study)))
+        """The precision guard, its reference from a resumed study if it has one."""
         self.notes_seen: set[str] = set()
         self.memory, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda,
                                            study_mod.measured(self.study), recipe.global_batch_size)
         """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
         if why:
             events.note(why)
-        if not self.known:
-            self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True}, skip_if_exists=True)
-            if self.memory is not None:
-                self._seed(*memory.feed_plan(self.memory, recipe.out, recipe.path))
+        self.proposers: list[proposers.Proposer] = [
+            proposers.Baseline(self.baseline, _claim(self.baseline_config), self.workers),
+            self._seed() if not self.known else proposers.PlanSeed(None),
+            proposers.GuidedWalk(space, self.verdicts)]
+        """The chain that proposes each next trial, before the sampler (:mod:`tuner.tuning.proposing.proposers`)."""
         events.start(self.done(), len(self.known))
 
-    def _seed(self, fed: int, note: str | None) -> None:
-        """Right after the baseline, the largest micro-batch ``tuner plan``'s profile predicts
-        to fit the budget (the baseline's other knobs), unless prediction is off."""
+    @property
+    def reference(self) -> list[float] | None:
+        """The precision guard's reference loss curve (fp32, eager)."""
+        return self.guard.reference
+
+    def _seed(self) -> proposers.PlanSeed:
+        """Right after the baseline of a new study, the largest micro-batch ``tuner plan``'s
+        profile predicts to fit the budget (the baseline's other knobs), unless prediction is off."""
+        if self.memory is None:
+            return proposers.PlanSeed(None)
+        fed, note = memory.feed_plan(self.memory, self.recipe.out, self.recipe.path)
         if note:
             self.events.note(note)
         limit = self.recipe.budget.memory_gib
-        if not fed or limit is None or not self.recipe.budget.skip or self.memory is None:
-            return
+        if not fed or limit is None or not self.recipe.budget.skip:
+            return proposers.PlanSeed(None)
         micro, gib = memory.largest_fitting(self.memory, self.baseline_config.params(),
                                             list(self.space.choices["micro_batch_size"]), limit)
-        if micro is not None and micro != self.baseline_config.micro_batch_size:
-            self.study.enqueue_trial({**self.baseline, "micro_batch_size": micro}, user_attrs={
-                "guided": True, "why": f"tuner plan: micro-batch {micro} is the largest predicted to fit "
-                                       f"({gib:.2f} GiB <= {limit:g} GiB)"})
+        if micro is None or micro == self.baseline_config.micro_batch_size:
+            return proposers.PlanSeed(None)
+        return proposers.PlanSeed({**self.baseline, "micro_batch_size": micro},
+                                  f"tuner plan: micro-batch {micro} is the largest predicted to fit "
+                                  f"({gib:.2f} GiB <= {limit:g} GiB)")
 
     # --- decisions ------------------------------------------------------------------------
 
@@ -130,16 +136,10 @@ class Decider:
             return {"stop": "broken"}
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}
-        if self.workers.lost_baseline(_claim(self.baseline_config), set(self.known)):
-            self.study.enqueue_trial(self.baseline, user_attrs={"baseline": True})
         best = study_mod.best_feasible(self.study)
-        step = guided.guided_next(
-            self.space, best.user_attrs["params"], best.user_attrs["metrics"],
-            lambda knobs: searchspace.config_key(self._config(knobs)) in self.known or _claim(self._config(knobs))
-            in flying,
-            self.verdicts(best.user_attrs["params"], best.user_attrs["metrics"]),
-            self._outcome,
-        ) if best is not None else None
+        step = proposers.first(self.proposers, proposers.Round(
+            best, self.known, lambda knobs: searchspace.config_key(self._config(dict(knobs))) in self.known
+            or _claim(self._config(dict(knobs))) in flying, self._outcome))
         repeat = self.convergence.repeat(best) if step is None and best is not None and \
             self.recipe.budget.converge else None
         if repeat is not None:
@@ -155,10 +155,10 @@ class Decider:
             self._once(said)  # asked again once this worker leads the finish
             return {"stop": "converged"}
         if step is not None:
-            self.study.enqueue_trial(step.knobs, user_attrs={"guided": True, "why": step.why})
+            self.study.enqueue(step.knobs, step.attrs)
         self.convergence.sampled = step is None and best is not None
         for _ in range(MAX_RESAMPLES):
-            trial = workers.ask(self.study, self.workers.me)
+            trial = self.study.ask(self.workers.me)
             knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
             config = self._config(knobs)
             seen = self.known.get(searchspace.config_key(config))
@@ -172,60 +172,34 @@ class Decider:
                 self.workers.begin(trial)
                 if self._predict(trial, config):
                     return {"skipped": True}
-                self.prune = budget.prune_rule(best.value, self.recipe.world_size, self.recipe.tolerance,
+                self.prune = budget.prune_rule(best.value or 0.0, self.recipe.world_size, self.recipe.tolerance,
                                                self.pool.known_noise()) if best is not None and \
                     config != self.baseline_config else None  # the baseline, run late by a worker, is what compares
-                self.events.chose(trial.number, _chosen_by(trial))
+                self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
                 self.events.begin(trial.number, config)
-                reference = numerics(config.params()) is not None and self.reference is None
+                reference = self.guard.needs_reference(config)
                 return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
-    def _predict(self, trial: "optuna.Trial", config: Config) -> bool:
-        """Record the trial ``skipped`` (True) when its parallel layout cannot run (the rule
-        said), or when the memory model is sure enough that it would break the budget. The
-        baseline always runs: it is what is compared with."""
-        refused = self.space.refusal(config.params(), self.recipe.world_size, self.recipe.global_batch_size)
-        if refused is not None:  # an impossible layout: said with its rule, never run, not counted
-            self.events.chose(trial.number, _chosen_by(trial))
-            self.record(TrialResult(config.params(), State.SKIPPED, f"refused: {refused}"))
-            return True
-        if self.memory is None:
+    def _predict(self, trial: "Asked", config: Config) -> bool:
+        """Record the trial ``skipped`` (True) when a filter says so
+        (:func:`tuner.tuning.proposing.filters.skip_reason`)."""
+        why = filters.skip_reason(self.space, self.memory, self.recipe, config, trial)
+        if why is None:
             return False
-        predicted = self.memory.predict(config.params())
-        trial.set_user_attr("predicted_peak_gib", predicted.peak_gib)
-        trial.set_user_attr("prediction", predicted.basis)
-        why = self.memory.skip_reason(predicted, self.recipe.budget.memory_gib)
-        if why is None or not self.recipe.budget.skip or trial.user_attrs.get("baseline"):
-            return False
-        self.events.chose(trial.number, _chosen_by(trial))
+        self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
         self.record(TrialResult(config.params(), State.SKIPPED, why))
         return True
 
     def set_reference(self, result: TrialResult) -> None:
         """The fp32 loss curve the precision guard compares with (an extra trial, run only
         when the first reduced-precision trial comes before any fp32 one, batches in order)."""
-        if result.ok and result.losses:
-            self.reference = result.losses
-            self.events.note("precision guard: measured an fp32 reference curve (eager, every guarded lever at its "
-                             "reference) for the trials that change the arithmetic")
-        else:
-            self.events.note(f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
-                             "trials that change the arithmetic are not checked")
-            self.reference = []
+        self.events.note(self.guard.set_reference(result))
 
     def record(self, result: TrialResult) -> None:
         assert self.trial is not None and self.current is not None
-        label = numerics(self.current.params())
-        if result.ok and label is None and not self.reference and result.losses and self.current.in_order:
-            self.reference = result.losses
-        elif result.state in (State.OK, State.PRUNED) and label is not None and self.reference and result.losses:
-            # a pruned trial whose curve already left the reference is imprecise, not just slow
-            tolerance, ordered = self.recipe.precision.tolerance, self.current.in_order
-            why = divergence(result.losses, self.reference, tolerance, label, ordered)
-            if why:
-                result = dataclasses.replace(result, state=State.IMPRECISE, reason=why)
+        result = self.guard.judge(result, self.current)
         changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size
         for note in result.notes:  # each once; BatchNorm's only where the micro-batch changed
             if changed_micro or "BatchNorm" not in note:
@@ -236,8 +210,8 @@ class Decider:
         best_before = study_mod.best_feasible(self.study)
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
-            self.memory.observe(self.current.params(), frozen.user_attrs.get("predicted_peak_gib"),
-                                result.metrics["peak_mem_gib"], frozen.user_attrs.get("prediction"),
+            self.memory.observe(self.current.params(), frozen.get("predicted_peak_gib"),
+                                result.metrics["peak_mem_gib"], frozen.get("prediction"),
                                 process_gib=result.metrics.get("gpu_mem_process_gib"))
         self.convergence.record(best_before, frozen)
         if result.pruned_at is not None:
@@ -267,38 +241,38 @@ class Decider:
     def interrupted(self) -> None:
         """The trial in flight (if any) is recorded as failed: Ctrl-C ended it."""
         if self.trial is not None:
-            self.trial.set_user_attr("state", State.ERROR.value)
-            self.trial.set_user_attr("reason", "interrupted (Ctrl-C)")
-            self.study.tell(self.trial, state=TrialState.FAIL)
+            self.trial.set("state", State.ERROR.value)
+            self.trial.set("reason", "interrupted (Ctrl-C)")
+            self.study.tell(self.trial, Status.FAIL)
             self.trial = None
         self.workers.end()
 
-    def _answer_duplicate(self, trial: "optuna.Trial", seen: "optuna.trial.FrozenTrial") -> None:
+    def _answer_duplicate(self, trial: "Asked", seen: Record) -> None:
         """Tell the sampler what it proposed again, without measuring it again."""
         for key in ("state", "reason", "metrics", "params"):
-            if key in seen.user_attrs:
-                trial.set_user_attr(key, seen.user_attrs[key])
-        if "constraint" in seen.user_attrs:
-            study_mod.set_constraint(trial, seen.user_attrs["constraint"])
-        trial.set_user_attr("duplicate_of", seen.number)
-        if seen.state == TrialState.COMPLETE:
-            self.study.tell(trial, seen.value)
-        else:
-            self.study.tell(trial, state=seen.state if seen.state != TrialState.RUNNING else TrialState.FAIL)
+            if key in seen.attrs:
+                trial.set(key, seen.attrs[key])
+        if "constraint" in seen.attrs:
+            trial.constrain(seen.attrs["constraint"])
+        trial.set("duplicate_of", seen.number)
+        status = seen.status if seen.status in (Status.COMPLETE, Status.PRUNED) else Status.FAIL
+        self.study.tell(trial, status, seen.value if status == Status.COMPLETE else None)
 
-    def _outcome(self, knobs: dict[str, Any]) -> str | None:
+    def _outcome(self, knobs: Any) -> str | None:
         """The state a configuration was recorded with, if it was measured."""
-        seen = self.known.get(searchspace.config_key(self._config(knobs)))
-        return seen.user_attrs.get("state") if seen is not None else None
+        seen = self.known.get(searchspace.config_key(self._config(dict(knobs))))
+        return seen.outcome if seen is not None else None
 
     def _config(self, knobs: dict[str, Any]) -> Config:
+        """The configuration of ``knobs`` (a trial's full params too: what is derived, the
+        accumulation and the engine, is derived again)."""
         r = self.recipe
+        knobs = {k: v for k, v in knobs.items() if k in KNOBS}
         return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine, strict=False)[0]
 
-    def _known(self) -> dict[tuple, "optuna.trial.FrozenTrial"]:
+    def _known(self) -> dict[tuple, Record]:
         """Every configuration measured in the study (by any worker), by its key."""
-        return {searchspace.config_key(Config(**study_mod.config_of(t))): t  # type: ignore[arg-type]
-                for t in study_mod.measured(self.study)}
+        return {searchspace.config_key(Config(**(t.params or {}))): t for t in study_mod.measured(self.study)}
 
     def done(self) -> int:
         return len(study_mod.measured(self.study))
@@ -331,16 +305,16 @@ class Decider:
 
     def finalists(self) -> list[dict[str, Any]]:
         """The best distinct feasible configurations by their search trial, best first."""
-        ranked = sorted(study_mod.feasible(self.study), key=lambda t: t.value, reverse=True)
-        return [t.user_attrs["params"] for t in ranked[:FINALISTS]]
+        ranked = sorted(study_mod.feasible(self.study), key=lambda t: t.value or 0.0, reverse=True)
+        return [t.params or {} for t in ranked[:FINALISTS]]
 
     def attribution_plan(self, confirmed: "Confirmation | None") -> dict[str, Any] | None:
         """The two ends of the attribution: the baseline's and the winner's knobs."""
         best = confirmed.winner if confirmed is not None else None
         if best is None:
             trial = study_mod.best_feasible(self.study)
-            best = trial.user_attrs["params"] if trial is not None else None
-        if best is None or not any(t.user_attrs.get("baseline") and t.user_attrs.get("state") == State.OK
+            best = trial.params if trial is not None else None
+        if best is None or not any(t.baseline and t.outcome == State.OK
                                    for t in study_mod.measured(self.study)):
             return None
         return {"baseline": self.baseline_config.params(), "best": best}
@@ -364,7 +338,3 @@ def _claim(config: Config) -> str:
     """A configuration as a claim other workers read (:meth:`Workers.claim`)."""
     return repr(searchspace.config_key(config))
 
-
-def _chosen_by(trial: "optuna.Trial") -> str:
-    """What chose a trial, for the search log: a guided step's verdict, the baseline, or TPE."""
-    return trial.user_attrs.get("why") or ("the baseline" if trial.user_attrs.get("baseline") else "the sampler (TPE)")

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.config.space import Config
+    from tuner.study.record import Record
 
 
 class SearchEvents:
@@ -30,7 +29,7 @@ class SearchEvents:
     def chose(self, number: int, why: str) -> None:
         """What chose trial ``number`` (the baseline, a verdict, the sampler): for the log."""
 
-    def finish_trial(self, trial: "optuna.trial.FrozenTrial", outcome: str, best: float | None) -> None:
+    def finish_trial(self, trial: "Record", outcome: str, best: float | None) -> None:
         """A trial was recorded with ``outcome``; ``best`` is the best samples/s so far."""
 
     def stop(self) -> None:

@@ -15,9 +15,8 @@ from tuner.config.space import KNOBS
 from tuner.runner import launch_words
 
 if TYPE_CHECKING:
-    import optuna
-
     from tuner.runner import Runner
+    from tuner.study.study import Study
 
 
 @dataclass
@@ -64,7 +63,7 @@ class SearchResult:
     """How noisy one run is here: ``{"ss", "dof"}``, the pooled spread of the log-rates of every
     configuration measured more than once (:func:`tuner.analysis.interval.spread`), so that
     ``tuner compare`` judges two runs' difference against both runs' noise."""
-    study: "optuna.Study | None" = field(default=None, repr=False, compare=False)
+    study: "Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
     def to_json(self) -> dict[str, Any]:

@@ -14,12 +14,12 @@ from tuner.study.searchspace import config_key
 from tuner.trial.trial_result import TrialResult
 
 if TYPE_CHECKING:
-    import optuna
-
+    from tuner.study.record import Record
+    from tuner.study.study import Study
     from tuner.tuning.pool import Pool
 
 
-def verdicts(study: "optuna.Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
+def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
              params: dict[str, Any] | None, metrics: dict[str, Any] | None,
              ran: Mapping[str, Any] | None = None) -> list[Verdict]:
     """A configuration's verdicts, corrected by every trial of ``study`` measured so far;
@@ -27,8 +27,7 @@ def verdicts(study: "optuna.Study", memory_budget_gib: float | None, environment
     if not metrics or not params:
         return []
     found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment)
-    seen = [Seen(t.user_attrs["params"], t.user_attrs["metrics"]) for t in records.measured(study)
-            if t.user_attrs.get("metrics")]
+    seen = [Seen(t.params, t.metrics) for t in records.measured(study) if t.metrics]
     return revise(found, params, metrics, seen, cores())
 
 
@@ -41,7 +40,7 @@ def ran(params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]:
 
 
 def of(params: dict[str, Any] | None, pool: "Pool",
-       known: Mapping[tuple, "optuna.trial.FrozenTrial"]) -> dict[str, Any]:
+       known: Mapping[tuple, "Record"]) -> dict[str, Any]:
     """Params and metrics of one configuration: its pooled median, else its search trial
     (``known``: the study's trials by configuration)."""
     if params is None:
@@ -49,11 +48,11 @@ def of(params: dict[str, Any] | None, pool: "Pool",
     trial = known.get(config_key(Config(**params)))
     number = trial.number if trial is not None else None
     metrics = pool.metrics(params)
-    predicted = trial.user_attrs.get("predicted_peak_gib") if trial is not None else None
+    predicted = trial.get("predicted_peak_gib") if trial is not None else None
     if metrics is not None:
         runs = [r.metrics for r in pool.entry(params).runs if r.ok and r.metrics]
         return {"params": params, "metrics": metrics, "source": pool.source(params), "runs": runs,
                 "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
     assert trial is not None, "a configuration with no measurement"
-    return {"params": params, "metrics": trial.user_attrs["metrics"], "source": "search trial", "trial": number,
-            "runs": [trial.user_attrs["metrics"]], "predicted_peak_gib": predicted}
+    return {"params": params, "metrics": trial.metrics, "source": "search trial", "trial": number,
+            "runs": [trial.metrics], "predicted_peak_gib": predicted}

@@ -1,0 +1,96 @@
+"""What stands between a proposal and a measurement, and between a measurement and a result.
+
+A trial asked of the study passes :func:`skip_reason` before it runs: a configuration whose
+layout or levers cannot run here is refused with its rule, one the memory model is sure would
+break the budget is skipped (both recorded ``skipped``, never run; the baseline always runs,
+it is what is compared with). After it ran, :class:`PrecisionGuard` turns a trial whose loss
+curve left the fp32 reference into ``imprecise``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from tuner.analysis.guard import divergence
+from tuner.config.space import numerics
+from tuner.trial.trial_result import State
+
+if TYPE_CHECKING:
+    from tuner.config.recipe import Recipe
+    from tuner.config.space import Config
+    from tuner.memory.model import MemoryModel
+    from tuner.study.record import Record
+    from tuner.study.searchspace import Space
+    from tuner.study.study import Asked
+    from tuner.trial.trial_result import TrialResult
+
+
+def refused(space: "Space", recipe: "Recipe", config: "Config") -> str | None:
+    """Why ``config`` cannot run at all (its layout, one of its levers' rules), if it cannot."""
+    why = space.refusal(config.params(), recipe.world_size, recipe.global_batch_size)
+    return f"refused: {why}" if why is not None else None
+
+
+def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Config", trial: "Asked") -> str | None:
+    """Why the memory model skips ``config`` (sure enough it would break the budget), if it
+    does; the prediction is written on the trial either way, for trials.csv and the report."""
+    if memory is None:
+        return None
+    predicted = memory.predict(config.params())
+    trial.set("predicted_peak_gib", predicted.peak_gib)
+    trial.set("prediction", predicted.basis)
+    why = memory.skip_reason(predicted, recipe.budget.memory_gib)
+    if why is None or not recipe.budget.skip or trial.attrs.get("baseline"):
+        return None
+    return why
+
+
+def skip_reason(space: "Space", memory: "MemoryModel | None", recipe: "Recipe", config: "Config",
+                trial: "Asked") -> str | None:
+    """Why the asked trial is recorded ``skipped`` instead of run (``None``: it runs)."""
+    return refused(space, recipe, config) or over_memory(memory, recipe, config, trial)
+
+
+class PrecisionGuard:
+    """The fp32 reference loss curve, and the trials that change the arithmetic held to it
+    (:func:`tuner.analysis.guard.divergence`)."""
+
+    def __init__(self, tolerance: float, reference: list[float] | None = None) -> None:
+        self.tolerance = tolerance
+        self.reference = reference
+        """The reference loss per step (fp32, eager): ``None`` until one is measured, ``[]``
+        when it could not be (trials are then not checked)."""
+
+    def needs_reference(self, config: "Config") -> bool:
+        """Whether ``config`` changes the arithmetic with no reference yet: an fp32 trial
+        runs first (only where the batches come in order)."""
+        return numerics(config.params()) is not None and self.reference is None
+
+    def set_reference(self, result: "TrialResult") -> str:
+        """Take the extra reference trial's curve; returns what to say about it."""
+        if result.ok and result.losses:
+            self.reference = result.losses
+            return ("precision guard: measured an fp32 reference curve (eager, every guarded lever at its "
+                    "reference) for the trials that change the arithmetic")
+        self.reference = []
+        return (f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
+                "trials that change the arithmetic are not checked")
+
+    def judge(self, result: "TrialResult", config: "Config") -> "TrialResult":
+        """``result``, or ``imprecise`` when its curve left the reference; an fp32 eager trial
+        in order is itself the reference when there is none yet."""
+        label = numerics(config.params())
+        if result.ok and label is None and not self.reference and result.losses and config.in_order:
+            self.reference = result.losses
+        elif result.state in (State.OK, State.PRUNED) and label is not None and self.reference and result.losses:
+            # a pruned trial whose curve already left the reference is imprecise, not just slow
+            why = divergence(result.losses, self.reference, self.tolerance, label, config.in_order)
+            if why:
+                return dataclasses.replace(result, state=State.IMPRECISE, reason=why)
+        return result
+
+
+def first_losses(records: "list[Record]") -> list[float] | None:
+    """A resumed study's reference curve: the losses of its first fp32 eager feasible trial."""
+    return next((t.get("losses") for t in records if numerics(t.params) is None and t.get("losses")), None)
