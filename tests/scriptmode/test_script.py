@@ -22,6 +22,25 @@ def test_outside_the_tuner_the_scripts_defaults_come_back(monkeypatch):
     assert cfg.accelerate_kwargs() == {"mixed_precision": "bf16", "gradient_accumulation_steps": 8}
 
 
+def test_tuner_config_is_both_the_package_and_the_scripts_knobs():
+    """``tuner.config(**defaults)`` and the package ``tuner.config`` are one object: called it
+    gives a script's knobs, and its modules stay reachable as attributes, imported before
+    ``import tuner`` or after (the function once hid the package: AttributeError)."""
+    import subprocess
+    import sys
+
+    import tuner.config.space
+
+    assert tuner.config(num_workers=3).num_workers == 3 and tuner.config.space.KNOBS["num_workers"]
+    from tuner import config
+
+    assert config is tuner.config and config(amp_dtype="bf16").amp_dtype == "bf16"
+    code = ("import tuner.config.recipe, tuner; from tuner.config import export; "
+            "print(tuner.config.recipe.load_recipe.__name__, tuner.config(micro_batch_size=4).micro_batch_size)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["load_recipe", "4"]
+
+
 def test_under_the_tuner_the_trials_knobs_win(monkeypatch, tmp_path):
     trial = tmp_path / "trial.json"
     trial.write_text(json.dumps({"knobs": {"num_workers": 4, "micro_batch_size": 4, "zero_stage": 2},
