@@ -17,6 +17,12 @@ switching ``replicate`` off and averaging each gradient before the optimizer ste
 same rounds of the same process.
 
     torchrun --nproc_per_node=4 scripts/bench_levers.py --group layouts --rounds 5
+
+``--group loss`` (2 ranks) measures tensor parallelism's vocabulary-parallel loss beside the
+logits gathered to every rank (what the head did before), on the layout recipe's Llama with
+a 32,768-entry vocabulary, the plan's loss-parallel head switched off in the same process.
+
+    torchrun --nproc_per_node=2 scripts/bench_levers.py --group loss --rounds 5
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ import tuner  # noqa: E402
 
 BEFORE = "_per_parameter"
 """A row's marker: average each gradient after the backward, as the layout engine did."""
+GATHERED = "_gathered"
+"""A row's marker: the head's logits gathered to every rank, no loss-parallel cross-entropy."""
 
 LEVERS: dict[str, dict[str, object]] = {
     "baseline (fp32, eager, DDP)": {},
@@ -63,7 +71,8 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "tp 2 x dp 2, per parameter (before)": {**TP, BEFORE: True},
 }
 GROUPS = {"levers": ("gpt2_tiny (4 layers)", "activations (micro-batch 256 a rank)"),
-          "layouts": ("gpt2_tiny (4 layers), layouts on 4 ranks",)}
+          "layouts": ("gpt2_tiny (4 layers), layouts on 4 ranks",),
+          "loss": ("llama (vocabulary 32,768), tp 2 on 2 ranks",)}
 RECIPES = {
     "gpt2_tiny (4 layers)": (ROOT / "recipes" / "gpt2_tiny.yaml",
                              ["task_args.n_layer=4", "steps.warmup=3", "steps.measure=20"], LEVERS),
@@ -80,7 +89,30 @@ RECIPES = {
                                                  ["task_args.n_layer=4", "task_args.dropout=0.0",
                                                   "global_batch_size=32", "steps.warmup=3", "steps.measure=20"],
                                                  LAYOUTS),
+    "llama (vocabulary 32,768), tp 2 on 2 ranks": (ROOT / "recipes" / "layout.yaml",
+                                                   ["task_args.vocab_size=32768", "steps.warmup=3",
+                                                    "steps.measure=20"], {
+        "baseline (fp32, eager, DDP)": {"micro_batch_size": 4},
+        "tp 2, loss-parallel cross-entropy": {"tensor_parallel": 2, "micro_batch_size": 8},
+        "tp 2, logits gathered (before)": {"tensor_parallel": 2, "micro_batch_size": 8, GATHERED: True},
+    }),
 }
+
+
+@contextlib.contextmanager
+def gathered(on: bool) -> Iterator[None]:
+    """The head as it was: its logits gathered to every rank (no loss-parallel head in the plan)."""
+    if not on:
+        yield
+        return
+    from tuner.trial import tensor_parallel
+
+    plan = tensor_parallel.with_loss_parallel
+    tensor_parallel.with_loss_parallel = lambda p: (p, False)
+    try:
+        yield
+    finally:
+        tensor_parallel.with_loss_parallel = plan
 
 
 @contextlib.contextmanager
@@ -131,7 +163,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for name, knobs in levers.items():
                 knobs = dict(knobs)
-                with per_parameter(bool(knobs.pop(BEFORE, False))):
+                with per_parameter(bool(knobs.pop(BEFORE, False))), gathered(bool(knobs.pop(GATHERED, False))):
                     m = tuner.measure(str(path), overrides=overrides, **knobs)
                 if m.metrics is None:
                     continue

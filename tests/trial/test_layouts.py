@@ -51,6 +51,10 @@ def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
         {"pipeline_parallel": 2, "micro_batch_size": 1, "pipeline_schedule": "interleaved_1f1b"}])
     for row in rows:  # the stages' idle time, measured inside each pipeline step; none without stages
         assert any(note.startswith("layout: tensor_parallel") for note in row["notes"])
+        # tensor parallelism without stages: the head's logits stay sharded, the loss is vocabulary-parallel
+        vocabulary_parallel = any("loss computed vocabulary-parallel" in note for note in row["notes"])
+        assert vocabulary_parallel == ("tensor_parallel" in row["knobs"]), row["notes"]
+        assert not any("logits are gathered" in note for note in row["notes"]), row["notes"]
         assert (row["bubble_share"] is not None) == ("pipeline_parallel" in row["knobs"]), row
         assert row["bubble_share"] is None or 0 < row["bubble_share"] < 1
     # DTensor's tensor-parallel all-reduces are timed on CPU too (its functional collectives): 0.45 of
@@ -59,6 +63,35 @@ def test_every_layout_trains_the_reference_curve_on_two_ranks(tmp_path):
     pipelined = rows[3]
     assert pipelined["params"]["grad_accum_steps"] == 4  # 8 = micro 2 x 4 micro-batches per pipeline step x dp 1
     assert "(1f1b, 4 micro-batches per pipeline step)" in " ".join(pipelined["notes"])
+
+
+MASKED = """
+import importlib.util
+
+import torch
+
+_spec = importlib.util.spec_from_file_location("llama_task", {path!r})
+_llama = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_llama)
+globals().update({{k: v for k, v in vars(_llama).items() if not k.startswith("_") and k != "compute_loss"}})
+
+
+def compute_loss(model, batch):
+    # a hand-written next-token loss: gather with a plain index tensor, which DTensor logits refuse
+    logp = torch.log_softmax(model(input_ids=batch).logits.float(), dim=-1)[:, :-1]
+    return -logp.gather(-1, batch[:, 1:, None]).mean()
+"""
+
+
+def test_a_loss_that_cannot_take_sharded_logits_falls_back_to_gathering_them(tmp_path):
+    """A task's own loss that DTensor logits cannot go through (here a gather with a plain
+    index) is not a failed trial: the head's logits are gathered as before, said once in the
+    notes, and the curve is the data-parallel reference's."""
+    task = tmp_path / "masked_llama.py"
+    task.write_text(MASKED.format(path=LLAMA["task"]))
+    _, rows = _layouts(tmp_path, 2, {**LLAMA, "task": str(task), "task_args": {"layers": 2}}, [{"tensor_parallel": 2}])
+    said = [note for note in rows[0]["notes"] if "logits are gathered" in note]
+    assert len(said) == 1 and "does not take vocabulary-sharded logits" in said[0], rows[0]["notes"]
 
 
 def test_gpt2_on_four_ranks_in_every_composition(tmp_path):

@@ -87,6 +87,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
         if job.nonfinite():
             state, reason = State.NONFINITE, "loss became NaN or inf during the trial"
         losses = job.read_losses()
+        notes.extend(n for n in job.engine.notes if n not in notes)  # said during the steps
     except TrialStop as stop:
         state, reason, pruned_at = stop.state, stop.reason, stop.pruned_at
         if state == State.PRUNED:  # cut short, its curve so far still goes to the precision guard

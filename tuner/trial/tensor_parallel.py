@@ -140,6 +140,10 @@ def _styles() -> dict[str, Any]:
         "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
         "head_colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
         "head_colwise_sequence": lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        # the loss-parallel head: each rank keeps its vocabulary shard of the logits (LossParallel)
+        "head_shard": lambda: ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+        "head_shard_sequence": lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                                       use_local_output=False),
         "sequence": lambda: SequenceParallel(use_local_output=True),
         "rowwise_to_sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
         "scatter_sequence": lambda: PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
@@ -150,6 +154,62 @@ def _styles() -> dict[str, Any]:
                                                          desired_input_kwarg_layouts={"hidden_states": Replicate()},
                                                          use_local_output=True),
     }
+
+
+LOSS_PARALLEL = {"head_colwise": "head_shard", "head_colwise_sequence": "head_shard_sequence"}
+"""The head's style when the loss is computed vocabulary-parallel (:class:`LossParallel`)."""
+
+
+def with_loss_parallel(plan: dict[str, str]) -> tuple[dict[str, str], bool]:
+    """The plan with the head's logits left sharded over the vocabulary for a loss-parallel
+    cross-entropy, where the head is split by PyTorch's styles; ``False`` where it is not
+    (kept whole, tied, or GPT-2's head split by hand: its logits are gathered)."""
+    if not any(style in LOSS_PARALLEL for style in plan.values()):
+        return plan, False
+    return {name: LOSS_PARALLEL.get(style, style) for name, style in plan.items()}, True
+
+
+class LossParallel:
+    """The head's logits sharded over the vocabulary, and the loss computed so: PyTorch's
+    ``loss_parallel`` computes the cross-entropy's softmax from each rank's shard with two
+    small all-reduces (the max and the sum per token) instead of all-gathering
+    ``batch x sequence x vocabulary`` logits to every rank (for Llama-3's 128,256-entry
+    vocabulary at 8 x 8192 tokens in bf16, 16.8 GB gathered per step; torchtitan's
+    ``loss_parallel``, on by default with tensor parallelism).
+
+    A task's ``compute_loss`` sees DTensor logits. Where its code cannot take them (an
+    operator DTensor does not implement), :meth:`fall_back` gathers them as before, for
+    the rest of the trial, and says so; the forward and the backward each run under
+    :meth:`context`, as PyTorch requires."""
+
+    def __init__(self, head: nn.Module) -> None:
+        self.on = True
+        self.why_off: str | None = None
+        head.register_forward_hook(self._gather_when_off)
+
+    def _gather_when_off(self, module: nn.Module, inputs: Any, output: Any) -> Any:
+        return output if self.on else output.full_tensor()
+
+    def context(self) -> Any:
+        import contextlib
+
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel() if self.on else contextlib.nullcontext()
+
+    def local(self, loss: Any) -> Any:
+        """The loss as a plain tensor, its gradient still flowing to the DTensor graph."""
+        from torch.distributed.tensor import DTensor
+
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+    def fall_back(self, exc: BaseException) -> str:
+        """Gather the logits from now on; returns the note that says why."""
+        self.on = False
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        self.why_off = (f"tensor parallel: the task's loss does not take vocabulary-sharded logits "
+                        f"({type(exc).__name__}: {first}); the head's logits are gathered to every rank instead")
+        return self.why_off
 
 
 def parallelize(model: nn.Module, mesh: Any, plan: dict[str, str]) -> int:

@@ -81,7 +81,7 @@ class LayoutEngine(OwnLoopEngine):
         lay = self.layout
         self.compute_loss, self.scaler = task.compute_loss, None
         self.recompute, self.notes, self.after_step = prepared.recompute, prepared.notes, prepared.after_step
-        self.tied = prepared.tied
+        self.tied, self.loss_parallel = prepared.tied, prepared.loss_parallel
         self.model: Any = prepared.model
         self.optimizer = make_optimizer(prepared.parameters())
         self.clock = PipelineClock(device)
@@ -114,12 +114,27 @@ class LayoutEngine(OwnLoopEngine):
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
         data_parallel.set_sync(self.parts, last)
         if self.schedule is None:
-            with autocast(self.device, self.config.amp_dtype):
-                return self.compute_loss(self.model, batch)
+            return self._loss(batch)
         self.pending.append(batch)
         if not last:  # the schedule runs the step's micro-batches together, on the last
             return torch.zeros((), device=self.device)
         return self._pipeline_step()
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        """The task's loss; vocabulary-parallel where the head's logits stay sharded, gathered
+        (once, for the rest of the trial) where the task's code cannot take them."""
+        lp = self.loss_parallel
+        if lp is None or not lp.on:
+            with autocast(self.device, self.config.amp_dtype):
+                return self.compute_loss(self.model, batch)
+        try:
+            with lp.context(), autocast(self.device, self.config.amp_dtype):
+                return lp.local(self.compute_loss(self.model, batch))
+        except torch.OutOfMemoryError:
+            raise
+        except (NotImplementedError, RuntimeError, TypeError, ValueError, AttributeError, AssertionError) as exc:
+            self.notes.append(lp.fall_back(exc))
+            return self._loss(batch)
 
     def _pipeline_step(self) -> torch.Tensor:
         """Run the step's micro-batches through the stages; the sum of their losses, sent
@@ -146,7 +161,12 @@ class LayoutEngine(OwnLoopEngine):
         return total
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
-        if self.schedule is None:  # the schedule ran its own backward
+        if self.schedule is not None:  # the schedule ran its own backward
+            return
+        if self.loss_parallel is not None and self.loss_parallel.on:
+            with self.loss_parallel.context():  # the cross-entropy's backward needs it too
+                super().backward(loss, last)
+        else:
             super().backward(loss, last)
 
     def optimizer_step(self) -> None:

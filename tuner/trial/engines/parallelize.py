@@ -77,6 +77,9 @@ class Parallelized:
     share (GPT-2's embedding and head), whose gradients the engine sums."""
     notes: list[str] = field(default_factory=list)
     after_step: list[Callable[[], None]] = field(default_factory=list)
+    loss_parallel: tensor_parallel.LossParallel | None = None
+    """The head's logits sharded over the vocabulary, the loss computed so (tensor parallelism
+    without pipeline stages, a head PyTorch's styles split)."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
@@ -127,7 +130,14 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
     model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
     if config.engine == "torch" and dist.is_initialized() and dist.get_world_size() > 1:
         model = data_parallel.ddp(parts[0], config, device)
-    return Parallelized(lay, parts, model, recompute, mesh, indices, count, tied, notes, after)
+    return Parallelized(lay, parts, model, recompute, mesh, indices, count, tied, notes, after,
+                        _loss_parallel(styles))
+
+
+def _loss_parallel(styles: dict[nn.Module, str]) -> tensor_parallel.LossParallel | None:
+    """The switch on the head whose logits the plan leaves sharded, if one does."""
+    head = next((m for m, style in styles.items() if style in tensor_parallel.LOSS_PARALLEL.values()), None)
+    return tensor_parallel.LossParallel(head) if head is not None else None
 
 
 def _plan(module: nn.Module, task: "Task", config: "Config", lay: layouts.Layout,
@@ -144,6 +154,11 @@ def _plan(module: nn.Module, task: "Task", config: "Config", lay: layouts.Layout
         plan, why = tensor_parallel.with_sequence(module, plan)
     if plan is None:
         raise ValueError(why)
+    if lay.pp == 1:  # a stage's output goes through the schedule: gathered there
+        plan, sharded = tensor_parallel.with_loss_parallel(plan)
+        if sharded:
+            notes.append("tensor parallel: the loss computed vocabulary-parallel (loss_parallel): each rank keeps "
+                         "its shard of the logits")
     refused = tensor_parallel.refused(module, lay.tp)
     if refused:
         raise ValueError(refused)
