@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from tuner import runner
 from tuner.analysis import gate
+from tuner.config import layout
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Recipe, check_tolerance, load_recipe
 from tuner.config.space import make_config, parse_knobs
@@ -310,7 +311,7 @@ def check(
     params, base = best["params"], (best.get("baseline") or {}).get("params")
     if not base or not (best.get("baseline") or {}).get("metrics"):
         raise RecipeError("--against records no measured baseline: the gate compares the answer's speedup over it")
-    dp = recipe.world_size // max(1, params.get("tensor_parallel", 1) * params.get("pipeline_parallel", 1))
+    dp = layout.data_parallel(params, recipe.world_size)
     batch = params.get("micro_batch_size", 0) * params.get("grad_accum_steps", 0) * dp
     if batch != recipe.global_batch_size:
         raise RecipeError(f"the recorded configuration trains {batch} samples per step, the recipe's "

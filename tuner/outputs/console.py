@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
+from tuner.config import layout
 from tuner.config.levers import LEVERS
 from tuner.config.space import KNOBS
 from tuner.harness.metrics import METRIC_NAMES
@@ -118,7 +119,8 @@ def print_check(result: "CheckResult") -> None:
 
 def _layout_words(k: Mapping[str, Any]) -> str:
     """``tp2 pp2 interleaved_1f1b sp`` for a row's parallel layout, empty without one."""
-    tp, pp = k.get("tensor_parallel", 1), k.get("pipeline_parallel", 1)
+    lay = layout.of(k, 1)
+    tp, pp = lay.tp, lay.pp
     words = [f"tp{tp}" if tp > 1 else "", f"pp{pp} {k.get('pipeline_schedule', '1f1b')}" if pp > 1 else "",
              "sp" if k.get("sequence_parallel") else ""]
     return " ".join(w for w in words if w)

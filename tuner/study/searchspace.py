@@ -105,18 +105,9 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
         choices[name] = tuple([recipe.knob_overrides[name]] if name in recipe.knob_overrides else values)
     restricted, notes = restrict(choices, machine, _adapt(recipe))
     per_node = layout.ranks_per_node(recipe.world_size)
-    verdicts = layout_rules.judge(recipe.task, recipe.task_args, restricted["tensor_parallel"],
-                                  restricted["pipeline_parallel"], recipe.world_size, per_node,
-                                  recipe.script is not None, True in restricted["sequence_parallel"]
-                                  ) if recipe.world_size > 1 else layout_rules.Verdicts()
-    for (name, value), why in verdicts.refused.items():
-        restricted[name] = tuple(v for v in restricted[name] if v != value) or (KNOBS[name].default,)
-        notes.append(f"{name}={value} refused: {why}")
-    if max(restricted["tensor_parallel"]) * max(restricted["pipeline_parallel"]) > 1:
-        notes += [f"{name} applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no PyTorch "
-                  "DeviceMesh): the layouts shard their data-parallel dimension with fsdp" for name in
-                  ("zero_stage",) if len(restricted[name]) > 1 or restricted[name][0] != 0]
-    return Space(restricted, tuple(notes), verdicts.blocks, per_node, machine.cuda, machine)
+    blocks = layout_rules.restrict(restricted, recipe.task, recipe.task_args, recipe.world_size, per_node,
+                                   recipe.script is not None, notes)
+    return Space(restricted, tuple(notes), blocks, per_node, machine.cuda, machine)
 
 
 def _adapt(recipe: "Recipe") -> str | None:

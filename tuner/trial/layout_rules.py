@@ -38,6 +38,27 @@ def _build(task: "Task", task_args: dict[str, Any]) -> torch.nn.Module:
         return task.build_model(task_args)
 
 
+def restrict(choices: dict[str, tuple[Any, ...]], task: "Task | None", task_args: dict[str, Any], world: int,
+             per_node: int | None, script: bool, notes: list[str]) -> int | None:
+    """Take out of ``choices`` (the space, in place) every degree the task's model cannot
+    take, each with a note naming the rule; returns the model's block count (``None``:
+    unknown). A searched ZeRO stage beside tensor/pipeline parallelism is said too: the
+    layouts shard with FSDP2 (DeepSpeed's engine takes no DeviceMesh)."""
+    from tuner.config.space import KNOBS
+
+    tp, pp = choices["tensor_parallel"], choices["pipeline_parallel"]
+    verdicts = judge(task, task_args, tp, pp, world, per_node, script, True in choices["sequence_parallel"]
+                     ) if world > 1 else Verdicts()
+    for (name, value), why in verdicts.refused.items():
+        choices[name] = tuple(v for v in choices[name] if v != value) or (KNOBS[name].default,)
+        notes.append(f"{name}={value} refused: {why}")
+    zero = choices["zero_stage"]
+    if max(choices["tensor_parallel"]) * max(choices["pipeline_parallel"]) > 1 and (len(zero) > 1 or zero[0] != 0):
+        notes.append("zero_stage applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no "
+                     "PyTorch DeviceMesh): the layouts shard their data-parallel dimension with fsdp")
+    return verdicts.blocks
+
+
 def judge(task: "Task | None", task_args: dict[str, Any], tp_values: tuple[int, ...], pp_values: tuple[int, ...],
           world: int, per_node: int | None, script: bool, sequence: bool = False) -> Verdicts:
     """The verdict on each searched degree above 1 of ``tensor_parallel`` and
