@@ -187,6 +187,18 @@ def _liger_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     return []
 
 
+def _fused_loss_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
+    """Liger's kernel takes the whole head and the model's own forward: a tensor-parallel head
+    is a DTensor shard (its loss runs vocabulary-parallel instead), and pipeline stages call
+    the blocks, not the patched forward."""
+    if k["fused_loss"] and k["tensor_parallel"] * k["pipeline_parallel"] > 1:
+        return ("fused_loss with a parallel layout: Liger's fused cross-entropy takes the whole head through the "
+                "model's own forward, which tensor parallelism shards and pipeline stages do not call (the rule: "
+                "fused_loss without tensor or pipeline parallelism; tensor parallelism's loss runs "
+                "vocabulary-parallel)")
+    return None
+
+
 def fused_loss_exports(config: Config, file: str, world_size: int) -> Any:
     if not config.fused_loss:
         return None
@@ -249,7 +261,7 @@ GPU_LEVERS: tuple[Lever, ...] = (
           "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks",
           group="kernels", path=118, walk=55, reference=False, verdicts={"memory-bound": 11},
           suggest=((True,), "fused_loss: true (Liger's fused linear cross-entropy: the logits never whole)"),
-          refused=_liger_refused,
+          refused=_liger_refused, refusal=_fused_loss_refusal,
           risk="a transformers causal LM computing its own loss from labels, of a family Liger patches; numerics "
                "checked by the precision guard",
           label="fused_loss", adapters=frozenset({"hf"}), memory="activations", prior={False: 1.0, True: 0.7},
