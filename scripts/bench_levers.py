@@ -125,12 +125,15 @@ def per_parameter(on: bool) -> Iterator[None]:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from tuner.trial.engines import data_parallel, layout_engine
+    from tuner.trial.engines import data_parallel, torch_engine
 
-    engine, replicate, step = layout_engine.LayoutEngine, data_parallel.replicate, \
-        layout_engine.LayoutEngine.optimizer_step
+    engine, replicate, step = torch_engine.TorchEngine, data_parallel.replicate, \
+        torch_engine.TorchEngine.optimizer_step
 
     def average_then_step(self: Any) -> None:
+        if self.layout.tp * self.layout.pp == 1:  # the baseline's DDP averages its own
+            step(self)
+            return
         group = self.mesh["dp"].get_group()
         for part in self.parts:
             for p in part.parameters():

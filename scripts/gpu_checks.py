@@ -569,8 +569,7 @@ def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     as the plain engine, step for step, from the same weights and batches."""
     from tuner.config.space import Config
     from tuner.config.task import load_task
-    from tuner.trial.engines.layout_engine import LayoutEngine
-    from tuner.trial.engines.torch_engine import TorchEngine
+    from tuner.trial.engines import build_engine
 
     task = load_task(str(TASK), ROOT)
     args = {"model": "mlp", "width": 1024}
@@ -580,11 +579,8 @@ def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     losses: dict[str, list[float]] = {}
     for name in ("torch", "layout"):
         torch.manual_seed(0)
-        module = gpu_task.build_model(args)
         config = Config(micro_batch_size=64, grad_accum_steps=1, engine=name)
-        make = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
-        engine = (LayoutEngine(module, task, make, config, lab.device, 1) if name == "layout"
-                  else TorchEngine(module.to(lab.device), make, task.compute_loss, config, lab.device))
+        engine = build_engine(task, args, config, lab.device, 1)  # the layout's mesh of one, or none
         losses[name] = []
         for batch in batches:
             losses[name].append(float(engine.forward_backward(batch, True)))

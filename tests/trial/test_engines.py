@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from tuner.config.layout import Layout
 from tuner.config.space import Config
+from tuner.trial.engines.model_levers import Recompute
+from tuner.trial.engines.parallelize import Parallelized
 from tuner.trial.engines.torch_engine import TorchEngine
 
 
@@ -12,9 +15,9 @@ def _engine(amp_dtype: str, accum: int) -> TorchEngine:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     config = Config(micro_batch_size=4, grad_accum_steps=accum, amp_dtype=amp_dtype)
-    return TorchEngine(model, lambda p: torch.optim.SGD(p, lr=0.1),
-                       lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]),
-                       config, torch.device("cpu"))
+    prepared = Parallelized(Layout(1, 1, 1), [model], model, Recompute(timed=False))
+    return TorchEngine(prepared, lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]),
+                       lambda p: torch.optim.SGD(p, lr=0.1), config, torch.device("cpu"))
 
 
 def _batch(seed: int):

@@ -40,7 +40,7 @@ def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
     return k["tensor_parallel"] * k["pipeline_parallel"] == 1
 
 
-LAYOUT = f"{ENGINES}.layout_engine:LayoutEngine"
+LAYOUT = f"{ENGINES}.parallelize:parallelize"
 
 
 def _fsdp_conflict(k: Mapping[str, Any]) -> str | None:
@@ -173,7 +173,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
               for mode in ("full_shard", "shard_grad_op")],
           path=90, walk=40, reference="off", verdicts={"communication-bound": 2, "memory-bound": 0},
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
-          label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.fsdp_engine:FSDPEngine",
+          label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.data_parallel:shard",
           exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                    "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"}),
     Lever("activation_checkpointing", str, "none",
@@ -206,7 +206,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           and _data_parallel_only(k, w),
           path=130, walk=120, ordered=True, verdicts={"communication-bound": 3},
           risk="larger buckets start all-reducing later in the backward", label="bucket={}MB",
-          adapters=frozenset({"hf"}), stage="engine", apply=f"{ENGINES}.torch_engine:TorchEngine",
+          adapters=frozenset({"hf"}), stage="engine", apply=f"{ENGINES}.data_parallel:ddp",
           exports={"hf_training_args.json": "ddp_bucket_cap_mb",
                    "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
     Lever("overlap_comm", bool, False, "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)",

@@ -153,8 +153,8 @@ class Job:
                 window.compile_s = max(0.0, self.first_step_s - statistics.median(window.step_times))
         if self.engine.recompute is not None and self.config.activation_checkpointing != "none":
             window.recompute_s = self.engine.recompute.between(self.window_start, self.window_start + window.wall_s)
-        if getattr(self.engine, "schedule", None) is not None:  # a pipeline: its stages' idle time
-            window.bubble_s = self.engine.clock.idle_s(self.window_start, self.window_start + window.wall_s)
+        if self.engine.pipeline is not None:  # a pipeline: its stages' idle time
+            window.bubble_s = self.engine.pipeline.clock.idle_s(self.window_start, self.window_start + window.wall_s)
 
     def extra_step(self, batches: Iterator[Any]) -> None:
         """One optimizer step outside the measured loop (stall-free ceiling, profiler window)."""

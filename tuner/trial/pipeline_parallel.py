@@ -22,7 +22,7 @@ two copies' gradients before each optimizer step, as Megatron-LM does for its em
 so the copies stay one parameter.
 
 The levers ``pipeline_parallel`` and ``pipeline_schedule`` run it
-(:mod:`tuner.trial.engines.layout_engine`). A pipeline feeds the first stage a tensor and
+(:mod:`tuner.trial.engines.parallelize`). A pipeline feeds the first stage a tensor and
 the last stage's loss a target: a batch is token ids (a tensor) or a mapping with
 ``input_ids`` (and ``labels``, else the ids are the labels, shifted by the loss).
 """

@@ -16,7 +16,7 @@ packed projection and its rows of the output projections, with the all-reduce of
 rowwise outputs in the forward and of the colwise inputs' gradient in the backward.
 
 A degree the model's shapes cannot split is refused before anything runs, with the rule.
-The lever ``tensor_parallel`` runs it (:mod:`tuner.trial.engines.layout_engine`).
+The lever ``tensor_parallel`` runs it (:mod:`tuner.trial.engines.parallelize`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """How a trial trains: :func:`build_engine` prepares the model once for every engine
 (:func:`.parallelize.parallelize`: converters, tensor/pipeline parallelism, checkpointing,
-compile, the data-parallel wrapping) and runs its steps in plain/DDP, DeepSpeed, FSDP2 or
-the parallel layout's engine."""
+compile, the data-parallel wrapping) and runs its steps in PyTorch's engine (one process,
+DDP, FSDP2, the parallel layouts: :mod:`.torch_engine`) or DeepSpeed's, which wraps the model
+itself."""
 
 from __future__ import annotations
 
@@ -51,22 +52,18 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
 
     prepared = parallelize(module, task, config, device, world_size)
     del module  # a pipeline stage keeps only its own blocks
-    if config.engine == "layout":
-        from tuner.trial.engines.layout_engine import LayoutEngine
-
-        return LayoutEngine(prepared, task, make_optimizer, config, device)
-    engine: Engine
     if config.engine == "deepspeed":
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine
 
-        engine = DeepSpeedEngine(prepared.model, make_optimizer, task.compute_loss, config, device, world_size)
-    elif config.engine == "fsdp":
-        from tuner.trial.engines.fsdp_engine import FSDPEngine
+        engine: Engine = DeepSpeedEngine(prepared.model, make_optimizer, task.compute_loss, config, device,
+                                         world_size)
+        engine.recompute, engine.notes, engine.after_step = prepared.recompute, prepared.notes, prepared.after_step
+        return engine
+    from tuner.trial.engines.torch_engine import TorchEngine
 
-        engine = FSDPEngine(prepared.model, make_optimizer, task.compute_loss, config, device)
-    else:
-        from tuner.trial.engines.torch_engine import TorchEngine
+    pipeline = None
+    if prepared.layout.pp > 1:
+        from tuner.trial.engines.pipeline_steps import PipelineSteps
 
-        engine = TorchEngine(prepared.model, make_optimizer, task.compute_loss, config, device)
-    engine.recompute, engine.notes, engine.after_step = prepared.recompute, prepared.notes, prepared.after_step
-    return engine
+        pipeline = PipelineSteps(prepared, task, config, device)
+    return TorchEngine(prepared, task.compute_loss, make_optimizer, config, device, pipeline)

@@ -38,6 +38,9 @@ class Engine(ABC):
     """What the task's ``compute_loss`` receives (the wrapped module)."""
     recompute: "Recompute | None" = None
     """Times the checkpointed blocks' recompute (set by :func:`build_engine`)."""
+    pipeline: Any = None
+    """This rank's pipeline stages and their schedule (:mod:`.pipeline_steps`), where the
+    layout has them: the loop reads the bubble from its clock."""
     after_step: "list[Callable[[], None]]"
     """What the model converters need after each optimizer step (low-precision scales under
     FSDP2), in order."""
