@@ -54,6 +54,16 @@ def test_report_command_rebuilds_both_from_the_study_alone(searched, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (copy / "report.md").read_text() == (searched / "report.md").read_text()
     assert (copy / "report.html").is_file()
+    # the Python API takes the search's study, or Optuna's own (``result.study.optuna``)
+    import optuna
+
+    from tuner.outputs.report_builder import build_report
+
+    again = tmp_path / "again"
+    again.mkdir()
+    raw = optuna.load_study(study_name="toy", storage=f"sqlite:///{copy / 'study.db'}")
+    md, _ = build_report(again, raw)
+    assert md.read_text() == (searched / "report.md").read_text()
 
 
 def test_report_command_refuses_what_is_not_a_run(tmp_path):

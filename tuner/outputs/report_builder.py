@@ -19,11 +19,14 @@ from tuner.study.study import Study
 from tuner.tuning.search_result import SearchResult
 
 
-def build_report(out: str | Path, study: Study | None = None, storage: str | None = None) -> tuple[Path, Path]:
-    """Write ``report.md`` and ``report.html`` into ``out``; returns their paths."""
+def build_report(out: str | Path, study: Any = None, storage: str | None = None) -> tuple[Path, Path]:
+    """Write ``report.md`` and ``report.html`` into ``out``; returns their paths. ``study``:
+    the search's (:class:`~tuner.study.study.Study`, or Optuna's), else read from ``out``."""
     out = Path(out)
     if study is None:
         study = load_study(out, storage)
+    elif not isinstance(study, Study):  # Optuna's own (a caller's ``result.study.optuna``)
+        study = Study(study)
     data = collect(study, out)
     md = out / "report.md"
     md.write_text(render_markdown(data), encoding="utf-8")
