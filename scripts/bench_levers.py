@@ -131,9 +131,6 @@ def per_parameter(on: bool) -> Iterator[None]:
         torch_engine.TorchEngine.optimizer_step
 
     def average_then_step(self: Any) -> None:
-        if self.layout.tp * self.layout.pp == 1:  # the baseline's DDP averages its own
-            step(self)
-            return
         group = self.mesh["dp"].get_group()
         for part in self.parts:
             for p in part.parameters():

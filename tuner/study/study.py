@@ -32,8 +32,6 @@ Exists = optuna.exceptions.DuplicatedStudyError
 """Raised creating a study whose name is taken (the finishing lock's one winner)."""
 
 _SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5
-_STATE = {Status.RUNNING: TrialState.RUNNING, Status.COMPLETE: TrialState.COMPLETE, Status.PRUNED: TrialState.PRUNED,
-          Status.FAIL: TrialState.FAIL, Status.WAITING: TrialState.WAITING}
 OPEN_ATTEMPTS = 5
 """Tries at opening the storage while another process is creating the same one."""
 
@@ -163,7 +161,7 @@ class Study:
 
     def records(self, *statuses: Status) -> list[Record]:
         """Every trial (or those in ``statuses``), in number order."""
-        states = tuple(_STATE[s] for s in statuses) or None
+        states = tuple(TrialState[s.name] for s in statuses) or None
         return [record_of(t) for t in self.optuna.get_trials(deepcopy=False, states=states)]
 
     def read(self, trial: Record | Asked) -> Record:
@@ -205,7 +203,7 @@ class Study:
         worker ended it first."""
         if status == Status.COMPLETE:
             return record_of(self.optuna.tell(asked.optuna, value))
-        return record_of(self.optuna.tell(asked.optuna, state=_STATE[status]))
+        return record_of(self.optuna.tell(asked.optuna, state=TrialState[status.name]))
 
     # --- other workers' trials --------------------------------------------------------------
 

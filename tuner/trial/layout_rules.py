@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tuner.config.space import KNOBS
 from tuner.trial import pipeline_parallel, tensor_parallel
 
 if TYPE_CHECKING:
@@ -44,11 +45,8 @@ def restrict(choices: dict[str, tuple[Any, ...]], task: "Task | None", task_args
     take, each with a note naming the rule; returns the model's block count (``None``:
     unknown). A searched ZeRO stage beside tensor/pipeline parallelism is said too: the
     layouts shard with FSDP2 (DeepSpeed's engine takes no DeviceMesh)."""
-    from tuner.config.space import KNOBS
-
-    tp, pp = choices["tensor_parallel"], choices["pipeline_parallel"]
-    verdicts = judge(task, task_args, tp, pp, world, per_node, script, True in choices["sequence_parallel"]
-                     ) if world > 1 else Verdicts()
+    verdicts = judge(task, task_args, choices["tensor_parallel"], choices["pipeline_parallel"], world, per_node,
+                     script, True in choices["sequence_parallel"]) if world > 1 else Verdicts()
     for (name, value), why in verdicts.refused.items():
         choices[name] = tuple(v for v in choices[name] if v != value) or (KNOBS[name].default,)
         notes.append(f"{name}={value} refused: {why}")

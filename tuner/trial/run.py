@@ -78,7 +78,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     try:
         job.build()
         timings["build"] = time.perf_counter() - t0
-        notes.extend(job.engine.notes)
+        notes = job.engine.notes  # what it says during the steps too (a loss that falls back)
         if job.batch_norm:  # said whatever happens next (a pruned trial too)
             notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
                          f"micro-batch size ({config.micro_batch_size}) changes what the model learns")
@@ -87,7 +87,6 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
         if job.nonfinite():
             state, reason = State.NONFINITE, "loss became NaN or inf during the trial"
         losses = job.read_losses()
-        notes.extend(n for n in job.engine.notes if n not in notes)  # said during the steps
     except TrialStop as stop:
         state, reason, pruned_at = stop.state, stop.reason, stop.pruned_at
         if state == State.PRUNED:  # cut short, its curve so far still goes to the precision guard

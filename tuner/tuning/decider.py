@@ -10,7 +10,7 @@ already measured, never measured twice; slow trials are pruned (:mod:`tuner.tuni
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import KNOBS, Config, Machine, make_config
@@ -137,9 +137,11 @@ class Decider:
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}
         best = study_mod.best_feasible(self.study)
-        step = proposers.first(self.proposers, proposers.Round(
-            best, self.known, lambda knobs: searchspace.config_key(self._config(dict(knobs))) in self.known
-            or _claim(self._config(dict(knobs))) in flying, self._outcome))
+        def taken(knobs: Any) -> bool:
+            config = self._config(knobs)
+            return searchspace.config_key(config) in self.known or _claim(config) in flying
+
+        step = proposers.first(self.proposers, proposers.Round(best, self.known, taken, self._outcome))
         repeat = self.convergence.repeat(best) if step is None and best is not None and \
             self.recipe.budget.converge else None
         if repeat is not None:
@@ -260,10 +262,10 @@ class Decider:
 
     def _outcome(self, knobs: Any) -> str | None:
         """The state a configuration was recorded with, if it was measured."""
-        seen = self.known.get(searchspace.config_key(self._config(dict(knobs))))
+        seen = self.known.get(searchspace.config_key(self._config(knobs)))
         return seen.outcome if seen is not None else None
 
-    def _config(self, knobs: dict[str, Any]) -> Config:
+    def _config(self, knobs: Mapping[str, Any]) -> Config:
         """The configuration of ``knobs`` (a trial's full params too: what is derived, the
         accumulation and the engine, is derived again)."""
         r = self.recipe
