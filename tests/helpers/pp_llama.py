@@ -12,7 +12,7 @@ from tiny_llama import batch as tiny_batch
 from tiny_llama import tiny_llama
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from tuner.trial import pipeline_parallel as pp
+from tuner.trial import pipeline_stages as pp
 
 
 def main():

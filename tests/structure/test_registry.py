@@ -139,9 +139,27 @@ NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segment
 def test_a_lever_added_through_the_registry_is_named_in_at_most_three_modules(name: str) -> None:
     """Its declaration, its functions, and at most one more: every layer reads the rest from
     the registry (the stages, the exports, the memory model, the diagnosis, the routes)."""
+    assert len(_naming(name)) <= 3, _naming(name)
+
+
+OLD_LEVERS = ("fsdp", "pipeline_parallel", "activation_checkpointing", "tensor_parallel")
+"""The levers issue 35 found named all over the package (20, 10, 9 and 8 modules)."""
+
+
+@pytest.mark.parametrize("name", OLD_LEVERS)
+def test_the_layout_and_checkpointing_levers_are_named_in_at_most_six_modules(name: str) -> None:
+    """Their declaration, their functions (the layout's arithmetic, the preparation, the
+    exports, the model surgery), and nothing else: the engine label, the memory model, the
+    exporters, the diagnosis, the console, the guided walk and the measurement read the
+    registry or the :class:`~tuner.config.layout.Layout` instead (issue 35's target)."""
+    assert len(_naming(name)) <= 6, _naming(name)
+
+
+def _naming(name: str) -> list[str]:
+    """The modules of ``tuner/`` whose text holds ``name`` as a whole word (code, docstrings,
+    messages; a PyTorch module path such as ``torch.distributed.fsdp`` included)."""
     import re
 
     word = re.compile(rf"\b{name}\b")
     root = Path(levers.__file__).resolve().parents[1]
-    naming = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if word.search(p.read_text()))
-    assert len(naming) <= 3, naming
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if word.search(p.read_text()))

@@ -79,7 +79,7 @@ def test_what_cannot_run_together_is_refused_by_its_rule():
     assert graphs in _rule(H100, compile=True, compile_mode="reduce-overhead", zero_stage=2)
     assert _rule(H100, compile=True, compile_mode="reduce-overhead") is None
     assert "DeepSpeed's ZeRO" in _rule(H100, float8="tensorwise", zero_stage=1, amp_dtype="bf16")
-    assert "without tensor_parallel" in _rule(H100, float8="rowwise", tensor_parallel=2, amp_dtype="bf16")
+    assert "without tensor parallelism" in _rule(H100, float8="rowwise", tensor_parallel=2, amp_dtype="bf16")
     assert _rule(H100, float8="tensorwise", fsdp="full_shard", amp_dtype="bf16") is None
     assert "fused_loss without tensor or pipeline" in _rule(H100, fused_loss=True, tensor_parallel=2)
     assert "fused_loss without tensor or pipeline" in _rule(H100, fused_loss=True, pipeline_parallel=2)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tuner.trial import pipeline_parallel as pp
+from tuner.trial import pipeline_stages as pp
 
 from conftest import TESTS, torchrun
 

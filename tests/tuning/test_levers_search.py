@@ -61,7 +61,7 @@ def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
     assert over and over[0]["state"] == "over_budget", over
     assert float(best["metrics"]["recompute_share"]) > 0  # what checkpointing costs, in the metrics
     log = (out / "search.log").read_text()
-    assert "micro_batch_size 256 did not fit (over_budget): activation checkpointing (full)" in log
+    assert "micro_batch_size 256 did not fit (over_budget): activation_checkpointing full" in log
     report = (out / "report.md").read_text()
     assert "activation_checkpointing" in report and "over_budget" in report
     assert "recompute" in report  # the attribution's risk note says what checkpointing costs

@@ -127,7 +127,7 @@ def test_a_micro_batch_that_did_not_fit_comes_back_with_checkpointing_selective_
 
     step = guided_next(LEVERS, LEVER_BASE, {"data_wait_share": 0.0}, lambda k: k in tried, outcome=state)
     assert step.knobs == dict(over, activation_checkpointing="selective")
-    assert step.why == ("micro_batch_size 16 did not fit (over_budget): activation checkpointing (selective) "
+    assert step.why == ("micro_batch_size 16 did not fit (over_budget): activation_checkpointing selective "
                         "frees its activations")
     tried.append(step.knobs)
     again = guided_next(LEVERS, LEVER_BASE, {"data_wait_share": 0.0}, lambda k: k in tried, outcome=state)

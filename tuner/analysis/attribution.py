@@ -44,7 +44,7 @@ def path(baseline: Mapping[str, Any], best: Mapping[str, Any],
     (knob ``""``); knobs equal in both are left out. A change that alone would make no
     configuration (ZeRO with FSDP2 still on; a micro-batch the data-parallel share cannot
     hold before the layout that makes room) is taken together with the next one, and the
-    step is named by both (``zero_stage+fsdp``)."""
+    step is named by both, joined by ``+``)."""
     steps: list[tuple[str, dict[str, Any]]] = [("", dict(baseline))]
     current, pending = dict(baseline), []
     for knob in changed(baseline, best):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
-from tuner.config import levers
+from tuner.config import layout, levers
 from tuner.config.machine import Machine
 
 THRESHOLDS: dict[str, float] = {
@@ -129,12 +129,13 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if comm is None or comm <= THRESHOLDS["comm_share"]:
         return None
     zero = f.params.get("zero_stage")
+    more = remedies("communication-bound", f.params, f.device, said=("micro_batch_size",))
     return Verdict(
         "communication-bound", comm,
         f"collectives not hidden behind compute take {comm:.0%} of the step",
         "try a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
         + (", a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "")
-        + (", fsdp: shard_grad_op (one all-gather fewer per block)" if f.params.get("fsdp") == "full_shard" else "")
+        + (f", {more}" if more else "")
         + "; larger buckets (ddp_bucket_cap_mb; DeepSpeed's reduce_bucket_size) and overlap_comm hide more of it"
         + "; on GPUs, check the interconnect (NCCL_DEBUG=INFO) and bucket sizes",
     )
@@ -144,7 +145,7 @@ def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     bubble = f.get("bubble_share")
     if bubble is None or bubble <= THRESHOLDS["bubble_share"]:
         return None
-    pp, accum = f.params.get("pipeline_parallel", 1), f.params.get("grad_accum_steps")
+    pp, accum = layout.of(f.params).pp, f.params.get("grad_accum_steps")
     theory = f" ({pp} stages x {accum} micro-batches: (p - 1) / (m + p - 1) = {(pp - 1) / (accum + pp - 1):.0%} " \
              "in theory, the rest the stages' sends)" if isinstance(accum, int) and pp > 1 else ""
     return Verdict(
@@ -152,7 +153,7 @@ def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         f"a pipeline stage sits idle {bubble:.0%} of the step{theory}",
         "more micro-batches per pipeline step (a smaller micro_batch_size at the same global batch), "
         + (remedies("pipeline-bound", f.params, f.device) + ", " if remedies("pipeline-bound", f.params, f.device)
-           else "") + "or fewer stages (pipeline_parallel) where the model still fits",
+           else "") + "or fewer pipeline stages where the model still fits",
     )
 
 
@@ -165,11 +166,11 @@ def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     used = f"peak memory {peak:.2f} GiB of a {budget:g} GiB budget" if budget and peak else ""
     retry = f"{retries} allocator retries (cudaMalloc failed, cache flushed)" if retries else ""
     # the registry's other memory levers (the allocator, a fused loss), where this machine runs them
-    more = remedies("memory-bound", f.params, f.device, said=("micro_batch_size", "amp_dtype"))
+    more = remedies("memory-bound", f.params, f.device, said=("micro_batch_size", "amp_dtype", *levers.of("sharding")))
     return Verdict(
         "memory-bound", (peak / budget) if budget and peak else 0.0,
         "; ".join(x for x in (used, retry) if x),
-        "little room to grow: a higher ZeRO stage or FSDP2 (fsdp: full_shard), bf16, a smaller micro-batch with "
+        "little room to grow: a higher ZeRO stage or FSDP2's full_shard, bf16, a smaller micro-batch with "
         "more accumulation, or activation checkpointing frees memory (and lets a larger micro-batch fit); "
         "offload_optimizer: cpu when the model does not fit at all" + (f"; also {more}" if more else ""),
     )

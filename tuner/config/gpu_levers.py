@@ -1,6 +1,7 @@
 """The levers of a 2026 GPU, one declaration each: ``torch.compile``'s mode, the attention
 kernel, float8 training, the CUDA allocator's expandable segments, Liger's fused loss
-(operator-level checkpointing is a value of ``activation_checkpointing``). Each entry says
+(operator-level checkpointing is the checkpointing lever's ``op`` value, declared with its other
+modes). Each entry says
 what this machine refuses and why, what cannot run together, and what it writes into the
 configs to paste (its ``export_with`` below); the trial applies them
 (:mod:`tuner.trial.engines.gpu_levers`). Published effects, with their sources, are in
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from tuner.config import layout
 from tuner.config.lever import ADAPTERS, Lever
 from tuner.config.machine import Machine
 
@@ -26,19 +28,27 @@ BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_
 """``attention_backend`` values and ``torch.nn.attention.SDPBackend``'s names for them."""
 
 
-# --- compile_mode --------------------------------------------------------------------------
+# --- compile and compile_mode ----------------------------------------------------------------
 
 def _graphs_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
     """What CUDA graphs (``reduce-overhead``) cannot capture."""
     if not k["compile"] or k["compile_mode"] != "reduce-overhead":
         return None
-    if k["fsdp"] != "off" or k["zero_stage"] > 0:
+    lay = layout.of(k)
+    if lay.shard or k["zero_stage"] > 0:
         return ("compile_mode reduce-overhead records CUDA graphs, which cannot capture FSDP2's or ZeRO's hooks and "
                 "collectives (the rule: reduce-overhead without sharding)")
-    if k["tensor_parallel"] * k["pipeline_parallel"] > 1:
+    if lay.model_parallel:
         return ("compile_mode reduce-overhead with a parallel layout: CUDA graphs cannot capture its stages' sends "
                 "and DTensor's collectives here (the rule: reduce-overhead without tensor or pipeline parallelism)")
     return None
+
+
+def compile_exports(config: Config, file: str, world_size: int) -> Any:
+    """``compile``'s own: Accelerate's dynamo section (the other files take a flag in place)."""
+    if not config.compile or file != "accelerate_config.yaml":
+        return None
+    return {"dynamo_config": {"dynamo_backend": "INDUCTOR"}}
 
 
 def compile_mode_exports(config: Config, file: str, world_size: int) -> Any:
@@ -107,10 +117,10 @@ def _float8_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
         return None
     if k["zero_stage"] > 0:
         return "float8 with DeepSpeed's ZeRO: its engine does not compose with torchao's float8 layers (the rule: " \
-               "float8 with fsdp or plain data parallelism, as torchtitan runs it)"
-    if k["tensor_parallel"] > 1:
+               "float8 with FSDP2 or plain data parallelism, as torchtitan runs it)"
+    if layout.of(k).tp > 1:
         return "float8 with tensor parallelism needs torchao's float8 parallel styles, not applied here (the rule: " \
-               "float8 without tensor_parallel)"
+               "float8 without tensor parallelism)"
     return None
 
 
@@ -118,7 +128,7 @@ def float8_exports(config: Config, file: str, world_size: int) -> Any:
     recipe = config.float8
     if recipe == "off":
         return None
-    gather = config.fsdp != "off" and recipe == "tensorwise"
+    gather = layout.of(config.params()).shard and recipe == "tensorwise"
     if file == "torchtitan.toml":
         section: dict[str, Any] = {"enable_fsdp_float8_all_gather": gather,
                                    "precompute_float8_dynamic_scale_for_fsdp": gather}
@@ -157,26 +167,6 @@ def expandable_exports(config: Config, file: str, world_size: int) -> Any:
     return None
 
 
-# --- activation_checkpointing: op (declared with the other checkpointing modes) ------------------
-
-def op_checkpointing_exports(config: Config, file: str, world_size: int) -> Any:
-    """The selective-checkpointing policy as lines a script pastes: no library config holds a
-    ``context_fn`` (TrainingArguments' kwargs are JSON; torchtitan's is ``selective_ac_option``)."""
-    if config.activation_checkpointing != "op" or file != "torch_settings.py":
-        return None
-    aten = "torch.ops.aten"
-    saved = ", ".join(f"{aten}.{op}.default" for op in ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
-                                                        "_scaled_dot_product_efficient_attention"))
-    return ["from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts",
-            f"_saved = {{{saved}}}  # activation_checkpointing op: matmul and attention outputs kept",
-            "def op_context():  # the rest of each block recomputed in the backward",
-            "    return create_selective_checkpoint_contexts(lambda ctx, op, *a, **k: CheckpointPolicy.MUST_SAVE "
-            "if op in _saved else CheckpointPolicy.PREFER_RECOMPUTE)",
-            "# each block: checkpoint(block, x, use_reentrant=False, context_fn=op_context); transformers: "
-            "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False, "
-            "'context_fn': op_context})"]
-
-
 # --- fused_loss ---------------------------------------------------------------------------------
 
 def _liger_refused(m: Machine) -> list[tuple[Any, str, Any]]:
@@ -191,7 +181,7 @@ def _fused_loss_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
     """Liger's kernel takes the whole head and the model's own forward: a tensor-parallel head
     is a DTensor shard (its loss runs vocabulary-parallel instead), and pipeline stages call
     the blocks, not the patched forward."""
-    if k["fused_loss"] and k["tensor_parallel"] * k["pipeline_parallel"] > 1:
+    if k["fused_loss"] and layout.of(k).model_parallel:
         return ("fused_loss with a parallel layout: Liger's fused cross-entropy takes the whole head through the "
                 "model's own forward, which tensor parallelism shards and pipeline stages do not call (the rule: "
                 "fused_loss without tensor or pipeline parallelism; tensor parallelism's loss runs "

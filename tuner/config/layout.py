@@ -1,6 +1,10 @@
-"""The parallel layout's arithmetic: how ``tensor_parallel`` x ``pipeline_parallel`` x the
-data-parallel degree make up the world, where a rank sits in it, and the rules that
-refuse a layout before anything runs (issue 27).
+"""The parallel layout's arithmetic: how the tensor-parallel x pipeline x data-parallel
+degrees make up the world, whether the data-parallel dimension is sharded or replicated,
+where a rank sits in it, and the rules that refuse a layout before anything runs (issue 27).
+
+:func:`of` is the one place that reads the layout levers' values: everything after it (the
+preparation, the exports, the memory model, the reports) reads the :class:`Layout`, as
+torchtitan's code reads its ``ParallelDims`` rather than its job config.
 
 The mesh is torchtitan's order, ``(pp, dp, tp)`` with tensor parallelism innermost: the
 ranks of one tensor-parallel group are consecutive, so they share a node (torchrun numbers
@@ -25,11 +29,19 @@ VIRTUAL_STAGES = {"1f1b": 1, "gpipe": 1, "interleaved_1f1b": 2}
 
 @dataclass(frozen=True)
 class Layout:
-    """One layout of ``world`` ranks: ``pp`` stages x ``dp`` model copies x ``tp`` shards."""
+    """One layout of ``world`` ranks: ``pp`` stages x ``dp`` model copies x ``tp`` shards;
+    the ``dp`` copies are one sharded copy (FSDP2, ``shard``) or replicas."""
 
     tp: int
     pp: int
     world: int
+    shard: bool = False
+    """The data-parallel dimension shards parameters, gradients and optimizer states (FSDP2)."""
+    reshard: bool = False
+    """A sharded block frees its gathered parameters after the forward and gathers them again
+    for the backward (FSDP2's full_shard; shard_grad_op keeps them)."""
+    schedule: str = "1f1b"
+    """The pipeline schedule (one of :data:`SCHEDULES`; meaningful with ``pp > 1``)."""
 
     @property
     def dp(self) -> int:
@@ -37,6 +49,21 @@ class Layout:
         :func:`refusal` before it runs, it still has batch arithmetic that holds)."""
         copy = self.tp * self.pp
         return self.world // copy if self.world % copy == 0 else 1
+
+    @property
+    def dp_shard(self) -> int:
+        """torchtitan's ``data_parallel_shard_degree`` (Accelerate's ``dp_shard_size``)."""
+        return self.dp if self.shard else 1
+
+    @property
+    def dp_replicate(self) -> int:
+        """torchtitan's ``data_parallel_replicate_degree``."""
+        return 1 if self.shard else self.dp
+
+    @property
+    def virtual_stages(self) -> int:
+        """Stages each rank holds (two under the interleaved schedule)."""
+        return VIRTUAL_STAGES.get(self.schedule, 1) if self.pp > 1 else 1
 
     @property
     def model_parallel(self) -> bool:
@@ -53,8 +80,12 @@ class Layout:
         return self.coordinates(rank)[1]
 
 
-def of(knobs: Mapping[str, Any], world: int) -> Layout:
-    return Layout(int(knobs.get("tensor_parallel", 1)), int(knobs.get("pipeline_parallel", 1)), world)
+def of(knobs: Mapping[str, Any], world: int = 1) -> Layout:
+    """The layout these knob values make on ``world`` ranks (the degrees alone need no world)."""
+    shard = knobs.get("fsdp", "off")
+    return Layout(int(knobs.get("tensor_parallel", 1)), int(knobs.get("pipeline_parallel", 1)), world,
+                  shard=shard != "off", reshard=shard == "full_shard",
+                  schedule=str(knobs.get("pipeline_schedule", "1f1b")))
 
 
 def data_parallel(knobs: Mapping[str, Any], world: int) -> int:
@@ -90,8 +121,8 @@ def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
     if knobs.get("amp_dtype") == "fp16":
         return ("amp_dtype fp16 with tensor or pipeline parallelism: its loss scaling is not composed with "
                 "them here (the rule: use bf16, as torchtitan does)")
-    schedule, accum = str(knobs.get("pipeline_schedule", "1f1b")), knobs.get("grad_accum_steps")
-    if not cuda and layout.pp > 1 and schedule == "interleaved_1f1b" and knobs.get("fsdp", "off") != "off":
+    schedule, accum = layout.schedule, knobs.get("grad_accum_steps")
+    if not cuda and layout.pp > 1 and schedule == "interleaved_1f1b" and layout.shard:
         # measured: NaN from the first forward (1 micro-batch) or the second step (2), 4 gloo ranks, torch
         # 2.13, tiny Llama; the same layout without FSDP2, and FSDP2 under 1f1b, train the reference curve
         return ("pipeline_schedule interleaved_1f1b with fsdp trains NaN on CPU ranks (torch 2.13's runtime "
@@ -104,9 +135,9 @@ def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
         if schedule == "interleaved_1f1b" and accum % rounds:
             return (f"pipeline_schedule interleaved_1f1b runs {accum} micro-batches in rounds of {layout.pp} (the "
                     "rule: a whole number of rounds)")
-    stages = layout.pp * VIRTUAL_STAGES.get(str(knobs.get("pipeline_schedule", "1f1b")), 1)
+    stages = layout.pp * layout.virtual_stages
     if blocks is not None and layout.pp > 1 and blocks < stages:
-        return (f"pipeline_parallel {layout.pp} under {knobs.get('pipeline_schedule')} needs {stages} stages of at "
+        return (f"pipeline_parallel {layout.pp} under {schedule} needs {stages} stages of at "
                 f"least one block each; the model has {blocks} (the rule: blocks >= stages)")
     return None
 

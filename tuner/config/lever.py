@@ -59,7 +59,7 @@ class Lever:
     minimum: int | None = None
     maximum: int | None = None
     aliases: tuple[tuple[Any, Any], ...] = ()
-    """Values read as another: YAML 1.1 reads a bare ``off`` as false (``fsdp: [off, ...]``)."""
+    """Values read as another: YAML 1.1 reads a bare ``off`` as false (``[off, full_shard]``)."""
     group: Group = "model"
     needs: Callable[[Mapping[str, Any], int], bool] = always
     """Whether it means anything given the other knobs (all of them) and the world size; a
@@ -117,6 +117,17 @@ class Lever:
     """``module:function`` in the config layer, ``(config, file, world_size)`` -> what the
     lever writes into that export file (a dict merged into a JSON/YAML file's mapping, or
     lines added to a TOML or Python one; ``None``: nothing): its exports in its own entry."""
+    engine: str | None = None
+    """The engine label a value away from the default gives a configuration (``deepspeed``, or
+    a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;
+    the first of :data:`tuner.config.levers.ENGINE_ORDER` wins)."""
+    runs_on: str | None = None
+    """The recipe ``engine`` (``torch`` or ``deepspeed``) a value away from the default needs:
+    a recipe that names the other one is refused before anything runs."""
+    frees_activations: tuple[Any, ...] = ()
+    """Values that recompute activations in the backward instead of holding them, the one
+    that recomputes least first: what the guided walk tries on a larger micro-batch the
+    memory budget refused, and the capacity plan's checkpointing column."""
     env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
     """For a lever a process reads from its environment at start (the CUDA allocator's
     settings): ``(value, the environment so far)`` -> the variables a script trial's process

@@ -127,7 +127,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           minimum=1, group="layout", needs=lambda k, w: w > 1, path=75, walk=35, ordered=True,
           verdicts={"memory-bound": 6}, label="tp={}",
           risk="every block all-reduces its activations across the tensor-parallel group: keep it inside a node",
-          memory="states", stage="engine", apply=LAYOUT,
+          memory="states", stage="engine", apply=LAYOUT, engine="layout",
           exports={"torchtitan.toml": "parallelism.tensor_parallel_degree",
                    "accelerate_config.yaml": "parallelism_config.parallelism_config_tp_size",
                    "lightning_trainer.yaml": "trainer.strategy (ModelParallelStrategy tensor_parallel_size)"}),
@@ -135,8 +135,11 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           group="layout", needs=lambda k, w: w > 1, path=76, walk=36, ordered=True,
           verdicts={"memory-bound": 7, "pipeline-bound": 1},
           label="pp={}", risk="the pipeline bubble: stages idle while the first micro-batches fill it",
-          memory="states", stage="engine", apply=LAYOUT,
-          exports={"torchtitan.toml": "parallelism.pipeline_parallel_degree"}),
+          memory="states", stage="engine", apply=LAYOUT, engine="layout",
+          exports={"torchtitan.toml": "parallelism.pipeline_parallel_degree",
+                   "accelerate_config.yaml": "comment: Accelerate has no pipeline parallelism",
+                   "lightning_trainer.yaml": "comment: Lightning has no pipeline parallelism"},
+          export_with="tuner.config.exports.parallel:pipeline_exports"),
     Lever("pipeline_schedule", str, "1f1b", "how micro-batches flow through the stages",
           choices=("1f1b", "gpipe", "interleaved_1f1b"), group="layout",
           needs=lambda k, w: k["pipeline_parallel"] > 1, path=77, walk=37, label="{}",
@@ -158,7 +161,8 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           alternative=("fsdp", "off"),
           verdicts={"communication-bound": 1, "memory-bound": 1},
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
-          adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine",
+          adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine", engine="deepspeed",
+          runs_on="deepspeed",
           refused_under={"lightning": lambda m: [] if m.cuda else [
               (stage, "Lightning's DeepSpeed strategy runs only on CUDA GPUs (its own check, "
                       "lightning.pytorch.strategies.DeepSpeedStrategy.setup_environment)", 0) for stage in (1, 2, 3)]},
@@ -173,9 +177,12 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
               for mode in ("full_shard", "shard_grad_op")],
           path=90, walk=40, reference="off", verdicts={"communication-bound": 2, "memory-bound": 0},
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
-          label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.data_parallel:shard",
+          label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.data_parallel:shard", engine="fsdp",
+          runs_on="torch",
+          suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
           exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
-                   "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"}),
+                   "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"},
+          export_with="tuner.config.exports.parallel:fsdp_exports"),
     Lever("activation_checkpointing", str, "none",
           "recompute activations in the backward: every block's whole forward (full), every other block's "
           "(selective), or each block's cheap operators, its matmul and attention outputs kept (op)",
@@ -183,12 +190,13 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           path=60, walk=50, ordered=True, reference="none", verdicts={"memory-bound": 2},
           risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
                "dropout matches)",
-          label="ac={}", adapters=frozenset({"hf"}), memory="activations",
+          label="ac={}", adapters=frozenset({"hf"}), memory="activations", frees_activations=("selective", "full"),
           prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
           apply=f"{ENGINES}.model_levers:checkpoint_blocks",
           exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
+                   "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
                    "torch_settings.py": "op_context (op)"},
-          export_with="tuner.config.gpu_levers:op_checkpointing_exports"),
+          export_with="tuner.config.exports.checkpointing:checkpointing_exports"),
     Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels", path=110, walk=60,
           reference=False, verdicts={"host-cpu-saturated": 2, "host-bound": 1, "compute-bound": 1},
           suggest=((True,), "compile: true (fused kernels)"),
@@ -200,7 +208,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                "the precision guard",
           label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compile_model",
           exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
-                   "torchtitan.toml": "compile"}),
+                   "torchtitan.toml": "compile"}, export_with="tuner.config.gpu_levers:compile_exports"),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
           group="communication", needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
           and _data_parallel_only(k, w),
@@ -278,6 +286,39 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
     *GPU_LEVERS,
 )}
 """Every lever, in declaration order."""
+
+
+ENGINE_ORDER = ("layout", "fsdp", "deepspeed")
+"""Which engine label a configuration takes where its levers give several (a layout shards
+its data-parallel dimension with FSDP2 inside the layout)."""
+ENGINE_NAMES = {"torch": "PyTorch's engine", "deepspeed": "DeepSpeed"}
+"""The recipe's ``engine`` values, in words."""
+
+
+def engine_of(values: Mapping[str, Any], asked: str = "auto") -> str:
+    """The engine label of these knob values (every lever's, after the levers that mean
+    nothing took their defaults); ``asked``: the recipe's ``engine``."""
+    moved = {lever.engine for name, lever in LEVERS.items()
+             if lever.engine and values.get(name, lever.default) != lever.default}
+    return next((e for e in ENGINE_ORDER if e in moved), "deepspeed" if asked == "deepspeed" else "torch")
+
+
+def engine_clash(values: Mapping[str, tuple[Any, ...]], asked: str) -> str | None:
+    """Why lever values (each lever's possible values) cannot run on the engine the recipe
+    names (``None``: they can, or the recipe says ``auto``)."""
+    if asked == "auto":
+        return None
+    for name, lever in LEVERS.items():
+        others = [v for v in values.get(name, ()) if v != lever.default]
+        if lever.runs_on and lever.runs_on != asked and others:
+            return (f"engine: {asked} cannot run {name} {', '.join(map(str, others))}, which "
+                    f"{ENGINE_NAMES[lever.runs_on]} runs; use engine: auto, or {name}: {lever.default}")
+    return None
+
+
+def sharded_engines() -> frozenset[str]:
+    """The engine labels of the sharding levers (their collectives overlap the step)."""
+    return frozenset(lever.engine for lever in LEVERS.values() if lever.group == "sharding" and lever.engine)
 
 
 def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence, get_args
 
 import yaml
 
-from tuner.config import layout
+from tuner.config import layout, levers
 from tuner.config import space as space_mod
 from tuner.config.errors import RecipeError
 from tuner.config.script import SCRIPT_KEYS, Script, check_routes, parse_script
@@ -274,18 +274,15 @@ def _check_combinations(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[
         why = space_mod.conflict(knobs)
         if why is not None:
             raise RecipeError(f"{where}: {why}")
-    modes = set(space.get("fsdp", ())) | {baseline.get("fsdp", "off"), overrides.get("fsdp", "off")}
-    if engine == "deepspeed" and modes - {"off"}:
-        raise RecipeError("engine: deepspeed cannot run fsdp (PyTorch's FSDP2); use engine: auto, or drop fsdp "
-                          "from the space and shard with zero_stage")
+    why = levers.engine_clash(_values_set(space, baseline, overrides), engine)
+    if why is not None:
+        raise RecipeError(why)
 
 
 def _engine(engine: Any, stages: set[int], script: Script | None) -> EngineName:
-    """The recipe's engine, checked against the ZeRO stages the recipe can ask for."""
+    """The recipe's engine (checked against the levers' values by :func:`_check_combinations`)."""
     if engine not in get_args(EngineName):
         raise RecipeError(f"engine: expected one of {', '.join(get_args(EngineName))}, got {engine!r}")
-    if engine == "torch" and stages - {0}:
-        raise RecipeError("engine: torch cannot run zero_stage > 0; use engine: auto or deepspeed")
     if script is not None and script.adapt == "accelerate" and stages - {0}:
         raise RecipeError("zero_stage: adapt: accelerate does not drive Accelerate's DeepSpeed plugin; remove "
                           "zero_stage from the space (or use tuner.config().ds_config() in the script)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Mapping, Sequence, get_args
 
-from tuner.config import layout
+from tuner.config import layout, levers
 from tuner.config.errors import RecipeError
 from tuner.config.lever import Lever
 from tuner.config.levers import DEEPSPEED_BUCKET, LEVERS, loader_kwargs
@@ -129,9 +129,9 @@ Config = dataclasses.make_dataclass("Config", _fields(), bases=(_Fields,), froze
 Config.__module__ = __name__
 Config.__doc__ = """One complete configuration of a trial: ``micro_batch_size``,
 ``grad_accum_steps``, every lever of :mod:`tuner.config.levers` (its default when not
-given) and ``engine`` (``torch``: plain or DDP, ``deepspeed``, ``fsdp``, or ``layout``: tensor
-and/or pipeline parallelism, with FSDP2 or replication on the data-parallel dimension; derived
-from the levers and the recipe)."""
+given) and ``engine``: the label of what runs it, derived from the levers and the recipe
+(:func:`tuner.config.levers.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
+sharding and layout levers' own labels, which the same PyTorch engine runs)."""
 
 
 def parse_space(raw: Any, where: str = "space") -> dict[str, tuple[Any, ...]]:
@@ -235,22 +235,11 @@ def make_config(
     for name in KNOBS:  # a knob that means nothing here takes its default (one config, one key)
         if not applies(name, values, world_size):
             values[name] = KNOBS[name].default
-    if engine == "torch" and values["zero_stage"] > 0:
-        raise RecipeError(
-            f"zero_stage: {values['zero_stage']} needs DeepSpeed, but the recipe says engine: torch; "
-            "use engine: auto or deepspeed, or zero_stage: 0"
-        )
-    if engine == "deepspeed" and values["fsdp"] != "off":
-        raise RecipeError(f"fsdp: {values['fsdp']} is PyTorch's FSDP2, but the recipe says engine: deepspeed; "
-                          "use engine: auto, or zero_stage for DeepSpeed's sharding")
-    if layout.of(values, world_size).model_parallel:
-        resolved_engine = "layout"
-    elif values["fsdp"] != "off":
-        resolved_engine = "fsdp"
-    else:
-        resolved_engine = "deepspeed" if engine == "deepspeed" or values["zero_stage"] > 0 else "torch"
+    why = levers.engine_clash({name: (value,) for name, value in values.items()}, engine)
+    if why is not None:
+        raise RecipeError(why)
     accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
-    return Config(grad_accum_steps=accum, engine=resolved_engine, **values), notes
+    return Config(grad_accum_steps=accum, engine=levers.engine_of(values, engine), **values), notes
 
 
 def unsupported(machine: Machine, adapt: str | None = None) -> list[tuple[str, Any, str, Any]]:

@@ -68,20 +68,20 @@ class Prediction:
 def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
     """Parameters, gradients and optimizer states on one rank's device, in bytes."""
     p = float(parameters)
-    zero, fsdp = knobs.get("zero_stage", 0), knobs.get("fsdp", "off")
+    zero, lay = knobs.get("zero_stage", 0), layout.of(knobs)
     half = knobs.get("amp_dtype", "fp32") != "fp32" and zero > 0  # DeepSpeed's half-precision engine
     params, grads, optim = (2 * p, 2 * p, 12 * p) if half else (4 * p, 4 * p, 8 * p)
     w = max(1, world_size)
-    if fsdp != "off":
+    if lay.shard:  # FSDP2: gradients and optimizer states sharded; parameters too, between uses, when resharded
         grads, optim = grads / w, optim / w
-        params = params if fsdp == "shard_grad_op" else params / w
+        params = params / w if lay.reshard else params
     else:
         optim = optim / w if zero >= 1 else optim
         grads = grads / w if zero >= 2 else grads
         params = params / w if zero >= 3 else params
     if knobs.get("offload_optimizer", "none") != "none" and not host_is_device:
         optim = 0.0
-        if fsdp != "off":
+        if lay.shard:
             params = grads = 0.0
     return params + grads + optim
 
@@ -91,14 +91,14 @@ def activation_units(knobs: Mapping[str, Any], global_batch: int | None = None, 
     micro-batch, or under pipeline parallelism its stage's share (1 / pp of the blocks) of
     every micro-batch in flight: all of a step's under GPipe, at most one per stage under
     1F1B and interleaved 1F1B (the first stage holds ``pp`` before its first backward)."""
-    micro = knobs["micro_batch_size"]
-    pp = knobs.get("pipeline_parallel", 1)
+    micro, lay = knobs["micro_batch_size"], layout.of(knobs, world_size)
+    pp = lay.pp
     if pp == 1:
         return float(micro)
     accum = knobs.get("grad_accum_steps")
     if accum is None:
-        accum = global_batch // (micro * layout.data_parallel(knobs, world_size)) if global_batch else pp
-    in_flight = accum if knobs.get("pipeline_schedule") == "gpipe" else min(accum, pp)
+        accum = global_batch // (micro * lay.dp) if global_batch else pp
+    in_flight = accum if lay.schedule == "gpipe" else min(accum, pp)
     return micro * max(1, in_flight) / pp
 
 
@@ -214,8 +214,7 @@ class MemoryModel:
         lay = layout.of(knobs, self.world_size)
         parameters = self.parameters
         if lay.model_parallel:
-            virtual = layout.VIRTUAL_STAGES.get(str(knobs.get("pipeline_schedule", "1f1b")), 1) if lay.pp > 1 else 1
-            parameters = (self.rank_parameters(lay.tp, lay.pp, virtual) if self.rank_parameters is not None
+            parameters = (self.rank_parameters(lay.tp, lay.pp, lay.virtual_stages) if self.rank_parameters is not None
                           else self.parameters // (lay.tp * lay.pp))
         return states_bytes(parameters, knobs, lay.dp, self.host_is_device)
 

@@ -121,9 +121,13 @@ def _layout_words(k: Mapping[str, Any]) -> str:
     """``tp2 pp2 interleaved_1f1b sp`` for a row's parallel layout, empty without one."""
     lay = layout.of(k, 1)
     tp, pp = lay.tp, lay.pp
-    words = [f"tp{tp}" if tp > 1 else "", f"pp{pp} {k.get('pipeline_schedule', '1f1b')}" if pp > 1 else "",
+    words = [f"tp{tp}" if tp > 1 else "", f"pp{pp} {lay.schedule}" if pp > 1 else "",
              "sp" if k.get("sequence_parallel") else ""]
     return " ".join(w for w in words if w)
+
+
+RECOMPUTING = tuple(name for name, lever in LEVERS.items() if lever.frees_activations)
+"""The levers of the plan's checkpointing column (they trade recompute for activations)."""
 
 
 def print_plan(plan: "CapacityPlan") -> None:
@@ -139,15 +143,17 @@ def print_plan(plan: "CapacityPlan") -> None:
         table.add_column(name, justify="right" if name in ("micro", "GiB") else "left")
     for row in plan.rows:
         k = row.knobs
-        sharding = (f"FSDP2 {k['fsdp']}" if k["fsdp"] != "off" else f"ZeRO-{k['zero_stage']}" if k["zero_stage"]
-                    else "none")
+        lay = layout.of(k)
+        sharding = (f"FSDP2 {'full_shard' if lay.reshard else 'shard_grad_op'}" if lay.shard
+                    else f"ZeRO-{k['zero_stage']}" if k["zero_stage"] else "none")
         if k["offload_optimizer"] != "none":
             sharding += f" + offload {k['offload_optimizer']}"
         sharding = " ".join(w for w in (_layout_words(k), sharding if sharding != "none" or not _layout_words(k)
                                         else "") if w)
         nxt = (f"{row.next_micro_batch_size}: {row.next_predicted_gib:.2f}" if row.next_micro_batch_size
                else "-")
-        table.add_row(sharding, k["amp_dtype"], k["activation_checkpointing"], fmt(row.micro_batch_size),
+        recompute = " ".join(str(k[name]) for name in RECOMPUTING)
+        table.add_row(sharding, k["amp_dtype"], recompute, fmt(row.micro_batch_size),
                       f"{row.predicted_gib:.2f}" if row.predicted_gib is not None else "none fits", nxt,
                       row.measured or "-")
     out.print(table)

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.config import export
+from tuner.config import export, levers
 from tuner.config.space import KNOBS, Config
 from tuner.scriptmode.trialfile import read_trial
 
@@ -44,10 +44,7 @@ class _TrialFields:
 
     def _config(self) -> Config:
         knobs = {name: getattr(self, name) for name in KNOBS}
-        fsdp = knobs["fsdp"]
-        knobs.update(grad_accum_steps=self.grad_accum_steps,
-                     engine="fsdp" if fsdp != "off" else "deepspeed" if self.zero_stage > 0 else "torch")
-        return Config(**knobs)
+        return Config(**knobs, grad_accum_steps=self.grad_accum_steps, engine=levers.engine_of(knobs))
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, sampler=..., **cfg.dataloader_kwargs())``; batch size per rank."""

@@ -118,8 +118,7 @@ def count_task_flops(job: "Job") -> None:
         return
     except Exception:  # noqa: BLE001 - not meta-friendly: count on a plain trial below
         pass
-    c = job.config
-    if c.engine == "layout" or c.activation_checkpointing != "none" or c.compile:
+    if job.engine.recompute is not None or job.config.compile or job.config.engine == "layout":
         return  # its count would not be the model's: a later plain trial counts it
 
     def one_micro_batch() -> None:

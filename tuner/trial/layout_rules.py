@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tuner.config.space import KNOBS
-from tuner.trial import pipeline_parallel, tensor_parallel
+from tuner.trial import pipeline_stages, tensor_parallel
 
 if TYPE_CHECKING:
     from tuner.config.task import Task
@@ -53,7 +53,7 @@ def restrict(choices: dict[str, tuple[Any, ...]], task: "Task | None", task_args
     zero = choices["zero_stage"]
     if max(choices["tensor_parallel"]) * max(choices["pipeline_parallel"]) > 1 and (len(zero) > 1 or zero[0] != 0):
         notes.append("zero_stage applies only without tensor/pipeline parallelism (DeepSpeed's engine takes no "
-                     "PyTorch DeviceMesh): the layouts shard their data-parallel dimension with fsdp")
+                     "PyTorch DeviceMesh): the layouts shard their data-parallel dimension with FSDP2")
     return verdicts.blocks
 
 
@@ -82,8 +82,8 @@ def judge(task: "Task | None", task_args: dict[str, Any], tp_values: tuple[int, 
         return out
     assert task is not None
     model = _build(task, task_args)
-    if pipeline_parallel.family(model) is not None:
-        out.blocks = len(pipeline_parallel.blocks_of(model))
+    if pipeline_stages.family(model) is not None:
+        out.blocks = len(pipeline_stages.blocks_of(model))
     for name, value in left:
         if name == "sequence_parallel":
             why = _sequence(model, task, task_args, tuple(v for v in tp_values if v > 1))
@@ -126,7 +126,7 @@ def _sequence(model: torch.nn.Module, task: "Task", task_args: dict[str, Any], d
 def _pipeline(model: torch.nn.Module, task: "Task", stages: int, blocks: int | None) -> str | None:
     if task.pipeline_split is not None:
         return None
-    why = pipeline_parallel.supported(model)
+    why = pipeline_stages.supported(model)
     if why:
         return why
     if blocks is not None and blocks < stages:
@@ -160,9 +160,9 @@ def rank_parameters(model: torch.nn.Module, tp: int, pp: int, virtual: int = 1) 
 
     if pp == 1:
         return round(count(model))
-    if pipeline_parallel.supported(model) is not None:
+    if pipeline_stages.supported(model) is not None:
         return round(count(model) / pp)
     stages = pp * virtual
-    parts = pipeline_parallel.split(len(pipeline_parallel.blocks_of(model)), stages)
-    per_stage = [count(pipeline_parallel.Stage(model, part, i == 0, i == stages - 1)) for i, part in enumerate(parts)]
+    parts = pipeline_stages.split(len(pipeline_stages.blocks_of(model)), stages)
+    per_stage = [count(pipeline_stages.Stage(model, part, i == 0, i == stages - 1)) for i, part in enumerate(parts)]
     return round(max(sum(per_stage[r + k * pp] for k in range(virtual)) for r in range(pp)))

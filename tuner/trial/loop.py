@@ -151,7 +151,7 @@ class Job:
                 window.compile_s = max(0.0, spent - self.compiled_before)
             elif self.first_step_s is not None and window.step_times:
                 window.compile_s = max(0.0, self.first_step_s - statistics.median(window.step_times))
-        if self.engine.recompute is not None and self.config.activation_checkpointing != "none":
+        if self.engine.recompute is not None:  # blocks are checkpointed
             window.recompute_s = self.engine.recompute.between(self.window_start, self.window_start + window.wall_s)
         if self.engine.pipeline is not None:  # a pipeline: its stages' idle time
             window.bubble_s = self.engine.pipeline.clock.idle_s(self.window_start, self.window_start + window.wall_s)

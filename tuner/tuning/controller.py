@@ -184,7 +184,8 @@ def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machi
     c = space.choices
     knobs: list[dict[str, Any]] = []
     if any(z > 0 for z in c["zero_stage"]) or recipe.engine == "deepspeed":
-        knobs.append({"zero_stage": max(c["zero_stage"]), "fsdp": "off", "offload_optimizer": "none"})
+        alone = dict([KNOBS["zero_stage"].alternative] if KNOBS["zero_stage"].alternative else [])  # FSDP2 off
+        knobs.append({"zero_stage": max(c["zero_stage"]), **alone, "offload_optimizer": "none"})
     if True in c["compile"]:
         knobs.append({"compile": True})
     base = searchspace.baseline_knobs(recipe, space, machine)

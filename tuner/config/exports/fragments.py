@@ -2,9 +2,12 @@
 
 A lever's export function returns, for one file, a mapping (keys and values, nested by
 section: ``{"dynamo_config": {"dynamo_mode": "max-autotune"}}``), or for ``torch_settings.py``
-lines of Python; ``"#"`` in a mapping holds comment lines. Each exporter merges them into
-what it wrote, into a section it already has or a new one at the end, so that a lever's
-exports belong to its declaration and no exporter names it.
+lines of Python; ``"#"`` in a mapping holds comment lines, and in a TOML file a ``(value,
+comment)`` pair is a value with its comment on its line. Each exporter merges them into what
+it wrote: a key the file already has is replaced where it stands (the exporter writes a
+library's defaults, a lever overrides them), others go at the end of their section, a new
+section at the end of the file; so a lever's exports belong to its declaration and no
+exporter names it.
 """
 
 from __future__ import annotations
@@ -56,24 +59,35 @@ def _scalar(value: Any, quote: str) -> str:
 
 def merge_yaml_lines(lines: list[str], fragment: dict[str, Any]) -> list[str]:
     """``fragment`` into a YAML file written as lines: a top-level key whose block exists
-    gets its sub-keys at that block's end; others are appended."""
+    gets its sub-keys replaced where they stand, or added at that block's end; others are
+    appended."""
     out = list(lines)
     for key, value in fragment.items():
         if key == "#":
             out += [f"# {c}" for c in value]
             continue
         if not isinstance(value, dict):
-            out.append(f"{key}: {_scalar(value, '')}")
+            _put(out, 0, len(out), f"{key}:", f"{key}: {_scalar(value, '')}")
             continue
-        sub = [f"  {k}: {_scalar(v, '')}" for k, v in value.items()]
-        if f"{key}:" in out:
-            at = out.index(f"{key}:") + 1
-            while at < len(out) and out[at].startswith("  "):
-                at += 1
-            out[at:at] = sub
-        else:
-            out += [f"{key}:", *sub]
+        if f"{key}:" not in out:
+            out.append(f"{key}:")
+        start = out.index(f"{key}:") + 1
+        for k, v in value.items():
+            end = start
+            while end < len(out) and out[end].startswith("  "):
+                end += 1
+            _put(out, start, end, f"  {k}:", f"  {k}: {_scalar(v, '')}")
     return out
+
+
+def _put(lines: list[str], start: int, end: int, prefix: str, line: str) -> None:
+    """``line`` in place of the one in ``lines[start:end]`` that starts with ``prefix``, else
+    at ``end``."""
+    for at in range(start, end):
+        if lines[at].startswith(prefix):
+            lines[at] = line
+            return
+    lines.insert(end, line)
 
 
 def merge_toml_lines(lines: list[str], fragment: dict[str, Any]) -> list[str]:
@@ -84,14 +98,17 @@ def merge_toml_lines(lines: list[str], fragment: dict[str, Any]) -> list[str]:
         if section == "#":
             out += [f"# {c}" for c in values]
             continue
-        body = [f"{k} = {_scalar(v, chr(34))}" if k != "#" else "\n".join(f"# {c}" for c in v)
-                for k, v in values.items()]
         header = f"[{section}]"
-        if header in out:
-            at = out.index(header) + 1
-            while at < len(out) and out[at] and not out[at].startswith("["):
-                at += 1
-            out[at:at] = body
-        else:
-            out += ["", header, *body]
+        if header not in out:
+            out += ["", header]
+        start = out.index(header) + 1
+        for k, v in values.items():
+            end = start
+            while end < len(out) and out[end] and not out[end].startswith("["):
+                end += 1
+            if k == "#":
+                out[end:end] = [f"# {c}" for c in v]
+                continue
+            value, comment = v if isinstance(v, tuple) else (v, "")
+            _put(out, start, end, f"{k} = ", f"{k} = {_scalar(value, chr(34))}" + (f"  # {comment}" if comment else ""))
     return out

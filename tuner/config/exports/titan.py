@@ -17,8 +17,8 @@ TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved_1f1b": "Interl
 def torchtitan_toml(config: "Config", world_size: int) -> str:
     """A fragment of a torchtitan job config (TOML): batch, precision, the parallel layout
     (data-parallel sharding or replication, tensor and pipeline degrees, the schedule),
-    activation checkpointing, compile, optimizer kernels."""
-    sharded = config.fsdp != "off"
+    compile, optimizer kernels, and what each lever's own export adds (checkpointing's
+    section, a model converter's)."""
     lay = layout.of(config.params(), world_size)
     lines = [
         "# torchtitan job config fragment: merge into your train config (.toml)",
@@ -29,11 +29,11 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
         f'mixed_precision_param = "{"bfloat16" if config.amp_dtype == "bf16" else "float32"}"',
         'mixed_precision_reduce = "float32"',
         f"compile = {_toml_bool(config.compile)}",
-        f"enable_cpu_offload = {_toml_bool(sharded and config.offload_optimizer == 'cpu')}",
+        f"enable_cpu_offload = {_toml_bool(lay.shard and config.offload_optimizer == 'cpu')}",
         "",
         "[parallelism]",
-        f"data_parallel_shard_degree = {lay.dp if sharded else 1}",
-        f"data_parallel_replicate_degree = {1 if sharded else lay.dp}",
+        f"data_parallel_shard_degree = {lay.dp_shard}",
+        f"data_parallel_replicate_degree = {lay.dp_replicate}",
         f"tensor_parallel_degree = {lay.tp}",
         f"pipeline_parallel_degree = {lay.pp}",
     ]
@@ -42,19 +42,14 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
         lines.append(f"# sequence_parallel measured {'on' if config.sequence_parallel else 'off'}: torchtitan shards "
                      "the norms over the sequence with every tensor_parallel_degree > 1 (no switch)")
     if lay.pp > 1:
-        lines += [f'pipeline_parallel_schedule = "{TITAN_SCHEDULES[config.pipeline_schedule]}"',
+        lines += [f'pipeline_parallel_schedule = "{TITAN_SCHEDULES[lay.schedule]}"',
                   f"pipeline_parallel_microbatch_size = {config.micro_batch_size}"]
-    if sharded:
-        lines.append(f'fsdp_reshard_after_forward = "{"always" if config.fsdp == "full_shard" else "never"}"')
+    if lay.shard:
+        lines.append(f'fsdp_reshard_after_forward = "{"always" if lay.reshard else "never"}"')
     if config.engine == "deepspeed":
         lines.append(f"# ZeRO stage {config.zero_stage} has no torchtitan equivalent; its FSDP2 is "
                      "data_parallel_shard_degree > 1")
-    ac = config.activation_checkpointing
-    lines += ["", "[activation_checkpoint]", f'mode = "{"selective" if ac == "op" else ac}"']
-    if ac == "selective":
-        lines.append('selective_ac_option = "2"  # every 2nd block')
-    if ac == "op":
-        lines.append('selective_ac_option = "op"  # each block, its matmul and attention outputs kept')
+    lines += ["", "[activation_checkpoint]", 'mode = "none"']  # the checkpointing lever's export sets it
     implementation = {"default": "for-loop", "foreach": "foreach", "fused": "fused"}[config.optimizer_impl]
     lines += ["", "[optimizer]", f'implementation = "{implementation}"']
     if config.amp_dtype == "fp16":

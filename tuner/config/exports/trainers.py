@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import layout
+from tuner.config.exports import checkpointing, parallel
 from tuner.config.exports.fragments import lever_fragments, merge_dict, merge_yaml_lines
 from tuner.config.levers import LEVERS
 
@@ -26,7 +27,7 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
     lay = layout.of(config.params(), world_size)
     if config.engine == "deepspeed":
         kind = "DEEPSPEED"
-    elif config.fsdp != "off" or lay.tp > 1:  # Accelerate composes tensor parallelism with FSDP2 only
+    elif lay.shard or lay.tp > 1:  # Accelerate composes tensor parallelism with FSDP2 only
         kind = "FSDP"
     elif world_size > 1:
         kind = "MULTI_GPU" if cuda else "MULTI_CPU"
@@ -49,32 +50,23 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
             "  deepspeed_config_file: ds_config.json",
             f"  zero3_init_flag: {'true' if config.zero_stage == 3 else 'false'}",
         ]
-    if config.fsdp != "off" or lay.tp > 1:
+    if lay.shard or lay.tp > 1:
         lines += [
             "# FSDP2 wraps the classes in fsdp_transformer_layer_cls_to_wrap (default: the model's _no_split_modules)",
             "fsdp_config:",
             "  fsdp_version: 2",
-            f"  fsdp_reshard_after_forward: {_yaml_bool(config.fsdp == 'full_shard')}",
-            f"  fsdp_activation_checkpointing: {_yaml_bool(config.activation_checkpointing != 'none')}",
+            f"  fsdp_reshard_after_forward: {_yaml_bool(lay.reshard)}",
+            "  fsdp_activation_checkpointing: false",
             f"  fsdp_offload_params: {_yaml_bool(config.offload_optimizer == 'cpu')}",
             "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP",
             "  fsdp_state_dict_type: SHARDED_STATE_DICT",
         ]
     if lay.tp > 1:  # Accelerate's ParallelismConfig (torchtitan's ParallelDims); tp needs dp_shard
-        sharded = config.fsdp != "off"
         lines += ["parallelism_config:",
-                  f"  parallelism_config_dp_replicate_size: {1 if sharded else lay.dp}",
-                  f"  parallelism_config_dp_shard_size: {lay.dp if sharded else 1}",
+                  f"  parallelism_config_dp_replicate_size: {lay.dp_replicate}",
+                  f"  parallelism_config_dp_shard_size: {lay.dp_shard}",
                   f"  parallelism_config_tp_size: {lay.tp}",
                   "  parallelism_config_cp_size: 1"]
-    if lay.pp > 1:
-        lines.append(f"# pipeline_parallel {lay.pp} ({config.pipeline_schedule}): Accelerate has no pipeline "
-                     "parallelism of its own; see torchtitan.toml")
-    if config.activation_checkpointing != "none" and config.fsdp == "off":
-        lines.append(f"# activation checkpointing ({config.activation_checkpointing}): "
-                     "model.gradient_checkpointing_enable() in the script; Accelerate's config has no key for it")
-    if config.compile:
-        lines += ["dynamo_config:", "  dynamo_backend: INDUCTOR"]
     for fragment in lever_fragments(config, "accelerate_config.yaml", world_size):
         lines = merge_yaml_lines(lines, fragment)
     return "\n".join(lines) + "\n"
@@ -85,8 +77,7 @@ HF_LEVER_FIELDS = {field.strip(): name for name, lever in LEVERS.items()
                    for field in lever.exports.get("hf_training_args.json", "").split("/") if field.strip()}
 """The ``TrainingArguments`` fields each lever beyond the loader, batch and precision sets
 (its ``exports``); script mode sets only the recipe's."""
-HF_LEVER_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None, "fsdp": False,
-                "fsdp_config": None, "ddp_bucket_cap_mb": None, "tf32": False}
+HF_LEVER_OFF = {**checkpointing.HF_OFF, **parallel.HF_OFF, "ddp_bucket_cap_mb": None, "tf32": False}
 """What a tuned lever's fields read when it is off (``None``: the Trainer's default; a field
 not listed, ``optim``, is left out: the script's own optimizer stands)."""
 
@@ -116,16 +107,6 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
         args["deepspeed"] = "ds_config.json"
     if config.engine == "torch" and config.ddp_bucket_cap_mb != 25:
         args["ddp_bucket_cap_mb"] = config.ddp_bucket_cap_mb
-    checkpointing = config.activation_checkpointing != "none"
-    if config.fsdp != "off":  # FSDP2 checkpoints its own wrapped layers: no second all-gather
-        args["fsdp"] = True
-        args["fsdp_config"] = {"version": 2, "reshard_after_forward": config.fsdp == "full_shard",
-                               "activation_checkpointing": checkpointing,
-                               "cpu_offload": config.offload_optimizer == "cpu"}
-    elif checkpointing:
-        args["activation_checkpointing"] = True
-        if config.activation_checkpointing == "selective":
-            args["activation_checkpointing_kwargs"] = {"every_n_layers": 2}
     for fragment in lever_fragments(config, "hf_training_args.json", 1):
         merge_dict(args, fragment)
     return args
@@ -148,9 +129,9 @@ def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
     elif lay.tp > 1:  # tensor parallelism, and FSDP2 over the rest, applied in configure_model()
         strategy = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy",
                     "init_args": {"data_parallel_size": lay.dp, "tensor_parallel_size": lay.tp}}
-    elif config.fsdp != "off":
+    elif lay.shard:
         strategy = {"class_path": "lightning.pytorch.strategies.FSDPStrategy",
-                    "init_args": {"sharding_strategy": "FULL_SHARD" if config.fsdp == "full_shard" else "SHARD_GRAD_OP",
+                    "init_args": {"sharding_strategy": "FULL_SHARD" if lay.reshard else "SHARD_GRAD_OP",
                                   "cpu_offload": config.offload_optimizer == "cpu"}}
     else:
         strategy = "ddp" if world_size > 1 else "auto"
@@ -172,9 +153,8 @@ def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
                   "  # which Lightning runs as ModelParallelStrategy with fully_shard in configure_model()",
                   "  strategy:", f"    class_path: {strategy['class_path']}", "    init_args:"]
         lines += [f"      {k}: {_yaml_bool(v) if isinstance(v, bool) else v}" for k, v in strategy["init_args"].items()]
-    if lay.pp > 1:
-        lines.append(f"# pipeline_parallel {lay.pp}: Lightning has no pipeline parallelism of its own; "
-                     "see torchtitan.toml")
+    for fragment in lever_fragments(config, "lightning_trainer.yaml", world_size):
+        lines = merge_yaml_lines(lines, fragment)  # the trainer's, before the data module's block
     lines += ["data:", f"  batch_size: {config.micro_batch_size}", f"  num_workers: {config.num_workers}"]
     return "\n".join(lines) + "\n"
 

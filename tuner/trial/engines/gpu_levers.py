@@ -12,7 +12,7 @@
 - ``expandable_segments``: the CUDA caching allocator's setting, held for the trial
   (:func:`expandable_segments`, the ``process`` stage); a script trial's process gets
   it in its environment.
-- ``activation_checkpointing: op``: each block checkpointed with a policy that keeps its
+- operator-level checkpointing (the checkpointing lever's ``op``): each block checkpointed with a policy that keeps its
   matmul and attention outputs and recomputes the cheap operators between them
   (:func:`op_policy`).
 """
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
+from tuner.config import layout
 from tuner.config.errors import TrialError
 from tuner.config.gpu_levers import BACKENDS
 
@@ -63,7 +64,7 @@ def float8_model(module: torch.nn.Module, config: "Config") -> list[Callable[[],
         return []
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    gather = config.fsdp != "off" and config.float8 == "tensorwise"
+    gather = layout.of(config.params()).shard and config.float8 == "tensorwise"
     cfg = Float8LinearConfig.from_recipe_name(config.float8)
     if gather:
         cfg = dataclasses.replace(cfg, enable_fsdp_float8_all_gather=True)

@@ -9,7 +9,7 @@
    ``s`` and ``s + pp``) and drops the rest.
 4. On each part this rank kept: the sharding plan over the ``tp`` sub-mesh, channels-last,
    activation checkpointing and compile on its blocks.
-5. The data-parallel dimension: FSDP2 (``fsdp`` on) or its ``replicate`` (model copies
+5. The data-parallel dimension: FSDP2 (the layout's ``shard``) or its ``replicate`` (model copies
    beside tensor or pipeline parallelism) over the ``dp`` sub-mesh
    (:mod:`.data_parallel`), or DDP's buckets when the model is whole (its
    ``bucket_cap_mb`` is a lever). DeepSpeed's engine wraps the model itself.
@@ -32,7 +32,7 @@ from torch import nn
 
 from tuner.config import layout as layouts
 from tuner.harness.distributed import ensure_process_group
-from tuner.trial import pipeline_parallel, tensor_parallel
+from tuner.trial import pipeline_stages, tensor_parallel
 from tuner.trial.engines import data_parallel, stages
 from tuner.trial.engines import model_levers as levers
 
@@ -65,7 +65,8 @@ class Parallelized:
     """This rank's pieces: the whole model, or its pipeline stages (in ``indices`` order)."""
     model: Any
     """What the task's ``compute_loss`` receives: the part, DDP's wrapper, or the stages."""
-    recompute: levers.Recompute
+    recompute: levers.Recompute | None
+    """Times the checkpointed blocks' recompute (``None``: nothing is checkpointed)."""
     mesh: Any = None
     """The ``(pp, dp, tp)`` mesh, where a process group is in play."""
     indices: list[int] = field(default_factory=lambda: [0])
@@ -88,20 +89,20 @@ class Parallelized:
 def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch.device,
                 world_size: int) -> Parallelized:
     """Prepare ``module`` for ``config`` on this rank, in the order of the module's docstring."""
-    lay = layouts.Layout(config.tensor_parallel, config.pipeline_parallel, world_size)
+    lay = layouts.of(config.params(), world_size)
     mesh = None
-    if config.engine == "layout" or config.fsdp != "off":
+    if lay.model_parallel or lay.shard:
         ensure_process_group(device)  # one rank still shards, over a world of one
         mesh = mesh_for(device, lay.pp, lay.dp, lay.tp)
     after = stages.convert(module, config)
-    notes: list[str] = []
+    notes = _layout_notes(lay, config)
     styles = _plan(module, task, config, lay, notes) if lay.tp > 1 else {}
-    virtual = layouts.VIRTUAL_STAGES[config.pipeline_schedule] if lay.pp > 1 else 1
-    count = lay.pp * virtual
+    count = lay.pp * lay.virtual_stages
     stage_index = lay.coordinates(dist.get_rank())[0] if mesh is not None else 0
-    indices = [stage_index + k * lay.pp for k in range(virtual)] if lay.pp > 1 else [0]
-    levers.without_kv_cache(module, config.activation_checkpointing)
-    tied_ids = {id(p) for p in pipeline_parallel.tied(module)} if lay.pp > 1 and task.pipeline_split is None \
+    indices = [stage_index + k * lay.pp for k in range(lay.virtual_stages)]
+    checkpointing = config.activation_checkpointing
+    levers.without_kv_cache(module, checkpointing)
+    tied_ids = {id(p) for p in pipeline_stages.tied(module)} if lay.pp > 1 and task.pipeline_split is None \
         else set()
     parts = _split(module, task, count, indices) if lay.pp > 1 else [module]
     tied = [(i, name) for i, part in enumerate(parts) for name, p in part.named_parameters() if id(p) in tied_ids]
@@ -111,27 +112,35 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
             part.to(device)
         if lay.tp > 1:
             _shard_tensors(part, styles, task, config, mesh["tp"])
-        blocks, found = (list(part.layers), "") if isinstance(part, pipeline_parallel.Stage) else \
+        blocks, found = (list(part.layers), "") if isinstance(part, pipeline_stages.Stage) else \
             levers.find_blocks(part, task if lay.pp == 1 else None)
-        if config.engine != "layout" and (config.fsdp != "off" or config.activation_checkpointing != "none"
-                                          or config.compile):
+        if not lay.model_parallel and (lay.shard or checkpointing != "none" or config.compile):
             notes.append(found)  # which blocks the levers used, and how they were found
         notes += levers.channels_last(part, config.channels_last)
-        levers.checkpoint_blocks(blocks, config.activation_checkpointing, recompute, lambda: stages.forward(config))
+        levers.checkpoint_blocks(blocks, checkpointing, recompute, lambda: stages.forward(config))
         if config.compile:
             levers.compile_model(part, blocks, config)
-        if config.fsdp != "off":
+        if lay.shard:
             # Pipeline stages run each block's backward per micro-batch: resharding after the
             # forward would all-gather again for every one (torchtitan keeps them gathered too).
-            data_parallel.shard(part, blocks, mesh["dp"], config, reshard=config.fsdp == "full_shard" and lay.pp == 1,
+            data_parallel.shard(part, blocks, mesh["dp"], config, reshard=lay.reshard and lay.pp == 1,
                                 offload=config.offload_optimizer == "cpu", pin=device.type == "cuda")
-        elif config.engine == "layout" and lay.dp > 1:
+        elif lay.model_parallel and lay.dp > 1:
             data_parallel.replicate(part, blocks, mesh["dp"])
     model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
     if config.engine == "torch" and dist.is_initialized() and dist.get_world_size() > 1:
         model = data_parallel.ddp(parts[0], config, device)
-    return Parallelized(lay, parts, model, recompute, mesh, indices, count, tied, notes, after,
-                        _loss_parallel(styles))
+    return Parallelized(lay, parts, model, recompute if checkpointing != "none" else None, mesh, indices, count,
+                        tied, notes, after, _loss_parallel(styles))
+
+
+def _layout_notes(lay: layouts.Layout, config: "Config") -> list[str]:
+    """What a trial's result says of its layout (the degrees, and how the copies are kept)."""
+    if not lay.model_parallel:
+        return []
+    return [f"layout: tensor_parallel {lay.tp}" + (" (sequence parallel)" if config.sequence_parallel else "")
+            + f" x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
+            + (f" ({lay.schedule}, {config.grad_accum_steps} micro-batches per pipeline step)" if lay.pp > 1 else "")]
 
 
 def _loss_parallel(styles: dict[nn.Module, str]) -> tensor_parallel.LossParallel | None:
@@ -173,7 +182,7 @@ def _split(module: nn.Module, task: "Task", count: int, indices: list[int]) -> l
             raise ValueError(f"the task's pipeline_split(model, {count}) must return {count} torch.nn.Module "
                              f"stages, got {len(parts)}")
         return [parts[i] for i in indices]
-    return [pipeline_parallel.stage(module, i, count) for i in indices]
+    return [pipeline_stages.stage(module, i, count) for i in indices]
 
 
 def _shard_tensors(part: nn.Module, styles: dict[nn.Module, str], task: "Task", config: "Config",

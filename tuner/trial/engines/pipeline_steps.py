@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from tuner.config import layout as layouts
-from tuner.trial import pipeline_parallel
+from tuner.trial import pipeline_stages
 from tuner.trial.engines.base import autocast
 from tuner.trial.engines.pipeline_clock import PipelineClock
 
@@ -67,7 +67,7 @@ class PipelineSteps:
                   for part, i in zip(prepared.parts, prepared.indices)]
         for stage in stages:
             self.clock.watch(stage)
-        loss = task.pipeline_loss or pipeline_parallel.next_token_loss
+        loss = task.pipeline_loss or pipeline_stages.next_token_loss
         accum = config.grad_accum_steps
         if config.pipeline_schedule == "interleaved_1f1b":
             self.schedule: Any = ScheduleInterleaved1F1B(stages, n_microbatches=accum, loss_fn=loss)
@@ -89,12 +89,12 @@ class PipelineSteps:
         from the last stage to every stage (the loop divides by the accumulation). The
         schedule runs the backward itself."""
         if not self.checked and self.task_split is False:
-            why = pipeline_parallel.padding_refused(self.pending[0])
+            why = pipeline_stages.padding_refused(self.pending[0])
             if why:
                 raise ValueError(why)
         self.checked = True
-        inputs = torch.cat([pipeline_parallel.input_ids(b) for b in self.pending]).to(self.device)
-        target = torch.cat([pipeline_parallel.target_ids(b) for b in self.pending]).to(self.device)
+        inputs = torch.cat([pipeline_stages.input_ids(b) for b in self.pending]).to(self.device)
+        target = torch.cat([pipeline_stages.target_ids(b) for b in self.pending]).to(self.device)
         self.pending = []
         losses: list[torch.Tensor] = []
         stage = self.layout.coordinates(dist.get_rank())[0]

@@ -12,7 +12,7 @@ what were the torch, FSDP and layout engines):
 - With pipeline stages the step's micro-batches go through the schedule together
   (:mod:`tuner.trial.engines.pipeline_steps`).
 - Under tensor parallelism, where the head keeps its logits sharded, the loss and its
-  backward run vocabulary-parallel (:class:`tuner.trial.tensor_parallel.LossParallel`).
+  backward run vocabulary-parallel (:attr:`.parallelize.Parallelized.loss_parallel`).
 - fp16 is scaled by a ``GradScaler`` (FSDP2's ``ShardedGradScaler`` for sharded
   parameters); bf16 and fp32 need none. fp16 is refused for the tensor and pipeline
   layouts (:func:`tuner.config.layout.refusal`).
@@ -55,17 +55,10 @@ class TorchEngine(OwnLoopEngine):
         self.ddp = isinstance(prepared.model, DDP)
         self.optimizer = make_optimizer(prepared.parameters())  # DDP's module's own, FSDP2's shards
         self.compute_loss = compute_loss
-        self.scaler = _scaler(config, device)
+        self.scaler = _scaler(config, device, prepared.layout.shard)
         self.recompute, self.notes, self.after_step = prepared.recompute, prepared.notes, prepared.after_step
         self.loss_parallel, self.pipeline = prepared.loss_parallel, pipeline
         self._timed = False
-        if config.engine == "layout":
-            lay = self.layout
-            self.notes.append(f"layout: tensor_parallel {lay.tp}" + (" (sequence parallel)" if config.sequence_parallel
-                                                                       else "")
-                              + f" x pipeline_parallel {lay.pp} x data-parallel {lay.dp}"
-                              + (f" ({config.pipeline_schedule}, {config.grad_accum_steps} micro-batches per "
-                                 "pipeline step)" if lay.pp > 1 else ""))
 
     # --- a step ---------------------------------------------------------------------------
 
@@ -141,11 +134,11 @@ class TorchEngine(OwnLoopEngine):
         self.parts = []
 
 
-def _scaler(config: "Config", device: torch.device) -> Any:
+def _scaler(config: "Config", device: torch.device, sharded: bool) -> Any:
     """fp16's loss scaler: FSDP2's sharded one where the parameters are sharded."""
     if config.amp_dtype != "fp16":
         return None
-    if config.fsdp != "off":
+    if sharded:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device.type)

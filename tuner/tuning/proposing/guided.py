@@ -27,6 +27,8 @@ NO_ROOM = ("oom", "over_budget", "skipped")
 """Trial states that say a configuration did not fit its memory."""
 ALTERNATIVES = {name: lever.alternative for name, lever in levers.LEVERS.items() if lever.alternative}
 """Moving to one sharding family leaves the other: FSDP2 and ZeRO never go together."""
+RECOMPUTING = tuple(name for name, lever in levers.LEVERS.items() if lever.frees_activations)
+"""Levers that trade recompute for activation memory (activation checkpointing)."""
 ORDERED = tuple(name for name, lever in levers.LEVERS.items() if lever.ordered)
 """Knobs whose values lie on a line (by number, or as given), each step along it buying one
 thing at a growing price: a larger micro-batch fewer collectives per sample for memory, a
@@ -126,23 +128,27 @@ def _move(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, Any], name: str,
     return candidate if conflict(candidate) is None else None
 
 
+def _at_default(knobs: Mapping[str, Any], name: str) -> bool:
+    return knobs.get(name, levers.LEVERS[name].default) == levers.LEVERS[name].default
+
+
 def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, Any],
                          tried: Callable[[dict[str, Any]], bool],
                          outcome: Callable[[dict[str, Any]], str | None]) -> Step | None:
-    """A larger micro-batch that ran out of room, tried again with checkpointing: less
-    checkpointing first (selective recomputes half as much)."""
-    if start.get("activation_checkpointing", "none") != "none":
-        return None
-    modes = [m for m in ("selective", "full") if m in c.get("activation_checkpointing", ())]
-    if not modes or "micro_batch_size" not in start:
+    """A larger micro-batch that ran out of room, tried again with a lever value that
+    recomputes activations instead of holding them (``Lever.frees_activations``), the one
+    that recomputes least first (checkpointing: selective recomputes half as much as full)."""
+    frees = [(name, value) for name in RECOMPUTING if _at_default(start, name)
+             for value in levers.LEVERS[name].frees_activations if value in c.get(name, ())]
+    if not frees or "micro_batch_size" not in start:
         return None
     for micro in sorted(m for m in c["micro_batch_size"] if m > start["micro_batch_size"]):
         state = outcome(dict(start, micro_batch_size=micro))
         if state not in NO_ROOM:
             continue
-        for mode in modes:
-            candidate = dict(start, micro_batch_size=micro, activation_checkpointing=mode)
+        for name, value in frees:
+            candidate = dict(start, micro_batch_size=micro, **{name: value})
             if not tried(candidate):
-                return Step(candidate, f"micro_batch_size {micro} did not fit ({state}): activation checkpointing "
-                                       f"({mode}) frees its activations")
+                return Step(candidate, f"micro_batch_size {micro} did not fit ({state}): {name} {value} frees its "
+                                       "activations")
     return None
