@@ -213,7 +213,8 @@ GPU_LEVERS: tuple[Lever, ...] = (
           refusal=_graphs_refusal,
           risk="max-autotune compiles for minutes on first use (inductor's cache keeps it); reduce-overhead's CUDA "
                "graphs hold static memory and record again for every new input shape",
-          label="mode={}", adapters=frozenset({"hf"}), stage="model", apply=f"{APPLY}:compile_kwargs",
+          label="mode={}", adapters=frozenset({"hf"}), stage="model",
+          apply="tuner.trial.engines.model_levers:compiling",  # compile's own, in this mode
           exports={"hf_training_args.json": "torch_compile_mode", "accelerate_config.yaml": "dynamo_config.dynamo_mode",
                    "torchtitan.toml": "comment", "torch_settings.py": "block.compile(mode=...)"},
           export_with=f"{HERE}:compile_mode_exports"),

@@ -192,7 +192,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                "dropout matches)",
           label="ac={}", adapters=frozenset({"hf"}), memory="activations", frees_activations=("selective", "full"),
           prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
-          apply=f"{ENGINES}.model_levers:checkpoint_blocks",
+          apply=f"{ENGINES}.model_levers:checkpointing",
           exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
                    "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
                    "torch_settings.py": "op_context (op)"},
@@ -206,7 +206,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                      "machine has none", False)],
           risk="compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
                "the precision guard",
-          label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compile_model",
+          label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compiling",
           exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
                    "torchtitan.toml": "compile"}, export_with="tuner.config.gpu_levers:compile_exports"),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
@@ -264,7 +264,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           suggest=((True,), "channels_last: true (convolutional models)"),
           risk="custom kernels or reshapes that assume NCHW-contiguous tensors copy (or break); only convolutional "
                "models gain",
-          label="channels_last", stage="model", apply=f"{ENGINES}.model_levers:channels_last",
+          label="channels_last", stage="model", apply=f"{ENGINES}.model_levers:memory_format",
           exports={"torch_settings.py": "model = model.to(memory_format=torch.channels_last)  # and each image "
                                         "batch: x.to(memory_format=torch.channels_last)"}),
     Lever("cudnn_benchmark", bool, False, "cuDNN times its convolution algorithms and keeps the fastest",

@@ -1,6 +1,7 @@
-"""What every engine does to the model before wrapping it (:func:`.parallelize.parallelize`
-calls these in order): find the repeated blocks, put activation checkpointing and
-``torch.compile`` on them, channels-last; and the optimizer's kernels.
+"""What every engine does to the model before wrapping it: find the repeated blocks, put
+activation checkpointing and ``torch.compile`` on them, channels-last (the ``model``
+stage, :func:`.stages.model`, calls them in declaration order on each part
+:func:`.parallelize.parallelize` keeps); and the optimizer's kernels.
 
 The order is torchtitan's (checkpointing, then compile, then sharding), so a compiled
 block contains its checkpointed region and FSDP2 shards the compiled block:
@@ -31,6 +32,7 @@ from tuner.trial.engines.gpu_levers import compile_kwargs, op_policy
 if TYPE_CHECKING:
     from tuner.config.space import Config
     from tuner.config.task import Task
+    from tuner.trial.engines.stages import Part
 
 
 def find_blocks(module: torch.nn.Module, task: "Task | None") -> tuple[list[torch.nn.Module], str]:
@@ -167,6 +169,27 @@ def channels_last(module: torch.nn.Module, on: bool) -> list[str]:
     if any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
         return []
     return ["channels_last: the model has no 2-D convolution, so the memory format changes nothing it computes"]
+
+
+# --- the model stage (:func:`tuner.trial.engines.stages.model`): a part -> its notes ---------------
+
+def checkpointing(part: "Part") -> list[str]:
+    """``activation_checkpointing``: the part's blocks, their recompute under the forward
+    levers' contexts."""
+    checkpoint_blocks(part.blocks, part.config.activation_checkpointing, part.recompute, part.forward)
+    return []
+
+
+def compiling(part: "Part") -> list[str]:
+    """``compile`` (in its mode: :func:`~.gpu_levers.compile_kwargs`): each block, or the part without blocks."""
+    if part.config.compile:
+        compile_model(part.module, part.blocks, part.config)
+    return []
+
+
+def memory_format(part: "Part") -> list[str]:
+    """``channels_last``: the part's parameters (:func:`channels_last`)."""
+    return channels_last(part.module, part.config.channels_last)
 
 
 def optimizer_kwargs(impl: str) -> dict[str, Any]:

@@ -116,10 +116,7 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
             levers.find_blocks(part, task if lay.pp == 1 else None)
         if not lay.model_parallel and (lay.shard or checkpointing != "none" or config.compile):
             notes.append(found)  # which blocks the levers used, and how they were found
-        notes += levers.channels_last(part, config.channels_last)
-        levers.checkpoint_blocks(blocks, checkpointing, recompute, lambda: stages.forward(config))
-        if config.compile:
-            levers.compile_model(part, blocks, config)
+        notes += stages.model(stages.Part(part, blocks, config, recompute))
         if lay.shard:
             # Pipeline stages run each block's backward per micro-batch: resharding after the
             # forward would all-gather again for every one (torchtitan keeps them gathered too).

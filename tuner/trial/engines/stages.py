@@ -1,14 +1,17 @@
 """The levers a trial applies at a stage, in one pass over the registry each (the stages of
 :class:`tuner.config.lever.Stage` that no engine names a lever for): the contexts around
-each forward (``forward``: the attention kernel), and the model converters run before the
+each forward (``forward``: the attention kernel), the model converters run before the
 engine wraps the model (``convert``: low-precision layers, a fused loss), which may hand back what
-must run after each optimizer step. A lever of such a stage is its declaration and its
-function; nothing here names it."""
+must run after each optimizer step, and what each part of the model this rank keeps gets on
+its blocks (``model``: checkpointing, compile, the memory format). A lever of such a stage is
+its declaration and its function; nothing here names it. Levers that share a function
+(``compile`` and its mode) are applied by it once, where the first is declared."""
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -39,3 +42,29 @@ def convert(module: torch.nn.Module, config: "Config") -> list[Callable[[], None
         if lever.stage == "convert":
             after += resolve(lever.apply)(module, config)
     return after
+
+
+
+@dataclass
+class Part:
+    """What a ``model`` lever's function gets: one part of the model this rank keeps (the
+    whole model, or a pipeline stage), its repeated blocks, the configuration, the timer of
+    checkpointed blocks' recompute (:class:`.model_levers.Recompute`)."""
+
+    module: torch.nn.Module
+    blocks: list[torch.nn.Module]
+    config: "Config"
+    recompute: Any
+
+    def forward(self) -> ContextManager[None]:
+        """The forward levers' contexts (entered again around a checkpointed block's recompute)."""
+        return forward(self.config)
+
+
+def model(part: Part) -> list[str]:
+    """Every ``model`` lever applied to one part, in declaration order (checkpointing, then
+    compile: torchtitan's order, before the data-parallel wrapper); returns their notes."""
+    notes: list[str] = []
+    for apply in dict.fromkeys(lever.apply for lever in LEVERS.values() if lever.stage == "model"):
+        notes += resolve(apply)(part)
+    return notes
