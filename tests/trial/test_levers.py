@@ -72,7 +72,7 @@ def test_optimizer_kernels_on_the_default_and_the_task_optimizer():
 
 
 def test_every_lever_trains_under_two_ranks_in_one_process_and_leaves_nothing(tmp_path):
-    """FSDP2 full / grad-op x fp32 / bf16, checkpointing selective / full (with FSDP2 too),
+    """FSDP2 full / grad-op, full in bf16, checkpointing selective / full (with FSDP2 too),
     offload (FSDP2 and ZeRO-2), fused and foreach optimizers, buckets, compile (with bf16
     FSDP2 and checkpointing) on GPT-2 from transformers' config, then the reference again."""
     out = tmp_path / "rows.json"
