@@ -131,6 +131,17 @@ def test_the_refusals_name_a_value_and_a_fallback_the_lever_takes() -> None:
             assert lever.parse(value, name) == value and lever.parse(fallback, name) == fallback and why
 
 
+def test_each_lever_that_moves_the_states_says_its_share() -> None:
+    """The sharding and offload levers carry their memory term; the layout levers move the
+    states through the parameters a rank holds (the memory model counts them per layout)."""
+    with_term = {name for name, lever in LEVERS.items() if lever.states}
+    assert with_term == {name for name, lever in LEVERS.items() if lever.memory == "states"
+                         and lever.group == "sharding"}, with_term
+    for name in with_term:
+        shares = resolve(LEVERS[name].states)({n: lever.default for n, lever in LEVERS.items()}, 4, False)
+        assert shares == (1, 1, 1), (name, shares)  # at its default a lever keeps everything
+
+
 NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss")
 """The levers of a 2026 GPU, each added as its declaration and its functions alone."""
 

@@ -117,6 +117,10 @@ class Lever:
     """``module:function`` in the config layer, ``(config, file, world_size)`` -> what the
     lever writes into that export file (a dict merged into a JSON/YAML file's mapping, or
     lines added to a TOML or Python one; ``None``: nothing): its exports in its own entry."""
+    states: str = ""
+    """``module:function`` in the config layer, ``(knobs, data-parallel ranks, host is the
+    device)`` -> the share of the parameters, gradients and optimizer states a rank keeps on
+    its device (:mod:`tuner.config.states`): the memory model multiplies every lever's."""
     engine: str | None = None
     """The engine label a value away from the default gives a configuration (``deepspeed``, or
     a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;

@@ -41,6 +41,7 @@ def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
 
 
 LAYOUT = f"{ENGINES}.parallelize:parallelize"
+STATES = "tuner.config.states"
 
 
 def _fsdp_conflict(k: Mapping[str, Any]) -> str | None:
@@ -162,7 +163,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           verdicts={"communication-bound": 1, "memory-bound": 1},
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
           adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine", engine="deepspeed",
-          runs_on="deepspeed",
+          runs_on="deepspeed", states=f"{STATES}:zero_states",
           refused_under={"lightning": lambda m: [] if m.cuda else [
               (stage, "Lightning's DeepSpeed strategy runs only on CUDA GPUs (its own check, "
                       "lightning.pytorch.strategies.DeepSpeedStrategy.setup_environment)", 0) for stage in (1, 2, 3)]},
@@ -178,7 +179,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           path=90, walk=40, reference="off", verdicts={"communication-bound": 2, "memory-bound": 0},
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
           label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.data_parallel:shard", engine="fsdp",
-          runs_on="torch",
+          runs_on="torch", states=f"{STATES}:sharded_states",
           suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
           exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                    "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"},
@@ -242,7 +243,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           path=100, walk=160, verdicts={"memory-bound": 3},
           risk="host memory and PCIe traffic: the optimizer state and step live on the CPU", label="offload={}",
           adapters=frozenset({"hf", "deepspeed"}), memory="states", stage="engine",
-          apply="tuner.config.export:ds_config",
+          apply="tuner.config.export:ds_config", states=f"{STATES}:offloaded_states",
           exports={"ds_config.json": "zero_optimization.offload_optimizer"}),
     Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),
           group="optimizer", path=120, walk=110, verdicts={"host-bound": 2, "compute-bound": 4},

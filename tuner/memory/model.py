@@ -5,13 +5,10 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
 
     peak = overhead + states(config) + per_sample(amp, checkpointing) x micro_batch + per_worker x workers
 
-- ``states`` is analytic, from the parameter count and the engine: fp32 parameters and
-  gradients (4 + 4 bytes each) and AdamW's two moments (8); DeepSpeed in bf16/fp16 keeps
-  half-precision parameters and gradients beside fp32 master weights in its optimizer
-  (2 + 2 + 12); ZeRO 1/2/3 divide the optimizer states / + gradients / + parameters by the
-  world size; FSDP2 divides all three (``shard_grad_op`` keeps the parameters gathered
-  from the forward to the backward: whole); offload moves the optimizer (and for FSDP2
-  the shards) to the host, which on a CPU-only machine is the same memory.
+- ``states`` is analytic, from the parameter count: fp32 parameters and gradients (4 + 4
+  bytes each) and AdamW's two moments (8), times the share each sharding or offload lever
+  keeps on the device (its ``Lever.states`` term, :mod:`tuner.config.states`: ZeRO's
+  stages and DeepSpeed's half-precision engine, FSDP2 with or without resharding, offload).
 - ``overhead`` starts as what the process held before its first trial (the runtime) and
   becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
   each loader worker copies) are fitted from the trials by least squares. A group of
@@ -42,6 +39,7 @@ import torch
 
 from tuner.config import layout, levers
 from tuner.harness.system.monitors import HostMemory
+from tuner.trial.engines.process import resolve
 from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
@@ -52,6 +50,8 @@ GIB = 1024**3
 GROUP = levers.with_memory("activations")
 """The levers that scale the activations (amp dtype, checkpointing): a group of their values
 has one per-sample slope."""
+STATE_TERMS = tuple(resolve(lever.states) for lever in levers.LEVERS.values() if lever.states)
+"""Each lever's share of the model states a rank keeps (ZeRO, FSDP2, offload)."""
 REFERENCE = tuple(str(levers.LEVERS[name].default) for name in GROUP)
 """The group every lever's prior is relative to (fp32, no checkpointing)."""
 
@@ -66,23 +66,12 @@ class Prediction:
 
 
 def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
-    """Parameters, gradients and optimizer states on one rank's device, in bytes."""
-    p = float(parameters)
-    zero, lay = knobs.get("zero_stage", 0), layout.of(knobs)
-    half = knobs.get("amp_dtype", "fp32") != "fp32" and zero > 0  # DeepSpeed's half-precision engine
-    params, grads, optim = (2 * p, 2 * p, 12 * p) if half else (4 * p, 4 * p, 8 * p)
-    w = max(1, world_size)
-    if lay.shard:  # FSDP2: gradients and optimizer states sharded; parameters too, between uses, when resharded
-        grads, optim = grads / w, optim / w
-        params = params / w if lay.reshard else params
-    else:
-        optim = optim / w if zero >= 1 else optim
-        grads = grads / w if zero >= 2 else grads
-        params = params / w if zero >= 3 else params
-    if knobs.get("offload_optimizer", "none") != "none" and not host_is_device:
-        optim = 0.0
-        if lay.shard:
-            params = grads = 0.0
+    """Parameters, gradients and optimizer states on one rank's device, in bytes: fp32's
+    4 + 4 + 8 per parameter, times each ``states`` lever's shares (:mod:`tuner.config.states`)."""
+    params, grads, optim = 4.0 * parameters, 4.0 * parameters, 8.0 * parameters
+    for share in STATE_TERMS:
+        p, g, o = share(knobs, world_size, host_is_device)
+        params, grads, optim = params * p, grads * g, optim * o
     return params + grads + optim
 
 
