@@ -317,6 +317,11 @@ def engine_clash(values: Mapping[str, tuple[Any, ...]], asked: str) -> str | Non
     return None
 
 
+def recomputing() -> tuple[str, ...]:
+    """The levers that trade recompute for activation memory (``Lever.frees_activations``)."""
+    return tuple(name for name, lever in LEVERS.items() if lever.frees_activations)
+
+
 def sharded_engines() -> frozenset[str]:
     """The engine labels of the sharding levers (their collectives overlap the step)."""
     return frozenset(lever.engine for lever in LEVERS.values() if lever.group == "sharding" and lever.engine)

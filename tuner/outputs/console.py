@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
 from tuner.config import layout
-from tuner.config.levers import LEVERS
+from tuner.config.levers import LEVERS, recomputing
 from tuner.config.space import KNOBS
 from tuner.harness.metrics import METRIC_NAMES
 
@@ -126,10 +126,6 @@ def _layout_words(k: Mapping[str, Any]) -> str:
     return " ".join(w for w in words if w)
 
 
-RECOMPUTING = tuple(name for name, lever in LEVERS.items() if lever.frees_activations)
-"""The levers of the plan's checkpointing column (they trade recompute for activations)."""
-
-
 def print_plan(plan: "CapacityPlan") -> None:
     """The largest micro-batch predicted to fit, per sharding x AMP x checkpointing."""
     out = Console()
@@ -152,7 +148,7 @@ def print_plan(plan: "CapacityPlan") -> None:
                                         else "") if w)
         nxt = (f"{row.next_micro_batch_size}: {row.next_predicted_gib:.2f}" if row.next_micro_batch_size
                else "-")
-        recompute = " ".join(str(k[name]) for name in RECOMPUTING)
+        recompute = " ".join(str(k[name]) for name in recomputing())  # the checkpointing column
         table.add_row(sharding, k["amp_dtype"], recompute, fmt(row.micro_batch_size),
                       f"{row.predicted_gib:.2f}" if row.predicted_gib is not None else "none fits", nxt,
                       row.measured or "-")

@@ -184,8 +184,8 @@ def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machi
     c = space.choices
     knobs: list[dict[str, Any]] = []
     if any(z > 0 for z in c["zero_stage"]) or recipe.engine == "deepspeed":
-        alone = dict([KNOBS["zero_stage"].alternative] if KNOBS["zero_stage"].alternative else [])  # FSDP2 off
-        knobs.append({"zero_stage": max(c["zero_stage"]), **alone, "offload_optimizer": "none"})
+        other, off = KNOBS["zero_stage"].alternative or ("zero_stage", 0)  # the other sharding lever off
+        knobs.append({other: off, "zero_stage": max(c["zero_stage"]), "offload_optimizer": "none"})
     if True in c["compile"]:
         knobs.append({"compile": True})
     base = searchspace.baseline_knobs(recipe, space, machine)

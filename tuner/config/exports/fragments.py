@@ -92,7 +92,8 @@ def _put(lines: list[str], start: int, end: int, prefix: str, line: str) -> None
 
 def merge_toml_lines(lines: list[str], fragment: dict[str, Any]) -> list[str]:
     """``fragment`` (``{section: {key: value}}``) into a TOML file written as lines: a section
-    that exists gets its keys at its end; others are appended."""
+    that exists gets its keys replaced where they stand, or added at its end; others are
+    appended."""
     out = list(lines)
     for section, values in fragment.items():
         if section == "#":

@@ -12,9 +12,9 @@
 - ``expandable_segments``: the CUDA caching allocator's setting, held for the trial
   (:func:`expandable_segments`, the ``process`` stage); a script trial's process gets
   it in its environment.
-- operator-level checkpointing (the checkpointing lever's ``op``): each block checkpointed with a policy that keeps its
-  matmul and attention outputs and recomputes the cheap operators between them
-  (:func:`op_policy`).
+- operator-level checkpointing (the checkpointing lever's ``op``): each block checkpointed
+  with a policy that keeps its matmul and attention outputs and recomputes the cheap
+  operators between them (:func:`op_policy`).
 """
 
 from __future__ import annotations

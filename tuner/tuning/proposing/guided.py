@@ -27,8 +27,6 @@ NO_ROOM = ("oom", "over_budget", "skipped")
 """Trial states that say a configuration did not fit its memory."""
 ALTERNATIVES = {name: lever.alternative for name, lever in levers.LEVERS.items() if lever.alternative}
 """Moving to one sharding family leaves the other: FSDP2 and ZeRO never go together."""
-RECOMPUTING = tuple(name for name, lever in levers.LEVERS.items() if lever.frees_activations)
-"""Levers that trade recompute for activation memory (activation checkpointing)."""
 ORDERED = tuple(name for name, lever in levers.LEVERS.items() if lever.ordered)
 """Knobs whose values lie on a line (by number, or as given), each step along it buying one
 thing at a growing price: a larger micro-batch fewer collectives per sample for memory, a
@@ -138,7 +136,7 @@ def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, A
     """A larger micro-batch that ran out of room, tried again with a lever value that
     recomputes activations instead of holding them (``Lever.frees_activations``), the one
     that recomputes least first (checkpointing: selective recomputes half as much as full)."""
-    frees = [(name, value) for name in RECOMPUTING if _at_default(start, name)
+    frees = [(name, value) for name in levers.recomputing() if _at_default(start, name)
              for value in levers.LEVERS[name].frees_activations if value in c.get(name, ())]
     if not frees or "micro_batch_size" not in start:
         return None
