@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 GPT2 = {"name": "levers", "task": str(TESTS.parent / "recipes" / "tasks" / "gpt2.py"),
         "task_args": {"seq_len": 64, "n_embd": 64, "n_layer": 4, "n_head": 4, "vocab_size": 512},
-        "global_batch_size": 16, "steps": {"warmup": 2, "measure": 8}}
+        "global_batch_size": 16, "steps": {"warmup": 2, "measure": 5}}
 
 
 def _gpt2() -> torch.nn.Module:
