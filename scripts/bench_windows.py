@@ -6,7 +6,7 @@ spread of samples/s between the repeats ((max - min) / median), the median measu
 seconds per repeat, and the median window length in steps. The claim checked: ``auto``
 spreads no more than the fixed window on both, and measures for less time on the slow one.
 ``--half-widths`` adds ``auto`` windows of other interval targets, alternating with the
-others (the default's is :attr:`tuner.harness.window_length.Auto.half_width`).
+others (the default's is :attr:`tuner.stats.window_length.Auto.half_width`).
 
     python scripts/bench_windows.py --repeats 5
     python scripts/bench_windows.py --repeats 5 --half-widths 0.05,0.08

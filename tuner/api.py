@@ -119,7 +119,7 @@ def search(
         no_skip: run configurations the memory model predicts over the budget too
             (``budget.skip: false``).
         tolerance: override the recipe's ``tolerance``: the largest slowdown a simpler
-            answer may cost against the fastest (the one rule, :mod:`tuner.analysis.decision`;
+            answer may cost against the fastest (the one rule, :mod:`tuner.stats.decision`;
             default 0.02).
         track: experiment trackers to log to besides the recipe's ``track:``
             (``"mlflow"``, ``"tensorboard"``, ``"wandb"``; a list or comma-separated).

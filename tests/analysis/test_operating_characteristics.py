@@ -4,7 +4,7 @@ Each simulated decision is the end of a search as it runs: the answer measured 4
 the answer without one change 3 times (the search trial, the confirmation, the
 attribution), then :func:`tuner.tuning.finalists.settle` measuring both, interleaved, until
 the rule settles them or the cap (:data:`tuner.tuning.finalists.CAP_ROUNDS`), then
-:func:`tuner.analysis.decision.call`: kept, dropped, or kept undecided. Runs are lognormal
+:func:`tuner.stats.decision.call`: kept, dropped, or kept undecided. Runs are lognormal
 around the true rates: a change worth ``effect`` (+10% ... -10%) at a noise of ``sigma`` a
 run. 2,000 seeded decisions a cell. The table is docs/search.md's ("Operating
 characteristics"), checked here to be the one this code computes (``TUNER_WRITE_DOCS=1``
@@ -21,7 +21,7 @@ import statistics
 
 import pytest
 
-from tuner.analysis import decision
+from tuner.stats import decision
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning.finalists import CAP_ROUNDS, Limit, settle
 from tuner.tuning.pool import Pool

@@ -256,7 +256,7 @@ def test_each_change_kept_says_its_gain_and_interval_and_a_cheap_one_is_dropped(
 def test_changes_the_attribution_left_open_are_settled_by_more_runs(toy):
     """A leave-one-out measured twice at 1.6% noise cannot be decided at 2%; settling measures
     the answer and it, interleaved, until it is (here: within), or the cap."""
-    from tuner.analysis import decision
+    from tuner.stats import decision
 
     base, best, without = config(), config(num_workers=4, micro_batch_size=16), config(num_workers=4)
     run = Scripted({base: 100, best: 200, without: 200}, JITTER)
@@ -314,3 +314,21 @@ def test_changes_each_shown_cheap_are_dropped_together_only_when_together_they_a
         got = decide_for(best, base, pool, space, recipe)
         assert got.params in expect, (both, got.notes)
         assert got.together is not None and got.together["dropped"] == (got.params == base.params())
+
+
+def test_the_prune_bar_reads_the_noise_the_run_measured_and_the_window_it_measures():
+    """The search's bar: no noise before any repeat (no cut), then the pooled noise with its
+    degrees of freedom, the best's own runs, and the run's typical window for plateaus."""
+    from tuner.config.recipe import Steps
+    from tuner.study.record import Record, Status
+    from tuner.tuning.budget import prune_rule
+
+    pool = Pool()
+    best = Record(number=0, id=0, status=Status.COMPLETE, value=100.0, attrs={"params": BASE.params()})
+    pool.add(TrialResult(BASE.params(), State.OK, None, {"samples_per_s": 100.0, "measured_steps": 18,
+                                                         "warmup_set_aside": 2}), "search")
+    bar = prune_rule(best, 1, 0.02, pool, Steps(measure="auto"))
+    assert bar.noise is None and bar.settle_within == 20  # no noise measured: no cut
+    pool.add(result(BASE, 104.0), "repeat")
+    bar = prune_rule(best, 1, 0.02, pool, Steps(measure=30))
+    assert bar.noise_dof == 1 and 0.02 < bar.noise < 0.03 and bar.best_runs == 2 and bar.settle_within == 30

@@ -16,9 +16,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from tuner.analysis.interval import Slowdown, slowdown
 from tuner.config import levers
 from tuner.config.space import KNOBS, conflict
+from tuner.stats.interval import Slowdown, slowdown
 
 ORDER = levers.by("path")
 """The order the path changes knobs in: what feeds the step first, then the step itself.
@@ -101,7 +101,7 @@ class Row:
     failed: str | None = None
     gain_low: float | None = None
     gain_high: float | None = None
-    """The interval of ``gain`` (:mod:`tuner.analysis.interval`; None without a measured noise)."""
+    """The interval of ``gain`` (:mod:`tuner.stats.interval`; None without a measured noise)."""
     mark: str | None = None
     """``gain`` / ``loss`` (beyond the tolerance, by the interval), ``negligible`` (inside
     ±tolerance, by the interval) or ``unclear`` (neither), against the search's tolerance."""
@@ -164,7 +164,7 @@ def attribute(
         failures: why a configuration never ran, by key.
         batch_norm: the model holds BatchNorm layers (sharpens the micro-batch risk note).
         tolerance: the search's tolerance: each row's :func:`mark` is read against it.
-        run_wide: the run's pooled spread (:func:`tuner.analysis.interval.spread`), for
+        run_wide: the run's pooled spread (:func:`tuner.stats.interval.spread`), for
             configurations without repeats of their own.
     """
     def median(config: Mapping[str, Any]) -> float | None:

@@ -2,7 +2,7 @@
 
 What is gated is a ratio measured inside one run: the recorded answer's speedup over the
 recorded baseline, both re-measured interleaved now, against the speedup the search
-recorded, by the one rule (:mod:`tuner.analysis.decision`) at the gate's tolerance. An
+recorded, by the one rule (:mod:`tuner.stats.decision`) at the gate's tolerance. An
 absolute rate from another process is no measure of a regression on a shared machine: the
 same configuration measured 2,630 samples/s against 1,635 recorded in another process here
 (1.61x), so a gate on absolute rates passed a result inflated 3x and needed a 50%
@@ -24,8 +24,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from tuner.analysis import decision
-from tuner.analysis.interval import LogStats, Slowdown, contrast, slowdown
+from tuner.stats import decision
+from tuner.stats.interval import LogStats, Slowdown, contrast, slowdown
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ROUNDS = 10

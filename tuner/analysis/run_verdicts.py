@@ -3,7 +3,7 @@ every metric with its ratio, and whether the difference is beyond the tolerance.
 
 Pure functions of what the run folders hold (``best.json``, ``trials.csv``): the caller
 reads them (:func:`tuner.outputs.comparison.compare`). Each row reads the interval every
-decision of a search reads (:mod:`tuner.analysis.interval`) against the tolerance (the
+decision of a search reads (:mod:`tuner.stats.interval`) against the tolerance (the
 search's, recorded in ``best.json``, unless given): ``beyond`` when it shows the
 difference larger than the tolerance, ``within`` when it shows it smaller, ``undecided``
 otherwise, ``unknown`` with no interval at all (a single run against a single run with no
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis import gate
-from tuner.analysis.interval import LEVEL, slowdown, t_quantile
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.stats.interval import LEVEL, slowdown, t_quantile
 
 DECIDING = (*gate.DECIDING, ("torch", "torch"))
 """The gate's fields (device, world size, device count) and torch: another PyTorch is

@@ -26,10 +26,9 @@ from tuner.config.space import EngineName
 from tuner.config.task import Task, load_task
 from tuner.config.trackers import parse_track
 from tuner.config.yaml_file import read_yaml
+from tuner.stats.window_length import AUTO_MAX_STEPS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-AUTO_MAX_STEPS = 2000
-"""The longest an ``auto`` measured window runs, in steps (:mod:`tuner.harness.window_length`)."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Steps:
     """Optimizer steps run before measuring (worker start-up, allocator warm-up)."""
     measure: int | str = "auto"
     """Optimizer steps measured, or ``auto``: until samples/s is known within a few percent
-    (:mod:`tuner.harness.window_length`)."""
+    (:mod:`tuner.stats.window_length`)."""
     repeats: int = 1
     """Times a configuration is measured; results are reported as the median."""
     timeout_s: float = 600.0
@@ -105,7 +104,7 @@ class Recipe:
     tolerance: float = 0.02
     """The largest slowdown a simpler answer may cost against the fastest: a change is
     dropped only when the interval shows its cost below it (``--tolerance``; the one rule
-    of :mod:`tuner.analysis.decision`)."""
+    of :mod:`tuner.stats.decision`)."""
     out: Path = Path("runs")
     storage: str = ""
     knob_overrides: dict[str, Any] = field(default_factory=dict)

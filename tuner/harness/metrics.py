@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from tuner.harness.window_length import rate_uncertainty
+from tuner.stats.window_length import rate_uncertainty, warm_up
 
 GIB = 1024**3
 
@@ -22,8 +22,9 @@ METRIC_NAMES = (
     "peak_mem_gib", "host_mem_gib", "mfu", "stall_free_samples_per_s",
     # beyond DESIGN.md's list (README, "Departures"): evidence the diagnosis needs
     "worker_cpu_util", "transfer_share", "achieved_tflops", "gpu_mem_used_gib", "alloc_retries", "cuda_ooms",
-    # the window itself: its length and how well it pins samples/s down (95% half-width, relative)
-    "measured_steps", "measured_s", "samples_per_s_ci",
+    # the window itself: its length and how well it pins samples/s down (95% half-width, relative),
+    # and the leading steps set aside as first-use warm-up (tuner.stats.window_length.warm_up)
+    "measured_steps", "measured_s", "samples_per_s_ci", "warmup_set_aside",
     # the levers' own costs: compilation before the window, recompute inside it, the pipeline's idle stages
     "compile_s", "recompute_share", "bubble_share",
     # how stall_free_samples_per_s was had: "replayed" steps, or the "window minus waits"
@@ -128,8 +129,10 @@ def summarize(
     against ``peak_flops`` (one device's dense peak) when that is known.
     """
     n = min(len(w.step_times) for w in windows)
-    steps = [max(w.step_times[i] for w in windows) for i in range(n)]
-    global_samples = [sum(w.samples[i] for w in windows) for i in range(n)]
+    every = [max(w.step_times[i] for w in windows) for i in range(n)]
+    k = warm_up(every)  # a first-use plateau past the recipe's warm-up: set aside, in every figure
+    steps = every[k:]
+    global_samples = [sum(w.samples[i] for w in windows) for i in range(k, n)]
     mean_step = statistics.fmean(steps)
     samples_per_s = statistics.fmean(global_samples) / mean_step
     out: dict[str, Any] = dict.fromkeys(METRIC_NAMES)
@@ -140,16 +143,17 @@ def summarize(
         step_time_max_s=max(steps),
         samples_per_s=samples_per_s,
         tokens_per_s=samples_per_s * tokens_per_sample if tokens_per_sample else None,
-        data_wait_share=max(_share(sum(w.data_waits[:n]), sum(w.step_times[:n])) for w in windows),
+        data_wait_share=max(_share(sum(w.data_waits[k:n]), sum(w.step_times[k:n])) for w in windows),
         cpu_util=max(w.cpu_s / w.wall_s for w in windows if w.wall_s > 0),
-        measured_steps=n,
+        measured_steps=n - k,
         measured_s=sum(steps),
         samples_per_s_ci=rate_uncertainty(steps),
+        warmup_set_aside=k,
     )
-    transfers = [_share(sum(w.transfer_waits[:n]), sum(w.step_times[:n])) for w in windows
+    transfers = [_share(sum(w.transfer_waits[k:n]), sum(w.step_times[k:n])) for w in windows
                  if w.transfer_waits is not None]
     out["transfer_share"] = max(transfers, default=None)
-    comm = [_comm_share(w, n) for w in windows]
+    comm = [_comm_share(w, k, n) for w in windows]
     out["comm_share"] = max((c for c in comm if c is not None), default=None)
     workers = [w.worker_cpu_s / w.wall_s for w in windows if w.worker_cpu_s is not None and w.wall_s > 0]
     out["worker_cpu_util"] = max(workers, default=None)
@@ -189,12 +193,13 @@ def summarize(
     return out
 
 
-def _comm_share(w: Window, n: int) -> float | None:
+def _comm_share(w: Window, k: int, n: int) -> float | None:
     if w.comm_share is not None:
         return w.comm_share
     if w.comm_waits is None:
         return None
-    return _share(sum(w.comm_waits[:n]), w.wall_s)
+    whole = sum(w.step_times[k:n]) if k else w.wall_s
+    return _share(sum(w.comm_waits[k:n]), whole)
 
 
 def _share(part: float, whole: float) -> float:

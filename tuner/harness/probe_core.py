@@ -39,7 +39,7 @@ from tuner.harness.nvtx import Ranges
 from tuner.harness.system.devices import cuda_index
 from tuner.harness.system.monitors import WindowMonitors, children_cpu, cpu_seconds
 from tuner.harness.timing import Fetch, Step, Timing, samples_in, settle, source_for
-from tuner.harness.window_length import AUTO, Auto
+from tuner.stats.window_length import AUTO, Auto
 
 RECENT_STEPS = 100  # steps the live view (Prometheus) summarises
 
@@ -54,7 +54,7 @@ class ProbeCore:
 
     Args:
         warmup: steps to skip before measuring.
-        measure: steps to measure; ``"auto"``: until samples/s is known (:mod:`tuner.harness.window_length`);
+        measure: steps to measure; ``"auto"``: until samples/s is known (:mod:`tuner.stats.window_length`);
             ``None``: every step after warm-up (``done`` never becomes true).
         device: the training device; CUDA step times come from events on its stream.
         tokens_per_sample: if given, ``tokens_per_s`` is reported.

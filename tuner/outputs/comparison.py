@@ -14,12 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tuner.analysis.interval import LEVEL
 from tuner.analysis.run_verdicts import Comparison, Side
 from tuner.analysis.run_verdicts import compare as compare_sides
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.outputs.run_folder import PARAM_COLUMNS
+from tuner.stats.interval import LEVEL
 
 
 def side(run: str | Path, which: str = "best") -> Side:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tuner.config.errors import RecipeError
-from tuner.harness.prune import PruneBar
+from tuner.stats.prune import PruneBar
 from tuner.trial import engines
 from tuner.trial.run import freeze, run_trial
 from tuner.trial.trial_result import Instruments

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.config.script import LOADER_KNOBS
 from tuner.config.space import KNOBS
-from tuner.harness.prune import PruneBar
-from tuner.harness.prune import checks as prune_checks
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
 from tuner.scriptmode.trialfile import Report, read_result
+from tuner.stats.prune import PruneBar
+from tuner.stats.prune import checks as prune_checks
 from tuner.trial.data import warmup_steps
 from tuner.trial.limits import Limits
 from tuner.trial.trial_result import State, TrialResult
@@ -121,7 +121,8 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     metrics, notes, pruned, ran = (got.metrics, got.notes, got.pruned, got.ran) if got else (None, [], None, {})
     elapsed = time.monotonic() - began
     if metrics is not None:
-        steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most)
+        steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most) + int(
+            metrics.get("warmup_set_aside") or 0)
         limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
     if pruned is not None:
         state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"

@@ -17,9 +17,9 @@ import torch
 
 from tuner.harness.metrics import window_rate
 from tuner.harness.probe_core import ProbeCore
-from tuner.harness.prune import PruneBar
 from tuner.harness.system.devices import default_device
 from tuner.scriptmode import trialfile
+from tuner.stats.prune import PruneBar
 
 
 class Probe(ProbeCore):

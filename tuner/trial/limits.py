@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.harness.window_length import AUTO
+from tuner.stats.window_length import AUTO
 
 
 class Limits:

@@ -20,7 +20,7 @@ from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
 from tuner.harness.probe_core import ProbeCore
-from tuner.harness.prune import checks as prune_checks
+from tuner.stats.prune import checks as prune_checks
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
 from tuner.trial.engines import build_engine, stages
 from tuner.trial.engines.gpu_levers import GraphShapes

@@ -204,5 +204,5 @@ def learn(recipe: Path, steps: "Steps", global_batch_size: int, config: "Config"
     metrics = result.metrics
     if not metrics or not metrics.get("samples_per_s"):
         return
-    ran = steps.warmup + int(metrics.get("measured_steps") or steps.most)
+    ran = steps.warmup + int(metrics.get("measured_steps") or steps.most) + int(metrics.get("warmup_set_aside") or 0)
     _limits(recipe, steps, config).learn(elapsed_s, ran, global_batch_size, metrics)

@@ -12,8 +12,8 @@ import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.harness.metrics import Window
-from tuner.harness.prune import PruneBar
-from tuner.harness.window_length import AUTO
+from tuner.stats.prune import PruneBar, typical_window
+from tuner.stats.window_length import AUTO
 from tuner.study import records as study_mod
 from tuner.trial.after_window import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
 from tuner.trial.trial_result import State
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 CONVERGED_AFTER = (2, 5)
 """Sampler trials, after the guided neighbourhood is exhausted, each shown by the one rule
-(:mod:`tuner.analysis.decision`) to be no gain beyond the tolerance over the best, before
+(:mod:`tuner.stats.decision`) to be no gain beyond the tolerance over the best, before
 the search has converged: a fifth of the space not yet measured, at least 2, at most 5. A
 fixed 5 was a third of the benchmark's 16-point space (micro-batch x ZeRO stage): 5 of its
 12 trials went to sampler trials that found nothing, where DeepSpeed's autotuner had
@@ -74,11 +74,18 @@ def ran(study: "Study") -> list["Record"]:
     return [t for t in study_mod.measured(study) if t.outcome != State.SKIPPED]
 
 
-def prune_rule(best_value: float, world_size: int, tolerance: float = 0.02, noise: float | None = None) -> PruneBar:
-    """Cut a trial whose steady steps show it slower than ``best_value`` by more than the
-    ``tolerance`` (:mod:`tuner.harness.prune`; ``noise``: one run's, once the search has
-    measured it); data, so a script trial applies it too."""
-    return PruneBar(best_value, world_size, tolerance, noise)
+def prune_rule(best: "Record", world_size: int, tolerance: float, pool: "Pool", steps: "Steps") -> PruneBar:
+    """Cut a trial whose settled steps show it slower than ``best`` by more than the
+    ``tolerance`` (:mod:`tuner.stats.prune`), on the noise this run has measured (its pooled
+    repeats, with their degrees of freedom: none measured, no cut); data, so a script trial
+    applies it too."""
+    ss, dof = pool.spread()
+    runs = pool.entry(best.params or {}).rates
+    windows = [m["measured_steps"] + (m.get("warmup_set_aside") or 0) for e in pool.entries.values() for r in e.runs
+               if r.ok and (m := r.metrics) and m.get("measured_steps")]
+    within = typical_window(windows, steps.measure if isinstance(steps.measure, int) else None, AUTO.min_steps)
+    return PruneBar(best.value or 0.0, world_size, tolerance, math.sqrt(ss / dof) if dof else None, dof,
+                    max(1, len(runs)), within)
 
 
 def never(window: Window) -> bool:

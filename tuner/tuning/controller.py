@@ -85,8 +85,8 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
             if order["stop"]:
                 stopped = order["stop"]
                 break
-            if order.get("repeat"):  # the best again, for the noise the convergence stop reads
-                pool.add(run(Config(**order["repeat"])), "confirmation")
+            if order.get("repeat"):  # the baseline or the best again: the noise the prune and the stop read
+                pool.add(run(Config(**order["repeat"])), "repeat")
                 continue
             config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
             # Every rank must take part in the pruning decision, which rank 0 makes.

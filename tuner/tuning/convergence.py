@@ -1,5 +1,5 @@
 """When the search has converged: the sampler's trials, past the guided neighbourhood of the
-best, read by the one rule (:mod:`tuner.analysis.decision`) against the best before each.
+best, read by the one rule (:mod:`tuner.stats.decision`) against the best before each.
 
 A trial counts toward convergence when the rule shows it is no gain beyond the tolerance
 over the best (or it did not run fine: it cannot be the answer); one shown a gain starts
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.analysis import decision
+from tuner.stats import decision
 from tuner.trial.trial_result import State
 from tuner.tuning import budget
 

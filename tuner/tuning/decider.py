@@ -66,6 +66,8 @@ class Decider:
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
         self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
+        self.baseline_again = False
+        """The baseline has been measured a second time (:meth:`_baseline_again`)."""
         self.trial: Asked | None = None
         self.current: Config | None = None
         self.prune: PruneRule | None = None
@@ -141,6 +143,8 @@ class Decider:
             config = self._config(knobs)
             return searchspace.config_key(config) in self.known or _claim(config) in flying
 
+        if (again := self._baseline_again(best)) is not None:
+            return {"stop": None, "repeat": again}
         step = proposers.first(self.proposers, proposers.Round(best, self.known, taken, self._outcome))
         repeat = self.convergence.repeat(best) if step is None and best is not None and \
             self.recipe.budget.converge else None
@@ -174,8 +178,8 @@ class Decider:
                 self.workers.begin(trial)
                 if self._predict(trial, config):
                     return {"skipped": True}
-                self.prune = budget.prune_rule(best.value or 0.0, self.recipe.world_size, self.recipe.tolerance,
-                                               self.pool.known_noise()) if best is not None and \
+                self.prune = budget.prune_rule(best, self.recipe.world_size, self.recipe.tolerance, self.pool,
+                                               self.recipe.steps) if best is not None and \
                     config != self.baseline_config else None  # the baseline, run late by a worker, is what compares
                 self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
                 self.events.begin(trial.number, config)
@@ -183,6 +187,20 @@ class Decider:
                 return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
+
+    def _baseline_again(self, best: Record | None) -> dict[str, Any] | None:
+        """The baseline's knobs once more, right after its first run, while the run has
+        measured no noise: the prune rule cuts only on a noise this run measured
+        (:mod:`tuner.stats.prune`), and the second run gives it one (and the finish a
+        baseline of two runs)."""
+        if self.baseline_again or best is None or self.pool.spread()[1] > 0:
+            return None
+        entry = self.pool.entry(self.baseline_config.params())
+        if len(entry.rates) != 1 or entry.failures:
+            return None
+        self.baseline_again = True
+        self.events.note("measuring the baseline again: the prune rule cuts only on a noise this run has measured")
+        return self.baseline_config.params()
 
     def _predict(self, trial: "Asked", config: Config) -> bool:
         """Record the trial ``skipped`` (True) when a filter says so

@@ -1,5 +1,5 @@
 """The end of a search: the finalists re-measured against each other until the one rule
-(:mod:`tuner.analysis.decision`) settles each pair, and the gain attributed knob by knob,
+(:mod:`tuner.stats.decision`) settles each pair, and the gain attributed knob by knob,
 every configuration interleaved with the others (the same minutes, the same noise for all).
 Every measurement goes into the run's :class:`~tuner.tuning.pool.Pool`, and nothing
 already known is measured again: measured on the issue's DeepSpeed job before pooling, a
@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tuner.analysis import attribution as attribution_mod
-from tuner.analysis import decision
 from tuner.analysis.attribution import Attribution
-from tuner.analysis.interval import slowdown
 from tuner.config.space import KNOBS, Config
+from tuner.stats import decision
+from tuner.stats.interval import slowdown
 from tuner.tuning.pool import Pool, key
 
 if TYPE_CHECKING:
@@ -79,10 +79,10 @@ Pair = tuple[Mapping[str, Any], Mapping[str, Any]]
 
 def settle(pairs: Sequence[Pair], measure: Callable[[Mapping[str, Any]], None], pool: Pool, tolerance: float,
            limit: Limit, agree: Agree = lambda x: x) -> int:
-    """Interleaved rounds until every pair is settled (:func:`tuner.analysis.decision.settled`:
+    """Interleaved rounds until every pair is settled (:func:`tuner.stats.decision.settled`:
     decided, or precise) or the limit. Each round measures every configuration of the open
     pairs once (one run of a configuration shared by several pairs serves them all); a
-    pair is looked at on the schedule of :data:`tuner.analysis.decision.LOOKS`, by the
+    pair is looked at on the schedule of :data:`tuner.stats.decision.LOOKS`, by the
     fewer of its two configurations' runs. A pair whose configuration fails is closed: it
     cannot be decided. Returns the rounds measured."""
     keys = [(key(a), key(b)) for a, b in pairs]

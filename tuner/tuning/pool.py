@@ -8,6 +8,11 @@ one configuration in one run). The pool also says how noisy a single measurement
 (the pooled relative standard deviation of repeated measurements) and so whether two
 configurations are apart beyond that noise: what lets the confirmation stop early and the
 attribution skip what it already knows.
+
+Runs of the finish are taken in interleaved rounds, and each run keeps its round: two
+configurations measured in the same rounds are compared as pairs (the log-ratio within a
+round), so what the machine does to both meanwhile cancels
+(:func:`tuner.stats.interval.paired`); a search trial, measured alone, is compared unpaired.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Hashable, Mapping
 
-from tuner.analysis.interval import LogStats, Slowdown, relative_sd, slowdown, spread
 from tuner.harness.metrics import METRIC_NAMES, median_of
+from tuner.stats.interval import LogStats, Slowdown, blocked, paired, relative_sd, slowdown, spread
 
 if TYPE_CHECKING:
     from tuner.trial.trial_result import TrialResult
@@ -28,7 +33,7 @@ NOISE_UNKNOWN = 0.10
 (one step's cost varies 30-50% between processes on a shared 2-core machine; whole windows
 ~5-10%). Only a screen for what need not be measured again (a baseline more than 28%
 behind the fastest on one run each: ``2 x 10% x sqrt(1/1 + 1/1)``); nothing is kept or
-dropped on it (:mod:`tuner.analysis.decision`)."""
+dropped on it (:mod:`tuner.stats.decision`)."""
 SCREEN_Z = 2.0
 """Standard errors of the assumed noise a single-run gap must exceed for that screen."""
 
@@ -50,8 +55,10 @@ class Entry:
     """The log-rates' count, mean and spread, kept as runs come in: what every interval reads."""
     failures: int = 0
     """Runs that did not finish fine."""
+    rounds: dict[Hashable, float] = field(default_factory=dict)
+    """The log-rate of each successful run taken in an interleaved round, by round."""
 
-    def add(self, result: "TrialResult", source: str) -> None:
+    def add(self, result: "TrialResult", source: str, round_: Hashable | None = None) -> None:
         self.runs.append(result)
         self.sources.append(source)
         if not result.ok:
@@ -60,6 +67,8 @@ class Entry:
             rate = result.metrics["samples_per_s"]
             self.rates.append(rate)
             self.stats.add(rate)
+            if round_ is not None and rate > 0:
+                self.rounds[round_] = math.log(rate)
 
 
 _EMPTY = Entry({})
@@ -70,15 +79,19 @@ class Pool:
 
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
+        self._blocked: tuple[float, int] | None = None
 
-    def add(self, result: "TrialResult", source: str) -> None:
-        """Keep a finished measurement (a pruned trial is not one: its window was cut)."""
+    def add(self, result: "TrialResult", source: str, round_: Hashable | None = None) -> None:
+        """Keep a finished measurement (a pruned trial is not one: its window was cut);
+        ``round_``: the interleaved round it was taken in (``None``: alone, a search trial)."""
         if result.pruned_at is not None:
             return
         entry = self.entries.get(k := key(result.params))
         if entry is None:
             entry = self.entries[k] = Entry(dict(result.params))
-        entry.add(result, source)
+        entry.add(result, source, round_)
+        if round_ is not None:
+            self._blocked = None
 
     def entry(self, params: Mapping[str, Any]) -> Entry:
         return self.entries.get(key(params)) or Entry(dict(params))
@@ -105,13 +118,31 @@ class Pool:
         return relative_sd(*self.spread())
 
     def spread(self) -> tuple[float, int]:
-        """The run's pooled log-rate spread (:func:`tuner.analysis.interval.spread`)."""
+        """The run's pooled log-rate spread (:func:`tuner.stats.interval.spread`)."""
         return spread(e.stats for e in self.entries.values())
 
+    def blocked(self) -> tuple[float, int]:
+        """One run's noise from the interleaved rounds, the rounds' shared part taken out
+        (:func:`tuner.stats.interval.blocked`): what a paired interval reads."""
+        if self._blocked is None:
+            self._blocked = blocked((k, r, y) for k, e in self.entries.items() for r, y in e.rounds.items())
+        return self._blocked
+
     def slowdown(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> Slowdown | None:
-        """How much slower ``b`` is than ``a``, with its interval (``None``: no noise
-        measured yet, or either not measured)."""
-        return slowdown(self.entry(a).stats, self.entry(b).stats, self.spread())
+        """How much slower ``b`` is than ``a``, with its interval: paired over the rounds
+        both were measured in, unpaired where there is none (``None``: no noise measured
+        yet, or either not measured)."""
+        return self.slowdown_of(key(a), key(b))
+
+    def slowdown_of(self, ka: str, kb: str) -> Slowdown | None:
+        """:meth:`slowdown` by the configurations' :func:`key`."""
+        ea, eb = self.by_key(ka), self.by_key(kb)
+        common = [r for r in ea.rounds if r in eb.rounds]
+        if common:
+            s = paired([ea.rounds[r] - eb.rounds[r] for r in common], self.blocked())
+            if s is not None:
+                return s
+        return slowdown(ea.stats, eb.stats, self.spread())
 
     def apart(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
         """Whether ``a`` is faster than ``b`` beyond the noise: the interval of ``b``'s

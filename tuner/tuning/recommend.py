@@ -1,5 +1,5 @@
 """The last word on the answer: each change in it kept or dropped by the one rule
-(:mod:`tuner.analysis.decision`), at the search's tolerance, and the result says which rule
+(:mod:`tuner.stats.decision`), at the search's tolerance, and the result says which rule
 decided with its interval.
 
 After the confirmation and the attribution, each change of the answer is read from the
@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from tuner.analysis import decision
 from tuner.analysis.guard import divergence
 from tuner.config.space import KNOBS, Config, conflict, numerics
+from tuner.stats import decision
 from tuner.study import records as study_mod
 
 if TYPE_CHECKING:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.analysis import decision
 from tuner.analysis.gate import CheckResult, Recorded, settled, verdict
 from tuner.harness import distributed
 from tuner.runner import runner_for
+from tuner.stats import decision
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: "Config", baseline: "Config", recorded: Recorded,
                  tolerance: float, rounds: int, absolute: bool = False) -> CheckResult:
     """Measure ``answer`` and ``baseline`` in interleaved rounds until the gate is settled
-    (looked at on :data:`tuner.analysis.decision.LOOKS`) or ``rounds`` rounds; the verdict."""
+    (looked at on :data:`tuner.stats.decision.LOOKS`) or ``rounds`` rounds; the verdict."""
     runner = runner_for(recipe, ctx, recipe.out / "check", command="check")
     rates: dict[str, list[float]] = {"answer": [], "baseline": []}
     failure, restart, done, look = None, None, 0, 1

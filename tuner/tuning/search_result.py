@@ -61,7 +61,7 @@ class SearchResult:
     """Why the search stopped as ``broken``: the baseline's own error, or the first trials'."""
     noise: dict[str, float] | None = None
     """How noisy one run is here: ``{"ss", "dof"}``, the pooled spread of the log-rates of every
-    configuration measured more than once (:func:`tuner.analysis.interval.spread`), so that
+    configuration measured more than once (:func:`tuner.stats.interval.spread`), so that
     ``tuner compare`` judges two runs' difference against both runs' noise."""
     study: "Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""

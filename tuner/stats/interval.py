@@ -1,7 +1,14 @@
 """How much slower one configuration is than another, with the interval every decision reads.
 
+Paired first: where the two were measured in the same interleaved rounds, the interval is
+the within-round log-ratios' (:func:`paired`), so what the machine does to both in a round (a
+busier minute, a slow drift) cancels instead of widening it; a 3% random walk of the
+machine's speed let a 0% change be kept 86% of the time through the unpaired interval. The
+unpaired interval (:func:`slowdown`) only where no round holds both (a search trial against
+another).
+
 Every keep, drop, stop, pass and fail of the tuner reads this one interval (the rule that
-reads it is :mod:`tuner.analysis.decision`): the confirmation's choice among finalists, each
+reads it is :mod:`tuner.stats.decision`): the confirmation's choice among finalists, each
 change of the answer, the convergence stop, the regression gate, ``tuner compare``.
 
 The interval is Student's t on the log of the rates (gains multiply; a rate's noise is
@@ -14,7 +21,7 @@ is no interval: nothing is decided on an assumed noise.
 Its level is :data:`LEVEL` (99%) at each look, not 95%: a decision is looked at again and
 again as runs come in, and a 95% interval looked at after every round gave a real 5% gain
 away 9.3% of the time at 22% noise a run (each look another chance for chance; simulated,
-2,000 decisions). At 99%, looked at on the schedule of :mod:`tuner.analysis.decision`, the
+2,000 decisions). At 99%, looked at on the schedule of :mod:`tuner.stats.decision`, the
 procedure as a whole keeps each side's error under 2.5%
 (``tests/analysis/test_operating_characteristics.py`` measures it; the table is in docs/search.md).
 """
@@ -23,9 +30,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Hashable, Iterable, Sequence
 
-from tuner.harness import student_t
+from tuner.stats import student_t
 
 LEVEL = 0.99
 """Two-sided confidence of the interval at one look (each bound a 99.5% one-sided bound)."""
@@ -34,7 +41,7 @@ MIN_DOF = 2
 
 
 def t_quantile(dof: int) -> float:
-    """Student's t quantile at :data:`LEVEL` (:mod:`tuner.harness.student_t`)."""
+    """Student's t quantile at :data:`LEVEL` (:mod:`tuner.stats.student_t`)."""
     return student_t.t_quantile(dof, LEVEL)
 
 
@@ -95,6 +102,8 @@ class Slowdown:
     runs: tuple[int, int]
     dof: int
     """Degrees of freedom of the noise estimate behind the interval."""
+    pairs: int = 0
+    """Interleaved rounds both were measured in, when the interval is theirs (0: unpaired)."""
 
     @property
     def half_log(self) -> float:
@@ -113,11 +122,17 @@ class Slowdown:
         """More runs would not change the verdict against ``tolerance``."""
         return self.within(tolerance) or self.beyond(tolerance)
 
+    @property
+    def counted(self) -> str:
+        """``6 pairs`` (paired) or ``4+3 runs`` (unpaired)."""
+        return f"{self.pairs} pair{'s' if self.pairs != 1 else ''}" if self.pairs else \
+            f"{self.runs[0]}+{self.runs[1]} runs"
+
     def text(self) -> str:
-        """``5.1% slower (99% interval 3.9% to 6.3%, 4+4 runs)``."""
+        """``5.1% slower (99% interval 3.9% to 6.3%, 6 pairs)``."""
         word = "slower" if self.estimate >= 0 else "faster"
         return (f"{abs(self.estimate):.1%} {word} ({LEVEL:.0%} interval {self.low:+.1%} to {self.high:+.1%}, "
-                f"{self.runs[0]}+{self.runs[1]} runs)")
+                f"{self.counted})")
 
     def gain_text(self, than: str) -> str:
         """The same interval read the other way, as what ``a`` gains over ``b``:
@@ -127,7 +142,7 @@ class Slowdown:
 
     def to_json(self) -> dict[str, float | int | list[int]]:
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "runs": list(self.runs),
-                "dof": self.dof, "level": LEVEL}
+                "dof": self.dof, "level": LEVEL, "pairs": self.pairs}
 
 
 def slowdown(a: Sequence[float] | LogStats, b: Sequence[float] | LogStats,
@@ -151,6 +166,74 @@ def slowdown(a: Sequence[float] | LogStats, b: Sequence[float] | LogStats,
     diff = sa.mean - sb.mean  # log(rate_a / rate_b)
     half = t_quantile(dof) * math.sqrt(ss / dof) * math.sqrt(1 / sa.n + 1 / sb.n)
     return Slowdown(_slower(diff), _slower(diff - half), _slower(diff + half), (sa.n, sb.n), dof)
+
+
+def paired(diffs: Sequence[float], run_wide: tuple[float, int] = (0.0, 0)) -> Slowdown | None:
+    """How much slower ``b`` is than ``a`` from ``log(rate_a / rate_b)`` within each
+    interleaved round both were measured in, with the :data:`LEVEL` t-interval.
+
+    The noise of a difference is the pair's own (``n - 1`` degrees of freedom) or, where it
+    has more degrees of freedom, twice one run's noise from ``run_wide`` (:func:`blocked`: the
+    run's rounds with their shared part taken out), so a decision of few rounds is not
+    stuck on a t quantile of 2 degrees of freedom (9.9) while the run knows its noise well."""
+    n = len(diffs)
+    if n == 0:
+        return None
+    mean = math.fsum(diffs) / n
+    own_ss, own_dof = math.fsum((d - mean) ** 2 for d in diffs), n - 1
+    if run_wide[1] > own_dof:
+        var, dof = 2 * run_wide[0] / run_wide[1], run_wide[1]
+    elif own_dof >= 1:
+        var, dof = own_ss / own_dof, own_dof
+    else:
+        return None
+    half = t_quantile(dof) * math.sqrt(var / n)
+    return Slowdown(_slower(mean), _slower(mean - half), _slower(mean + half), (n, n), dof, pairs=n)
+
+
+def blocked(runs: Iterable[tuple[Hashable, Hashable, float]]) -> tuple[float, int]:
+    """``(sum of squares, degrees of freedom)`` of one run's log-rate noise from runs taken in
+    interleaved rounds: ``(configuration, round, log-rate)`` fitted as configuration plus round
+    (the round's share is what the machine did to all of it), the residuals' squares summed.
+    Degrees of freedom: runs less configurations less rounds plus connected groups."""
+    data = [(c, r, y) for c, r, y in runs]
+    if len(data) < 3:
+        return 0.0, 0
+    configs = {c for c, _, _ in data}
+    rounds = {r for _, r, _ in data}
+    effect = {c: 0.0 for c in configs}
+    shift = {r: 0.0 for r in rounds}
+    for _ in range(100):  # back-fitting: each pass the means of what the other leaves
+        before = dict(effect)
+        effect = _means((c, y - shift[r]) for c, r, y in data)
+        shift = _means((r, y - effect[c]) for c, r, y in data)
+        if max(abs(effect[c] - before[c]) for c in configs) < 1e-12:
+            break
+    ss = math.fsum((y - effect[c] - shift[r]) ** 2 for c, r, y in data)
+    dof = len(data) - len(configs) - len(rounds) + _groups(data)
+    return (ss, dof) if dof > 0 else (0.0, 0)
+
+
+def _means(pairs: Iterable[tuple[Hashable, float]]) -> dict[Hashable, float]:
+    sums: dict[Hashable, list[float]] = {}
+    for k, y in pairs:
+        sums.setdefault(k, []).append(y)
+    return {k: math.fsum(v) / len(v) for k, v in sums.items()}
+
+
+def _groups(data: Sequence[tuple[Hashable, Hashable, float]]) -> int:
+    """Connected groups of configurations and rounds (one measured in the other links them)."""
+    parent: dict[tuple[int, Hashable], tuple[int, Hashable]] = {}
+
+    def find(x: tuple[int, Hashable]) -> tuple[int, Hashable]:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for c, r, _ in data:
+        parent[find((0, c))] = find((1, r))
+    return len({find(x) for x in list(parent)})
 
 
 def contrast(now: tuple[LogStats, LogStats], then: tuple[LogStats, LogStats],

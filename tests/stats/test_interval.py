@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from tuner.analysis.interval import LEVEL, LogStats, contrast, slowdown, spread
-from tuner.harness.student_t import t_quantile
+from tuner.stats.interval import LEVEL, LogStats, contrast, slowdown, spread
+from tuner.stats.student_t import t_quantile
 
 TABLE_95 = {1: 12.706, 2: 4.303, 5: 2.571, 10: 2.228, 30: 2.042, 60: 2.000, 120: 1.980, 1000: 1.962}
 TABLE_99 = {1: 63.657, 2: 9.925, 5: 4.032, 10: 3.169, 30: 2.750, 60: 2.660, 120: 2.617, 1000: 2.581}

@@ -1,4 +1,5 @@
-"""How long to measure: until the number is trustworthy, not after a fixed count.
+"""How long to measure, and which of the measured steps count: until the number is
+trustworthy, not after a fixed count, and never on a first-use cost.
 
 A fixed count of steps over-measures a 2 s step and under-measures a 2 ms one (whose
 window is then a few hundredths of a second of noise). ``steps.measure: auto`` measures
@@ -8,6 +9,12 @@ most :attr:`Auto.max_steps` steps or :attr:`Auto.max_s` seconds. Consecutive ste
 are correlated (loader workers deliver in bursts, the allocator and the OS come and go),
 so the interval counts them as fewer independent steps than there are, by their lag-1
 autocorrelation.
+
+First-use costs past the recipe's warm-up (a loader worker's first batches, bf16's first
+kernels, an allocator growing) are set aside, not averaged in (:func:`warm_up`): a window whose
+first 2 steps were 3x slower read x0.93 (0.25 s steps) to x0.74 (1 s steps) of its rate
+before, and a plateau of 3 equal slow steps was not seen at all by the rule this replaces
+("each slower than every step after it").
 """
 
 from __future__ import annotations
@@ -17,8 +24,43 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from tuner.config.recipe import AUTO_MAX_STEPS
-from tuner.harness.student_t import t_quantile
+from tuner.stats.student_t import t_quantile
+
+AUTO_MAX_STEPS = 2000
+"""The longest an ``auto`` measured window runs, in steps."""
+
+
+def warm_up(step_times: Sequence[float], most: int | None = None) -> int:
+    """How many leading steps of a window are still warming up: the longest prefix, of at
+    most ``most`` steps (default: half the window), every step of which is slower than every
+    step after it.
+
+    A plateau of any length up to half the window is found (3 equal slow steps, then the
+    steady ones), not only a run that keeps getting faster. With steady noise alone the
+    first step is the slowest of all about once in ``n`` windows and is then set aside
+    (two steps once in ``n (n - 1) / 2``), in every configuration alike. A spike later in the
+    window (a collection, a checkpoint) slower than the plateau hides it: the window then
+    reads it as the job's own cost."""
+    n = len(step_times)
+    limit = n // 2 if most is None else min(most, n - 1)
+    if n < 2 or limit < 1:
+        return 0
+    slowest_after = [-math.inf] * n  # the largest of step_times[i:]
+    running = -math.inf
+    for i in range(n - 1, -1, -1):
+        running = max(running, step_times[i])
+        slowest_after[i] = running
+    found, low = 0, math.inf
+    for k in range(1, limit + 1):
+        low = min(low, step_times[k - 1])
+        if low > slowest_after[k]:
+            found = k
+    return found
+
+
+def settled(step_times: Sequence[float]) -> Sequence[float]:
+    """The window's steps past its warm-up (:func:`warm_up`): what every figure is taken from."""
+    return step_times[warm_up(step_times):]
 
 
 def rate_uncertainty(step_times: Sequence[float]) -> float | None:
@@ -64,6 +106,11 @@ class Auto:
     max_s: float = 15.0
 
     def enough(self, step_times: Sequence[float]) -> bool:
+        """Whether the window may end: its caps reached, or its settled steps (past a
+        first-use plateau, :func:`warm_up`) pin the rate down to :attr:`half_width`."""
+        if len(step_times) >= self.max_steps or sum(step_times) >= self.max_s:
+            return True
+        step_times = settled(step_times)
         n, total = len(step_times), sum(step_times)
         if n >= self.max_steps or total >= self.max_s:
             return True

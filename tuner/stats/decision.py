@@ -3,7 +3,7 @@
 A decision is always between a *richer* configuration ``a`` (it has the change: the
 fastest finalist, the answer with bf16, the recorded speedup) and a *simpler* one ``b``
 (without it), read from the interval of how much slower ``b`` is
-(:func:`tuner.analysis.interval.slowdown`):
+(:func:`tuner.stats.interval.slowdown`):
 
 - ``drop``: the interval shows ``b`` costs less than the tolerance (its upper bound is
   below it). The change goes: it is not worth keeping.
@@ -32,7 +32,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.analysis.interval import LEVEL, Slowdown
+from tuner.stats.interval import LEVEL, Slowdown
 
 KEEP, DROP, UNDECIDED = "keep", "drop", "undecided"
 GROWTH = 1.5

@@ -7,7 +7,7 @@ import random
 import pytest
 
 import tuner
-from tuner.harness.window_length import AUTO, Auto, rate_uncertainty
+from tuner.stats.window_length import AUTO, Auto, rate_uncertainty
 
 
 def test_uncertainty_counts_correlated_steps_as_fewer_and_shrinks_with_length():
@@ -56,3 +56,33 @@ def test_a_slow_step_is_not_over_measured_and_a_fast_one_gets_enough_steps(toy):
 def test_a_window_that_is_neither_auto_nor_a_count_is_refused(toy, value):
     with pytest.raises(tuner.RecipeError, match="steps.measure"):
         tuner.load_recipe(toy(steps={"measure": value}))
+
+
+def test_a_first_use_plateau_of_any_length_up_to_half_the_window_is_set_aside():
+    from tuner.stats.window_length import settled, warm_up
+
+    assert warm_up([1.9, 1.6, 0.25, 0.26, 0.24, 0.25]) == 2  # getting faster
+    assert warm_up([3, 3, 3, 1, 1, 1, 1, 1]) == 3  # a plateau the old rule did not see
+    assert warm_up([3] * 5 + [1] * 6) == 5
+    assert warm_up([3] * 6 + [1] * 4) == 0  # over half the window: that is the job's cost
+    assert warm_up([0.25, 0.26, 0.24, 0.25]) == 0 and warm_up([0.3]) == 0
+    assert list(settled([3, 3, 1, 1, 1, 1])) == [1, 1, 1, 1]
+    rng = random.Random(0)  # steady noise alone: the first step is the slowest about 1 time in n
+    found = [warm_up([rng.random() for _ in range(20)]) for _ in range(4000)]
+    assert sum(k > 0 for k in found) / 4000 < 0.08 and sum(k > 1 for k in found) / 4000 < 0.015
+
+
+def test_an_auto_window_judges_its_settled_steps():
+    rule = Auto(half_width=0.03, min_steps=8, min_s=1.0, max_steps=400, max_s=30.0)
+    assert not rule.enough([1.5] * 5 + [0.5] * 6)  # 6 settled steps: fewer than 8
+    assert rule.enough([1.5] * 5 + [0.5] * 10)
+
+
+def test_the_rate_of_a_window_sets_its_plateau_aside():
+    """First 2 steps 3x slower (a first use past the warm-up): the rate is the steady one's,
+    where averaging them in read x0.93 (0.25 s steps) to x0.74 (1 s steps) before."""
+    from tuner.harness.metrics import Window, summarize
+
+    w = Window(step_times=[3.0, 3.0] + [1.0] * 10, samples=[8] * 12, data_waits=[0.0] * 12, wall_s=16.0, cpu_s=1.0)
+    m = summarize([w])
+    assert m["samples_per_s"] == 8.0 and m["warmup_set_aside"] == 2 and m["measured_steps"] == 10
