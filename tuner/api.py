@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 from pathlib import Path
@@ -17,10 +16,9 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from tuner import runner
 from tuner.analysis import gate
-from tuner.config import layout
 from tuner.config.errors import RecipeError
 from tuner.config.recipe import Recipe, check_tolerance, load_recipe
-from tuner.config.space import make_config, parse_knobs
+from tuner.config.space import parse_knobs
 from tuner.config.trackers import parse_track
 from tuner.harness import distributed, interrupt
 from tuner.harness.as_found import as_found
@@ -90,6 +88,7 @@ def search(
     minutes: float | None = None,
     confirm: int = 100,
     attribute: int | None = None,
+    finish_minutes: float | None = None,
     out: str | os.PathLike[str] | None = None,
     storage: str | None = None,
     overrides: Sequence[str] = (),
@@ -105,12 +104,15 @@ def search(
     Args:
         recipe: a recipe path or a loaded :class:`~tuner.config.recipe.Recipe`.
         trials / minutes: override ``budget.trials`` / ``budget.minutes``.
-        confirm: the most interleaved rounds one decision of the finish may take (the
-            finalists, each change of the answer); the finish also stops at half the
-            search's time (0 skips confirmation and reports the search trials' own numbers).
-        attribute: runs of each configuration on the baseline-to-best attribution path
-            and of each leave-one-out not already measured (default: 3, at most
-            ``confirm``; 0 skips the attribution).
+        confirm: the most interleaved rounds one question of the finish may take (a
+            finalist, a change of the answer, the baseline; 0 skips the finish and reports
+            the search trials' own numbers, each change undecided).
+        attribute: runs of each configuration on the baseline-to-answer attribution path
+            the search and the finish have not measured, inside what is left of the
+            finish's budget (default 1; 0 skips the attribution).
+        finish_minutes: the finish's budget (default: as long as the search's own trials
+            took, :data:`tuner.tuning.finish.TIME_SHARE`); ``minutes`` bounds search and
+            finish together either way.
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
@@ -155,7 +157,7 @@ def search(
     helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
     try:
         with interrupt.catching():
-            return run_search(recipe, ctx, confirm, attribute, events, write)
+            return run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write)
     finally:
         _wait_for(helpers)
 
@@ -280,6 +282,7 @@ def check(
     rounds: int = gate.DEFAULT_ROUNDS,
     overrides: tuple[str, ...] = (),
     absolute: bool = False,
+    process_noise: float | None = None,
 ) -> gate.CheckResult:
     """Re-measure ``against``'s answer and its baseline interleaved in this run and gate
     the speedup against the recorded one (:mod:`tuner.analysis.gate`; rank 0's result is
@@ -289,73 +292,61 @@ def check(
         tolerance: how much smaller the speedup may be, shown by the interval, before it fails.
         rounds: the most interleaved rounds (answer and baseline once each); it stops as
             soon as the one rule settles.
-        absolute: gate the answer's samples/s against the recorded one too (meaningful only
-            where one process's rate is another's: a quiet, dedicated machine).
+        absolute: gate the answer's samples/s against the recorded one too, with
+            ``process_noise`` (required with it): one run's relative noise between two
+            processes of this machine, counted once for each side (another process's rate
+            is never judged with one process's noise).
     """
     from tuner.config.space import Machine
-    from tuner.tuning.regression import check_rounds
+    from tuner.tuning.regression import check_rounds, load_best, record_of
 
     if not 0 <= tolerance < 1:
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
     if rounds < 1:
         raise RecipeError(f"--rounds must be >= 1, got {rounds}")
-    best = load_best(against)
+    if absolute and (process_noise is None or process_noise <= 0):
+        raise RecipeError("--absolute needs --process-noise: one run's relative noise between two processes of this "
+                          "machine (e.g. 0.05 for 5%), which the record's process and this one each add; without it "
+                          "another process's rate cannot be judged")
     ctx = distributed.context()
     recipe = load_recipe(recipe_path, overrides, world_size=ctx.world_size)
-    differ = gate.differences(best.get("environment") or {}, environment(ctx.world_size))
-    if differ:
-        raise RecipeError("the recorded result is not comparable here: " + "; ".join(differ)
-                          + ". Record a baseline on this machine (run the search here) and check against that")
-    if best.get("recipe") and Path(best["recipe"]).name != recipe.path.name:
-        raise RecipeError(f"--against was recorded for {best['recipe']}, not {recipe.path}")
-    params, base = best["params"], (best.get("baseline") or {}).get("params")
-    if not base or not (best.get("baseline") or {}).get("metrics"):
-        raise RecipeError("--against records no measured baseline: the gate compares the answer's speedup over it")
-    dp = layout.data_parallel(params, recipe.world_size)
-    batch = params.get("micro_batch_size", 0) * params.get("grad_accum_steps", 0) * dp
-    if batch != recipe.global_batch_size:
-        raise RecipeError(f"the recorded configuration trains {batch} samples per step, the recipe's "
-                          f"global_batch_size is {recipe.global_batch_size}: they must match")
-    machine = Machine.detect()
-    answer, baseline = (make_config(_knobs(p), recipe.global_batch_size, recipe.world_size, machine,
-                                    recipe.engine)[0] for p in (params, base))
-    if answer == baseline and not absolute:
-        raise RecipeError("nothing to gate: the recorded answer is its own baseline (speedup 1.00x), so no speedup "
-                          "can shrink; gate its samples/s with --absolute (on a quiet, dedicated machine)")
-    runs = best.get("runs") if isinstance(best.get("runs"), dict) else {}
-    noise = best.get("noise") or {}
-    recorded = gate.Recorded(_rates((runs or {}).get("best"), best["metrics"]),
-                             _rates((runs or {}).get("baseline"), best["baseline"]["metrics"]),
-                             (float(noise.get("ss") or 0.0), int(noise.get("dof") or 0)))
-    return check_rounds(recipe, ctx, answer, baseline, recorded, tolerance, rounds, absolute)
+    answer, baseline, recorded = record_of(load_best(against), recipe, environment(ctx.world_size),
+                                           Machine.detect(), absolute)
+    return check_rounds(recipe, ctx, answer, baseline, recorded, tolerance, rounds, absolute, process_noise)
 
 
-def _knobs(params: dict[str, Any]) -> dict[str, Any]:
-    """A recorded configuration's knobs (what follows from them left to follow again)."""
-    return {k: v for k, v in params.items() if k not in ("grad_accum_steps", "engine")}
+@_as_found
+def check_rev(
+    recipe_path: str | os.PathLike[str],
+    rev: str,
+    tolerance: float = gate.DEFAULT_TOLERANCE,
+    rounds: int = gate.DEFAULT_REV_ROUNDS,
+    overrides: tuple[str, ...] = (),
+    nproc_per_node: int = 1,
+    progress: Any = None,
+) -> gate.RevResult:
+    """Gate the working tree against git revision ``rev``: the recipe's task (or script) as
+    checked out at ``rev`` (a worktree) and as it is now, each measurement a fresh process,
+    interleaved, read as pairs (:func:`tuner.analysis.gate.rev_verdict`). Exit 1 when the
+    working tree is shown slower beyond ``tolerance``, 0 when shown within, 4 when undecided.
 
+    Args:
+        rounds: the most rounds (each side once); it stops as soon as the rule settles.
+        nproc_per_node: ranks a task recipe's measurements run on (torchrun); a script
+            recipe launches its own.
+        progress: called with (round, rev's samples/s, the working tree's) after each round.
+    """
+    from tuner.tuning.regression import gate_revision
 
-def _rates(runs: list[dict[str, Any]] | None, metrics: dict[str, Any]) -> list[float]:
-    """samples/s of every recorded run (the median alone where a record has no runs)."""
-    rates = [float(r["samples_per_s"]) for r in runs or [] if r and r.get("samples_per_s")]
-    return rates or [float(metrics["samples_per_s"])]
-
-
-def load_best(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """``best.json`` (or a run folder holding one), checked for what the gate needs."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "best.json"
-    try:
-        best = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RecipeError(f"--against: {p} does not exist (give a run folder or its best.json)") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RecipeError(f"--against: {p} is not a readable best.json ({exc})") from None
-    if not isinstance(best, dict) or not best.get("params") or not (best.get("metrics") or {}).get("samples_per_s"):
-        raise RecipeError(f"--against: {p} records no successful configuration to check against "
-                          "(its search found none, or this is not a tuner best.json)")
-    return best
+    if not 0 <= tolerance < 1:
+        raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
+    if rounds < 2:
+        raise RecipeError(f"--rounds must be >= 2 for --rev (pairs need two rounds), got {rounds}")
+    if distributed.context().world_size > 1:
+        raise RecipeError("tuner check --rev runs in one process and launches each side itself: run it without "
+                          "torchrun and give --nproc-per-node N")
+    recipe = load_recipe(recipe_path, overrides, world_size=nproc_per_node)
+    return gate_revision(recipe, rev, tolerance, rounds, overrides, nproc_per_node, progress)
 
 
 def _load(recipe: Recipe | str | os.PathLike[str], overrides: Sequence[str], world_size: int,

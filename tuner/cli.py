@@ -17,7 +17,7 @@ from typing import Any, Callable, NoReturn, Sequence
 from tuner.config.errors import RecipeError
 
 CAP_ROUNDS = 100
-"""``--confirm``'s default (:data:`tuner.tuning.finalists.CAP_ROUNDS`, not imported here:
+"""``--confirm``'s default (:data:`tuner.tuning.finish.CAP_ROUNDS`, not imported here:
 the search's modules load only when a search runs)."""
 
 
@@ -52,9 +52,11 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     return _report(run, args.json, console.print_measurement, lambda result: result.state == State.OK)
 
 
-def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], ok: Callable[[Any], bool]) -> int:
+def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], ok: Callable[[Any], bool],
+            status: Callable[[Any], int] | None = None) -> int:
     """Run a command on every rank; rank 0 prints its result (a table, or JSON alone on
-    stdout); bad input is one line on stderr and exit 2; exit 1 when ``ok`` says no."""
+    stdout); bad input is one line on stderr and exit 2; exit 1 when ``ok`` says no (or
+    what ``status`` says)."""
     from tuner.harness import distributed
     from tuner.outputs import console
 
@@ -70,7 +72,7 @@ def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], 
             print(json.dumps(result.to_json(), indent=2))
         else:
             show(result)
-    code = 0 if ok(result) else 1
+    code = status(result) if status is not None else (0 if ok(result) else 1)
     restart = getattr(result, "restart", None)
     if restart:  # its device or group is broken: no barrier, no teardown that could wait on it
         if distributed.is_main_process():
@@ -116,12 +118,15 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="fix a knob (amp_dtype=bf16) or override a recipe key (steps.measure=10); repeatable")
     parser.add_argument("--confirm", type=int, default=CAP_ROUNDS,
-                        help="the most interleaved rounds one decision of the finish may take (the finalists, each "
-                             f"change of the answer; default {CAP_ROUNDS}; the finish also stops at half the search's "
-                             "time; 0 skips confirming)")
+                        help="the most interleaved rounds one question of the finish may take (a finalist, a change "
+                             f"of the answer, the baseline; default {CAP_ROUNDS}; 0 skips the finish)")
+    parser.add_argument("--finish-minutes", type=float, default=None,
+                        help="the finish's budget: the finalists re-measured interleaved until the one rule decides "
+                             "each change (default: as long as the search's trials took); --minutes bounds the search "
+                             "and the finish together")
     parser.add_argument("--attribute", type=int, default=None,
-                        help="runs of each knob-by-knob attribution configuration not already measured "
-                             "(default: 3, at most --confirm; 0 skips)")
+                        help="runs of each knob-by-knob attribution configuration not already measured, inside "
+                             "what is left of the finish's budget (default: 1; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
     parser.add_argument("--full-budget", action="store_true",
                         help="keep searching once converged, until the trial or time budget is spent")
@@ -136,7 +141,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                              "repeat it or separate with commas; the recipe's track: adds to it)")
     args = parser.parse_args(argv)
     for flag, value, minimum in (("--trials", args.trials, 1), ("--minutes", args.minutes, 0),
-                                 ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0)):
+                                 ("--confirm", args.confirm, 0), ("--attribute", args.attribute, 0),
+                                 ("--finish-minutes", args.finish_minutes, 0)):
         if value is not None and value < minimum:
             parser.error(f"{flag} must be >= {minimum}, got {value}")
     if args.minutes is not None and args.minutes <= 0:
@@ -148,7 +154,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
-                        attribute=args.attribute, out=args.out, storage=args.storage, overrides=args.sets,
+                        attribute=args.attribute, finish_minutes=args.finish_minutes, out=args.out,
+                        storage=args.storage, overrides=args.sets,
                         quiet=args.quiet, full_budget=args.full_budget, no_skip=args.no_skip,
                         tolerance=args.tolerance, track=args.track)
     except RecipeError as exc:
@@ -173,33 +180,52 @@ def search_main(argv: Sequence[str] | None = None) -> int:
 def check_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tuner.check",
-        description="Performance regression gate: re-measure the answer a search recorded in best.json and its "
-        "baseline, interleaved in this one run, and gate the answer's speedup over the baseline against the "
-        "recorded speedup. Exit 0 when not shown smaller beyond the tolerance, 1 when shown so (or if it no "
-        "longer runs), 2 when the comparison would be meaningless (another device or world size) or on bad input.",
+        description="Performance regression gate. --rev REV: the recipe's task or script at git revision REV "
+        "(a worktree) against the working tree, each measured in fresh processes, interleaved, as pairs. "
+        "--against RUN_DIR/best.json: the recorded answer's speedup over its baseline, both re-measured "
+        "interleaved here, against the recorded speedup. Exit 0 when shown within the tolerance, 1 when shown "
+        "slower beyond it (or when it no longer runs), 4 when undecided at the rounds' limit, 2 on bad input "
+        "or when the comparison would be meaningless (another device or world size).",
     )
-    parser.add_argument("recipe", help="the recipe YAML the search ran")
-    parser.add_argument("--against", required=True, metavar="RUN_DIR/best.json", help="the recorded result")
+    parser.add_argument("recipe", help="the recipe YAML")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rev", metavar="REV", help="a git revision (branch, tag, commit) to gate the working tree "
+                       "against")
+    which.add_argument("--against", metavar="RUN_DIR/best.json", help="the recorded result")
     parser.add_argument("--tolerance", type=float, default=0.05,
-                        help="how much smaller than recorded the speedup may be shown to be, as a fraction "
-                             "(default 0.05)")
-    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=10,
-                        help="the most interleaved rounds (answer and baseline once each); it stops as soon as the "
-                             "interval settles the gate (default 10)")
+                        help="how much slower (--rev) or how much smaller a speedup (--against) may be shown to be, "
+                             "as a fraction (default 0.05)")
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=None,
+                        help="the most interleaved rounds (each side once); it stops as soon as the interval "
+                             "settles the gate (default 20 with --rev, 10 with --against)")
+    parser.add_argument("--nproc-per-node", type=int, default=1,
+                        help="with --rev: ranks each measurement of a task recipe runs on (torchrun)")
     parser.add_argument("--absolute", action="store_true",
-                        help="gate the answer's samples/s against the recorded one too (only where another process's "
-                             "rate is comparable: a quiet, dedicated machine)")
+                        help="with --against: gate the answer's samples/s against the recorded one too; needs "
+                             "--process-noise")
+    parser.add_argument("--process-noise", type=float, default=None,
+                        help="with --absolute: one run's relative noise between two processes of this machine")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key (steps.measure=40); repeatable")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
+    if args.rev is not None and (args.absolute or args.process_noise is not None):
+        parser.error("--absolute and --process-noise go with --against, not --rev")
 
-    from tuner.api import check
+    from tuner.api import check, check_rev
     from tuner.outputs import console
 
-    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds, tuple(args.sets),
-                                 args.absolute),
-                   args.json, console.print_check, lambda result: result.passed)
+    if args.rev is not None:
+        def progress(done: int, rev: float, work: float) -> None:
+            print(f"round {done}: {args.rev} {rev:,.1f} samples/s, working tree {work:,.1f}", file=sys.stderr)
+
+        return _report(lambda: check_rev(args.recipe, args.rev, args.tolerance, args.rounds or 20, tuple(args.sets),
+                                         args.nproc_per_node, progress),
+                       args.json, console.print_rev_check, lambda result: result.passed,
+                       lambda result: result.exit_code)
+    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds or 10, tuple(args.sets),
+                                 args.absolute, args.process_noise),
+                   args.json, console.print_check, lambda result: result.passed, lambda result: result.exit_code)
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
@@ -258,13 +284,17 @@ def compare_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--anyway", action="store_true",
                         help="show runs from different machines side by side, their differences on top")
+    parser.add_argument("--process-noise", type=float, default=None,
+                        help="one run's relative noise between two processes of this machine (e.g. 0.05): what two "
+                             "run folders' rates are judged with; without it their rates are shown, not judged")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="the difference that matters, as a fraction (default: the search's tolerance, 0.02)")
     args = parser.parse_args(argv)
     from tuner.outputs import comparison
 
     try:
-        result = comparison.compare(args.run_a, args.run_b, args.a, args.b, args.anyway, args.tolerance)
+        result = comparison.compare(args.run_a, args.run_b, args.a, args.b, args.anyway, args.tolerance,
+                                    args.process_noise)
     except RecipeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -35,7 +35,7 @@ def searched(tmp_path_factory):
 def test_search_writes_a_report_a_user_can_read(searched):
     md = (searched / "report.md").read_text()
     for section in ("# tuner report: toy", "## Best vs baseline", "## Configuration to paste", "## Trials",
-                    "## Environment", "step p99 (ms)", "failed confirmation runs"):
+                    "## Environment", "step p99 (ms)", "failed runs"):
         assert section in md, section
     assert re.search(r"\*\*\d+\.\d\dx\*\* the baseline's throughput", md)
     assert "baseline: data-bound" in md  # the slow loader with no workers

@@ -36,11 +36,10 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
     assert result.stopped == "trials" and result.trials == 6
     assert result.baseline["params"]["num_workers"] == 0
     assert result.speedup >= 1.25, result.speedup
-    # one number per configuration: every run of it pooled, its search trial and confirmation
-    # runs, or the attribution's and the settling's where the answer is the best without a knob
-    # that bought nothing (seen in CI: "median of 2 runs (1 attribution, 1 confirmation)")
-    assert re.fullmatch(r"median of [2-9] runs \(\d (search trial|confirmation|attribution)s?"
-                        r"(, \d (search trial|confirmation|attribution)s?)*\)", result.best["source"]), \
+    # one number per configuration: every run of it pooled, its search trial, its repeat and
+    # the finish's runs ("median of 4 runs (1 search trial, 3 finish runs)")
+    assert re.fullmatch(r"median of [2-9] runs \(\d (search trial|repeat|finish run|attribution run)s?"
+                        r"(, \d (search trial|repeat|finish run|attribution run)s?)*\)", result.best["source"]), \
         result.best["source"]
     for name in ("best.json", "dataloader.json", "ds_config.json", "accelerate_config.yaml",
                  "hf_training_args.json", "torchtitan.toml", "torch_settings.py", "lightning_trainer.yaml",
@@ -144,7 +143,8 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
 
     recipe = tuner.load_recipe(toy(steps={"warmup": 1, "measure": 30}, storage=f"sqlite:///{tmp_path}/s.db"))
     config, _ = make_config({}, 16, 1, Machine.detect())
-    result = run_trial(recipe, config, distributed.context(), prune=PruneBar(1e12, 1, noise=0.05, noise_dof=4, settle_within=30))
+    rule = PruneBar(1e12, 1, noise=0.05, noise_dof=4, settle_within=30)
+    result = run_trial(recipe, config, distributed.context(), prune=rule)
     study, _ = study_mod.open_study(recipe.name, recipe.storage, 0)
     trial = study.ask()
     state, frozen = study_mod.record(study, trial, result, recipe.budget)

@@ -156,6 +156,7 @@ def attribute(
     tolerance: float = 0.02,
     run_wide: tuple[float, int] = (0.0, 0),
     valid: Valid | None = None,
+    interval: Callable[[Mapping[str, Any], Mapping[str, Any]], Slowdown | None] | None = None,
 ) -> Attribution:
     """The table from the measured rates.
 
@@ -166,7 +167,15 @@ def attribute(
         tolerance: the search's tolerance: each row's :func:`mark` is read against it.
         run_wide: the run's pooled spread (:func:`tuner.stats.interval.spread`), for
             configurations without repeats of their own.
+        interval: how much slower the second configuration is than the first, with its
+            interval (the pool's: paired where both were measured in the same rounds);
+            default: unpaired, from ``rates``.
     """
+    def between(a: Mapping[str, Any], b: Mapping[str, Any]) -> Slowdown | None:
+        if interval is not None:
+            return interval(a, b)
+        return slowdown(rates.get(key(a), ()), rates.get(key(b), ()), run_wide)
+
     def median(config: Mapping[str, Any]) -> float | None:
         values = rates.get(key(config))
         return statistics.median(values) if values else None
@@ -181,8 +190,8 @@ def attribute(
     previous, before = base_rate, forward[0][1]
     for knob, config in forward[1:]:
         rate = median(config)
-        step = slowdown(rates.get(key(config), ()), rates.get(key(before), ()), run_wide)
-        loo_slowdown = slowdown(rates.get(key(best), ()), rates.get(key(loo[knob]), ()), run_wide)
+        step = between(config, before)
+        loo_slowdown = between(best, loo[knob])
         gain = rate / previous if rate and previous else None
         without = median(loo[knob])
         risk = "; ".join(RISKS[k] for k in knob.split("+"))

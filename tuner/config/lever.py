@@ -132,6 +132,11 @@ class Lever:
     """Values that recompute activations in the backward instead of holding them, the one
     that recomputes least first: what the guided walk tries on a larger micro-batch the
     memory budget refused, and the capacity plan's checkpointing column."""
+    proven: bool = False
+    """It stays in an answer only where the interval shows it a gain beyond the tolerance, or
+    the answer does not fit without it: what it buys is memory, and a change that costs
+    speed and the user's checkpoint format is not pasted on a coin flip (the others stay while
+    the rule cannot decide: a change the search measured leaves only on evidence)."""
     env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
     """For a lever a process reads from its environment at start (the CUDA allocator's
     settings): ``(value, the environment so far)`` -> the variables a script trial's process

@@ -164,6 +164,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
           adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine", engine="deepspeed",
           runs_on="deepspeed", states=f"{STATES}:zero_states",
+          proven=True,
           refused_under={"lightning": lambda m: [] if m.cuda else [
               (stage, "Lightning's DeepSpeed strategy runs only on CUDA GPUs (its own check, "
                       "lightning.pytorch.strategies.DeepSpeedStrategy.setup_environment)", 0) for stage in (1, 2, 3)]},
@@ -180,6 +181,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
           label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.data_parallel:shard", engine="fsdp",
           runs_on="torch", states=f"{STATES}:sharded_states",
+          proven=True,
           suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
           exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                    "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"},
@@ -192,6 +194,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
                "dropout matches)",
           label="ac={}", adapters=frozenset({"hf"}), memory="activations", frees_activations=("selective", "full"),
+          proven=True,
           prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
           apply=f"{ENGINES}.model_levers:checkpointing",
           exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
@@ -244,6 +247,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           risk="host memory and PCIe traffic: the optimizer state and step live on the CPU", label="offload={}",
           adapters=frozenset({"hf", "deepspeed"}), memory="states", stage="engine",
           apply="tuner.config.export:ds_config", states=f"{STATES}:offloaded_states",
+          proven=True,
           exports={"ds_config.json": "zero_optimization.offload_optimizer"}),
     Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),
           group="optimizer", path=120, walk=110, verdicts={"host-bound": 2, "compute-bound": 4},
@@ -345,6 +349,12 @@ def of(group: str) -> tuple[str, ...]:
 def by(attribute: str) -> tuple[str, ...]:
     """The levers in the order of one of their ranks (``path``, ``walk``)."""
     return tuple(sorted(LEVERS, key=lambda name: getattr(LEVERS[name], attribute)))
+
+
+def proven(step: str) -> bool:
+    """Whether an attribution step (``zero_stage``, ``zero_stage+fsdp``) holds a lever that
+    stays in an answer only on evidence of a gain (:attr:`Lever.proven`)."""
+    return any(LEVERS[k].proven for k in step.split("+") if k in LEVERS)
 
 
 def with_memory(effect: str) -> tuple[str, ...]:

@@ -107,7 +107,7 @@ class Live(SearchEvents):
             lines.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s "
                          "of measuring")
         for note in result.notes:
-            if note.startswith(("recommending", "confirmation:")):
+            if "rests on change(s) the rule has not shown" in note or note.startswith("left open when the finish"):
                 lines.append(note)
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.config.space import KNOBS
 from tuner.trial.trial_result import State
+from tuner.tuning import promises
 from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
@@ -30,22 +31,12 @@ class ReportData:
     """What the importance rests on, or why it is not shown."""
 
 
-PROMISES = (
-    "Every keep, drop and stop of this search reads one rule: a change is dropped only when its "
-    "interval (99% at each look) shows that the answer without it costs less than the tolerance, kept "
-    "when it shows more, and otherwise measured again, interleaved, until it does or the cap, where the "
-    "faster-measured answer stays, marked undecided. Measured on 2,000 simulated decisions per case "
-    "(docs/search.md): a real gain of twice the tolerance is dropped at most 2.5% of the time at any "
-    "noise; a real loss of twice the tolerance is kept at most 5% of the time while one run's noise is "
-    "10% or less (noisier runs reach the cap first and keep it more often).")
-"""What the decisions promise: the report says it above every number it gives."""
-
-
 def render_markdown(data: ReportData) -> str:
     """``report.md``: verdicts, best vs baseline, attribution, the configuration, every trial."""
     r, trials = data.result, data.trials
     best = r.best.get("metrics")
-    lines = [f"# tuner report: {data.name}", "", f"_{PROMISES}_", ""]
+    here = promises.at_noise(r.noise, r.trials)
+    lines = [f"# tuner report: {data.name}", "", f"_{promises.promise()}_", ""] + ([here, ""] if here else [])
     lines += _verdict_lines(r)
     lines += ["", "## Best vs baseline", ""]
     if best:
@@ -99,25 +90,34 @@ def _verdict_lines(r: SearchResult) -> list[str]:
 
 
 RULES = {
-    "fastest": "the fastest finalist, kept: every other finalist settled against it",
-    "equivalent": "a finalist with fewer changes, shown within the tolerance of the fastest",
-    "cap": "the fastest: the confirmation's limit came with finalists undecided",
-    "leave-one-out": "the fastest less the changes shown to cost less than the tolerance",
-    "search": "the best search trial (no confirmation ran)",
+    "reference": "the search's best (or the finalist holding its changes and more), every change of it kept",
+    "simpler": "the reference less the changes shown to cost less than the tolerance to take away",
+    "faster": "a configuration the finish showed faster than the search's best, beyond the tolerance",
+    "search": "the best search trial (no finish ran)",
 }
 """What each decision rule means, in the report's words."""
 
 
 def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
-    """How the answer was decided: the rule, the tolerance, each change with its interval."""
+    """How the answer was decided: the rule, the tolerance, each change with its interval,
+    what rests on undecided changes, what the budget left open."""
     if not decision:
         return []
     rule = decision.get("rule", "")
+    spent = decision.get("finish_s")
+    budget = decision.get("budget_s")
+    cost = (f" The finish measured {decision.get('rounds', 0)} round(s) in {spent:.0f} s"
+            + (f" of its {budget:.0f} s budget." if budget is not None else ".")) if spent is not None else ""
     lines = ["", "## How the answer was decided", "",
              f"Rule: **{rule}**: {RULES.get(rule, rule)}. Tolerance {decision.get('tolerance', 0):.0%}: a change is "
              "dropped only when the interval shows that dropping it costs less, kept when it shows more, and "
-             "kept undecided when the measuring ran out first.", ""]
+             f"kept undecided when the measuring ran out first.{cost}", ""]
     lines += [f"- {k['text']}" for k in decision.get("knobs", [])]
+    gain = decision.get("undecided_gain")
+    if gain is not None and gain != 1.0:
+        lines += ["", f"{gain:.2f}x of the speedup rests on changes the rule has not shown to be gains (undecided)."]
+    if decision.get("open"):
+        lines += ["", "Left open when the finish's budget ended:", ""] + [f"- {q}" for q in decision["open"]]
     return lines
 
 
@@ -160,7 +160,7 @@ def _comparison_table(r: SearchResult) -> list[str]:
     for label, key, spec, scale in rows:
         before, after = _fmt(_scaled(base.get(key), scale), spec), _fmt(_scaled(best.get(key), scale), spec)
         out.append(f"| {label} | {before} | {after} |")
-    out.append(f"| failed confirmation runs | {r.baseline.get('failures', 0)} | {r.best.get('failures', 0)} |")
+    out.append(f"| failed runs | {r.baseline.get('failures', 0)} | {r.best.get('failures', 0)} |")
     out.append(f"| knobs | {_knobs(r.baseline.get('params') or {})} | {_knobs(r.best.get('params') or {})} |")
     return out
 

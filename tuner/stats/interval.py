@@ -8,7 +8,7 @@ unpaired interval (:func:`slowdown`) only where no round holds both (a search tr
 another).
 
 Every keep, drop, stop, pass and fail of the tuner reads this one interval (the rule that
-reads it is :mod:`tuner.stats.decision`): the confirmation's choice among finalists, each
+reads it is :mod:`tuner.stats.decision`): the finish's choice among finalists, each
 change of the answer, the convergence stop, the regression gate, ``tuner compare``.
 
 The interval is Student's t on the log of the rates (gains multiply; a rate's noise is

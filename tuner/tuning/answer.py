@@ -1,5 +1,5 @@
 """The search's answer as a :class:`~tuner.tuning.search_result.SearchResult`: the
-confirmation's winner less the changes the one rule drops (:mod:`tuner.tuning.recommend`),
+finish's answer and why (:mod:`tuner.tuning.finish`, :mod:`tuner.tuning.recommend`),
 one number per configuration from every run of it in this process
 (:class:`~tuner.tuning.pool.Pool`; a resumed study's from its search trial), the speedup,
 the diagnosis of both ends, the run's noise."""
@@ -7,7 +7,7 @@ the diagnosis of both ends, the run's noise."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tuner.study.study import Study
     from tuner.study.workers import Workers
     from tuner.tuning.events import SearchEvents
-    from tuner.tuning.finalists import Confirmation
+    from tuner.tuning.finish import Finished
     from tuner.tuning.pool import Pool
 
 
@@ -53,25 +53,19 @@ class Searched(Protocol):
 
     def done(self) -> int: ...
 
+    def valid(self, knobs: Mapping[str, Any]) -> bool: ...
+
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list["Verdict"]: ...
 
 
-def result(d: Searched, stopped: str, confirmed: "Confirmation | None",
+def result(d: Searched, stopped: str, finished: "Finished | None",
            attribution: "Attribution | None") -> SearchResult:
     """What the search found, from the decider's study and pool."""
     pool = d.pool
-    notes = list(d.space.notes) + (confirmed.notes if confirmed is not None else [])
+    notes = list(d.space.notes)
     best_trial = study_mod.best_feasible(d.study)
-    best_params = confirmed.winner if confirmed is not None else (
+    best_params = finished.answer if finished is not None else (
         best_trial.params if best_trial is not None else None)
-    decision = None
-    if best_params is not None:
-        decision = recommend.decide(best_params, confirmed, attribution, pool, d.baseline_config.params(),
-                                    d._config, d.recipe, d.reference, d.space)  # noqa: SLF001 - its sibling
-        best_params = decision.params
-        for note in decision.notes:
-            notes.append(note)
-            d.events.note(note)
     baseline_trial = next((t for t in study_mod.measured(d.study) if t.baseline), None)
     best = d._summary(best_params, pool)  # noqa: SLF001 - its sibling
     base = d._summary(baseline_trial.params if baseline_trial else None, pool)  # noqa: SLF001
@@ -80,6 +74,14 @@ def result(d: Searched, stopped: str, confirmed: "Confirmation | None",
     speedup = None
     if best["metrics"] and base["metrics"]:
         speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
+    decision = None
+    if best_params is not None:
+        make = d._config  # noqa: SLF001 - its sibling
+        decision = recommend.record(best_params, finished, attribution, pool, d.baseline_config.params(),
+                                    d.recipe.tolerance, lambda k: make(k).params(), d.valid, speedup)
+        for note in decision.notes:
+            notes.append(note)
+            d.events.note(note)
     r = d.recipe
     env = d._env()  # noqa: SLF001 - its sibling
     mixed = d.workers.environments(env)

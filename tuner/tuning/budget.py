@@ -52,9 +52,11 @@ def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
 
 
 def stop_reason(study: "Study", budget: "Budget", target: "Target", elapsed_s: float,
-                running: int = 0) -> str | None:
+                running: int = 0, finish: tuple[float, float] = (0.0, 0.0)) -> str | None:
     """``target``, ``trials`` or ``minutes`` when the search must stop before another trial;
-    ``running``: other workers' trials in flight, which count against the trial budget."""
+    ``running``: other workers' trials in flight, which count against the trial budget;
+    ``finish``: (share of the search's time, fixed seconds) the finish takes after it, kept
+    inside ``budget.minutes`` (the minutes bound the whole command)."""
     best = study_mod.best_feasible(study)
     if best is not None and meets(best.metrics, target):
         return "target"
@@ -64,7 +66,8 @@ def stop_reason(study: "Study", budget: "Budget", target: "Target", elapsed_s: f
     if budget.minutes is not None:
         durations = [t.duration_s for t in done if t.duration_s]
         expected = statistics.median(durations) if durations else 0.0
-        if elapsed_s + expected > budget.minutes * 60:
+        share, fixed = finish
+        if elapsed_s + expected > (budget.minutes * 60 - fixed) / (1 + share):
             return "minutes"
     return None
 

@@ -2,30 +2,30 @@
 
 Rank 0 owns the Optuna study (:class:`~tuner.tuning.decider.Decider`); every decision
 (the next trial's knobs, or stop) is broadcast, every rank runs the trial, results are
-reduced to rank 0. The winner is then re-measured against the baseline, interleaved, and
-the speedup is the ratio of medians (:mod:`tuner.tuning.finalists`). The search returns
-its result; writing the run folder is the caller's (:func:`tuner.api.search`).
+reduced to rank 0. The finalists are then decided by the one rule in interleaved rounds
+(:mod:`tuner.tuning.finish`), and the speedup is the ratio of medians of every run. The
+search returns its result; writing the run folder is the caller's (:func:`tuner.api.search`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from tuner.analysis.attribution import leave_one_out
+from tuner.config import levers
 from tuner.config.space import KNOBS, Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed, interrupt
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
-from tuner.tuning import budget, finalists, recommend
+from tuner.tuning import budget, finish, path
 from tuner.tuning.decider import Decider
 from tuner.tuning.events import SearchEvents
 from tuner.tuning.pool import Pool
 
-ATTRIBUTE_REPEATS = 3
-"""Runs of each attribution configuration not already measured (``--attribute``; at most
-``--confirm``): the table's medians. What each change is worth to the answer is then
-settled by the one rule, interleaved, as long as it takes."""
+ATTRIBUTE_REPEATS = 1
+"""Runs of each attribution path configuration the search and the finish have not measured
+(``--attribute``), inside what is left of the finish's budget: the path describes, the
+finish's questions decide, so its rounds go to those first."""
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 
 def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None,
-               events: SearchEvents | None,
+               events: SearchEvents | None, finish_minutes: float | None = None,
                on_result: "Callable[[SearchResult], None] | None" = None) -> "SearchResult | None":
     """Search ``recipe`` on every rank; rank 0 returns the result, after ``on_result`` (the
     caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
@@ -47,23 +47,29 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     pool = Pool()
     decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner) if ctx.is_main else None
     runner.on_hang = decider.record_hung if decider else None
+    if decider is not None:  # what the search leaves of budget.minutes for its finish
+        decider.finish_after = (0.0, 0.0) if confirm < 1 else (
+            (0.0, finish_minutes * 60) if finish_minutes is not None else (finish.TIME_SHARE, 0.0))
     try:
-        return _search(recipe, ctx, confirm, attribute, machine, space, pool, decider, runner, on_result)
+        return _search(recipe, ctx, confirm, attribute, finish_minutes, machine, space, pool, decider, runner,
+                       on_result)
     finally:  # the heartbeat thread and the finishing lock, also when storage or a trial failed
         runner.close()
         if decider is not None:
             decider.workers.close()
+            decider.study.release()
 
 
-def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None, machine: Machine,
-            space: "searchspace.Space", pool: Pool, decider: Decider | None, runner: Runner,
+def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None,
+            finish_minutes: float | None, machine: Machine, space: "searchspace.Space", pool: Pool,
+            decider: Decider | None, runner: Runner,
             on_result: "Callable[[SearchResult], None] | None") -> "SearchResult | None":
     stopped = "interrupted"
-    confirmed: finalists.Confirmation | None = None
+    finished: finish.Finished | None = None
     attribution: Attribution | None = None
 
     def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
-        """A confirmation's or an attribution's run; the search's own trials go through
+        """A repeat's, the finish's or the attribution's run; the search's own trials go through
         :func:`_poisoned` once recorded."""
         return _poisoned(runner.run(config, prune))
 
@@ -103,18 +109,19 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 decider.record(result)
             _poisoned(result)  # recorded first: the same command resumes without it
         if stopped not in ("interrupted", "broken"):  # nothing to confirm in a job that fails anyway
-            confirmed, attribution = _finalise(recipe, machine, space, decider, confirm, attribute, run, pool)
+            finished, attribution = _finalise(recipe, machine, space, decider, confirm, attribute, finish_minutes,
+                                               run, pool)
     except KeyboardInterrupt:
         if decider is None:
             raise
         decider.interrupted()
-        stopped, confirmed, attribution = "interrupted", None, None
+        stopped, finished, attribution = "interrupted", None, None
     if decider is None:
         return None
     if interrupt.pressed():  # a Ctrl-C Python dropped on the way (see tuner.harness.interrupt)
-        stopped, confirmed, attribution = "interrupted", None, None
+        stopped, finished, attribution = "interrupted", None, None
     with interrupt.deferred():
-        result = decider.finish(stopped, confirmed, attribution)
+        result = decider.finish(stopped, finished, attribution)
         if on_result is not None:
             on_result(result)  # the workers close after the run folder: the next search may finish again
         if stopped != "interrupted":
@@ -123,52 +130,51 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
 
 
 def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", decider: Decider | None, confirm: int,
-              attribute: int | None, run: finalists.Run,
-              pool: Pool) -> tuple["finalists.Confirmation | None", "Attribution | None"]:
-    """Confirmation, attribution, then the changes of the answer settled, on every rank;
-    rank 0 says what to measure. One :class:`~tuner.tuning.finalists.Limit` bounds it all:
-    ``confirm`` rounds per decision, and a share of the search's own time."""
+              attribute: int | None, finish_minutes: float | None, run: Callable[[Config], "TrialResult"],
+              pool: Pool) -> tuple["finish.Finished | None", "Attribution | None"]:
+    """The finish (:func:`tuner.tuning.finish.finish`), then the attribution path's
+    configurations the pool lacks, on every rank; rank 0 says what to measure. One
+    :class:`~tuner.tuning.finish.Budget` bounds both: ``confirm`` rounds a question, and its
+    seconds (``finish_minutes``, else a share of the search's own time, inside ``budget.minutes``)."""
     events = decider.events if decider else None
-    limit = finalists.Limit(confirm, distributed.broadcast(decider.finish_seconds() if decider else None))
-    order = distributed.broadcast(
-        {"finalists": decider.finalists(), "baseline": decider.baseline_config.params()} if decider else None)
-    confirmed = finalists.confirm(order["finalists"], order["baseline"], limit, run, pool,
-                                  distributed.broadcast, events, recipe.tolerance)
-    if confirmed is not None and events is not None:
-        for note in confirmed.notes:
-            events.note(note)
-    repeats = min(confirm, ATTRIBUTE_REPEATS) if attribute is None else attribute
-    plan = distributed.broadcast(decider.attribution_plan(confirmed) if decider and repeats > 0 else None)
-    if not plan:
-        return confirmed, None
 
-    def make(knobs: dict[str, Any]) -> Config:
-        return make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine,
-                           strict=False)[0]
+    def make(knobs: Any) -> dict[str, Any]:
+        return make_config({k: v for k, v in knobs.items() if k in KNOBS}, recipe.global_batch_size,
+                           recipe.world_size, machine, recipe.engine, strict=False)[0].params()
 
     def valid(knobs: Any) -> bool:
         """A layout the world and the global batch allow (a change toward the best may need
         its layout first: a micro-batch a larger data-parallel share cannot hold)."""
-        return space.refusal(make({k: v for k, v in knobs.items() if k in KNOBS}).params(), recipe.world_size,
-                             recipe.global_batch_size) is None
+        return space.refusal(make(knobs), recipe.world_size, recipe.global_batch_size) is None
 
-    attribution = finalists.attribute(plan["baseline"], plan["best"], repeats, run, pool, make, events,
-                                      recipe.tolerance, valid)
-    if attribution is not None and confirm > 0:
-        fastest = recommend.fastest_of(plan["best"], confirmed)
-        simpler = [make({k: v for k, v in c.items() if k in KNOBS}) for _, c in leave_one_out(plan["baseline"],
-                                                                                              plan["best"], valid)]
-        finalists.settle_changes(fastest, simpler, limit, run, pool, distributed.broadcast, events, recipe.tolerance)
-        attribution = finalists.table(plan["baseline"], plan["best"], pool, make, recipe.tolerance, valid)
-        # several changes shown cheap alone: the answer without all of them, against the fastest
-        combined = distributed.broadcast(decider.without_all(plan["best"], fastest, attribution) if decider else None)
-        if combined is not None:
-            if events is not None:
-                events.note("several changes each cost less than the tolerance: measuring the answer without all "
-                            "of them against the fastest, interleaved")
-            finalists.settle([(fastest, combined)], lambda p: pool.add(run(make(dict(p))), "confirmation"), pool,
-                             recipe.tolerance, limit, distributed.broadcast)
-    return confirmed, attribution
+    plan = distributed.broadcast({"finalists": decider.finalists(), "baseline": decider.baseline_config.params(),
+                                  "seconds": decider.finish_seconds(finish_minutes),
+                                  "typical": decider.typical_trial_s()} if decider else None)
+    if not plan["finalists"]:
+        return None, None
+    budget = finish.Budget(plan["seconds"], max(1, confirm), plan["typical"])
+
+    def measure(params: dict[str, Any]) -> "TrialResult":
+        return run(Config(**params))
+
+    finished = None
+    if confirm > 0:
+        rules = finish.Rules(recipe.tolerance, make, decider.answerable if decider else (lambda p: True), valid,
+                             levers.proven)
+        finished = finish.finish(plan["finalists"], plan["baseline"], measure, pool, rules, budget,
+                                 distributed.broadcast, events)
+    answer = finished.answer if finished is not None else plan["finalists"][0]
+    repeats = ATTRIBUTE_REPEATS if attribute is None else attribute
+    ends = distributed.broadcast(decider.attribution_plan(answer) if decider and repeats > 0 else None)
+    if not ends:
+        return finished, None
+    configs = path.configs(ends["baseline"], ends["best"], make, valid)
+    todo = sum(not pool.entry(c).runs for c in configs.values())
+    if todo and events is not None:
+        events.note(f"attributing the gain: {len(configs)} configurations on the path from the baseline, "
+                    f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")
+    finish.describe(list(configs.values()), repeats, measure, pool, budget, distributed.broadcast)
+    return finished, path.table(ends["baseline"], ends["best"], pool, make, recipe.tolerance, valid)
 
 
 def _poisoned(result: "TrialResult") -> "TrialResult":

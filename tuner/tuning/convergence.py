@@ -6,7 +6,7 @@ over the best (or it did not run fine: it cannot be the answer); one shown a gai
 the count again; one the interval cannot place yet changes nothing (the search goes on
 rather than stop on a guess). The interval needs the run's noise, so once the guided
 neighbourhood is measured the best is measured again until the run has :data:`NOISE_DOF`
-degrees of freedom (runs the confirmation reuses: the best is a finalist). Before the rule
+degrees of freedom (runs the finish reuses: the best is a finalist). Before the rule
 the stop read a fixed 5% bar on single runs, not the tolerance and the run's noise.
 """
 

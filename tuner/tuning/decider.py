@@ -9,6 +9,7 @@ already measured, never measured twice; slow trials are pruned (:mod:`tuner.tuni
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -25,7 +26,7 @@ from tuner.tuning import answer, budget, recommend, summary
 from tuner.tuning.broken import why_broken
 from tuner.tuning.convergence import Convergence
 from tuner.tuning.events import SearchEvents
-from tuner.tuning.finalists import FINALISTS, TIME_SHARE
+from tuner.tuning.finish import FINALISTS, TIME_SHARE
 from tuner.tuning.pool import Pool
 from tuner.tuning.proposing import filters, proposers
 from tuner.tuning.search_result import SearchResult
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from tuner.runner import Runner
     from tuner.study.study import Asked
     from tuner.trial.trial_result import PruneRule
-    from tuner.tuning.finalists import Confirmation
+    from tuner.tuning.finish import Finished
 
 MAX_RESAMPLES = 50
 """Times the sampler may propose a measured configuration before the space counts as exhausted."""
@@ -66,6 +67,9 @@ class Decider:
         self.baseline_config = self._config(self.baseline)
         self.started = time.monotonic()
         self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
+        self.finish_after: tuple[float, float] = (TIME_SHARE, 0.0)
+        """(share of the search's time, fixed seconds) the finish will take: what the search
+        leaves of ``budget.minutes`` (the controller sets it from ``--confirm`` / ``--finish-minutes``)."""
         self.baseline_again = False
         """The baseline has been measured a second time (:meth:`_baseline_again`)."""
         self.trial: Asked | None = None
@@ -128,7 +132,7 @@ class Decider:
         self.workers.reap()
         self.known, flying = self._known(), self.workers.elsewhere()
         stop = "interrupted" if interrupted else budget.stop_reason(
-            self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying))
+            self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying), self.finish_after)
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
             stop, said = "exhausted", f"exhausted: all {len(self.points)} configurations of the space are measured"
             self._once(said)  # asked again after the other workers' trials
@@ -151,7 +155,7 @@ class Decider:
         if repeat is not None:
             if self.convergence.repeats == 1:
                 self.events.note("the neighbourhood of the best is measured: measuring the best again to learn this "
-                                 "machine's noise, which the convergence stop reads (the confirmation reuses it)")
+                                 "machine's noise, which the convergence stop reads (the finish reuses it)")
             return {"stop": None, "repeat": repeat}
         if step is None and self.recipe.budget.converge and \
                 self.convergence.converged(self.space.size(), len(self.known)):
@@ -300,17 +304,28 @@ class Decider:
     def _elapsed_s(self) -> float:
         return self.earlier_s + time.monotonic() - self.started
 
-    def finish_seconds(self) -> float:
-        """How long the finish may measure: its share of the search's time so far."""
-        return TIME_SHARE * self._elapsed_s()
+    def finish_seconds(self, minutes: float | None = None) -> float:
+        """How long the finish may measure: ``minutes`` (``--finish-minutes``), else its share
+        of the search's own time (:data:`tuner.tuning.finish.TIME_SHARE`), and never past
+        ``budget.minutes`` for the whole command."""
+        seconds = minutes * 60 if minutes is not None else TIME_SHARE * self._elapsed_s()
+        if self.recipe.budget.minutes is not None:
+            seconds = min(seconds, max(0.0, self.recipe.budget.minutes * 60 - self._elapsed_s()))
+        return seconds
 
-    def without_all(self, best: dict[str, Any], fastest: dict[str, Any],
-                    attribution: "Attribution | None") -> dict[str, Any] | None:
-        """The answer without every change the rule drops, when there are several (what the
-        finish measures against the fastest before dropping them together)."""
-        knobs = recommend.droppable(best, fastest, attribution, self.pool, self.baseline_config.params(),
-                                    self._config, self.recipe, self.reference, self.space)
-        return recommend.together(best, knobs, self.baseline_config.params(), self._config) if len(knobs) > 1 else None
+    def typical_trial_s(self) -> float | None:
+        """A search trial's median duration (what a finish run is expected to take at first)."""
+        durations = [t.duration_s for t in study_mod.measured(self.study) if t.duration_s]
+        return statistics.median(durations) if durations else None
+
+    def valid(self, knobs: Mapping[str, Any]) -> bool:
+        """A layout the world and the global batch allow (the attribution's leave-one-outs)."""
+        r = self.recipe
+        return self.space.refusal(self._config(knobs).params(), r.world_size, r.global_batch_size) is None
+
+    def answerable(self, params: dict[str, Any]) -> bool:
+        """Whether ``params`` may be the answer (:func:`tuner.tuning.recommend.answerable`)."""
+        return recommend.answerable(params, self.pool, self.recipe, self.reference, self.space)
 
     def _env(self) -> dict[str, Any]:
         if self._environment is None:
@@ -328,22 +343,19 @@ class Decider:
         ranked = sorted(study_mod.feasible(self.study), key=lambda t: t.value or 0.0, reverse=True)
         return [t.params or {} for t in ranked[:FINALISTS]]
 
-    def attribution_plan(self, confirmed: "Confirmation | None") -> dict[str, Any] | None:
-        """The two ends of the attribution: the baseline's and the winner's knobs."""
-        best = confirmed.winner if confirmed is not None else None
-        if best is None:
-            trial = study_mod.best_feasible(self.study)
-            best = trial.params if trial is not None else None
+    def attribution_plan(self, best: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The two ends of the attribution: the baseline's and the answer's knobs (``None``:
+        no answer, or the baseline never ran fine)."""
         if best is None or not any(t.baseline and t.outcome == State.OK
                                    for t in study_mod.measured(self.study)):
             return None
         return {"baseline": self.baseline_config.params(), "best": best}
 
-    def finish(self, stopped: str, confirmed: "Confirmation | None",
+    def finish(self, stopped: str, finished: "Finished | None",
                attribution: "Attribution | None" = None) -> SearchResult:
         """The search's result (:func:`tuner.tuning.answer.result`)."""
         self.events.stop()
-        return answer.result(self, stopped, confirmed, attribution)
+        return answer.result(self, stopped, finished, attribution)
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""

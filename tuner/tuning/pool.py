@@ -1,12 +1,12 @@
 """Every measurement of a configuration made in this run, pooled: one number per configuration.
 
-The search trials, the confirmation and the attribution all measure configurations; the
-same configuration measured by two of them is one configuration with more samples, not two
+The search trials, its repeats, the finish and the attribution all measure configurations;
+the same configuration measured by two of them is one configuration with more samples, not two
 figures (seen before pooling: the quick start's report showed its baseline at 400.6
 samples/s in "Best vs baseline" and at 235.4 in the attribution table, two measurements of
 one configuration in one run). The pool also says how noisy a single measurement is here
 (the pooled relative standard deviation of repeated measurements) and so whether two
-configurations are apart beyond that noise: what lets the confirmation stop early and the
+configurations are apart beyond that noise: what lets the finish stop early and the
 attribution skip what it already knows.
 
 Runs of the finish are taken in interleaved rounds, and each run keeps its round: two
@@ -28,16 +28,6 @@ from tuner.stats.interval import LogStats, Slowdown, blocked, paired, relative_s
 if TYPE_CHECKING:
     from tuner.trial.trial_result import TrialResult
 
-NOISE_UNKNOWN = 0.10
-"""The relative noise of one run assumed before any configuration has been measured twice
-(one step's cost varies 30-50% between processes on a shared 2-core machine; whole windows
-~5-10%). Only a screen for what need not be measured again (a baseline more than 28%
-behind the fastest on one run each: ``2 x 10% x sqrt(1/1 + 1/1)``); nothing is kept or
-dropped on it (:mod:`tuner.stats.decision`)."""
-SCREEN_Z = 2.0
-"""Standard errors of the assumed noise a single-run gap must exceed for that screen."""
-
-
 def key(params: Mapping[str, Any]) -> str:
     """One configuration's identity: every knob, sorted."""
     return ",".join(f"{k}={params[k]}" for k in sorted(params))
@@ -48,7 +38,7 @@ class Entry:
     params: dict[str, Any]
     runs: list["TrialResult"] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
-    """What each run was measured for: ``search``, ``confirmation``, ``attribution``."""
+    """What each run was measured for: ``search``, ``repeat``, ``finish``, ``attribution``."""
     rates: list[float] = field(default_factory=list)
     """samples/s of each successful run."""
     stats: LogStats = field(default_factory=LogStats)
@@ -107,14 +97,9 @@ class Pool:
         rates = self.rates(params)
         return statistics.median(rates) if rates else None
 
-    def noise(self) -> float:
-        """One run's relative standard deviation, pooled over every configuration measured
-        more than once (:data:`NOISE_UNKNOWN` while none is)."""
-        known = self.known_noise()
-        return NOISE_UNKNOWN if known is None else known
-
     def known_noise(self) -> float | None:
-        """:meth:`noise`, or ``None`` while no configuration has been measured twice."""
+        """One run's relative standard deviation, pooled over every configuration measured
+        more than once (``None`` while none is: no noise is assumed)."""
         return relative_sd(*self.spread())
 
     def spread(self) -> tuple[float, int]:
@@ -144,20 +129,6 @@ class Pool:
                 return s
         return slowdown(ea.stats, eb.stats, self.spread())
 
-    def apart(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-        """Whether ``a`` is faster than ``b`` beyond the noise: the interval of ``b``'s
-        slowdown lies above 0. Before any repeat, a screen on the assumed noise
-        (:data:`NOISE_UNKNOWN`). Used only to skip re-measuring what is far behind (the
-        baseline in the confirmation, the attribution's two ends), never to keep or drop."""
-        s = self.slowdown(a, b)
-        if s is not None:
-            return s.low > 0
-        ra, rb = self.rates(a), self.rates(b)
-        if not ra or not rb:
-            return False
-        gap = 1 - statistics.median(rb) / statistics.median(ra)
-        return gap > SCREEN_Z * NOISE_UNKNOWN * math.sqrt(1 / len(ra) + 1 / len(rb))
-
     def metrics(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
         """The median of every metric over the configuration's successful runs."""
         good = [r.metrics for r in self.entry(params).runs if r.ok and r.metrics]
@@ -170,10 +141,13 @@ class Pool:
         return out
 
     def source(self, params: Mapping[str, Any]) -> str:
-        """``"median of 3 runs (1 search trial, 2 confirmation)"``."""
+        """``"median of 4 runs (1 search trial, 3 finish runs)"``."""
         entry = self.entry(params)
         good = [s for r, s in zip(entry.runs, entry.sources) if r.ok and r.metrics]
         counts = {s: good.count(s) for s in dict.fromkeys(good)}
-        parts = ", ".join(f"{n} {'search trial' + ('s' if n > 1 else '') if s == 'search' else s}"
-                          for s, n in counts.items())
+        parts = ", ".join(f"{n} {SOURCES.get(s, s)}{'s' if n > 1 else ''}" for s, n in counts.items())
         return f"median of {len(good)} run{'s' if len(good) != 1 else ''} ({parts})"
+
+
+SOURCES = {"search": "search trial", "repeat": "repeat", "finish": "finish run", "attribution": "attribution run"}
+"""What each run of a configuration was measured for, in the words of :meth:`Pool.source`."""

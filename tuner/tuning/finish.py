@@ -1,0 +1,383 @@
+"""The end of a search: the answer decided by the one rule, in interleaved rounds, inside a
+budget the finish plans run by run.
+
+This is the one function the search calls for its finish and the one
+``tests/tuning/test_operating_characteristics.py`` simulates; the error rates in
+docs/search.md and above every report are its output at its defaults.
+
+- **The reference** is the search's best finalist, or the finalist that holds every change of it
+  and more, the one with the most (:func:`reference_of`). A change the search measured on top of
+  its best leaves the answer only when the rule
+  shows that the answer without it costs less than the tolerance *against the reference*, so
+  drops never add up past it. Before, the confirmation re-sorted the finalists by their
+  geometric mean and "the fastest stayed": a point estimate that dropped a real +10% gain 25.5%
+  of the time at 22% noise a run (543 of the 549 drops undecided by the rule itself).
+- **The questions**: each other finalist against the reference (a simpler one may replace the
+  answer when shown within the tolerance, any one the reference when shown faster beyond it),
+  each change of the answer (the answer with that change put back, the attribution's
+  leave-one-out), and the baseline (the speedup). Each is settled by the rule: decided, or
+  precise (:func:`tuner.stats.decision.settled`).
+- **The rounds**: the reference and every open question's configuration once, the widest
+  intervals first, the reference first in even rounds and last in odd ones; every run keeps its
+  round, so the questions are read as pairs (:mod:`tuner.stats.interval`).
+- **The budget**: :attr:`Budget.seconds` (``--finish-minutes``; by default :data:`TIME_SHARE` of
+  the search's own time), checked before every run against what that run is expected to take,
+  and :attr:`Budget.rounds` (``--confirm``) per question. What is open at its end stays as it
+  is, reported ``undecided`` with its interval.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from tuner.analysis import attribution as attribution_mod
+from tuner.config.space import KNOBS
+from tuner.stats import decision
+from tuner.tuning.pool import Pool, key
+
+if TYPE_CHECKING:
+    from tuner.stats.interval import Slowdown
+    from tuner.trial.trial_result import TrialResult
+    from tuner.tuning.events import SearchEvents
+
+FINALISTS = 3
+"""Configurations of the search the finish starts from: one noisy search trial must not pick
+the winner (seen on the benchmark: the true best was found, then outrun by a lucky
+measurement of a configuration 20% slower)."""
+CAP_ROUNDS = 100
+"""Interleaved rounds one question may take (``--confirm``): the budget usually comes first."""
+TIME_SHARE = 2.0
+"""The finish measures for at most this share of the time the search's trials took
+(``--finish-minutes`` sets it instead), whatever remains of ``budget.minutes`` at most."""
+ANSWER_PAIRS = 2
+"""Rounds a configuration must share with the reference before a drop makes it the answer:
+the pooled noise can decide from one (the method verifies an answer with repeated runs)."""
+
+MAX_MOVES = 20
+"""Moves of the reference or the answer one finish may make: each needs evidence at 99%, but
+intervals of different pairs of rounds need not be transitive, and a cycle must end."""
+
+Run = Callable[[dict[str, Any]], "TrialResult"]
+"""Measures one configuration by its knobs (a trial in this process, or a script trial)."""
+Agree = Callable[[Any], Any]
+"""Rank 0's value on every rank (:func:`tuner.harness.distributed.broadcast`)."""
+
+
+@dataclass
+class Budget:
+    """How much the finish may measure: seconds in all, rounds per question."""
+
+    seconds: float | None
+    """``None``: no time limit (only the rounds)."""
+    rounds: int = CAP_ROUNDS
+    typical_s: float | None = None
+    """What one run is expected to take before the finish has timed one (the search's median trial)."""
+    clock: Callable[[], float] = time.monotonic
+    started: float | None = None
+    durations: dict[str, list[float]] = field(default_factory=dict)
+    """Seconds of each run the finish took, by configuration."""
+
+    def expected(self, k: str) -> float:
+        """What a run of configuration ``k`` is expected to take: its own runs' median, else
+        every finish run's, else :attr:`typical_s`."""
+        own = self.durations.get(k)
+        if own:
+            return statistics.median(own)
+        every = [d for ds in self.durations.values() for d in ds]
+        return statistics.median(every) if every else (self.typical_s or 0.0)
+
+    def fits(self, k: str) -> bool:
+        """Whether one more run of ``k`` ends inside the seconds (rank 0's clock: callers agree)."""
+        if self.seconds is None:
+            return True
+        if self.started is None:
+            self.started = self.clock()
+        return self.clock() - self.started + self.expected(k) <= self.seconds
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the finish asks of the search about a configuration."""
+
+    tolerance: float
+    make: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """A configuration's full params from its knobs (what follows from them derived again)."""
+    fine: Callable[[Mapping[str, Any]], bool]
+    """Whether it may be the answer: every run fine, inside the budget and the precision guard, in the space."""
+    valid: "attribution_mod.Valid | None" = None
+    """Whether a set of knob values makes a configuration the layout allows (the leave-one-outs)."""
+    proven: Callable[[str], bool] = lambda step: False
+    """Whether an attribution step's levers stay only on evidence of a gain (what they buy is
+    memory: sharding, offload, checkpointing), where the others stay while undecided."""
+
+
+@dataclass
+class Question:
+    """One open decision: ``richer`` (it has the change; stays when the rule cannot decide)
+    against ``simpler``."""
+
+    kind: str
+    """``finalist``, ``change`` (the answer with ``step`` put back) or ``baseline``."""
+    richer: dict[str, Any]
+    simpler: dict[str, Any]
+    step: str = ""
+    """The attribution step put back (``amp_dtype``, or two knobs joined by ``+``), for a change."""
+
+
+@dataclass
+class Finished:
+    """What the finish decided."""
+
+    answer: dict[str, Any]
+    reference: dict[str, Any]
+    rounds: int = 0
+    runs: int = 0
+    seconds: float = 0.0
+    budget_s: float | None = None
+    out_of_budget: bool = False
+    """The budget ended it with questions still open."""
+    dropped: list[dict[str, Any]] = field(default_factory=list)
+    """Each change that left the answer: ``step``, ``value``, the interval that let it go."""
+    moves: list[str] = field(default_factory=list)
+    """What changed the reference or the answer, in order, in words."""
+    open: list[str] = field(default_factory=list)
+    """The questions still open at the end, in words, with their intervals."""
+
+
+def changes(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> int:
+    """Knobs set differently from the baseline (accumulation and engine follow from them)."""
+    return sum(params.get(k) != baseline.get(k) for k in KNOBS)
+
+
+def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any]) -> dict[str, Any]:
+    """The search's best finalist, or the finalist with the most changes that holds every
+    change of it and more (ties: the search's ranking): a change measured on top of the best
+    stays until the rule shows it costs less than the tolerance to take away."""
+    top = finalists[0]
+    mine = {k: top.get(k) for k in KNOBS if top.get(k) != baseline.get(k)}
+    supersets = [p for p in finalists if all(p.get(k) == v for k, v in mine.items())]
+    return dict(max(supersets, key=lambda p: (changes(p, baseline), -finalists.index(p))))
+
+
+def questions(answer: dict[str, Any], reference: dict[str, Any], finalists: Sequence[dict[str, Any]],
+              baseline: dict[str, Any], rules: Rules) -> list[Question]:
+    """What is asked of the current answer and reference: each other finalist against the
+    reference; each change of the answer (the answer with it put back) against the reference
+    and, once the answer is not the reference, against the answer too; the baseline."""
+    out: list[Question] = []
+    against = [reference] + ([answer] if answer != reference else [])
+    for step, knobs in attribution_mod.leave_one_out(baseline, answer, rules.valid):
+        without = rules.make(knobs)
+        out += [Question("change", richer, without, step) for richer in against]
+    for f in finalists:  # after the changes: a finalist that is the answer less one change is that change
+        if f != reference:
+            simpler = changes(f, baseline) < changes(reference, baseline)
+            out.append(Question("finalist", reference, f) if simpler else Question("finalist", f, reference))
+    out.append(Question("baseline", reference, dict(baseline)))
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for q in out:
+        pair = (key(q.richer), key(q.simpler))
+        if pair not in seen and pair[0] != pair[1]:
+            seen.add(pair)
+            unique.append(q)
+    return unique
+
+
+def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], run: Run, pool: Pool,
+           rules: Rules, budget: Budget, agree: Agree = lambda x: x,
+           events: "SearchEvents | None" = None) -> Finished | None:
+    """Decide the answer among ``finalists`` (best first, by their search trials) and their
+    changes from ``baseline``, measuring in interleaved rounds until no question is open or
+    the budget (see the module). Every run goes into ``pool``."""
+    if not finalists:
+        return None
+    base = rules.make(baseline)
+    ranked = [rules.make(p) for p in finalists]
+    reference = reference_of(ranked, base)
+    out = Finished(answer=dict(reference), reference=dict(reference), budget_s=budget.seconds)
+    start = budget.clock()
+    if events:
+        limit = f"{budget.seconds:.0f} s" if budget.seconds is not None else "no time limit"
+        events.note(f"finishing: {len(ranked)} finalist(s) and the baseline, interleaved, against the one with the "
+                    f"most changes, until each question is settled at a {rules.tolerance:.0%} tolerance ({limit}, "
+                    f"at most {budget.rounds} round(s) a question)")
+    while True:
+        asked = questions(out.answer, out.reference, ranked, base, rules)
+        if len(out.moves) < MAX_MOVES and _move(out, asked, pool, rules, base, events):
+            continue
+        todo = agree([q for q in asked if not _settled(q, pool, rules, budget)])
+        if not todo:
+            break
+        if not _round(out, todo, run, pool, budget, agree):
+            out.out_of_budget = True
+            break
+    _prove(out, questions(out.answer, out.reference, ranked, base, rules), pool, rules, base, events)
+    out.open = [_open_text(q, pool) for q in questions(out.answer, out.reference, ranked, base, rules)
+                if not _settled(q, pool, rules, budget)]
+    out.seconds = budget.clock() - start
+    if events and out.open:
+        events.note(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) "
+                    f"({'its budget' if out.out_of_budget else 'the rounds a question may take'}): "
+                    + "; ".join(out.open))
+    return out
+
+
+def _settled(q: Question, pool: Pool, rules: Rules, budget: Budget) -> bool:
+    """Nothing more to measure for ``q``: a failure, the rule settled it, or its rounds spent."""
+    a, b = pool.entry(q.richer), pool.entry(q.simpler)
+    if a.failures or b.failures:
+        return True
+    s = pool.slowdown(q.richer, q.simpler)
+    if s is not None and s.pairs >= budget.rounds:
+        return True
+    if not decision.settled(s, rules.tolerance):
+        return False
+    if decision.judge(s, rules.tolerance) == decision.DROP and s is not None and s.pairs < ANSWER_PAIRS:
+        return False  # the simpler would become the answer: verified on rounds of its own first
+    return True
+
+
+def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: dict[str, Any],
+          events: "SearchEvents | None") -> bool:
+    """Apply what the rule has decided (True when something moved):
+
+    - a configuration of the questions shown faster than the reference beyond the tolerance,
+      and fine, becomes the reference and the answer: a slower reference would let a real
+      gain go as "within the tolerance of it";
+    - else the configuration with the fewest changes shown within the tolerance of the
+      reference and of the answer (every question it is the simpler side of dropped, each on
+      :data:`ANSWER_PAIRS` rounds at least), and fine, becomes the answer."""
+    tol = rules.tolerance
+    for p in {key(x): x for q in asked for x in (q.richer, q.simpler)}.values():
+        s = pool.slowdown(p, out.reference)
+        if p != out.reference and decision.judge(s, tol) == decision.KEEP and rules.fine(p):
+            assert s is not None
+            out.reference, out.answer = dict(p), dict(p)
+            out.dropped.clear()
+            out.moves.append(f"a configuration with {changes(p, base)} change(s) is faster than the reference: the "
+                             f"reference {s.text()} than it, beyond the {tol:.0%} tolerance; it is the reference now")
+            _say(events, out.moves[-1])
+            return True
+    sides: dict[str, list[Question]] = {}
+    for q in asked:
+        if q.richer in (out.reference, out.answer):
+            sides.setdefault(key(q.simpler), []).append(q)
+    drops: list[tuple[int, float, dict[str, Any], "Slowdown"]] = []
+    for qs in sides.values():
+        simpler = qs[0].simpler
+        if changes(simpler, base) >= changes(out.answer, base) or not rules.fine(simpler):
+            continue
+        found = [pool.slowdown(q.richer, simpler) for q in qs]
+        if all(s is not None and s.pairs >= ANSWER_PAIRS and decision.judge(s, tol) == decision.DROP for s in found):
+            against = pool.slowdown(out.reference, simpler)
+            assert against is not None
+            drops.append((changes(simpler, base), against.high, simpler, against))
+    if not drops:
+        return False
+    _, _, simpler, s = min(drops, key=lambda d: (d[0], d[1]))
+    gone = [k for k in attribution_mod.changed(base, out.answer) if simpler.get(k) != out.answer.get(k)]
+    for k in gone:
+        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(),
+                            "text": f"{k}={out.answer.get(k)} dropped: without it {s.text()} against the "
+                                    f"reference, below the {tol:.0%} tolerance"})
+    out.answer = dict(simpler)
+    out.moves.append(f"the answer without {', '.join(gone)}: {s.text()} against the reference, below the "
+                     f"{tol:.0%} tolerance")
+    _say(events, out.moves[-1])
+    return True
+
+
+def _prove(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: dict[str, Any],
+           events: "SearchEvents | None") -> None:
+    """At the end, each change of a lever that stays only on evidence (:attr:`Rules.proven`)
+    and was not shown a gain beyond the tolerance leaves the answer, where the answer without
+    it was measured and is fine (an answer that does not fit without it keeps it)."""
+    tol = rules.tolerance
+    for q in asked:
+        if q.kind != "change" or q.richer != out.reference or not rules.proven(q.step):
+            continue
+        s = pool.slowdown(q.richer, q.simpler)
+        if decision.judge(s, tol) == decision.KEEP or not pool.entry(q.simpler).rates or not rules.fine(q.simpler):
+            continue
+        value = out.answer.get(q.step.split("+")[0])
+        if all(q.simpler.get(k) == out.answer.get(k) for k in KNOBS if k not in q.step.split("+")):
+            out.dropped.append({"step": q.step, "value": value, "slowdown": s.to_json() if s else None,
+                                "text": f"{q.step}={value} dropped: not shown a gain beyond the {tol:.0%} tolerance "
+                                        f"({s.text() if s else 'no interval'} without it), and what it buys is "
+                                        "memory the answer does without"})
+            out.answer = dict(q.simpler)
+            out.moves.append(out.dropped[-1]["text"])
+            _say(events, out.moves[-1])
+
+
+def describe(configs: Sequence[dict[str, Any]], runs: int, run: Run, pool: Pool, budget: Budget,
+             agree: Agree = lambda x: x) -> int:
+    """The attribution path's configurations the pool has no run of, ``runs`` times each,
+    interleaved, inside what is left of the budget (they describe; they decide nothing).
+    Returns the runs measured."""
+    todo = [dict(c) for c in configs if not pool.entry(c).runs]
+    done = 0
+    for r in range(runs):
+        for c in todo:
+            if pool.entry(c).failures:
+                continue
+            if not agree(budget.fits(key(c))):
+                return done
+            began = budget.clock()
+            pool.add(run(dict(c)), "attribution", ("path", r))
+            budget.durations.setdefault(key(c), []).append(budget.clock() - began)
+            done += 1
+    return done
+
+
+def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Budget, agree: Agree) -> bool:
+    """One interleaved round: the reference and each open question's other configuration, the
+    widest intervals first (the reference first in even rounds, last in odd ones). False when
+    the budget could not fit the next run."""
+    others: dict[str, dict[str, Any]] = {}
+    if out.answer != out.reference:
+        others[key(out.answer)] = out.answer  # the answer's questions are asked against it too
+    for q in sorted(todo, key=lambda q: -_width(pool, q)):
+        for p in (q.richer, q.simpler):
+            if p != out.reference:
+                others.setdefault(key(p), p)
+    order = [out.reference, *others.values()]
+    if out.rounds % 2:
+        order = [*others.values(), out.reference]
+    order = agree(order)  # rank 0's plan: every rank measures the same configurations
+    measured = 0
+    for params in order:
+        k = key(params)
+        if not agree(budget.fits(k)):
+            if measured:
+                out.rounds += 1
+            return False
+        began = budget.clock()
+        pool.add(run(dict(params)), "finish", ("finish", out.rounds))
+        budget.durations.setdefault(k, []).append(budget.clock() - began)
+        measured += 1
+        out.runs += 1
+    out.rounds += 1
+    return True
+
+
+def _width(pool: Pool, q: Question) -> float:
+    s = pool.slowdown(q.richer, q.simpler)
+    return s.half_log if s is not None else math.inf
+
+
+def _open_text(q: Question, pool: Pool) -> str:
+    s = pool.slowdown(q.richer, q.simpler)
+    what = {"change": f"{q.step} in the answer", "finalist": "a finalist against the reference",
+            "baseline": "the answer against the baseline"}[q.kind]
+    return f"{what}: {s.text() if s is not None else 'no interval yet'}"
+
+
+def _say(events: "SearchEvents | None", text: str) -> None:
+    if events is not None:
+        events.note("finish: " + text)

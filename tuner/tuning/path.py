@@ -1,0 +1,41 @@
+"""The attribution's configurations (the path from the baseline to the answer, one knob at a
+time, and every leave-one-out) and their table from the pool: one median per configuration,
+each step's interval paired where the two were measured in the same rounds."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+from tuner.analysis import attribution as attribution_mod
+from tuner.analysis.attribution import Attribution
+
+if TYPE_CHECKING:
+    from tuner.tuning.pool import Pool
+
+Make = Callable[[dict[str, Any]], dict[str, Any]]
+"""A configuration's full params from its knobs."""
+
+
+def configs(base: dict[str, Any], best: dict[str, Any], make: Make,
+            valid: "attribution_mod.Valid | None" = None) -> dict[str, dict[str, Any]]:
+    """Every configuration on the baseline-to-best path and every leave-one-out, by the
+    attribution's key."""
+    points = [c for _, c in [*attribution_mod.path(base, best, valid),
+                             *attribution_mod.leave_one_out(base, best, valid)]]
+    return {attribution_mod.key(c): make({n: c[n] for n in attribution_mod.ORDER if n in c}) for c in points}
+
+
+def table(base: dict[str, Any], best: dict[str, Any], pool: "Pool", make: Make, tolerance: float,
+          valid: "attribution_mod.Valid | None" = None) -> Attribution:
+    """The attribution table from what the pool holds."""
+    points = configs(base, best, make, valid)
+    failures = {k: why for k, c in points.items()
+                if (why := next((f"{r.state}: {r.reason}" for r in pool.entry(c).runs if not r.ok), None))}
+    batch_norm = any("BatchNorm" in n for e in pool.entries.values() for r in e.runs for n in r.notes)
+    rates = {k: pool.rates(c) for k, c in points.items()}
+
+    def interval(a: Any, b: Any) -> Any:
+        return pool.slowdown(points[attribution_mod.key(a)], points[attribution_mod.key(b)])
+
+    return attribution_mod.attribute(base, best, rates, failures, batch_norm, tolerance, pool.spread(), valid,
+                                     interval)
