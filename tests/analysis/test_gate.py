@@ -51,7 +51,8 @@ def check(*args):
 def test_passes_against_its_own_result_at_the_default_tolerance(recorded):
     recipe, run_dir = recorded
     out = tuner.api.check(recipe, run_dir / "best.json", rounds=3).to_json()
-    assert out["passed"] and out["verdict"] in ("pass", "undecided") and out["tolerance"] == 0.05
+    assert out["verdict"] in ("pass", "undecided") and out["tolerance"] == 0.05, out  # never a regression
+    assert out["passed"] == (out["verdict"] == "pass")  # undecided is its own verdict (exit 4), not a pass
     assert out["gated"] == "speedup" and out["rounds"] >= 1
     assert len(out["rates"]["answer"]) == len(out["rates"]["baseline"]) == out["rounds"]
     assert out["slowdown"]["high"] > out["slowdown"]["low"]
@@ -73,7 +74,8 @@ def test_fails_when_the_tasks_code_gets_slower(recorded):
 
 def test_an_absolute_rate_is_printed_and_gated_only_when_asked(recorded, tmp_path):
     """A record whose rates were three times higher (another machine, another process): the
-    speedup gate passes, since the ratio is what one run can compare; --absolute fails it."""
+    speedup gate does not fail, since the ratio is what one run can compare; --absolute, with
+    a between-process noise given, fails it; without one it is refused in one line."""
     recipe, run_dir = recorded
 
     def inflate(best):
@@ -84,8 +86,12 @@ def test_an_absolute_rate_is_printed_and_gated_only_when_asked(recorded, tmp_pat
                 r["samples_per_s"] *= 3
 
     path = _altered(run_dir, tmp_path, inflate)
-    assert tuner.api.check(recipe, path, rounds=1).passed
-    gated = tuner.api.check(recipe, path, rounds=1, absolute=True)
+    assert tuner.api.check(recipe, path, rounds=1).verdict in ("pass", "undecided")
+    from tuner.config.errors import RecipeError
+
+    with pytest.raises(RecipeError, match="--absolute needs --process-noise"):
+        tuner.api.check(recipe, path, rounds=1, absolute=True)
+    gated = tuner.api.check(recipe, path, rounds=5, absolute=True, process_noise=0.05)
     assert not gated.passed and gated.verdict == "regression" and gated.gated == "speedup+absolute"
     assert "the answer's samples/s is" in gated.reason
 
@@ -133,6 +139,6 @@ def test_the_verdict_is_a_pure_function_of_the_rates():
     slow = verdict(recorded, [330.0, 332.0, 329.0, 331.0, 330.0], [100.0, 99.8, 100.4, 100.1, 99.9], 0.05)
     assert not slow.passed and slow.verdict == "regression" and slow.slowdown["low"] > 0.05
     noisy = verdict(recorded, [300.0, 420.0], [100.0, 90.0], 0.05)
-    assert noisy.passed and noisy.verdict == "undecided"
+    assert not noisy.passed and noisy.verdict == "undecided" and noisy.exit_code == 4
     gone = verdict(recorded, [], [], 0.05, failure="answer: error: boom")
     assert not gone.passed and gone.reason == "the configuration no longer runs: answer: error: boom"

@@ -65,18 +65,23 @@ def test_one_trial_against_another_without_repeats_is_unknown_not_the_same(run, 
     assert "unknown (no repeats)" in _cli(lone, lone, "--a", "0", "--b", "1").stdout
 
 
-def test_one_run_folder_counts_its_noise_once(run, tmp_path):
-    """Two single trials of one run lean on the run's pooled noise: once, not once per side
-    (counted twice, its degrees of freedom doubled and the interval narrowed). A copy of the
-    folder is another run: its noise counts too."""
+def test_one_run_folder_counts_its_noise_once_and_two_are_two_processes(run, tmp_path):
+    """Two single trials of one run lean on the run's pooled noise: once, not once per side.
+    A copy of the folder is another run, another process: its rates are not judged on one
+    process's noise (the same baseline read 2.39x, "beyond the tolerance", between two search
+    processes), only with a between-process noise given, which widens the interval."""
     record = json.loads((run / "best.json").read_text())
     same = next(r for r in tuner.compare(run, run, a=0, b=1).rows if r.metric == "samples_per_s")
     assert same.dof == record["noise"]["dof"], (same, record["noise"])
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
     other = next(r for r in tuner.compare(run, copy, a=0, b=1).rows if r.metric == "samples_per_s")
-    assert other.dof == 2 * record["noise"]["dof"]
-    assert other.interval[1] - other.interval[0] < same.interval[1] - same.interval[0]
+    assert other.verdict == "processes" and other.interval is None
+    assert "not judged: two processes' rates" in _cli(run, copy, "--a", "0", "--b", "1").stdout
+    given = next(r for r in tuner.compare(run, copy, a=0, b=1, process_noise=0.05).rows
+                 if r.metric == "samples_per_s")
+    assert given.dof == 2 * record["noise"]["dof"] and given.verdict in ("beyond", "within", "undecided")
+    assert given.interval[1] - given.interval[0] > same.interval[1] - same.interval[0]
 
 
 def test_the_tolerance_decides_within_beyond_and_undecided():

@@ -12,23 +12,34 @@ for (``--absolute``).
 - ``regression`` (exit 1): the interval shows the speedup now below the recorded one by
   more than the tolerance (or, with ``--absolute``, the answer's rate).
 - ``pass``: the interval shows it within the tolerance.
-- ``undecided``: neither after the rounds the gate may take; it passes, and says so with
-  its interval (only evidence fails a build).
+- ``undecided``: neither after the rounds the gate may take: exit 4, its own status, with its
+  interval and about how many more rounds would decide it. It used to pass: a job made 2x
+  slower passed ``undecided``.
+
+``--rev`` (:func:`rev_verdict`) gates the code itself: the recipe at a git revision against
+the working tree, each side in fresh processes, interleaved, read as pairs. The ratio gate
+cannot see a slowdown every configuration shares (a log line added to the training step):
+the speedup over the baseline stays what it was.
 
 Pure functions of rates; measuring them is :mod:`tuner.tuning.regression`'s.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.stats import decision
-from tuner.stats.interval import LogStats, Slowdown, contrast, slowdown
+from tuner.stats.interval import LogStats, Slowdown, contrast, paired, slowdown, t_quantile
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ROUNDS = 10
+DEFAULT_REV_ROUNDS = 20
+"""``--rev``'s most rounds (each side once, a fresh process each): enough to settle a 10%
+slowdown against the 5% tolerance at a few percent of noise between processes
+(docs/analysis.md has the power table)."""
 """Interleaved rounds (answer and baseline once each, ABBA) the gate may take; it stops as
 soon as the rule settles (looked at after 1, 2, 3, 5, 8 rounds)."""
 
@@ -46,7 +57,7 @@ class CheckResult:
     tolerance: float
     passed: bool
     verdict: str
-    """``pass``, ``regression``, ``undecided`` (passes) or ``broken`` (a run failed)."""
+    """``pass``, ``regression``, ``undecided`` (exit 4) or ``broken`` (a run failed)."""
     reason: str
     params: dict[str, Any] = field(default_factory=dict)
     baseline_params: dict[str, Any] = field(default_factory=dict)
@@ -61,6 +72,10 @@ class CheckResult:
     rounds: int = 0
     restart: str | None = None
     """Why the process that measured can run nothing more (a run broke it)."""
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.verdict]
 
     @property
     def spread(self) -> list[float]:
@@ -108,26 +123,43 @@ class Recorded:
     noise: tuple[float, int] = (0.0, 0)
 
 
-def intervals(recorded: Recorded, answer: Sequence[float], baseline: Sequence[float]
-              ) -> tuple[Slowdown | None, Slowdown | None]:
+def intervals(recorded: Recorded, answer: Sequence[float], baseline: Sequence[float],
+              process_noise: float | None = None) -> tuple[Slowdown | None, Slowdown | None]:
     """(the speedup's, the answer's absolute rate's) interval of how much smaller it is
     now than recorded; the noise of each group counted once, pooled with the recorded
-    run's where the groups give too little."""
+    run's where the groups give too little. The absolute one only with ``process_noise``
+    (one run's relative noise between two processes, given): this run's and the record's
+    process each add it once, so another process is never judged with in-process noise."""
     now = (LogStats.of(answer), LogStats.of(baseline))
     then = (LogStats.of(recorded.answer), LogStats.of(recorded.baseline))
     wide = (recorded.noise[0] + sum(g.ss for g in now), recorded.noise[1] + sum(max(0, g.n - 1) for g in now))
-    return contrast(now, then, wide), slowdown(then[0], now[0], wide)
+    return contrast(now, then, wide), across_processes(then[0], now[0], wide, process_noise)
+
+
+def across_processes(then: LogStats, now: LogStats, wide: tuple[float, int],
+                     process_noise: float | None) -> Slowdown | None:
+    """How much slower ``now`` is than ``then``, measured in two processes: the runs' own
+    noise plus ``process_noise`` once for each process (``None``: not given: no interval)."""
+    base = slowdown(then, now, wide)
+    if base is None or process_noise is None:
+        return None
+    diff = then.mean - now.mean
+    within = (base.half_log / t_quantile(base.dof)) ** 2
+    half = t_quantile(base.dof) * math.sqrt(within + 2 * process_noise**2)
+    low, high = (1 - math.exp(-(diff - half)), 1 - math.exp(-(diff + half)))
+    return Slowdown(1 - math.exp(-diff), low, high, base.runs, base.dof)
 
 
 def settled(recorded: Recorded, answer: Sequence[float], baseline: Sequence[float], tolerance: float,
-            absolute: bool) -> bool:
+            absolute: bool, process_noise: float | None = None) -> bool:
     """Whether more rounds would not change the verdict."""
-    speedup, rate = intervals(recorded, answer, baseline)
+    speedup, rate = intervals(recorded, answer, baseline, process_noise)
     return decision.settled(speedup, tolerance) and (not absolute or decision.settled(rate, tolerance))
 
 
 def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[float], tolerance: float,
-            absolute: bool = False, failure: str | None = None, rounds: int = 0) -> CheckResult:
+            absolute: bool = False, failure: str | None = None, rounds: int = 0,
+            process_noise: float | None = None) -> CheckResult:
     """The gate's verdict on the runs measured now (``failure``: why a run did not finish)."""
     rec_rate = statistics.median(recorded.answer)
     rec_speedup = rec_rate / statistics.median(recorded.baseline) if recorded.baseline else None
@@ -139,7 +171,7 @@ def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[floa
     if failure is not None:
         out.reason = f"the configuration no longer runs: {failure}"
         return out
-    speedup, rate = intervals(recorded, answer, baseline)
+    speedup, rate = intervals(recorded, answer, baseline, process_noise)
     out.slowdown = speedup.to_json() if speedup else None
     out.absolute = rate.to_json() if rate else None
     calls = [("the speedup", speedup)] + ([("the answer's samples/s", rate)] if absolute else [])
@@ -154,14 +186,107 @@ def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[floa
         out.reason = "within tolerance: " + "; ".join(f"{what} is {_smaller(s)} than recorded, below the "
                                                        f"{tolerance:.0%} tolerance" for what, s, _ in judged)
     else:
-        out.verdict, out.passed = "undecided", True
+        out.verdict, out.passed = "undecided", False
         out.reason = (f"undecided after {rounds} round(s): " + "; ".join(
             f"{what} is {_smaller(s) if s else 'not measured to any interval'} than recorded"
-            for what, s, _ in judged) + f"; not shown beyond the {tolerance:.0%} tolerance, so it passes "
-            "(more rounds: --rounds)")
+            for what, s, _ in judged) + f"; shown neither within nor beyond the {tolerance:.0%} tolerance "
+            "(exit 4; more rounds: --rounds)")
     return out
 
 
 def _smaller(s: Slowdown) -> str:
     """``4.1% smaller (99% interval -1.0% to +9.0%)``."""
     return s.text().replace("slower", "smaller").replace("faster", "larger")
+
+
+EXIT = {"pass": 0, "regression": 1, "broken": 1, "undecided": 4}
+"""The command's exit status for each verdict: undecided is its own (4), never a pass."""
+
+
+@dataclass
+class RevResult:
+    """``tuner check --rev``: the working tree against a git revision, measured as pairs."""
+
+    rev: str
+    """The revision as given, and its commit."""
+    commit: str
+    tolerance: float
+    verdict: str
+    """``pass``, ``regression``, ``undecided`` or ``broken`` (a side did not run)."""
+    reason: str
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    """samples/s of every run: ``rev`` and ``work`` (the working tree), one of each a round."""
+    slowdown: dict[str, Any] | None = None
+    """How much slower the working tree is than the revision: the paired interval's JSON."""
+    rounds: int = 0
+    more_rounds: int | None = None
+    """Undecided: about how many more rounds would decide it at the noise measured."""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT[self.verdict]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "verdict": self.verdict, "exit_code": self.exit_code, "reason": self.reason,
+                "rev": self.rev, "commit": self.commit, "tolerance": self.tolerance, "rounds": self.rounds,
+                "slowdown": self.slowdown, "more_rounds": self.more_rounds, "rates": self.rates}
+
+
+def log_ratios(rev: Sequence[float], work: Sequence[float]) -> list[float]:
+    """``log(rev / work)`` round by round: what the paired interval reads."""
+    return [math.log(r) - math.log(w) for r, w in zip(rev, work) if r > 0 and w > 0]
+
+
+def rounds_to_decide(diffs: Sequence[float], tolerance: float, most: int = 10_000) -> int | None:
+    """About how many rounds in all the paired interval needs to decide at the noise these
+    rounds show (its half-width below the estimate's distance to the tolerance); ``None``
+    when they cannot tell (fewer than 2 rounds, or the estimate on the tolerance)."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    margin = abs(mean - math.log(1 / (1 - tolerance)))
+    if margin == 0:
+        return None
+    if sd == 0:
+        return n
+    return next((k for k in range(n, most) if t_quantile(k - 1) * sd / math.sqrt(k) < margin), None)
+
+
+def rev_verdict(rev: Sequence[float], work: Sequence[float], tolerance: float, commit: str = "", name: str = "",
+                failure: str | None = None) -> RevResult:
+    """The gate's verdict on the working tree against the revision, by the one rule on the
+    paired interval: ``regression`` when it shows the working tree slower beyond the
+    tolerance, ``pass`` when it shows it within, else ``undecided`` with how many more
+    rounds would likely decide (exit 4)."""
+    out = RevResult(name, commit, tolerance, "broken", "", rates={"rev": list(rev), "work": list(work)},
+                    rounds=min(len(rev), len(work)))
+    if failure is not None:
+        out.reason = f"a side no longer runs: {failure}"
+        return out
+    diffs = log_ratios(rev, work)
+    s = paired(diffs)
+    out.slowdown = s.to_json() if s is not None else None
+    verdict = decision.judge(s, tolerance)
+    against = f"the working tree against {name} ({commit[:10]})"
+    if verdict == decision.KEEP:
+        assert s is not None
+        out.verdict = "regression"
+        out.reason = f"regression: {against} is {s.text()}, beyond the {tolerance:.0%} tolerance"
+    elif verdict == decision.DROP:
+        assert s is not None
+        out.verdict = "pass"
+        out.reason = f"within tolerance: {against} is {s.text()}, below the {tolerance:.0%} tolerance"
+    else:
+        total = rounds_to_decide(diffs, tolerance)
+        out.verdict, out.more_rounds = "undecided", (total - len(diffs) if total is not None else None)
+        likely = (f"about {out.more_rounds} more round(s) would likely decide it (--rounds {total})"
+                  if out.more_rounds is not None else "more rounds may not decide it: the estimate sits on the "
+                  "tolerance")
+        out.reason = (f"undecided after {len(diffs)} round(s): {against} is "
+                      f"{s.text() if s is not None else 'not measured to any interval'}; {likely}")
+    return out

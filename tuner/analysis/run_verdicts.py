@@ -11,6 +11,13 @@ repeats anywhere), never "same" on a guess. The noise is each side's own repeats
 where those are too few, each run's pooled noise (``noise`` in ``best.json``), each run
 counted once: two sides of one run folder share one noise.
 
+Two run folders are two processes: a rate differs between processes by more than one
+process's noise (the same baseline configuration read 2.39x between two search processes
+here, "beyond the 2% tolerance, +28.7% to +309.2%" by in-process noise alone). So the rates
+of two runs are judged only with a between-process noise given (``process_noise``: one
+run's relative noise between two processes, counted once for each); without it the row
+says so (``not judged: two processes``), never ``beyond`` on one process's noise.
+
 Environments are compared first: a different device, device count, world size or torch
 makes the numbers describe two machines, not two configurations, and the comparison is
 refused (``anyway`` shows it with those differences on top).
@@ -26,7 +33,7 @@ from typing import Any, Mapping, Sequence
 from tuner.analysis import gate
 from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
-from tuner.stats.interval import LEVEL, slowdown, t_quantile
+from tuner.stats.interval import LEVEL, LogStats, slowdown, t_quantile
 
 DECIDING = (*gate.DECIDING, ("torch", "torch"))
 """The gate's fields (device, world size, device count) and torch: another PyTorch is
@@ -60,7 +67,8 @@ class Row:
     """b / a."""
     verdict: str | None
     """``beyond`` / ``within`` the tolerance as the interval shows it, ``undecided``
-    (neither), ``None``: no interval to tell."""
+    (neither), ``processes`` (two runs' rates and no between-process noise given), ``None``:
+    no interval to tell."""
     interval: tuple[float, float] | None = None
     """The interval of b / a - 1."""
     dof: int | None = None
@@ -77,13 +85,15 @@ class Comparison:
     params: list[tuple[str, Any, Any]]
     """The knobs that differ: (name, a, b)."""
     tolerance: float = 0.02
+    process_noise: float | None = None
+    """One run's relative noise between two processes, as given (two run folders' rates need it)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "a": {"run": self.a.run, "which": self.a.which, "params": self.a.params},
             "b": {"run": self.b.run, "which": self.b.which, "params": self.b.params},
             "refused": self.refused, "params_differ": [list(p) for p in self.params], "tolerance": self.tolerance,
-            "level": LEVEL,
+            "level": LEVEL, "process_noise": self.process_noise,
             "metrics": [{"metric": r.metric, "a": r.a, "b": r.b, "ratio": r.ratio, "verdict": r.verdict,
                          "interval": list(r.interval) if r.interval else None} for r in self.rows],
         }
@@ -93,9 +103,10 @@ def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[
     return gate.differences(a, b, ("A", "B"), DECIDING)
 
 
-def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = None) -> Comparison:
+def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = None,
+            process_noise: float | None = None) -> Comparison:
     """The comparison of ``a`` and ``b`` at ``tolerance`` (default: the search's recorded
-    tolerance, else 2%)."""
+    tolerance, else 2%); ``process_noise``: what two run folders' rates are judged with."""
     refused = environment_differences(a.environment, b.environment)
     if refused and not anyway:
         raise RecipeError(f"the runs were measured on different machines ({'; '.join(refused)}), so their numbers "
@@ -105,9 +116,10 @@ def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = No
     params = [(k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])
               if a.params.get(k) != b.params.get(k)]
     wide = a.noise if a.run == b.run else (a.noise[0] + b.noise[0], a.noise[1] + b.noise[1])
-    rows = [_row(name, a, b, wide, tolerance) for name in METRIC_NAMES
+    across = None if a.run == b.run else (process_noise if process_noise is not None else math.nan)
+    rows = [_row(name, a, b, wide, tolerance, across) for name in METRIC_NAMES
             if isinstance(a.metrics.get(name), (int, float)) or isinstance(b.metrics.get(name), (int, float))]
-    return Comparison(a, b, rows, refused, params, tolerance)
+    return Comparison(a, b, rows, refused, params, tolerance, process_noise)
 
 
 def against(interval: tuple[float, float], tolerance: float) -> str:
@@ -121,15 +133,26 @@ def against(interval: tuple[float, float], tolerance: float) -> str:
     return "undecided"
 
 
-def _row(name: str, a: Side, b: Side, wide: tuple[float, int], tolerance: float) -> Row:
+RATES = ("samples_per_s", "tokens_per_s", "stall_free_samples_per_s")
+"""Metrics that are throughputs: what a process carries as a whole, judged across two runs
+only with a between-process noise."""
+
+
+def _row(name: str, a: Side, b: Side, wide: tuple[float, int], tolerance: float,
+         across: float | None = None) -> Row:
+    """One metric's row; ``across``: ``None`` within one run, else the between-process
+    noise given (NaN: none given)."""
     va, vb = a.metrics.get(name), b.metrics.get(name)
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (va, vb))
     ratio = vb / va if numeric and va else None
     if not numeric:
         return Row(name, va, vb, None, None)
     ra, rb = _values(a.runs, name, va), _values(b.runs, name, vb)
+    if name in RATES and across is not None and math.isnan(across):
+        return Row(name, va, vb, ratio, "processes")
     if name == "samples_per_s":  # the run-wide noise of rates, as the search decides with
-        found = slowdown(ra, rb, wide)  # 1 - b / a
+        found = gate.across_processes(LogStats.of(ra), LogStats.of(rb), wide, across) if across is not None \
+            else slowdown(ra, rb, wide)  # 1 - b / a
         if found is None:
             return Row(name, va, vb, ratio, None)
         interval = (-found.high, -found.low)  # b / a - 1

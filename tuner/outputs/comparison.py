@@ -53,15 +53,18 @@ def side(run: str | Path, which: str = "best") -> Side:
 
 
 def compare(run_a: str | Path, run_b: str | Path, a: str | int = "best", b: str | int = "best",
-            anyway: bool = False, tolerance: float | None = None) -> Comparison:
+            anyway: bool = False, tolerance: float | None = None, process_noise: float | None = None) -> Comparison:
     """``tuner.compare``: configuration ``a`` of run folder ``run_a`` against ``b`` of
     ``run_b`` (each ``"best"``, ``"baseline"`` or a trial number), each metric's difference
     judged against ``tolerance`` (default: the search's); refused (a
     :class:`~tuner.config.errors.RecipeError`) where the environments decide the numbers,
-    unless ``anyway``. ``table(c)`` and ``page(c)`` show it."""
+    unless ``anyway``. Two run folders' rates are judged only with ``process_noise`` (one
+    run's relative noise between two processes). ``table(c)`` and ``page(c)`` show it."""
     if tolerance is not None and not 0 <= tolerance < 1:
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
-    return compare_sides(side(run_a, str(a)), side(run_b, str(b)), anyway, tolerance)
+    if process_noise is not None and not 0 < process_noise < 1:
+        raise RecipeError(f"--process-noise must be in (0, 1), got {process_noise}")
+    return compare_sides(side(run_a, str(a)), side(run_b, str(b)), anyway, tolerance, process_noise)
 
 
 def _best(folder: Path) -> dict[str, Any]:
@@ -104,6 +107,9 @@ def _fmt(value: Any) -> str:
 def _verdict(verdict: str | None, interval: tuple[float, float] | None, tolerance: float) -> str:
     if verdict is None:
         return "unknown (no repeats)"
+    if verdict == "processes":
+        return ("not judged: two processes' rates, and no between-process noise given (--process-noise: one "
+                "run's relative noise between two processes of this machine)")
     span = f" ({interval[0]:+.1%} to {interval[1]:+.1%})" if interval else ""
     words = {"beyond": f"beyond the {tolerance:.0%} tolerance", "within": f"within the {tolerance:.0%} tolerance",
              "undecided": f"undecided at {tolerance:.0%}"}

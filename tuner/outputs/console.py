@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import sys
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
@@ -17,7 +18,7 @@ from tuner.config.space import KNOBS
 from tuner.harness.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
-    from tuner.analysis.gate import CheckResult
+    from tuner.analysis.gate import CheckResult, RevResult
     from tuner.measurement import Measurement
     from tuner.memory.capacity import CapacityPlan
 
@@ -103,7 +104,7 @@ def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnos
 def print_check(result: "CheckResult") -> None:
     """The gate's answer: the speedup recorded and now, the absolute rates beside, the verdict."""
     out = Console()
-    label = {"pass": "[green]PASS[/]", "undecided": "[yellow]PASS (undecided)[/]"}.get(result.verdict, "[red]FAIL[/]")
+    label = {"pass": "[green]PASS[/]", "undecided": "[yellow]UNDECIDED[/]"}.get(result.verdict, "[red]FAIL[/]")
     if result.measured is None or result.measured_speedup is None:
         out.print(f"{label} {result.reason}", highlight=False, soft_wrap=True)
         return
@@ -114,6 +115,17 @@ def print_check(result: "CheckResult") -> None:
     absolute = "gated (--absolute)" if "absolute" in result.gated else "not gated: another process's rate"
     out.print(f"samples/s of the answer: {result.measured:,.1f} now (median of {len(rates['answer'])}), "
               f"{result.recorded:,.1f} recorded ({absolute})", highlight=False, soft_wrap=True)
+    out.print(f"{label} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
+
+
+def print_rev_check(result: "RevResult") -> None:
+    """The code gate's answer: each side's median, the paired interval, the verdict."""
+    out = Console()
+    label = {"pass": "[green]PASS[/]", "undecided": "[yellow]UNDECIDED[/]"}.get(result.verdict, "[red]FAIL[/]")
+    rev, work = result.rates.get("rev") or [], result.rates.get("work") or []
+    if rev and work:
+        out.print(f"samples/s, median of {result.rounds} round(s): {result.rev} {statistics.median(rev):,.1f}, "
+                  f"the working tree {statistics.median(work):,.1f}", highlight=False, soft_wrap=True)
     out.print(f"{label} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
 
 

@@ -1,0 +1,112 @@
+"""``tuner check RECIPE --rev REV``: the recipe's task at a git revision against the working
+tree, each measurement a fresh process, interleaved, paired. Held on a job whose costs are
+known by construction (a 20 ms host wait a step, the same in any process on a busy
+machine): a training step that gains a log line costing 10% of it fails, unchanged code
+passes, and what cannot be gated is refused in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import run
+
+TASK = '''
+"""A job whose step is a host wait of STEP_S seconds (a stand-in for a device's work)."""
+import time
+
+import torch
+
+STEP_S = 0.020
+
+
+def build_model(args):
+    return torch.nn.Linear(8, 1)
+
+
+def build_dataset(args):
+    return torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+
+
+def compute_loss(model, batch):
+    x, y = batch
+    time.sleep(STEP_S)
+{log_line}    return torch.nn.functional.mse_loss(model(x), y)
+'''
+LOG_LINE = "    time.sleep(STEP_S * 0.10)  # a log line flushed to a slow sink: 10% of the step\n"
+RECIPE = """name: job
+task: job.py
+global_batch_size: 8
+steps: {warmup: 2, measure: 20}
+"""
+
+
+def git(repo, *args):
+    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A user's repository: the job and its recipe committed."""
+    (tmp_path / "job.py").write_text(TASK.format(log_line=""))
+    (tmp_path / "job.yaml").write_text(RECIPE)
+    (tmp_path / ".gitignore").write_text("runs/\n")
+    git(tmp_path, "init", "-q")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
+    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "the job")
+    return tmp_path
+
+
+def check(repo, *args):
+    return run([sys.executable, "-m", "tuner.check", str(repo / "job.yaml"), *args], timeout=900)
+
+
+@pytest.mark.slow
+def test_a_step_that_gains_a_ten_percent_log_line_fails_and_unchanged_code_passes(repo):
+    same = check(repo, "--rev", "HEAD")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "PASS within tolerance: the working tree against HEAD" in same.stdout
+    (repo / "job.py").write_text(TASK.format(log_line=LOG_LINE))
+    slower = check(repo, "--rev", "HEAD")
+    assert slower.returncode == 1, slower.stdout + slower.stderr
+    assert "FAIL regression: the working tree against HEAD" in slower.stdout and "pairs" in slower.stdout
+    assert "round 1:" in slower.stderr  # each round said as it comes
+    listed = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True).stdout
+    assert len(listed.strip().splitlines()) == 1  # the revision's worktree is gone
+
+
+def test_what_cannot_be_gated_is_one_line(repo, tmp_path_factory):
+    unknown = check(repo, "--rev", "no-such-branch")
+    assert unknown.returncode == 2 and "--rev no-such-branch: no such commit" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    loose = tmp_path_factory.mktemp("loose")
+    (loose / "job.py").write_text(TASK.format(log_line=""))
+    (loose / "job.yaml").write_text(RECIPE)
+    outside = run([sys.executable, "-m", "tuner.check", str(loose / "job.yaml"), "--rev", "HEAD"])
+    assert outside.returncode == 2 and "is not inside a git repository" in outside.stderr
+    both = check(repo, "--rev", "HEAD", "--absolute")
+    assert both.returncode == 2 and "--absolute and --process-noise go with --against" in both.stderr
+
+
+def test_the_verdict_reads_pairs_and_says_how_many_more_rounds_would_decide():
+    from tuner.analysis.gate import rev_verdict
+
+    slow = rev_verdict([100.0, 101.0, 99.0, 100.5], [80.0, 81.0, 79.5, 80.2], 0.05, "abc", "HEAD")
+    assert slow.verdict == "regression" and slow.exit_code == 1 and slow.slowdown["pairs"] == 4
+    same = rev_verdict([100.0, 101.0, 99.0, 100.5, 100.2], [100.1, 100.8, 99.2, 100.4, 100.0], 0.05)
+    assert same.verdict == "pass" and same.exit_code == 0
+    near = rev_verdict([100.0, 108.0, 95.0], [95.0, 101.0, 92.0], 0.05, "abc", "HEAD")
+    assert near.verdict == "undecided" and near.exit_code == 4 and near.more_rounds is not None
+    assert f"about {near.more_rounds} more round(s) would likely decide it" in near.reason
+    gone = rev_verdict([100.0], [], 0.05, failure="work: ValueError: boom")
+    assert gone.verdict == "broken" and gone.exit_code == 1 and "boom" in gone.reason
+
+
+def test_the_ratio_gate_says_undecided_with_its_own_exit_status():
+    from tuner.analysis.gate import Recorded, verdict
+
+    noisy = verdict(Recorded([400.0, 404.0, 398.0], [100.0, 101.0, 99.5]), [300.0, 420.0], [100.0, 90.0], 0.05)
+    assert noisy.verdict == "undecided" and not noisy.passed and noisy.exit_code == 4
+    assert "exit 4" in noisy.reason
