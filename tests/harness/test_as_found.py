@@ -14,7 +14,7 @@ import pytest
 from conftest import run
 
 SNAPSHOT = textwrap.dedent('''
-    import gc, hashlib, json, logging, os, random, signal, sys, threading, warnings
+    import atexit, gc, hashlib, json, logging, multiprocessing, os, random, signal, sys, threading, warnings
     import optuna  # the user's own optuna, at the user's own verbosity
     import torch  # the user's own model code imports it (its import-time warning filters are its own)
     import torch.distributed as dist
@@ -45,8 +45,23 @@ SNAPSHOT = textwrap.dedent('''
                 "matmul": torch.get_float32_matmul_precision(),
                 "cudnn": [cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32],
                 "threads": torch.get_num_threads(),
-                "signals": [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)],
-                "live_threads": sorted(t.name for t in threading.enumerate())}
+                "signals": [repr(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2,
+                                                                 signal.SIGCHLD)],
+                "excepthook": repr(sys.excepthook),
+                "start_method": multiprocessing.get_start_method(allow_none=True),
+                "databases": sorted(p for p in open_files() if p.endswith(".db")),
+                "live_threads": sorted(t.name for t in threading.enumerate()),
+                # counted, not compared: a library's first use keeps what it keeps for the process
+                "fd_count": len(open_files(every=True)), "atexit_count": atexit._ncallbacks()}
+
+    def open_files(every=False):
+        out = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                out.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                pass
+        return out if every else [p for p in out if p.startswith("/")]
 
     BEFORE_NAMES = {"", *logging.Logger.manager.loggerDict}
     import tuner
@@ -71,6 +86,9 @@ USER = SNAPSHOT + textwrap.dedent('''
     for _ in range(2):  # the second forms a new group: no mesh of the first's may be kept
         assert tuner.measure(recipe, fsdp="full_shard").state == "ok"
     shots["measure of FSDP2 on one rank, twice"] = snapshot()
+    for what in ({"zero_stage": 1}, {"fsdp": "full_shard"}):  # again: nothing more kept than the first time
+        assert tuner.measure(recipe, **what).state == "ok"
+    shots["measure of ZeRO-1 and FSDP2 once more"] = snapshot()
     tuner.measure(recipe, compile=True)
     shots["measure of a compiled trial"] = snapshot()
     users_own(torch.ones(3))
@@ -79,7 +97,7 @@ USER = SNAPSHOT + textwrap.dedent('''
     shots["plan"] = snapshot()
     tuner.search(recipe, trials=2, confirm=1, attribute=0, quiet=True, out=out)
     shots["search"] = snapshot()
-    tuner.api.check(recipe, out + "/best.json", rounds=1, absolute=True)
+    tuner.api.check(recipe, out + "/best.json", rounds=1, absolute=True, process_noise=0.05)
     shots["check"] = snapshot()
     import socket
     with socket.socket() as s:
@@ -101,10 +119,15 @@ def test_every_library_call_leaves_the_process_as_it_found_it(toy, tmp_path):
     got = json.loads(done.stdout.strip().splitlines()[-1])
     shots = got.pop("shots")
     before = shots.pop("before")
-    assert before["gc"] == [True, [1000, 20, 20], 0] and before["group"] is False
+    assert before["gc"] == [True, [1000, 20, 20], 0] and before["group"] is False and before["start_method"] is None
+    counted = ("fd_count", "atexit_count")
     for call, after in shots.items():
-        differ = {k: (before[k], after[k]) for k in before if after[k] != before[k]}
+        differ = {k: (before[k], after[k]) for k in before if after[k] != before[k] and k not in counted}
         assert not differ, f"{call} changed the caller's process: {differ}"
+    # descriptors and exit callbacks: a call repeated keeps nothing more (they grew 6 -> 21 -> 34 over three
+    # FSDP2 calls, one exit callback a group); what torch, DeepSpeed and matplotlib keep from their first use stays
+    again, once = shots["measure of ZeRO-1 and FSDP2 once more"], shots["measure of FSDP2 on one rank, twice"]
+    assert again["fd_count"] <= once["fd_count"] and again["atexit_count"] == once["atexit_count"], (once, again)
     assert got == {"recompiled": 0, "user_group": 2.0}  # its compiled function kept; its own group formed after
 
 
@@ -141,7 +164,8 @@ HANGS = SNAPSHOT + textwrap.dedent('''
         outcome = str(exc)
     after = snapshot()
     again = tuner.measure(sys.argv[1], micro_batch_size=16)  # the process goes on: the user's to keep
-    print(json.dumps({"outcome": outcome, "same": before == after, "again": again.state}))
+    differ = sorted(k for k in before if before[k] != after[k] and k not in ("fd_count", "atexit_count"))
+    print(json.dumps({"outcome": outcome, "same": not differ, "differ": differ, "again": again.state}))
 ''')
 
 
@@ -158,7 +182,8 @@ def test_a_hung_trial_in_a_library_call_raises_in_the_caller_and_the_process_goe
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["outcome"].startswith("hung: the trial ran past its 8 s limit; rank 0 in compute_loss (toy.py"), got
-    assert "recorded as hung" in got["outcome"] and got["same"] and got["again"] == "ok", got
+    assert "recorded as hung" in got["outcome"] and got["same"] and got["again"] == "ok", got  # counts aside: the
+    # hung trial's thread is left running (a daemon, never killed), holding what it holds
 
 
 def test_a_library_call_freezes_only_for_its_own_length_and_keeps_a_callers_freeze():

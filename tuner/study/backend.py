@@ -84,3 +84,20 @@ def retry_stale(study: optuna.Study, trial: "FrozenTrial") -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cls(max_retry=1)(study, again)
+
+
+def release(study: optuna.Study) -> None:
+    """Close the pooled connections of the RDB storage under ``study`` (the wrappers it sits
+    in: the tuner's retries, Optuna's cache): a caller's process keeps no file of the study
+    open after a search (seen: ``study.db`` open twice after ``tuner.search()``). The engine
+    opens a connection again if the study is used later."""
+    layer: Any = storage(study)
+    for _ in range(8):
+        engine = getattr(layer, "engine", None)
+        if engine is not None and hasattr(engine, "dispose"):
+            engine.dispose()
+            return
+        layer = getattr(layer, "inner", None) or getattr(layer, "_backend", None)
+        if layer is None:
+            return
+

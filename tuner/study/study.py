@@ -86,6 +86,11 @@ class Study:
         self.optuna = inner
         """Optuna's study behind this one (its visualisation and importance work on it)."""
 
+    def release(self) -> None:
+        """Close the storage's pooled connections (a database file left open by a library
+        call is the caller's to carry); the study reconnects if used again."""
+        backend.release(self.optuna)
+
     # --- opening ----------------------------------------------------------------------------
 
     @classmethod

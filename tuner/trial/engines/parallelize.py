@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tuner.config import layout as layouts
+from tuner.harness import distributed
 from tuner.harness.distributed import ensure_process_group
 from tuner.trial import pipeline_stages, tensor_parallel
 from tuner.trial.engines import data_parallel, stages
@@ -44,6 +45,9 @@ _MESHES: dict[tuple[str, int, int, int], tuple[Any, Any]] = {}
 """One mesh per shape for the process (see the module's docstring), beside the default group
 it was made in: a library call that formed its own group takes it down on return
 (:mod:`tuner.harness.as_found`), and the next call's mesh must be made in the next group."""
+
+
+distributed.when_destroyed(_MESHES.clear)  # a destroyed group's meshes (and their sub-groups' sockets) go too
 
 
 def mesh_for(device: torch.device, pp: int, dp: int, tp: int) -> Any:
