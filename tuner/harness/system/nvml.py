@@ -68,7 +68,7 @@ def reserved_bytes(device_index: int | None) -> int:
 
     if device_index is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return 0
-    return int(torch.cuda.memoryreserved_bytes(device_index))
+    return int(torch.cuda.memory_reserved(device_index))
 
 
 def nvml_handle(device_index: int) -> object | None:
