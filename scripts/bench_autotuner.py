@@ -44,9 +44,20 @@ ROOT = HERE.parent.parent
 GLOBAL_BATCH, WORLD = 256, 2
 
 
-def sh(cmd: list[str], cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+def sh(cmd: list[str], cwd: Path, timeout: float = 1800, first: str = "") -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(p for p in (first, str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def without_mlflow(work: Path) -> str:
+    """A folder whose ``mlflow`` cannot be imported, first on the autotuner's path: DeepSpeed
+    0.19's autotuner reads ``os.environ['MLFLOW_RUN_ID']`` whenever mlflow imports (KeyError
+    otherwise), and the tuner's test extras install mlflow-skinny."""
+    stub = work / "no-mlflow" / "mlflow"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "__init__.py").write_text("raise ImportError('hidden from the autotuner: see bench_autotuner.py')\n")
+    return str(stub.parent)
 
 
 def prerequisites() -> str | None:
@@ -95,7 +106,7 @@ def run_autotuner(work: Path, grid: bool) -> tuple[float, dict]:
     start = time.perf_counter()
     proc = sh(["deepspeed", "--hostfile", "hostfile", "--master_addr", "127.0.0.1", "--autotuning", "tune",
                "--num_gpus", str(WORLD), "--num_nodes", "1", "mlp_job.py", "--deepspeed_config", "ds_config.json"],
-              folder)
+              folder, first=without_mlflow(work))
     wall = time.perf_counter() - start
     optimal = folder / "autotuning_results" / "ds_config_optimal.json"
     if not optimal.exists():

@@ -60,13 +60,12 @@ def test_passes_against_its_own_result_at_the_default_tolerance(recorded):
 
 
 def test_fails_when_the_tasks_code_gets_slower(recorded):
-    """12 ms more of compute in the loss (a seventh of the baseline's step, nearly half the
-    answer's): the speedup shrinks by about 20%, beyond the 5% tolerance and the interval
-    (about ±8% here: the record's two runs of each end bound it). Measured: 23-27% smaller,
-    failed at the first round in three of three tries; with 6 ms it shrank 11-16% and was
-    caught in two of three."""
+    """24 ms more of compute in the loss (the baseline's step 60 -> 84 ms, the answer's 20 -> 44):
+    the speedup shrinks by about a third, beyond the 5% tolerance and the interval the
+    record's few runs of each end allow (+3.4% to +17.8% for a 12 ms slowdown that read 10.9%
+    smaller: undecided, exit 4; a smaller regression is --rev's to gate, on the code itself)."""
     recipe, run_dir = recorded
-    proc = check(recipe, "--against", run_dir / "best.json", "--set", "task_args.step_ms=32")
+    proc = check(recipe, "--against", run_dir / "best.json", "--set", "task_args.step_ms=44")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout and "regression: the speedup is" in proc.stdout, proc.stdout
     assert "smaller (99% interval" in proc.stdout and "not gated" in proc.stdout

@@ -24,7 +24,7 @@ def _docs_rows() -> dict[tuple[str, str], str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigma,slower", [(0.02, 0.10), (0.10, 0.0)])
+@pytest.mark.parametrize("sigma,slower", [(0.05, 0.10)])
 def test_a_row_of_the_power_table_is_what_the_gate_computes(sigma, slower):
     row = gate_power.markdown({(sigma, slower): gate_power.cell(sigma, slower)}).splitlines()[2]
     assert _docs_rows()[(f"{sigma:.0%}", f"{slower:.0%}")] == row, "stale: run python scripts/gate_power.py"

@@ -84,6 +84,7 @@ def test_probe_under_torchrun_times_ddp_and_reduces_over_ranks(tmp_path):
     assert a["samples"] == b["samples"] == [8] * 10  # inferred from the batches
     slowest = [max(x, y) for x, y in zip(a["step_times"], b["step_times"])]
     a = a["summary"]
+    slowest = slowest[a["warmup_set_aside"]:]  # a first-use plateau, set aside in every figure
     assert a["samples_per_s"] == pytest.approx(16 / (sum(slowest) / len(slowest)), rel=1e-9)
     assert a["comm_share"] > 0.02  # 262k gradients all-reduced each step
     assert 0.05 < a["data_wait_share"] < 0.9  # 3 ms per batch

@@ -120,7 +120,7 @@ def test_a_search_over_the_layout_on_four_ranks_skips_the_impossible_and_confirm
         **LLAMA, "out": str(tmp_path / "run"), "budget": {"trials": 8, "converge": False},
         "space": {"tensor_parallel": [1, 2, 4], "pipeline_parallel": [1, 2, 8], "micro_batch_size": [1, 2, 4],
                   "pipeline_schedule": ["1f1b", "interleaved_1f1b"], "fsdp": ["off", "full_shard"]}})
-    proc = torchrun(4, "-m", "tuner.search", str(recipe), timeout=600)
+    proc = torchrun(4, "-m", "tuner.search", str(recipe), "--confirm", "2", timeout=600)  # 2 rounds a question
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     # refused before any trial, each with its rule

@@ -21,9 +21,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import finish_world
 import operating_characteristics as oc
 
-SAMPLED = (finish_world.Cell(0.05, 0.05, 8), finish_world.Cell(0.10, -0.05, 8),
+SAMPLED = (finish_world.Cell(0.10, -0.05, 8),
            finish_world.Cell(0.05, 0.0, 12, drift=0.03))
-"""Cells recomputed in full: a gain at 5% noise, a loss at 10%, a drifting machine."""
+"""Cells recomputed in full (1,000 searches each, about 8 s): a loss at 10% noise, a drifting
+machine; the script recomputes every cell (``--check``)."""
 
 
 @pytest.mark.slow
@@ -36,7 +37,7 @@ def test_a_row_of_the_table_is_what_the_shipped_finish_computes(cell):
 
 @pytest.mark.slow
 def test_a_row_of_the_prune_table_is_what_the_shipped_rule_computes():
-    for row in ((0.22, 3, 4), (0.05, 0, 1)):
+    for row in ((0.22, 3, 4),):
         got = {"equal": round(oc.prune_cell(*row, 1.0), 4), "half": round(oc.prune_cell(*row, 2.0), 4)}
         assert got == measured.PRUNE[row], row
 

@@ -296,7 +296,7 @@ def test_a_search_that_has_converged_stops_before_its_budget(toy, tmp_path):
     """Steady steps (a fixed wait per forward, cached data): once the neighbourhood of the
     best is measured, sampler trials bring nothing new and the search says it converged;
     --full-budget (budget.converge: false) spends every trial instead. Micro-batch 2 runs
-    8 forwards a step where 16 runs one: pruned after its second measured step."""
+    8 forwards a step where 16 runs one: pruned on the run's measured noise."""
     recipe = toy(task_args={"cached": True, "step_ms": 4}, steps={"warmup": 1, "measure": 12},
                  space={"num_workers": [0, 1], "micro_batch_size": [2, 16], "amp_dtype": ["fp32", "bf16"],
                         "prefetch_factor": [2, 4], "persistent_workers": [False, True]},
@@ -306,9 +306,12 @@ def test_a_search_that_has_converged_stops_before_its_budget(toy, tmp_path):
     log = (tmp_path / "a" / "search.log").read_text()
     assert "converged: the neighbourhood of the best is measured" in log
     assert result.best["params"]["micro_batch_size"] == 16
-    assert result.pruned >= 1 and result.pruning_saved_s > 0 and "pruning cut" in log
-    rows = [r for r in csv.DictReader((tmp_path / "a" / "trials.csv").open()) if r["micro_batch_size"] == "2"]
-    assert rows and all(r["state"] == "pruned" for r in rows)
+    rows = list(csv.DictReader((tmp_path / "a" / "trials.csv").open()))
+    # micro-batch 2 (8x slower) is cut once the run's noise is measured well enough (the rule, on
+    # known truths: tests/stats/test_prune.py); one that comes while that noise rests on the
+    # baseline's two runs (t = 63.7) runs to its end. Whatever was cut is counted and said.
+    cut = [r for r in rows if r["state"] == "pruned"]
+    assert result.pruned == len(cut) and (not cut or ("pruning cut" in log and result.pruning_saved_s > 0))
     saved = json.loads((tmp_path / "a" / "best.json").read_text())["pruning"]
     assert saved["trials"] == result.pruned and saved["saved_s"] == pytest.approx(result.pruning_saved_s)
     # --full-budget: the same study goes on past the point where it had converged

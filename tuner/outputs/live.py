@@ -119,7 +119,8 @@ class Live(SearchEvents):
                     lines.append(f"  next: {verdicts[0].next_step}")
         if result.attribution is not None and result.attribution.rows:
             parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({r.share:.0%})" if r.gain and r.share is not None
-                     else f"{r.knob} {r.before}->{r.after} (failed)" for r in result.attribution.rows]
+                     else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
+                     for r in result.attribution.rows]
             lines.append("gain by knob, one at a time: " + ", ".join(parts))
         lines.append(f"outputs: {result.out}/ (best.json, report.html, report.md, ds_config.json, trials.csv, ...)")
         command = (result.best.get("command") if result.best else None)
