@@ -269,8 +269,9 @@ def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_pa
                                    baseline={"num_workers": 0}))
     # Workers up to 4 on 2 cores: 8 oversubscribed them and the same configuration then
     # spread by +-30% between measurements, more than the margin checked here.
-    # search quality only: no attribution
-    result = tuner.search(recipe, trials=8, out=tmp_path / "run", confirm=2, attribute=0, quiet=True)
+    # search quality only: no attribution; the finish at its defaults (capped at 2 rounds a
+    # question, a change the search measured 11% slower once stayed, undecided: 0.82x)
+    result = tuner.search(recipe, trials=8, out=tmp_path / "run", attribute=0, quiet=True)
     assert result.speedup >= 1.25, result.speedup
     points = {w: tuner.measure(recipe, num_workers=w) for w in (0, 1, 2, 4)}
     grid = {w: m.metrics["samples_per_s"] for w, m in points.items()}
