@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from tuner.config import levers
 from tuner.config.space import Machine, make_config
 from tuner.harness.metrics import Window, summarize
 from tuner.trial.trial_result import State, TrialResult
@@ -161,7 +162,7 @@ def simulate(cell: Cell, seed: int) -> Outcome:
     world, pool = World(cell, rng), Pool()
     finalists = search(world, pool)
     search_s = world.time()
-    rules = finish_mod.Rules(TOLERANCE, make, lambda p: True)
+    rules = finish_mod.Rules(TOLERANCE, make, lambda p: True, None, levers.proven)
     budget = finish_mod.Budget(finish_mod.TIME_SHARE * search_s, typical_s=1.0, clock=world.time)
     done = finish_mod.finish(finalists, make(BASELINE), world.run, pool, rules, budget)
     assert done is not None

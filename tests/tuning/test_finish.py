@@ -96,6 +96,21 @@ def test_a_loss_in_the_reference_goes_once_the_interval_shows_it():
     assert not done.out_of_budget and not done.open and done.rounds < 8
 
 
+def test_a_memory_lever_on_top_of_the_best_is_a_challenger_not_the_reference():
+    """The DeepSpeed benchmark's finish: the search's best is the larger micro-batch, and the
+    finalist with checkpointing on top of it was measured slower. Checkpointing stays only on
+    evidence, so it is no reference (the answer's other changes would be judged against a
+    slower configuration); it is still asked against the best, and the best stays."""
+    named = {"w4": W4, "w4ac": {"num_workers": 4, "activation_checkpointing": "selective"}}
+    factors = {("num_workers", 4): 2.0, ("activation_checkpointing", "selective"): 0.7}
+    world, pool, c = setup(factors, named, [("base", 100.0), ("w4", 200.0), ("w4ac", 140.0)])
+    budget = finish_mod.Budget(30.0, typical_s=1.0, clock=world.time)
+    done = finish_mod.finish([c["w4"], c["w4ac"], c["base"]], c["base"], world.run, pool, rules(), budget)
+    assert done is not None and done.reference == c["w4"] and done.answer == c["w4"] and not done.moves
+    assert key(c["w4ac"]) in world.calls  # asked, as a finalist
+    assert finish_mod.reference_of([c["w4"], c["w4ac"]], c["base"]) == c["w4ac"]  # not so for other levers
+
+
 def test_a_memory_lever_stays_only_when_shown_a_gain_or_needed_to_fit():
     """Activation checkpointing costs nothing and buys nothing here: not shown a gain, it
     leaves the answer at the end (a lever whose point is memory is not pasted on a coin
