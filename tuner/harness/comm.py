@@ -302,3 +302,20 @@ def trace_events(prof: Any) -> list[dict[str, Any]]:
 
 def _iv(event: dict[str, Any]) -> Interval:
     return float(event["ts"]), float(event["ts"]) + float(event["dur"])
+
+
+def watch(model: Any, comm: CommTimer) -> str:
+    """What :meth:`tuner.harness.probe_core.ProbeCore.watch` attaches to ``model``: DDP's
+    all-reduces timed through a communication hook on gloo only (on NCCL the host clock would
+    see nothing, and the hook would replace one of the script's own), a DeepSpeed engine's
+    through ``deepspeed.comm``. Returns which (``ddp`` or ``deepspeed``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel):
+        if torch.distributed.get_backend(model.process_group) == "gloo":
+            comm.attach_ddp(model)
+        return "ddp"
+    if type(model).__module__.startswith("deepspeed"):
+        return "deepspeed"
+    raise TypeError(f"probe.watch() takes a DistributedDataParallel model or a DeepSpeed engine, "
+                    f"got {type(model).__name__}")

@@ -33,6 +33,8 @@ METRIC_NAMES = (
     "gpu_mem_process_gib",
     # what the allocator handed out at its peak (CUDA): reserved minus this is what it cached idle
     "peak_allocated_gib",
+    # the node's GPUs (NVML) or CPU packages (powercap) over the window, per sample (DESIGN.md's)
+    "energy_j_per_sample",
 )
 
 
@@ -97,6 +99,11 @@ class Window:
     bubble_s: float | None = None
     """Seconds of the window's pipeline steps this rank's stages sat idle (the pipeline
     bubble); ``None`` without pipeline parallelism."""
+    energy_j: float | None = None
+    """Joules the node's counters moved over the window (:mod:`tuner.harness.system.energy`),
+    read by one process a node; ``None`` on the others and where no counter is readable."""
+    energy_why: str | None = None
+    """Why :attr:`energy_j` is ``None`` (where this process was the one to read it)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -190,7 +197,25 @@ def summarize(
     out["peak_mem_gib"] = max(devices) / GIB if devices else host_gib
     allocated = [w.peak_allocated_bytes for w in windows if w.peak_allocated_bytes is not None]
     out["peak_allocated_gib"] = max(allocated) / GIB if allocated else None
+    out["energy_j_per_sample"] = energy_per_sample(windows)
     return out
+
+
+def energy_per_sample(windows: Sequence[Window]) -> float | None:
+    """The nodes' joules over every sample of the windows (the counters span the whole
+    window, its set-aside warm-up too, so every step's samples count); ``None`` where no
+    process read a counter, never 0."""
+    joules = [w.energy_j for w in windows if w.energy_j is not None]
+    samples = sum(sum(w.samples) for w in windows)
+    return sum(joules) / samples if joules and samples else None
+
+
+def energy_note(windows: Sequence[Window]) -> str | None:
+    """One line where ``energy_j_per_sample`` is not measured, saying why."""
+    if energy_per_sample(windows) is not None:
+        return None
+    why = next((w.energy_why for w in windows if w.energy_why), "no process read an energy counter")
+    return f"energy_j_per_sample not measured: {why}"
 
 
 def _comm_share(w: Window, k: int, n: int) -> float | None:

@@ -33,9 +33,10 @@ import psutil
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.comm import CommTimer
+from tuner.harness.comm import CommTimer, watch
 from tuner.harness.metrics import Window, live_figures, summarize
 from tuner.harness.nvtx import Ranges
+from tuner.harness.system import energy
 from tuner.harness.system.devices import cuda_index
 from tuner.harness.system.monitors import WindowMonitors, children_cpu, cpu_seconds
 from tuner.harness.timing import Fetch, Step, Timing, samples_in, settle, source_for
@@ -69,6 +70,7 @@ class ProbeCore:
         monitors: sample host memory (PSS of the process tree) and NVML over the window in
             a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``
             (the tuner's trial runs its own over the whole trial).
+        energy_counter: read the node's energy counters at the window's ends (``energy_j_per_sample``).
         on_step: called after each counted step with (steps done, samples in it).
         on_close: called with the probe when the measured window closes.
         reset_peaks: reset the CUDA peak-memory counters when the window opens (the tuner's
@@ -89,6 +91,7 @@ class ProbeCore:
         collectives: bool = True,
         comm: CommTimer | None = None,
         monitors: bool = True,
+        energy_counter: bool = True,
         on_step: Callable[[int, int], None] | None = None,
         on_close: Callable[["ProbeCore"], None] | None = None,
         reset_peaks: bool = True,
@@ -141,7 +144,9 @@ class ProbeCore:
         self._watched: list[str] = []
         self._server: Any = None
         self._monitors = monitors
+        self._energy_on = energy_counter
         self._sampling: WindowMonitors | None = None
+        self._energy: energy.Energy | None = None
         self._on_step, self._on_close = on_step, on_close
         self._device_later = device_later
         """Asked once, at the loop's first batch or step, for the device it trains on: a probe
@@ -261,19 +266,7 @@ class ProbeCore:
         (through a communication hook; call before its first backward) or a DeepSpeed
         engine's (``deepspeed.comm``, while the window is open). Returns ``model``. On NCCL
         the probe attaches nothing: a model's own communication hook keeps working."""
-        from torch.nn.parallel import DistributedDataParallel
-
-        if isinstance(model, DistributedDataParallel):
-            # Only on gloo does the hook's host clock see the all-reduce; on NCCL it would
-            # measure nothing and replace a hook of the script's own.
-            if torch.distributed.get_backend(model.process_group) == "gloo":
-                self.comm.attach_ddp(model)
-            self._watched.append("ddp")
-        elif type(model).__module__.startswith("deepspeed"):
-            self._watched.append("deepspeed")
-        else:
-            raise TypeError(f"probe.watch() takes a DistributedDataParallel model or a DeepSpeed engine, "
-                            f"got {type(model).__name__}")
+        self._watched.append(watch(model, self.comm))
         return model
 
     def serve(self, port: int = 9400, addr: str = "127.0.0.1") -> int:
@@ -365,6 +358,7 @@ class ProbeCore:
             self._patch()
         if self._monitors:
             self._sampling = WindowMonitors(self.device, MEMORY_INTERVAL_S, self._reset_peaks)
+        self._energy = energy.reader_for(self._cuda).started() if self._energy_on else None
         self._cpu_start = cpu_seconds(self._proc)
         self._workers_start = children_cpu(self._proc)
         self._start_mark = mark = self._timing.mark()
@@ -372,6 +366,8 @@ class ProbeCore:
         return mark
 
     def _stop_monitors(self) -> None:
+        if self._energy is not None:
+            self.window.energy_j, self.window.energy_why, self._energy = self._energy.stop(), self._energy.why, None
         if self._sampling is not None:
             self._sampling.stop(self.window, self.window_start or 0.0)
             self._sampling = None

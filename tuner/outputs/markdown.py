@@ -155,11 +155,13 @@ def _comparison_table(r: SearchResult) -> list[str]:
     rows = [("samples/s", "samples_per_s", ",.1f", 1), ("step p50 (ms)", "step_time_p50_s", ".2f", 1000),
             ("step p90 (ms)", "step_time_p90_s", ".2f", 1000), ("step p99 (ms)", "step_time_p99_s", ".2f", 1000),
             ("data wait", "data_wait_share", ".0%", 1), ("comm", "comm_share", ".0%", 1),
-            ("peak memory (GiB)", "peak_mem_gib", ".2f", 1)]
+            ("peak memory (GiB)", "peak_mem_gib", ".2f", 1), ("energy (J/sample)", "energy_j_per_sample", ".4g", 1)]
     out = ["| | baseline | best |", "|---|---|---|"]
     for label, key, spec, scale in rows:
         before, after = _fmt(_scaled(base.get(key), scale), spec), _fmt(_scaled(best.get(key), scale), spec)
         out.append(f"| {label} | {before} | {after} |")
+    if best.get("energy_j_per_sample") or base.get("energy_j_per_sample"):  # samples/s per watt = samples per joule
+        out.append(f"| samples/s per watt | {_fmt(_per_joule(base), ',.3g')} | {_fmt(_per_joule(best), ',.3g')} |")
     out.append(f"| failed runs | {r.baseline.get('failures', 0)} | {r.best.get('failures', 0)} |")
     out.append(f"| knobs | {_knobs(r.baseline.get('params') or {})} | {_knobs(r.best.get('params') or {})} |")
     return out
@@ -213,6 +215,11 @@ def _inline(text: str) -> str:
     escaped = "".join(f"<strong>{p}</strong>" if k % 2 else p for k, p in enumerate(parts))
     parts = escaped.split("`")
     return "".join(f"<code>{p}</code>" if k % 2 else p for k, p in enumerate(parts))
+
+
+def _per_joule(metrics: dict[str, Any]) -> float | None:
+    joules = metrics.get("energy_j_per_sample")
+    return 1.0 / joules if joules else None
 
 
 def _fmt(value: Any, spec: str) -> str:

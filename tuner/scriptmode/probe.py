@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tuner.harness.metrics import window_rate
+from tuner.harness.metrics import energy_note, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
 from tuner.scriptmode import trialfile
@@ -100,6 +100,10 @@ class Probe(ProbeCore):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.update(dict.fromkeys(self.unmeasured))
+        if out.get("energy_j_per_sample") is None:  # rank 0 is its node's reader: its reason
+            note = energy_note([self.window])
+            if note and note not in self.notes:
+                self.notes.append(note)
         return out
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.metrics import Window, summarize
+from tuner.harness.metrics import Window, energy_note, summarize
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
 from tuner.trial import after_window as after
@@ -163,7 +163,11 @@ def _agree(task: "Task", task_args: dict[str, Any], config: "Config", ctx: "Dist
     peak = peak_flops(ctx.device, config.amp_dtype, convolutions)
     if peak is not None and config.amp_dtype == "fp32" and tf32_in_use(convolutions):
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
-    result.metrics = summarize([w for _, _, w in reports], tps, after.task_flops(task, task_args), peak)
+    windows = [w for _, _, w in reports]
+    result.metrics = summarize(windows, tps, after.task_flops(task, task_args), peak)
+    unmeasured = energy_note(windows)
+    if unmeasured:
+        result.notes.append(unmeasured)
     return result
 
 
