@@ -21,6 +21,7 @@ def test_peak_table_by_device_name_and_dtype():
     assert peak_for_name("NVIDIA A10G", "bf16") == pytest.approx(70e12)  # not the A10's figure
     assert peak_for_name("Tesla V100-SXM2-32GB", "bf16") is None  # no bf16 tensor cores
     assert peak_for_name("Some Future GPU", "bf16") is None  # unknown: no MFU, not a guess
+    assert peak_for_name("NVIDIA A100-SXM4-80GB", "fp8") is None  # no FP8 tensor cores: no MFU
 
 
 @pytest.mark.parametrize("name, dtype, tflops", [
@@ -34,6 +35,15 @@ def test_peak_table_by_device_name_and_dtype():
     ("NVIDIA H100 PCIe", "bf16", 756.0),
     ("NVIDIA GH200 480GB", "bf16", 989.4),
     ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
+    ("NVIDIA H100 80GB HBM3", "fp8", 1978.9),  # float8's own peak, twice bf16's
+    ("NVIDIA H200 NVL", "fp8", 1670.5),
+    ("NVIDIA L40S", "fp8", 733.0),
+    ("NVIDIA B200", "bf16", 2250.0),
+    ("NVIDIA B200", "fp8", 4500.0),
+    ("NVIDIA GB200", "bf16", 2500.0),  # holds no "B200" token: the NVL72 part's own figure
+    ("NVIDIA GB200", "fp8", 5000.0),
+    ("NVIDIA B300 SXM6 AC", "fp8", 4500.0),
+    ("NVIDIA GB300", "bf16", 2500.0),
 ])
 def test_the_peak_table_matches_whole_model_names_only(name, dtype, tflops):
     """Data-sheet dense figures (half the sparsity ones), matched by whole tokens."""
@@ -120,3 +130,23 @@ def test_a_mig_slice_has_its_share_of_the_peak():
     assert peak_for_name(mig, "bf16") is None  # a slice of unknown size: no guess
     assert peak_for_name("NVIDIA H100 80GB HBM3", "bf16", sms=132) == pytest.approx(989.4e12)
     assert peak_for_name("NVIDIA H200", "bf16", sms=132) == pytest.approx(989.4e12)
+
+
+def test_a_float8_trials_mfu_is_against_the_fp8_peak():
+    """A float8 trial's matmuls run on FP8 tensor cores: against bf16's peak its MFU read up
+    to 2x too high. The CUDA branch runs against an autospec of the real torch.cuda (a
+    misspelled name fails here); the figure is the table's, not a measurement."""
+    from unittest import mock
+
+    from tuner.harness.system.flops import matmul_dtype
+
+    assert matmul_dtype("bf16", "tensorwise") == matmul_dtype("bf16", "rowwise") == "fp8"
+    assert matmul_dtype("bf16", "off") == "bf16"
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    cuda.get_device_name.return_value = "NVIDIA H100 80GB HBM3"
+    cuda.get_device_properties.return_value.multi_processor_count = 132
+    device = torch.device("cuda", 0)
+    with mock.patch.object(torch, "cuda", cuda):
+        assert peak_flops(device, matmul_dtype("bf16", "tensorwise")) == pytest.approx(1978.9e12)
+        assert peak_flops(device, "bf16") == pytest.approx(989.4e12)
+    cuda.get_device_name.assert_called_with(device)

@@ -17,29 +17,46 @@ TFLOPS = 1e12
 
 PEAKS: tuple[tuple[frozenset[str], frozenset[str], dict[str, float], int], ...] = (
     # (tokens the name must hold, tokens it must not, dense peak TFLOP/s by dtype, the whole GPU's SMs)
-    (frozenset({"H200", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}, 132),
-    (frozenset({"H200"}), frozenset({"NVL"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}, 132),
-    (frozenset({"H100", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0}, 132),
-    (frozenset({"H100", "PCIE"}), frozenset(), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2}, 114),
-    (frozenset({"H100"}), frozenset({"NVL", "PCIE"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9},
+    (frozenset({"GB300"}), frozenset(), {"bf16": 2500.0, "fp16": 2500.0, "fp8": 5000.0}, 160),
+    (frozenset({"B300"}), frozenset({"GB300"}), {"bf16": 2250.0, "fp16": 2250.0, "fp8": 4500.0}, 160),
+    (frozenset({"GB200"}), frozenset(), {"bf16": 2500.0, "fp16": 2500.0, "tf32": 1250.0, "fp32": 80.0,
+                                         "fp8": 5000.0}, 148),
+    (frozenset({"B200"}), frozenset({"GB200"}), {"bf16": 2250.0, "fp16": 2250.0, "tf32": 1100.0, "fp32": 75.0,
+                                                 "fp8": 4500.0}, 148),
+    (frozenset({"H200", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0,
+                                               "fp8": 1670.5}, 132),
+    (frozenset({"H200"}), frozenset({"NVL"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9,
+                                               "fp8": 1978.9}, 132),
+    (frozenset({"H100", "NVL"}), frozenset(), {"bf16": 835.5, "fp16": 835.5, "tf32": 417.5, "fp32": 60.0,
+                                               "fp8": 1670.5}, 132),
+    (frozenset({"H100", "PCIE"}), frozenset(), {"bf16": 756.0, "fp16": 756.0, "tf32": 378.0, "fp32": 51.2,
+                                                "fp8": 1513.0}, 114),
+    (frozenset({"H100"}), frozenset({"NVL", "PCIE"}), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9,
+                                                       "fp8": 1978.9}, 132),
+    (frozenset({"GH200"}), frozenset(), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9, "fp8": 1978.9},
      132),
-    (frozenset({"GH200"}), frozenset(), {"bf16": 989.4, "fp16": 989.4, "tf32": 494.7, "fp32": 66.9}, 132),
     (frozenset({"A100"}), frozenset(), {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, 108),
-    (frozenset({"L40S"}), frozenset(), {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6}, 142),
-    (frozenset({"L40"}), frozenset(), {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5}, 142),
-    (frozenset({"L4"}), frozenset(), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3}, 58),
+    (frozenset({"L40S"}), frozenset(), {"bf16": 362.1, "fp16": 362.1, "tf32": 183.0, "fp32": 91.6, "fp8": 733.0},
+     142),
+    (frozenset({"L40"}), frozenset(), {"bf16": 181.0, "fp16": 181.0, "tf32": 90.5, "fp32": 90.5, "fp8": 362.0}, 142),
+    (frozenset({"L4"}), frozenset(), {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3, "fp8": 242.5}, 58),
     (frozenset({"A10G"}), frozenset(), {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 31.2}, 80),
     (frozenset({"A10"}), frozenset(), {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2}, 72),
     (frozenset({"V100"}), frozenset(), {"fp16": 125.0, "fp32": 15.7}, 80),
     (frozenset({"T4"}), frozenset(), {"fp16": 65.0, "fp32": 8.1}, 40),
 )
 """Sources: NVIDIA data sheets (H100/H200 SXM and NVL, H100 PCIe, GH200, A100, L40S, L40,
-L4, A10, A10G, V100, T4), dense figures (half the sparsity ones), and each whole GPU's
-streaming multiprocessors. A name is matched by whole tokens (split at spaces and
-hyphens), never by substring: ``NVIDIA L40`` holds the text "L4" and once read the L4's 121
-TFLOP/s (an MFU above 1 on an L40's 181); ``NVIDIA H100 NVL`` once read the SXM's 989. A
-MIG slice (``NVIDIA A100-SXM4-40GB MIG 3g.20gb``: 42 of the A100's 108 SMs) has its share
-of the peak, by its SMs: it once got the whole GPU's, an MFU 2.6x too low. Extend here;
+L4, A10, A10G, V100, T4; HGX B200 and HGX B300 per GPU, GB200 NVL72 and GB300 NVL72 per
+GPU), dense figures (half the sparsity ones), and each whole GPU's streaming
+multiprocessors. ``fp8`` is the FP8 tensor-core peak, what a float8 trial's MFU is against
+(it was read against bf16's, an MFU up to 2x too high); a part without FP8 tensor cores has
+none, and such a trial gets no MFU. Blackwell Ultra (B300, GB300) raised FP4, not FP8 or
+BF16; its TF32 and FP32 are left out (not in its data sheets' dense form). A name is
+matched by whole tokens (split at spaces and hyphens), never by substring: ``NVIDIA L40``
+holds the text "L4" and once read the L4's 121 TFLOP/s (an MFU above 1 on an L40's 181);
+``NVIDIA H100 NVL`` once read the SXM's 989; ``NVIDIA GB200`` is not a B200. A MIG slice
+(``NVIDIA A100-SXM4-40GB MIG 3g.20gb``: 42 of the A100's 108 SMs) has its share of the
+peak, by its SMs: it once got the whole GPU's, an MFU 2.6x too low. Extend here;
 nothing else needs to change."""
 
 
@@ -51,6 +68,12 @@ def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False)
         return None
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return peak_for_name(torch.cuda.get_device_name(device), amp_dtype, tf32_in_use(convolutions), sms)
+
+
+def matmul_dtype(amp_dtype: str, float8: str = "off") -> str:
+    """The peak table's dtype for a trial: ``fp8`` where torchao's float8 training runs its
+    linear layers (its matmuls are FP8's, whatever the autocast dtype), else ``amp_dtype``."""
+    return "fp8" if float8 not in ("off", None) else amp_dtype
 
 
 def tf32_in_use(convolutions: bool) -> bool:
