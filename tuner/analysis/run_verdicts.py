@@ -87,12 +87,16 @@ class Comparison:
     tolerance: float = 0.02
     process_noise: float | None = None
     """One run's relative noise between two processes, as given (two run folders' rates need it)."""
+    differ: list[str] = field(default_factory=list)
+    """Environment differences that do not void the comparison but may explain it (NCCL,
+    the driver, clocks and power limits, NCCL and allocator settings)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "a": {"run": self.a.run, "which": self.a.which, "params": self.a.params},
             "b": {"run": self.b.run, "which": self.b.which, "params": self.b.params},
-            "refused": self.refused, "params_differ": [list(p) for p in self.params], "tolerance": self.tolerance,
+            "refused": self.refused, "environment_differs": self.differ,
+            "params_differ": [list(p) for p in self.params], "tolerance": self.tolerance,
             "level": LEVEL, "process_noise": self.process_noise,
             "metrics": [{"metric": r.metric, "a": r.a, "b": r.b, "ratio": r.ratio, "verdict": r.verdict,
                          "interval": list(r.interval) if r.interval else None} for r in self.rows],
@@ -101,6 +105,24 @@ class Comparison:
 
 def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return gate.differences(a, b, ("A", "B"), DECIDING)
+
+
+TELLING = (("nccl", "NCCL"), ("driver", "driver"), ("cuda_driver", "the driver's CUDA"), ("cuda", "CUDA"),
+           ("deepspeed", "DeepSpeed"), ("python", "Python"), ("gpus", "GPU clocks and power limits"))
+"""Environment fields that do not void a comparison but often explain it: named when they differ."""
+
+
+def environment_notes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """What differs between two environments beyond :data:`DECIDING`: the versions, the
+    GPUs' clocks and power limits, and every NCCL / allocator setting (set on one side only,
+    or set differently)."""
+    out = gate.differences(a, b, ("A", "B"), [k for k in TELLING if k[0] in a and k[0] in b])
+    sa, sb = a.get("settings"), b.get("settings")
+    if isinstance(sa, dict) and isinstance(sb, dict):
+        for name in sorted({*sa, *sb}):
+            if sa.get(name) != sb.get(name):
+                out.append(f"{name}: A {sa.get(name, 'unset')!r}, B {sb.get(name, 'unset')!r}")
+    return out
 
 
 def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = None,
@@ -119,7 +141,8 @@ def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = No
     across = None if a.run == b.run else (process_noise if process_noise is not None else math.nan)
     rows = [_row(name, a, b, wide, tolerance, across) for name in METRIC_NAMES
             if isinstance(a.metrics.get(name), (int, float)) or isinstance(b.metrics.get(name), (int, float))]
-    return Comparison(a, b, rows, refused, params, tolerance, process_noise)
+    return Comparison(a, b, rows, refused, params, tolerance, process_noise,
+                      environment_notes(a.environment, b.environment))
 
 
 def against(interval: tuple[float, float], tolerance: float) -> str:

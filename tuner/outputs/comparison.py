@@ -120,6 +120,7 @@ def table(c: Comparison) -> str:
     """The comparison as text: what differs, then every metric."""
     lines = [f"A: {c.a.run} ({c.a.which})", f"B: {c.b.run} ({c.b.which})"]
     lines += [f"not comparable: {d}" for d in c.refused]
+    lines += [f"environment differs: {d}" for d in c.differ]
     if c.params:
         lines.append("knobs that differ: " + ", ".join(f"{n} {_fmt(x)} -> {_fmt(y)}" for n, x, y in c.params))
     else:

@@ -11,9 +11,17 @@ import torch
 
 from tuner.harness.system.flops import host_matmul_flops
 
+SETTINGS_PREFIXES = ("NCCL_", "TORCH_NCCL_")
+SETTINGS = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+"""The process settings two GPU runs most often differ by (NCCL's algorithm, protocol and
+channels, the allocator, the connections that overlap compute and communication): recorded
+as set, every one, so ``tuner compare`` can name what differs."""
+
 
 def environment(world_size: int) -> dict[str, Any]:
-    """DESIGN.md's ``"environment"`` record."""
+    """DESIGN.md's ``"environment"`` record, with what tells two GPU runs apart beside it:
+    NCCL's version, the driver and the CUDA version it supports, each GPU's clocks and power
+    limit as NVML reads them, and the NCCL / allocator settings (:data:`SETTINGS`)."""
     cuda = torch.cuda.is_available()
     return {
         "torch": torch.__version__,
@@ -26,7 +34,54 @@ def environment(world_size: int) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "hostname": socket.gethostname(),
         "host_matmul_tflops": round(host_matmul_flops() / 1e12, 4),
+        "nccl": nccl_version() if cuda else None,
+        **(gpu_record() if cuda else {"driver": None, "cuda_driver": None, "gpus": None}),
+        "settings": settings(),
     }
+
+
+def settings(env: Any = None) -> dict[str, str]:
+    """Every ``NCCL_*`` / ``TORCH_NCCL_*`` variable and each of :data:`SETTINGS` that is set."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in sorted(env) if k.startswith(SETTINGS_PREFIXES) or k in SETTINGS}
+
+
+def nccl_version() -> str | None:
+    """The NCCL this PyTorch loads (``2.21.5``), or ``None`` (a build without it)."""
+    try:
+        found = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - no NCCL in this build
+        return None
+    return ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
+
+
+def gpu_record() -> dict[str, Any]:
+    """NVML's view: the driver, the CUDA version it supports, and per GPU of the node its SM
+    clock now and at most, its memory clock, and the power limit it enforces (a capped or
+    down-clocked GPU is the commonest reason one node is slower than its twin)."""
+    out: dict[str, Any] = {"driver": None, "cuda_driver": None, "gpus": None}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        out["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        version = pynvml.nvmlSystemGetCudaDriverVersion()
+        out["cuda_driver"] = f"{version // 1000}.{version % 1000 // 10}"
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append({"sm_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                         "sm_max_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                         "mem_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                         "power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0})
+        out["gpus"] = gpus
+    except Exception:  # noqa: BLE001 - no NVML, or it refused one reading: what was read stays
+        pass
+    return out
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _version(dist_name: str) -> str | None:
