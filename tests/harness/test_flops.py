@@ -138,15 +138,19 @@ def test_a_float8_trials_mfu_is_against_the_fp8_peak():
     misspelled name fails here); the figure is the table's, not a measurement."""
     from unittest import mock
 
-    from tuner.harness.system.flops import matmul_dtype
+    from tuner.config.gpu_levers import matmul_dtype
+    from tuner.config.space import Machine, make_config
 
-    assert matmul_dtype("bf16", "tensorwise") == matmul_dtype("bf16", "rowwise") == "fp8"
-    assert matmul_dtype("bf16", "off") == "bf16"
+    gpu = Machine(cuda=True, bf16=True, fp16=True, capability=(9, 0), packages=frozenset({"torchao"}))
+    made = {v: make_config({"amp_dtype": "bf16", "float8": v}, 8, 1, gpu, "auto", strict=False)[0]
+            for v in ("off", "tensorwise", "rowwise")}
+    assert matmul_dtype(made["tensorwise"]) == matmul_dtype(made["rowwise"]) == "fp8"
+    assert matmul_dtype(made["off"]) == "bf16"
     cuda = mock.create_autospec(torch.cuda, instance=False)
     cuda.get_device_name.return_value = "NVIDIA H100 80GB HBM3"
     cuda.get_device_properties.return_value.multi_processor_count = 132
     device = torch.device("cuda", 0)
     with mock.patch.object(torch, "cuda", cuda):
-        assert peak_flops(device, matmul_dtype("bf16", "tensorwise")) == pytest.approx(1978.9e12)
+        assert peak_flops(device, matmul_dtype(made["tensorwise"])) == pytest.approx(1978.9e12)
         assert peak_flops(device, "bf16") == pytest.approx(989.4e12)
     cuda.get_device_name.assert_called_with(device)

@@ -124,6 +124,13 @@ def _float8_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
     return None
 
 
+def matmul_dtype(config: Config) -> str:
+    """The dtype the peak table reads for a configuration's MFU: ``fp8`` where float8 training
+    runs the linear layers' matmuls on FP8 tensor cores (against bf16's peak its MFU read up to
+    2x too high), else its ``amp_dtype``."""
+    return "fp8" if config.float8 != "off" else config.amp_dtype
+
+
 def float8_exports(config: Config, file: str, world_size: int) -> Any:
     recipe = config.float8
     if recipe == "off":

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
+from tuner.config import gpu_levers
 from tuner.harness import distributed
 from tuner.harness.metrics import Window, energy_note, summarize
-from tuner.harness.system.flops import matmul_dtype, peak_flops, tf32_in_use
+from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
 from tuner.trial import after_window as after
 from tuner.trial import watchdog
@@ -160,7 +161,7 @@ def _agree(task: "Task", task_args: dict[str, Any], config: "Config", ctx: "Dist
         result.state, result.reason = failed[0]
         return result
     tps = task.tokens_per_sample(task_args) if task.tokens_per_sample else None
-    peak = peak_flops(ctx.device, matmul_dtype(config.amp_dtype, getattr(config, "float8", "off")), convolutions)
+    peak = peak_flops(ctx.device, gpu_levers.matmul_dtype(config), convolutions)
     if peak is not None and config.amp_dtype == "fp32" and tf32_in_use(convolutions):
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
     windows = [w for _, _, w in reports]

@@ -48,7 +48,7 @@ PEAKS: tuple[tuple[frozenset[str], frozenset[str], dict[str, float], int], ...] 
 """Sources: NVIDIA data sheets (H100/H200 SXM and NVL, H100 PCIe, GH200, A100, L40S, L40,
 L4, A10, A10G, V100, T4; HGX B200 and HGX B300 per GPU, GB200 NVL72 and GB300 NVL72 per
 GPU), dense figures (half the sparsity ones), and each whole GPU's streaming
-multiprocessors. ``fp8`` is the FP8 tensor-core peak, what a float8 trial's MFU is against
+multiprocessors. ``fp8`` is the FP8 tensor-core peak, what an FP8-training trial's MFU is against
 (it was read against bf16's, an MFU up to 2x too high); a part without FP8 tensor cores has
 none, and such a trial gets no MFU. Blackwell Ultra (B300, GB300) raised FP4, not FP8 or
 BF16; its TF32 and FP32 are left out (not in its data sheets' dense form). A name is
@@ -68,12 +68,6 @@ def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False)
         return None
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     return peak_for_name(torch.cuda.get_device_name(device), amp_dtype, tf32_in_use(convolutions), sms)
-
-
-def matmul_dtype(amp_dtype: str, float8: str = "off") -> str:
-    """The peak table's dtype for a trial: ``fp8`` where torchao's float8 training runs its
-    linear layers (its matmuls are FP8's, whatever the autocast dtype), else ``amp_dtype``."""
-    return "fp8" if float8 not in ("off", None) else amp_dtype
 
 
 def tf32_in_use(convolutions: bool) -> bool:
