@@ -21,7 +21,8 @@ dist.init_process_group("gloo")
 torch.manual_seed(0)
 model = DDP(nn.Sequential(nn.Linear(32, 8192), nn.ReLU(), nn.Linear(8192, 4)))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-probe = tuner.Probe(warmup=2, measure=10)
+tail = "--profile-tail" in sys.argv  # the NCCL path's profiled tail, run here on gloo
+probe = tuner.Probe(warmup=2, measure=20, comm_profile=True) if tail else tuner.Probe(warmup=2, measure=10)
 if "--no-watch" not in sys.argv:
     probe.watch(model)
 
@@ -32,16 +33,25 @@ def batches():
         yield torch.randn(8, 32), torch.randint(0, 4, (8,))
 
 
+tail_steps: list[tuple[float, float]] = []  # (seconds, host-timed exposed comm) of each step after the window
+last = time.perf_counter()
 for x, y in probe.loader(batches()):
     loss = nn.functional.cross_entropy(model(x), y)
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
+    closed = probe.window_end is not None
     probe.step()
+    now = time.perf_counter()
+    if closed:
+        tail_steps.append((now - last, probe.comm.take()))
+    last = now
     if probe.done:
         break
 summary = probe.summary()  # a collective: every rank calls it
-record = {"summary": summary, "step_times": probe.window.step_times, "samples": probe.window.samples}
+record = {"summary": summary, "step_times": probe.window.step_times, "samples": probe.window.samples,
+          "profiled_comm_share": probe.profiled_comm_share, "steps_done": probe.steps_done,
+          "tail_steps": tail_steps}
 Path(sys.argv[1], f"rank{dist.get_rank()}.json").write_text(json.dumps(record))
 probe.close()
 # The DDP model (its reducer, with the probe's comm hook) goes before the process group it

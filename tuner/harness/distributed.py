@@ -153,13 +153,14 @@ def _control_group() -> Any:
     return _control
 
 
-def _multi() -> bool:
+def several_ranks() -> bool:
+    """A process group of more than one rank is formed."""
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
 def all_gather(obj: Any) -> list[Any]:
     """Every rank's ``obj`` on every rank (just ``[obj]`` without a group)."""
-    if not _multi():
+    if not several_ranks():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj, group=_control_group())
@@ -168,7 +169,7 @@ def all_gather(obj: Any) -> list[Any]:
 
 def any_rank(flag: bool) -> bool:
     """True when ``flag`` is true on any rank: one 1-element all-reduce on gloo."""
-    if not _multi():
+    if not several_ranks():
         return flag
     t = torch.tensor([1 if flag else 0], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_control_group())
@@ -177,7 +178,7 @@ def any_rank(flag: bool) -> bool:
 
 def mean(values: list[float]) -> list[float]:
     """Each value's mean over the ranks (every rank gives as many), on every rank."""
-    if not _multi() or not values:
+    if not several_ranks() or not values:
         return values
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, group=_control_group())
@@ -188,7 +189,7 @@ def agree(failure: Any) -> Any:
     """The first rank's failure (any picklable value, ``None`` for none), on every rank.
 
     Costs one tiny all-reduce when no rank failed, which is the common case."""
-    if not _multi():
+    if not several_ranks():
         return failure
     if not any_rank(failure is not None):
         return None
@@ -197,7 +198,7 @@ def agree(failure: Any) -> Any:
 
 def broadcast(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank: how rank 0's decisions reach the others."""
-    if not _multi():
+    if not several_ranks():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=_control_group())

@@ -34,7 +34,8 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.comm import CommTimer, watch
-from tuner.harness.metrics import Window, live_figures, summarize
+from tuner.harness.comm_tail import CommTail
+from tuner.harness.metrics import Window, summarize
 from tuner.harness.nvtx import Ranges
 from tuner.harness.system import energy
 from tuner.harness.system.devices import cuda_index
@@ -71,6 +72,8 @@ class ProbeCore:
             a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``
             (the tuner's trial runs its own over the whole trial).
         energy_counter: read the node's energy counters at the window's ends (``energy_j_per_sample``).
+        comm_profile: profile a short tail after the window for ``comm_share`` (:mod:`tuner.harness.comm_tail`;
+            default: where the host cannot time collectives, CUDA with several ranks); ``done`` waits for it.
         on_step: called after each counted step with (steps done, samples in it).
         on_close: called with the probe when the measured window closes.
         reset_peaks: reset the CUDA peak-memory counters when the window opens (the tuner's
@@ -92,6 +95,7 @@ class ProbeCore:
         comm: CommTimer | None = None,
         monitors: bool = True,
         energy_counter: bool = True,
+        comm_profile: bool | None = None,
         on_step: Callable[[int, int], None] | None = None,
         on_close: Callable[["ProbeCore"], None] | None = None,
         reset_peaks: bool = True,
@@ -142,9 +146,11 @@ class ProbeCore:
         self._collectives = collectives
         self._patches: contextlib.ExitStack | None = None
         self._watched: list[str] = []
-        self._server: Any = None
         self._monitors = monitors
         self._energy_on = energy_counter
+        self._comm_profile = comm_profile
+        self._tail: CommTail | None = None
+        self.profiled_comm_share: float | None = None  # comm_share as the tail's profile read it
         self._sampling: WindowMonitors | None = None
         self._energy: energy.Energy | None = None
         self._on_step, self._on_close = on_step, on_close
@@ -223,6 +229,8 @@ class ProbeCore:
         if self._on_step is not None:
             self._on_step(self.steps_done, n)
         elapsed = now - self._last
+        if self._tail is not None and self._tail.step():
+            self._tail_done()
         if self.measuring_step:
             self._steps.append(Step(end, self._fetches, n))
             if self.window.comm_waits is not None:
@@ -269,22 +277,12 @@ class ProbeCore:
         self._watched.append(watch(model, self.comm))
         return model
 
-    def serve(self, port: int = 9400, addr: str = "127.0.0.1") -> int:
-        """Serve the live metrics to Prometheus at ``http://addr:port/metrics`` (needs
-        ``prometheus-client``; localhost unless ``addr`` says otherwise); returns the port."""
-        from tuner.harness.system.prometheus import serve
-
-        self._server, bound = serve(self.live, port, addr)
-        return bound
-
     def close(self) -> None:
-        """Stop the live endpoint, the samplers and the collective timing, whichever run."""
+        """Stop the samplers, the collective timing and a profiled tail, whichever run."""
         self._unpatch()
         self._stop_monitors()
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self._tail is not None:
+            self._tail.close()
 
     def use_device(self, device: torch.device | str) -> None:
         """The training device, for a probe made before it was known; before the window opens."""
@@ -308,7 +306,7 @@ class ProbeCore:
     @property
     def done(self) -> bool:
         """True once the measured window is complete (never, when ``measure`` is None)."""
-        return self.window_end is not None
+        return self.window_end is not None and self._tail is None
 
     # --- results --------------------------------------------------------------------------
 
@@ -332,11 +330,6 @@ class ProbeCore:
         peak = peak_flops(self.device, self.amp_dtype) if self.device is not None else None
         return summarize(windows, self.tokens_per_sample, self.flops_per_sample, peak)
 
-    def live(self) -> dict[str, float]:
-        """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the
-        live endpoint serves (:func:`tuner.harness.metrics.live_figures`)."""
-        return live_figures(list(self.recent), self.steps_done, self.total_samples, self.total_wait)
-
     # --- internals ------------------------------------------------------------------------
 
     def _window_complete(self, n: int) -> bool:
@@ -351,7 +344,7 @@ class ProbeCore:
         """The monitors first, then the clock; their start-up is the tuner's work (it was
         5.9 ms of the first measured step). Returns the window's opening mark."""
         self.comm.take()
-        if (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1) == 1:
+        if not distributed.several_ranks():
             self.window.comm_share = 0.0  # nobody to talk to
         elif not self._cuda:
             self.window.comm_waits = []
@@ -383,7 +376,18 @@ class ProbeCore:
         self._stop_monitors()
         if self._collectives and not self._watched and self.window.comm_waits is not None and self.comm.calls == 0:
             self.window.comm_waits = None  # nothing timed (an unwatched DDP model?): unknown, not zero
-        if self._on_close is not None:  # every rank is here: same step count
+        wanted = self._comm_profile if self._comm_profile is not None else self._cuda
+        if wanted and distributed.several_ranks():  # every rank is here, and profiles the same steps
+            self._tail = CommTail(self.device)
+        elif self._on_close is not None:  # every rank is here: same step count
+            self._on_close(self)
+
+    def _tail_done(self) -> None:
+        assert self._tail is not None
+        self.profiled_comm_share, self._tail = self._tail.share, None
+        if self.window.comm_waits is None and self.window.comm_share is None:
+            self.window.comm_share = self.profiled_comm_share  # NCCL: no host timing to win over it
+        if self._on_close is not None:
             self._on_close(self)
 
     def _patch(self) -> None:

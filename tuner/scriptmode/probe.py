@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from tuner.harness.metrics import energy_note, window_rate
+from tuner.harness.metrics import energy_note, live_figures, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
 from tuner.scriptmode import trialfile
@@ -51,6 +51,9 @@ class Probe(ProbeCore):
         nvtx: mark data wait and steps as NVTX ranges (for Nsight Systems).
         monitors: sample host memory (PSS of the process tree) and NVML over the window in
             a background thread, for ``peak_mem_gib``, ``host_mem_gib`` and ``gpu_util``.
+        comm_profile: after the window, profile a few steps for ``comm_share``
+            (:mod:`tuner.harness.comm_tail`): by default under NCCL with several ranks, where
+            the host clock cannot see the collectives (``done`` becomes true after them).
     """
 
     def __init__(
@@ -64,12 +67,14 @@ class Probe(ProbeCore):
         amp_dtype: str = "fp32",
         nvtx: bool = False,
         monitors: bool = True,
+        comm_profile: bool | None = None,
     ) -> None:
         trial = trialfile.read_trial()
         if trial is not None:  # a script-mode trial: the tuner sets the window
             warmup, measure = int(trial["warmup"]), trial["measure"]
         super().__init__(warmup, measure, device if device is not None else default_device(), tokens_per_sample,
                          flops_per_sample=flops_per_sample, amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
+                         comm_profile=comm_profile,
                          on_step=_step_check(trial), on_close=_reporter(trial), reset_peaks=False,
                          device_later=default_device if device is None else None)
         self.notes: list[str] = []
@@ -77,10 +82,32 @@ class Probe(ProbeCore):
         self.unmeasured: set[str] = set()
         """Metrics this loop cannot give (no DataLoader: no data wait): ``None``, never a made-up 0."""
         self._trial = trial
+        self._server: Any = None
         self.ran: dict[str, Any] = {}
         """Levers the configuration leaves to the script's library, and what it ran (reported with the numbers)."""
         self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
         self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
+
+    def live(self) -> dict[str, float]:
+        """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the
+        live endpoint serves (:func:`tuner.harness.metrics.live_figures`)."""
+        return live_figures(list(self.recent), self.steps_done, self.total_samples, self.total_wait)
+
+    def serve(self, port: int = 9400, addr: str = "127.0.0.1") -> int:
+        """Serve the live metrics to Prometheus at ``http://addr:port/metrics`` (needs
+        ``prometheus-client``; localhost unless ``addr`` says otherwise); returns the port."""
+        from tuner.harness.system.prometheus import serve
+
+        self._server, bound = serve(self.live, port, addr)
+        return bound
+
+    def close(self) -> None:
+        """Stop the live endpoint, the samplers and the collective timing, whichever run."""
+        super().close()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def step(self, samples: int | None = None) -> None:
         super().step(samples)

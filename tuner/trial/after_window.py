@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tuner.harness import distributed
-from tuner.harness.comm import exposed_share, trace_events
+from tuner.harness import comm_tail, distributed
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.flops import count_flops
 from tuner.trial.failures import TrialStop
@@ -28,9 +27,6 @@ its stall-free ceiling from its own steps less their waits, instead of ten more 
 ceiling is then at most 1/0.95 of the measured rate, too close for any verdict to turn on
 (data-bound needs a 10% wait), and on the benchmark's DeepSpeed job (a 4% wait) the extra
 steps were 0.4-0.6 s of a 3 s trial."""
-
-COMM_PROFILE_STEPS = 5
-"""Steps profiled after the window, on a GPU, to measure exposed communication kernels."""
 
 _FLOPS: dict[str, float | None] = {}
 """FLOPs per sample, counted once per task and task_args in this process."""
@@ -62,34 +58,25 @@ def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
 
 
 def profiled_comm_share(job: "Job") -> float | None:
-    """GPU: exposed communication kernel time over a few profiled steps (communication
-    kernels not covered by compute kernels), over the span the device was running them.
-
-    The first profiled step is the profiler's warm-up: ranks start profiling at different
-    moments, and a rank that starts early sees its first collective wait for the others
-    (skew, not communication). The events are read in memory: exporting a Chrome trace and
-    parsing it back cost seconds per rank on large models. ``None`` when the profiler cannot
-    run (CUPTI missing) or saw no kernel."""
-    from torch.profiler import ProfilerActivity, profile, schedule
-
+    """GPU: exposed communication kernel time over a few profiled steps after the window,
+    read as a script's probe reads its window's tail (:mod:`tuner.harness.comm_tail`: one
+    step of warm-up, then :data:`~tuner.harness.comm_tail.STEPS`; events read in memory).
+    ``None`` when the profiler cannot run (CUPTI missing) or saw no kernel."""
     batches = itertools.repeat(job.last_batch)
     try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                     schedule=schedule(wait=0, warmup=1, active=COMM_PROFILE_STEPS)) as prof:
-            for _ in range(1 + COMM_PROFILE_STEPS):
+        prof = comm_tail.profiler("cuda")
+        try:
+            for _ in range(1 + comm_tail.STEPS):
                 job.extra_step(batches)
                 prof.step()
             torch.cuda.synchronize(job.ctx.device)
-        events = trace_events(prof)
+        finally:
+            prof.__exit__(None, None, None)
+        return comm_tail.share_of(prof, "cuda")
     except TrialStop:
         raise
     except Exception:  # noqa: BLE001 - no CUPTI, profiler already running: no signal
         return None
-    kernels = [e for e in events if e["cat"] == "kernel"]
-    if not kernels:
-        return None
-    span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
-    return exposed_share(events, span, "cuda")
 
 
 def count_task_flops(job: "Job") -> None:
