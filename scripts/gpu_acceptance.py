@@ -109,6 +109,10 @@ RULES: dict[str, Rule] = {
         (2.2, 2.0, {}), (20.0, 2.0, {})),  # a cold compile against a warm one
     "utilization": Rule("|tuner - nvidia-smi| <= 0.15", lambda m, t: _num(m) and _num(t) and abs(m - t) <= 0.15,
                         (0.4, 0.35, {}), (1.0, 0.35, {})),
+    "peak_bound": Rule(
+        "the peak at least what a dense matmul reaches, at most twice it",
+        lambda m, t: _num(m) and _num(t) and t <= m <= 2 * t,
+        (989.4, 760.0, {}), (312.0, 760.0, {})),  # an A100's peak read for an H100: MFU above 1
     "equal": Rule("equal", lambda m, t: m == t, ("oom", "oom", {}), ("error", "oom", {})),
     "true": Rule("holds", lambda m, t: m is True, (True, True, {}), (False, True, {})),
     "backend": Rule(

@@ -124,7 +124,7 @@ def test_its_task_trains_under_the_tuner_and_its_analytic_flops_are_the_counted_
     truth it holds the tuner to is what the tuner counts of the same model here: the MLP
     and the matmul stack through a measurement, the transformer with attention as the
     tuner counts it (a meta-device pass; the fused CPU attention kernel counted too)."""
-    for model, width in (("mlp", 64), ("matmul", None)):
+    for model, width in (("mlp", 64), ("matmul", 64)):
         args = {"model": model, **({"width": width} if width else {})}
         recipe = write_recipe(tmp_path, {"name": f"acceptance-{model}", "task": str(SCRIPTS / "gpu_task.py"),
                                          "task_args": args, "global_batch_size": 32,
@@ -144,3 +144,44 @@ def test_its_task_trains_under_the_tuner_and_its_analytic_flops_are_the_counted_
     assert _meta_count(gpu_task, args, batch) / 2 == pytest.approx(truth, rel=1e-9)
     model = gpu_task.build_model(args)
     assert count_flops(lambda: gpu_task.compute_loss(model, batch).backward()) / 2 == pytest.approx(truth, rel=1e-9)
+
+
+ACCEPTANCE = SCRIPTS / "device" / "acceptance.sh"
+
+
+def _parts() -> dict[str, list[tuple[str, int, list[str]]]]:
+    """acceptance.sh's parts: (group, timeout s, checks), read from the script itself."""
+    import re
+
+    text = ACCEPTANCE.read_text()
+    parts = {}
+    for part, body in re.findall(r"^\s+(\d)\) groups=\((.*?)\) ;;", text, flags=re.M | re.S):
+        groups = re.findall(r'"(\w+) (\d+) ([\w,]+)"', body)
+        parts[part] = [(name, int(limit), checks.split(",")) for name, limit, checks in groups]
+    return parts
+
+
+def test_the_acceptance_command_refuses_a_cpu_in_one_line():
+    proc = subprocess.run(["bash", str(ACCEPTANCE), "1"], capture_output=True, text=True, timeout=120)
+    said = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2 and len(said) == 1 and "no CUDA GPU here" in said[0], said
+
+
+def test_the_acceptance_parts_hold_every_check_once_most_likely_faults_first_and_fit_a_lease():
+    """Memory and NVML first, then the data wait and the copy, then the one-GPU search; part 1
+    in 540 s of the GPU (its groups' timeouts, and the checks' own estimates well inside
+    them), each check in one part only, every check somewhere."""
+    parts = _parts()
+    assert sorted(parts) == ["1", "2", "3"]
+    named = [c for groups in parts.values() for _, _, checks in groups for c in checks]
+    import gpu_checks
+
+    known = {c.name for c in gpu_checks.CHECKS}
+    assert sorted(named) == sorted(known) and len(named) == len(set(named))
+    first = [c for _, _, checks in parts["1"] for c in checks]
+    assert first[:2] == ["memory", "utilization"] and "search" in first
+    assert sum(limit for _, limit, _ in parts["1"]) <= 540 - 60  # a minute for the install and the versions
+    for part, groups in parts.items():
+        for name, limit, checks in groups:
+            chosen = gpu_acceptance.select(gpu_checks.CHECKS, None, checks)
+            assert sum(c.seconds for c in chosen) <= limit, (part, name)
