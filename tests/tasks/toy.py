@@ -6,6 +6,8 @@ fail: "oom" raises the allocator's out-of-memory error in compute_loss, "nan" ma
 loss NaN, "crash" raises ValueError, "empty" makes the dataset empty.
 step_ms: a fixed wait inside each forward, as a host waits on an accelerator; every
 forward's start time is recorded in FORWARDS (this process), the truth tests compare to.
+oom_at_forward (with oom_rank): that rank runs out of memory in its N-th forward of the trial
+  (a micro-batch inside an accumulation, where the ranks agree once a step).
 oom_at_micro (with oom_rank, default 1): that rank runs out of memory in the forward of
 any micro-batch at least this large, as a larger batch would on a smaller GPU.
 record: the ground truth of a run, in this process: READS (start, end) of every read made
@@ -32,6 +34,8 @@ from torch.utils.data import Dataset
 
 _fail: str | None = None  # set from task_args when the trial builds the dataset
 _oom: tuple[int, int] | None = None
+_oom_call: tuple[int, int] | None = None
+"""(the forward call, counted from the trial's first, the rank) that runs out of memory."""
 _hang: tuple[int, int, str] | None = None  # (micro-batch, rank, marker file): a forward that never returns, once
 
 
@@ -94,7 +98,7 @@ class Reads(Dataset):
 
 
 def build_dataset(args):
-    global _bwd_fail, _hang, _fail, _oom, _step_s, _record, _fragile, _builds, _busy_s
+    global _bwd_fail, _hang, _fail, _oom, _oom_call, _step_s, _record, _fragile, _builds, _busy_s
     _builds += 1
     if args.get("ctrl_c_in_del") == _builds:
         _CtrlCOnDelete()  # dropped at once: SIGINT raised inside __del__
@@ -106,6 +110,7 @@ def build_dataset(args):
     for log in (FORWARDS, READS, STEP_ENDS, READY, COLLATED):
         log.clear()
     _oom = (args["oom_at_micro"], args.get("oom_rank", 1)) if "oom_at_micro" in args else None
+    _oom_call = (args["oom_at_forward"], args.get("oom_rank", 1)) if "oom_at_forward" in args else None
     _bwd_fail = (args["backward_fail_at_micro"], args.get("backward_fail_rank", 1)) \
         if "backward_fail_at_micro" in args else None
     _hang = (args["hang_at_micro"], args.get("hang_rank", 1), args["hang_marker"]) if "hang_at_micro" in args else None
@@ -133,6 +138,9 @@ def compute_loss(model, batch):
     x, y = batch[0], batch[1]
     if _record:
         READY.append(float(batch[2].max()))
+    if _oom_call is not None and len(FORWARDS) == _oom_call[0] and _rank() == _oom_call[1]:
+        raise torch.OutOfMemoryError(f"CUDA out of memory on rank {_rank()} (forward {len(FORWARDS)}, "
+                                     "raised by the test task)")
     if _oom is not None and x.shape[0] >= _oom[0]:
         rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         if rank == _oom[1]:

@@ -109,7 +109,8 @@ def test_measure_command_prints_json_with_design_names(toy):
     assert out["recipe"] == "toy"  # the recipe's name, whatever the metrics are called
     assert len(out["repeats"]) == 2 and out["failures"] == 0
     assert set(out["environment"]) == {"torch", "cuda", "deepspeed", "python", "device", "device_count",
-                                       "world_size", "cpu_count", "hostname", "host_matmul_tflops"}
+                                       "world_size", "cpu_count", "hostname", "host_matmul_tflops",
+                                       "nccl", "driver", "cuda_driver", "gpus", "settings"}
 
 
 def test_measure_command_prints_a_table_and_notes(toy):
@@ -243,3 +244,19 @@ def test_a_short_trial_counts_what_its_loader_workers_hold(tmp_path):
 
     small, large = peak(1, "small"), peak(128, "large")
     assert 0.2 < large - small < 0.3, (small, large)
+
+
+@pytest.mark.slow
+def test_ranks_agree_once_a_step_and_a_rank_failing_mid_accumulation_stops_them_all(toy):
+    """DDP with accumulation runs no collective before the last micro-batch's backward, so the
+    ranks agree on failures once a step, at its last forward, not every micro-batch (a host
+    barrier the job does not have). Rank 1 running out of memory in the second micro-batch of
+    a step agrees at once; rank 0 meets it at the step's last forward: the trial is recorded
+    as out of memory on both, and nobody hangs."""
+    from conftest import torchrun
+
+    recipe = toy(task_args={"oom_at_forward": 6, "oom_rank": 1}, steps={"warmup": 1, "measure": 4})
+    proc = torchrun(2, "-m", "tuner.measure", str(recipe), "--set", "micro_batch_size=2", "--json", timeout=180)
+    out = json.loads(proc.stdout)
+    assert out["state"] == "oom" and "rank 1 (forward 6" in out["reason"], out
+    assert out["params"]["grad_accum_steps"] == 4

@@ -166,7 +166,12 @@ class Job:
 
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
         """Forward on every rank, then agree: if one rank failed, all stop here, before
-        any of them waits in the backward's collectives for a rank that will never come."""
+        any of them waits in the backward's collectives for a rank that will never come.
+
+        Where the engine runs no collective before the last micro-batch's backward
+        (:attr:`~tuner.trial.engines.base.Engine.quiet_until_last`), the ranks agree once a
+        step, at the last micro-batch's forward; a rank that fails earlier agrees at once
+        and the others meet it there (one agreement each: the collectives pair up)."""
         loss, failure = None, None
         try:
             if self.graph_shapes is not None:
@@ -175,6 +180,9 @@ class Job:
                 loss = self.engine.forward(batch, last)
         except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as TrialStop
             failure = classify(exc)
+        if failure is None and not last and self.engine.quiet_until_last:
+            assert loss is not None  # nothing collective before the last micro-batch: agreed there
+            return loss
         start = time.perf_counter()
         with self.timer.own():
             agreed = distributed.agree(failure)

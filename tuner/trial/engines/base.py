@@ -46,6 +46,10 @@ class Engine(ABC):
     FSDP2), in order."""
     notes: list[str]
     """What a trial should say about how the engine was built (the blocks it used)."""
+    quiet_until_last = False
+    """No collective runs before the last micro-batch's backward (DDP with its sync off, no
+    buffers to broadcast, no layout): ranks then agree on failures once a step, at the last
+    micro-batch's forward, instead of every micro-batch (a host barrier the job does not have)."""
 
     def __init__(self, config: "Config", device: torch.device) -> None:
         self.config = config

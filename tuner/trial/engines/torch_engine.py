@@ -59,6 +59,9 @@ class TorchEngine(OwnLoopEngine):
         self.recompute, self.notes, self.after_step = prepared.recompute, prepared.notes, prepared.after_step
         self.loss_parallel, self.pipeline = prepared.loss_parallel, pipeline
         self._timed = False
+        layout = prepared.layout
+        self.quiet_until_last = (self.ddp and pipeline is None and layout.tp == 1 and layout.pp == 1
+                                 and not (self.model.broadcast_buffers and any(True for _ in self.model.buffers())))
 
     # --- a step ---------------------------------------------------------------------------
 
