@@ -78,3 +78,25 @@ def test_the_device_budget_is_the_free_memory_plus_what_this_process_holds():
     with mock.patch.object(torch, "cuda", cuda), mock.patch.dict("sys.modules", {"pynvml": nvml}):
         assert room(torch.device("cuda", 0)) == 60 * 2**30 + 3 * 2**30
     cuda.mem_get_info.assert_called_once_with(torch.device("cuda", 0))
+
+
+def test_a_one_process_search_claims_no_gpu_before_a_trial_needs_it(monkeypatch):
+    """``torch.cuda.set_device`` opens a CUDA context (CUDA 12): a script-mode search, which
+    trains nothing in its own process, held ~0.5 GiB of GPU 0 for its whole run. One process
+    keeps the default device without the call; under torchrun each rank still claims its own."""
+    from tuner.harness import distributed
+
+    cuda, _ = _gpu()
+    cuda.device_count.return_value = 8
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    with mock.patch.object(torch, "cuda", cuda):
+        ctx = distributed.context()
+    assert ctx.device == torch.device("cuda", 0) and ctx.world_size == 1
+    cuda.set_device.assert_not_called()
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(distributed, "ensure_process_group", lambda device: None)
+    with mock.patch.object(torch, "cuda", cuda):
+        ctx = distributed.context()
+    cuda.set_device.assert_called_once_with(torch.device("cuda", 3))

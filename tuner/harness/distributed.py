@@ -40,7 +40,9 @@ def context() -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+        if world > 1:  # each rank on its GPU; one process keeps the default device, and this
+            torch.cuda.set_device(device)  # call would open a CUDA context (CUDA 12) in a search
+            # that may never train here (script mode: ~0.5 GiB of GPU 0 for nothing)
     else:
         device = torch.device("cpu")
     if world > 1:
