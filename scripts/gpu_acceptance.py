@@ -142,6 +142,12 @@ def failed(check: str, why: str) -> Row:
     return {"check": check, "measured": None, "truth": None, "threshold": "runs", "pass": False, "note": why}
 
 
+def not_here(check: str, why: str) -> Row:
+    """A row this machine cannot run (``pass`` is ``None``: neither passed nor failed; the
+    table says ``n/a`` and why, the exit status counts only the rows that ran)."""
+    return {"check": check, "measured": None, "truth": None, "threshold": "runs", "pass": None, "note": why}
+
+
 # --- checks: groups, needs, and what a run selects -----------------------------------------
 
 @dataclass(frozen=True)
@@ -249,8 +255,9 @@ def show_row(r: Row) -> str:
     def fmt(v: Any) -> str:
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
+    verdict = "n/a" if r["pass"] is None else "pass" if r["pass"] else "FAIL"
     return (f"| {r['check']} | {fmt(r['measured'])} | {fmt(r['truth'])} | {r['threshold']} | "
-            f"{'pass' if r['pass'] else 'FAIL'}{' - ' + r['note'] if r['note'] else ''} |")
+            f"{verdict}{' - ' + r['note'] if r['note'] else ''} |")
 
 
 HEADER = "| check | measured | truth | threshold | pass |\n|---|---|---|---|---|"
@@ -321,8 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_acceptance_") as tmp:
         rows = run_checks(chosen, gpu_checks.Lab(Path(tmp)), Path(args.out), deps, meta,
                           lambda line: print(line, flush=True))
-    print(f"\n{sum(r['pass'] for r in rows)}/{len(rows)} passed on {meta['device']}; wrote {args.out}")
-    return 0 if rows and all(r["pass"] for r in rows) else 1
+    ran = [r for r in rows if r["pass"] is not None]
+    print(f"\n{sum(bool(r['pass']) for r in ran)}/{len(ran)} passed on {meta['device']} "
+          f"({len(rows) - len(ran)} not runnable here); wrote {args.out}")
+    return 0 if ran and all(r["pass"] for r in ran) else 1
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 import gpu_task
-from gpu_acceptance import ROOT, Check, Row, failed, judge
+from gpu_acceptance import ROOT, Check, Row, failed, judge, not_here
 
 TASK = Path(gpu_task.__file__).resolve()
 GIB = 2**30
@@ -518,18 +518,33 @@ def search(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 
 
 def two_ranks(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """Two ranks: DDP over gloo on one GPU (gloo all-reduces CUDA tensors); ZeRO-2 and a failed
+    sharded trial need a reduce-scatter and all-gathers on CUDA tensors, which gloo lacks, so
+    they run over NCCL on two GPUs and say so on one."""
     rows = []
+    two = torch.cuda.device_count() >= 2
     for label, knobs in (("DDP", []), ("ZeRO-2", ["--set", "zero_stage=2"])):
+        if label != "DDP" and not two:
+            rows.append(not_here(f"two ranks, {label}: trains", "needs two GPUs (gloo has no reduce-scatter for "
+                                                                "CUDA tensors; NCCL refuses two ranks on one GPU)"))
+            continue
         recipe = lab.recipe(f"ranks_{label}", measure=10)
-        proc = torchrun("-m", "tuner.measure", str(recipe), *knobs, "--json")
+        nccl = {"TUNER_DIST_BACKEND": ""} if label != "DDP" else None  # one GPU a rank, NCCL's backend
+        proc = torchrun("-m", "tuner.measure", str(recipe), *knobs, "--json", env=nccl)
         try:
             m = json.loads(proc.stdout)
         except json.JSONDecodeError:
             m = {}
-        rows.append(judge(f"two ranks on one GPU over gloo, {label}: trains", "equal", m.get("state"), "ok",
+        where = "on one GPU over gloo" if label == "DDP" else "on two GPUs over NCCL"
+        rows.append(judge(f"two ranks {where}, {label}: trains", "equal", m.get("state"), "ok",
                           proc.stderr[-100:] if proc.returncode else ""))
+    if not two:
+        rows.append(not_here("a failed sharded trial on two ranks: recorded, the ranks exit 75 for a re-run",
+                             "needs two GPUs (ZeRO-2's collectives on CUDA tensors)"))
+        return rows
     recipe = lab.recipe("ranks_fail", {"fail": "rank1"}, measure=5, space={"zero_stage": [2]})
-    proc = torchrun("-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet")
+    proc = torchrun("-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet",
+                    env={"TUNER_DIST_BACKEND": ""})
     said = [line for line in proc.stderr.splitlines() if "re-run the same command to resume" in line]
     ranks_75 = proc.stderr.count("exitcode  : 75")  # torchrun's own summary (it exits 1 itself)
     rows.append(judge("a failed sharded trial on two ranks: recorded, the ranks exit 75 for a re-run", "true",

@@ -185,3 +185,11 @@ def test_the_acceptance_parts_hold_every_check_once_most_likely_faults_first_and
         for name, limit, checks in groups:
             chosen = gpu_acceptance.select(gpu_checks.CHECKS, None, checks)
             assert sum(c.seconds for c in chosen) <= limit, (part, name)
+
+
+def test_a_row_this_machine_cannot_run_is_neither_a_pass_nor_a_fail(capsys):
+    """Two ranks of ZeRO-2 on one GPU: gloo has no reduce-scatter for CUDA tensors and NCCL
+    refuses two ranks on one device, so the row says it needs two GPUs; the exit status
+    counts the rows that ran."""
+    row = gpu_acceptance.not_here("two ranks, ZeRO-2: trains", "needs two GPUs")
+    assert row["pass"] is None and "n/a - needs two GPUs" in gpu_acceptance.show_row(row)
