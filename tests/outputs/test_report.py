@@ -3,6 +3,7 @@ rendered by a real headless Chromium (installed by .ci/run from Debian's package
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ def searched(tmp_path_factory):
     recipe = toy_recipe(folder, task_args={"read_ms": 0.5, "oom_at_micro": 16, "oom_rank": 0},
                         steps={"warmup": 2, "measure": 15}, budget={"trials": 6, "memory_gib": 8},
                         space={"num_workers": [0, 1, 2, 4], "micro_batch_size": [8, 16]},
-                        baseline={"num_workers": 0, "micro_batch_size": 8})
+                        baseline={"num_workers": 0, "micro_batch_size": 8}, price={"gpu_hour": 2.4})
     result = tuner.search(recipe, out=folder / "run", confirm=1, quiet=True)
     assert result is not None
     return folder / "run"
@@ -40,6 +41,10 @@ def test_search_writes_a_report_a_user_can_read(searched):
     assert re.search(r"\*\*\d+\.\d\dx\*\* the baseline's throughput", md)
     assert "baseline: data-bound" in md  # the slow loader with no workers
     assert "| oom |" in md  # the failing micro-batch is listed with its state
+    best = json.loads((searched / "best.json").read_text())
+    cost = best["price"]["best"]["samples"]  # 2.40 an hour, one device: 1e6 samples at the best's rate
+    assert cost == pytest.approx(2.4 / 3600 / best["metrics"]["samples_per_s"] * 1e6)
+    assert "| cost of a million samples (at 2.4 a device-hour, 1 device(s)) | " in md
     page = (searched / "report.html").read_text()
     assert page.count("<svg") >= 4  # history, memory, prediction, breakdown (+ importance with enough trials)
     assert "Peak memory: predicted before each trial vs measured" in page

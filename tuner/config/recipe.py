@@ -75,6 +75,13 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Price:
+    gpu_hour: float | None = None
+    """What one device costs an hour (a GPU; on a CPU host, the host): gives the cost of a
+    million samples (tokens) beside each configuration."""
+
+
+@dataclass(frozen=True)
 class Precision:
     tolerance: float = 0.05
     """Largest relative gap allowed between a bf16/fp16 configuration's loss and the fp32
@@ -97,6 +104,7 @@ class Recipe:
     budget: Budget = Budget()
     target: Target = Target()
     precision: Precision = Precision()
+    price: Price = Price()
     baseline: dict[str, Any] = field(default_factory=dict)
     space: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     engine: EngineName = "auto"
@@ -170,7 +178,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 # --- validation ---------------------------------------------------------------------------
 
 _TOP_KEYS = (
-    "name", "task", "task_args", "global_batch_size", "steps", "budget", "target",
+    "name", "task", "task_args", "global_batch_size", "steps", "budget", "target", "price",
     "baseline", "space", "engine", "seed", "tolerance", "out", "storage", "precision", "track", *SCRIPT_KEYS,
 )
 
@@ -203,6 +211,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     budget = Budget(**budget_fields)
     target = Target(**_section(raw.get("target"), "target", Target, lambda v, w: _number(v, w)))
     precision = Precision(**_section(raw.get("precision"), "precision", Precision, lambda v, w: _number(v, w)))
+    price = Price(**_section(raw.get("price"), "price", Price, lambda v, w: _number(v, w)))
 
     task_args = raw.get("task_args") or {}
     if not isinstance(task_args, dict):
@@ -243,6 +252,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     return Recipe(
         name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
         world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target, precision=precision,
+        price=price,
         baseline=baseline, space=space, engine=engine, seed=seed, tolerance=tolerance, out=out_path, storage=storage,
         knob_overrides=overrides, script=script, track=parse_track(raw.get("track")),
     )

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tuner.analysis.cost import per_million
 from tuner.config.space import KNOBS
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
@@ -162,6 +163,12 @@ def _comparison_table(r: SearchResult) -> list[str]:
         out.append(f"| {label} | {before} | {after} |")
     if best.get("energy_j_per_sample") or base.get("energy_j_per_sample"):  # samples/s per watt = samples per joule
         out.append(f"| samples/s per watt | {_fmt(_per_joule(base), ',.3g')} | {_fmt(_per_joule(best), ',.3g')} |")
+    if r.price:
+        costs = [per_million(m, r.price, r.world_size) for m in (base, best)]
+        for unit in ("samples", "tokens"):
+            if any(c[unit] is not None for c in costs):
+                out.append(f"| cost of a million {unit} (at {r.price:g} a device-hour, {r.world_size} device(s)) | "
+                           f"{_fmt(costs[0][unit], ',.4g')} | {_fmt(costs[1][unit], ',.4g')} |")
     out.append(f"| failed runs | {r.baseline.get('failures', 0)} | {r.best.get('failures', 0)} |")
     out.append(f"| knobs | {_knobs(r.baseline.get('params') or {})} | {_knobs(r.best.get('params') or {})} |")
     return out

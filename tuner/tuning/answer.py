@@ -97,6 +97,6 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         world_size=r.world_size, pruned=d.pruned, pruning_saved_s=d.saved_s,
         wall_s=time.monotonic() - d.started, study=d.study,
         memory_prediction=d.memory.error(memory.SETTLED_AFTER) if d.memory is not None else None,
-        decision=decision.to_json() if decision is not None else None, broken=d.broken,
+        decision=decision.to_json() if decision is not None else None, broken=d.broken, price=r.price.gpu_hour,
         noise=dict(zip(("ss", "dof"), pool.spread())),
     )

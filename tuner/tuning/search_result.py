@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.attribution import Attribution
+from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import Verdict
 from tuner.config.space import KNOBS
 from tuner.runner import launch_words
@@ -63,6 +64,8 @@ class SearchResult:
     """How noisy one run is here: ``{"ss", "dof"}``, the pooled spread of the log-rates of every
     configuration measured more than once (:func:`tuner.stats.interval.spread`), so that
     ``tuner compare`` judges two runs' difference against both runs' noise."""
+    price: float | None = None
+    """The recipe's price of a device-hour (``price.gpu_hour``), for the cost per million samples."""
     study: "Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -98,6 +101,10 @@ class SearchResult:
             "wall_s": self.wall_s,
             "memory_prediction": self.memory_prediction,
             "decision": self.decision,
+            "price": None if self.price is None else {
+                "gpu_hour": self.price,
+                "best": per_million(self.best.get("metrics"), self.price, self.world_size),
+                "baseline": per_million(self.baseline.get("metrics"), self.price, self.world_size)},
         }
 
     @classmethod
@@ -127,6 +134,7 @@ class SearchResult:
             pruned=int((data.get("pruning") or {}).get("trials") or 0),
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
             memory_prediction=data.get("memory_prediction"), decision=data.get("decision"), noise=data.get("noise"),
+            price=(data.get("price") or {}).get("gpu_hour"),
         )
 
 
