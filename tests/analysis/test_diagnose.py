@@ -110,3 +110,16 @@ def test_verdicts_are_ordered_and_explained():
     assert all(v.evidence and v.next_step for v in verdicts)
     assert headline([]).startswith("no clear bottleneck")
     assert set(THRESHOLDS) >= {"data_wait_share", "comm_share", "unstable_tail"}
+
+
+def test_an_unmeasured_data_wait_is_never_a_zero_in_a_verdict():
+    """nanoGPT under a plain python launch has no DataLoader: its data wait is unknown. The
+    report said "compute-bound: 102 samples/s with 0% data wait" beside a table showing "-".
+    Without a ceiling no compute-bound claim rests on the unknown wait; with a replayed
+    ceiling at the rate it is made, and says the wait was not measured."""
+    metrics = {"samples_per_s": 102.0, "data_wait_share": None, "comm_share": 0.0, "step_time_p50_s": 0.3,
+               "step_time_p99_s": 0.31, "achieved_tflops": 0.05}
+    assert "compute-bound" not in kinds(diagnose(metrics, host_matmul_tflops=0.2))
+    replayed = {**metrics, "stall_free_samples_per_s": 103.0, "stall_free_method": "replayed"}
+    verdict = next(v for v in diagnose(replayed, host_matmul_tflops=0.2) if v.kind == "compute-bound")
+    assert "data wait not measured" in verdict.evidence and "0% data wait" not in verdict.evidence

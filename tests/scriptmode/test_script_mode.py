@@ -210,11 +210,17 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "5", "--quiet"])
     assert proc.returncode == 1, proc.stderr[-2000:]
     said = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(said) == 1 and "the baseline failed, so every trial would" in said[0], proc.stderr[-2000:]
-    assert "ProcessGroupNCCL is only supported with GPUs" in said[0] and "output.log" in said[0]
+    assert len(said) == 1 and proc.stderr.strip() == said[0], proc.stderr[-2000:]  # --quiet: that line alone
+    # the script's own error first, in one line of at most 200 characters, then where its output is
+    assert said[0].startswith("error: RuntimeError: ProcessGroupNCCL is only supported with GPUs"), said[0]
+    assert len(said[0]) <= 200 and said[0].endswith("output.log)"), said[0]
     assert "Traceback" not in proc.stderr.replace(said[0], "")
     with (tmp_path / "run" / "trials.csv").open() as f:
-        assert [r["state"] for r in csv.DictReader(f)] == ["error"]
+        rows = list(csv.DictReader(f))
+    assert [r["state"] for r in rows] == ["error"]
+    # the whole story stays in the record: the script's own traceback, not a launcher's banner
+    assert "its traceback: Traceback (most recent call last):" in rows[0]["reason"]
+    assert 'train.py", line 1' in rows[0]["reason"] and "error_file" not in rows[0]["reason"]
     assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"
 
 

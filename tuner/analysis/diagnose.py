@@ -206,7 +206,8 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     # The step itself is the time: little data wait (the stall-free ceiling, timed in a
     # separate short run, is noisier than the share), and nothing else explains it.
     t, ceiling = THRESHOLDS, f.ceiling
-    near_ceiling = f.wait <= t["data_wait_share"] or (
+    waited = f.get("data_wait_share")  # None: not measured (no loader the probe saw), never read as 0
+    near_ceiling = (waited is not None and waited <= t["data_wait_share"]) or (
         f.gap is not None and ceiling is not None and f.rate >= t["compute_near_ceiling"] * ceiling)
     if not f.rate or not near_ceiling or any(
             v.kind in ("data-bound", "communication-bound", "pipeline-bound", "host-bound") for v in found):
@@ -217,7 +218,8 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     where = f", {f.rate / ceiling:.0%} of the stall-free ceiling" if ceiling else ""
     return Verdict(
         "compute-bound", f.busy_share,
-        f"{f.rate:,.0f} samples/s with {f.wait:.0%} data wait{where}{util}",
+        f"{f.rate:,.0f} samples/s with "
+        + (f"{waited:.0%} data wait" if waited is not None else "data wait not measured") + f"{where}{util}",
         "the data pipeline is not the limit; what makes the step itself faster: "
         + (remedies("compute-bound", f.params, f.device) or "a faster device (every lever here is already set)"),
     )

@@ -220,33 +220,45 @@ def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subp
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
 
 
-_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
+_ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 
 
-def _error_line(log: Path) -> str | None:
-    """The script's own exception (the last one a rank printed), not torchrun's summary."""
+def _error_block(log: Path) -> tuple[str | None, str]:
+    """The script's own exception (the last one a rank printed, not torchrun's summary) and
+    its traceback: the lines from the ``Traceback`` header before it to it, each rank's prefix
+    taken off (the launcher's failure banner after it is not the script's)."""
     try:
-        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = [_RANK_PREFIX.sub("", line.strip())
+                 for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
     except OSError:
-        return None
-    found = [m.group(1) for line in lines if (m := _ERROR_LINE.match(line.strip()))
+        return None, ""
+    found = [i for i, line in enumerate(lines) if _ERROR_LINE.match(line)
              and "ChildFailedError" not in line and "elastic" not in line]
-    return found[-1][:500] if found else None
+    if not found:
+        return None, ""
+    end = found[-1]
+    start = next((i for i in range(end, -1, -1) if lines[i].startswith("Traceback (most recent call last)")), end)
+    block = " | ".join(line for line in lines[start:end + 1] if line)
+    return lines[end][:500], block[-TAIL_CHARS:]
 
 
 def _exited(code: int, log: Path) -> tuple[str, str]:
-    tail = _tail(log)
-    error = _error_line(log)
+    """The trial's state and reason when the script exited without reporting: its own
+    exception first (the stop line reads the reason's head), then its traceback, then where
+    the whole output is."""
+    error, block = _error_block(log)
+    where = f"whole output: {log}"
     if error is not None:
-        tail = f"{error}; output ends: {tail[-600:]}"
+        said = f"{error} (the script exited with status {code} before reporting; {where}); its traceback: {block}"
     else:
-        tail = f"output ends: {tail}"
-    if "out of memory" in tail.lower():
-        return State.OOM, f"out of memory (exit status {code}): {tail}"
+        said = f"the script exited with status {code} before reporting ({where}); output ends: {_tail(log)}"
+    if "out of memory" in said.lower():
+        return State.OOM, f"out of memory: {said}"
     if code == 0:
         return State.ERROR, ("the script finished without reporting: does it use tuner.Probe (probe.loader and "
-                       f"probe.step) for at least warm-up + measure steps? {tail}")
-    return State.ERROR, f"the script exited with status {code} before reporting: {tail}"
+                             f"probe.step) for at least warm-up + measure steps? ({where}); output ends: {_tail(log)}")
+    return State.ERROR, said
 
 
 def _tail(log: Path) -> str:

@@ -8,37 +8,64 @@ are about the configuration), or a first few trials that fail alike, stop the se
 
 from __future__ import annotations
 
+import os
+import re
 from typing import TYPE_CHECKING, Sequence
 
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
-    from tuner.runner import Runner
     from tuner.study.record import Record
 
 BROKEN_AFTER = 3
 """The first trials that, all failing with one error, stop the search as ``broken``."""
 
 
+STOP_CHARS = 200
+"""The longest stop line: the script's own error first, then where its whole output is."""
+
+
 def signature(reason: str | None) -> str:
     """A failure's reason without its details (the output's tail, a trial's own paths)."""
-    return (reason or "").split("; output ends")[0].split(" at /")[0]
+    text = (reason or "").split("; output ends")[0].split("; its traceback")[0]
+    return re.sub(r"\(the script exited[^)]*\)|\(whole output: [^)]*\)|whole output: \S+", "", text).split(" at /")[0]
 
 
-def why_broken(ran: Sequence["Record"], runner: "Runner | None" = None) -> str | None:
+def headline(reason: str | None, why: str) -> str:
+    """One line of at most :data:`STOP_CHARS` (with ``stopped: ``): the failure's own words (a
+    script's exception line) first, then where its whole output is, then ``why`` where it fits."""
+    text = reason or "no reason recorded"
+    found = re.search(r"whole output: (\S+?)[);]", text + ";")
+    own = text.split(" (the script exited")[0].split("; output ends")[0].split("; its traceback")[0]
+    where = f"whole output: {_short(found.group(1))}" if found else ""
+    room = STOP_CHARS - len("stopped: ")
+    for tail in (f" ({why}; {where})" if where else f" ({why})", f" ({where})" if where else ""):
+        if len(own) + len(tail) <= room:
+            return own + tail
+    return own[:max(0, room - len(tail) - 3)] + "..." + tail
+
+
+def _short(path: str) -> str:
+    """``path`` from the current folder where it lies under it (a stop line has 200 characters)."""
+    try:
+        return os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
+    except ValueError:
+        return path
+
+
+def why_broken(ran: Sequence["Record"]) -> str | None:
     """Why no further trial can tell anything, from the trials measured so far (in order),
-    or ``None``; it says where the ``runner`` keeps each trial's own output, if anywhere."""
+    or ``None``: one line, the failure's own words first (:func:`headline`); its whole reason
+    stays in trials.csv and the study."""
     errors = [t for t in ran if t.outcome == State.ERROR]
     if not errors:
         return None
-    logs = runner.logs if runner is not None else None
-    where = f"; each trial's whole output is in {logs}/NNN/output.log" if logs is not None else ""
     baseline = next((t for t in ran if t.baseline), None)
     if baseline is not None and baseline.outcome == State.ERROR:
-        return f"the baseline failed, so every trial would: {baseline.get('reason')}{where}"
+        return headline(baseline.get("reason"), "the baseline failed, so every trial would")
     first = signature(errors[0].get("reason"))
     if len(ran) >= BROKEN_AFTER and all(t.outcome == State.ERROR
                                         and signature(t.get("reason")) == first
                                         for t in ran[:BROKEN_AFTER]):
-        return f"the first {BROKEN_AFTER} trials failed alike: {errors[0].get('reason')}{where}"
+        return headline(errors[0].get("reason"), f"the first {BROKEN_AFTER} trials failed alike")
     return None

@@ -136,7 +136,7 @@ class Decider:
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
             stop, said = "exhausted", f"exhausted: all {len(self.points)} configurations of the space are measured"
             self._once(said)  # asked again after the other workers' trials
-        if stop is None and (broken := why_broken(study_mod.measured(self.study), self.runner)):
+        if stop is None and (broken := why_broken(study_mod.measured(self.study))):
             self.broken = broken
             self.events.note(f"stopped: {broken}")
             return {"stop": "broken"}
