@@ -123,3 +123,17 @@ def test_an_unmeasured_data_wait_is_never_a_zero_in_a_verdict():
     replayed = {**metrics, "stall_free_samples_per_s": 103.0, "stall_free_method": "replayed"}
     verdict = next(v for v in diagnose(replayed, host_matmul_tflops=0.2) if v.kind == "compute-bound")
     assert "data wait not measured" in verdict.evidence and "0% data wait" not in verdict.evidence
+
+
+def test_a_larger_micro_batch_is_advised_only_where_accumulation_is_left_to_trade():
+    """The DeepSpeed job at micro-batch 128 of a global 256 on 2 ranks (one accumulation
+    step) was told to "try a larger micro-batch": at a fixed global batch there is none."""
+    metrics = {"samples_per_s": 5000.0, "data_wait_share": 0.0, "comm_share": 0.31, "step_time_p50_s": 0.05,
+               "step_time_p99_s": 0.06}
+    whole = next(v for v in diagnose(metrics, {"micro_batch_size": 128, "grad_accum_steps": 1, "zero_stage": 0})
+                 if v.kind == "communication-bound")
+    assert "micro-batch" not in whole.next_step and "micro_batch_size" not in whole.next_step, whole.next_step
+    assert "larger buckets" in whole.next_step
+    split = next(v for v in diagnose(metrics, {"micro_batch_size": 32, "grad_accum_steps": 4, "zero_stage": 0})
+                 if v.kind == "communication-bound")
+    assert split.next_step.startswith("try a larger micro-batch with fewer accumulation steps")

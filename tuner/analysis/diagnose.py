@@ -130,13 +130,15 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         return None
     zero = f.params.get("zero_stage")
     more = remedies("communication-bound", f.params, f.device, said=("micro_batch_size",))
+    first = [("a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
+              if can_grow_micro(f.params) else ""), "a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "",
+             more]
+    tried = ", ".join(w for w in first if w)
     return Verdict(
         "communication-bound", comm,
         f"collectives not hidden behind compute take {comm:.0%} of the step",
-        "try a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
-        + (", a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "")
-        + (f", {more}" if more else "")
-        + "; larger buckets (ddp_bucket_cap_mb; DeepSpeed's reduce_bucket_size) and overlap_comm hide more of it"
+        (f"try {tried}; " if tried else "")
+        + "larger buckets (ddp_bucket_cap_mb; DeepSpeed's reduce_bucket_size) and overlap_comm hide more of it"
         + "; on GPUs, check the interconnect (NCCL_DEBUG=INFO) and bucket sizes",
     )
 
@@ -186,8 +188,8 @@ def _host_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         return Verdict(
             "host-bound", f.busy_share,
             f"the main process uses {cpu:.1f} cores while the GPU runs kernels only {gpu:.0%} of the time",
-            "the host cannot launch work fast enough: a larger micro-batch, CUDA graphs or "
-            "torch.compile, fewer Python-side operations per step",
+            "the host cannot launch work fast enough: " + ("a larger micro-batch, " if can_grow_micro(f.params) else "")
+            + "CUDA graphs or torch.compile, fewer Python-side operations per step",
         )
     tflops, yardstick = f.get("achieved_tflops"), f.host_matmul_tflops
     if not yardstick or tflops is None or tflops / yardstick >= t["host_flop_efficiency"]:
@@ -197,8 +199,8 @@ def _host_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         f"the cores are busy ({cpu:.1f} in use) but the step does {1000 * tflops:.3g} "
         f"GFLOP/s, {tflops / yardstick:.1%} of what they reach on a large matmul "
         f"({1000 * yardstick:.0f} GFLOP/s): per-operation overhead, not arithmetic, sets the pace",
-        "a larger micro-batch (bigger operations, fewer per sample), or fewer, fused operations "
-        "(torch.compile)",
+        ("a larger micro-batch (bigger operations, fewer per sample), or fewer, " if can_grow_micro(f.params)
+         else "fewer, ") + "fused operations (torch.compile)",
     )
 
 
@@ -228,6 +230,13 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
 CPU_ONLY = Machine(cuda=False, bf16=True, fp16=False, cudnn=False)
 
 
+def can_grow_micro(params: Mapping[str, Any]) -> bool:
+    """Whether a larger micro-batch is advice this job can take: at a fixed global batch it
+    needs accumulation steps to give up (one step already: the micro-batch is the rank's whole
+    share; a larger one was advised where micro-batch 32 was the global batch of 32)."""
+    return params.get("grad_accum_steps", 2) > 1
+
+
 def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str, ...] = ()) -> str:
     """The levers a verdict points at (their ``suggest``, in its order), less those the
     configuration already follows or that it does not use (``compile_mode`` without
@@ -242,6 +251,8 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
         already, words = lever.suggest
         if knobs[name] in already or (lever.needs is not None and not lever.needs(knobs, 1)):
             continue
+        if lever.group == "batch" and lever.ordered and not can_grow_micro(params):
+            continue  # no accumulation left to trade for a larger micro-batch
         if device != "cuda" and already:
             refused = {r[0] for r in lever.refused(CPU_ONLY)}
             runs = [v for v in already if v not in refused]
