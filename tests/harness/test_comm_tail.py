@@ -41,3 +41,15 @@ def test_a_tail_left_before_its_end_is_closed():
     assert tail.step() is False
     tail.close()
     assert tail.step() is True and tail.share is None
+
+
+def test_the_tuners_own_loops_do_not_profile_a_tail():
+    """The in-process trial profiles its own steps after the window (run.py) and the
+    stall-free replay needs none: a probe tail there would add 6 profiled steps to every
+    multi-GPU trial, twice."""
+    import inspect
+
+    from tuner.trial import after_window, loop
+
+    for module in (loop, after_window):
+        assert "comm_profile=False" in inspect.getsource(module), module.__name__

@@ -49,7 +49,8 @@ def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
     if not distributed.any_rank(waited):
         return [max(step - wait, 0.0) for step, wait in zip(window.step_times, window.data_waits)], WINDOW_MINUS_WAITS
     n = min(job.measured_steps, STALL_FREE_STEPS)
-    probe = ProbeCore(1, n, job.ctx.device, collectives=False, monitors=False, energy_counter=False)
+    probe = ProbeCore(1, n, job.ctx.device, collectives=False, monitors=False, energy_counter=False,
+                      comm_profile=False)
     batches = probe.loader(itertools.repeat(job.last_batch))
     while not probe.done:
         job.extra_step(batches)

@@ -94,7 +94,7 @@ class Job:
         self.compiled_before = compile_seconds() if config.compile else None
         warmup = warmup_steps(steps.warmup, config)
         probe = ProbeCore(warmup, steps.measure, self.ctx.device, comm=self.timer, collectives=False,
-                          nvtx=self.instruments.nvtx, monitors=False)
+                          nvtx=self.instruments.nvtx, monitors=False, comm_profile=False)  # run.py profiles its own
         nvtx = probe.nvtx
         self.batches = cycle(self.loader)
         batches = probe.loader(self.batches, transfer=self._transfer())
