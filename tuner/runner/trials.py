@@ -37,8 +37,6 @@ class Runner(ABC):
     curves: bool
     """The trial records its loss at every step, from the recipe's seed: the precision guard's
     input (a script's loss is its own business)."""
-    logs: Path | None = None
-    """Where each trial's own output is kept (``NNN/output.log`` under it), if anywhere."""
     on_hang: Callable[[str], None] | None = None
     """Rank 0 records the trial in flight ``hung`` with it before a hung process ends."""
 
@@ -87,7 +85,6 @@ class Scripted(Runner):
         from tuner.scriptmode.launcher import ScriptTrials
 
         self.trials = ScriptTrials(recipe, out)
-        self.logs = out / "trials"
 
     def run(self, config: "Config", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":

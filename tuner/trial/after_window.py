@@ -64,20 +64,18 @@ def profiled_comm_share(job: "Job") -> float | None:
     step of warm-up, then :data:`~tuner.harness.comm_tail.STEPS`; events read in memory).
     ``None`` when the profiler cannot run (CUPTI missing) or saw no kernel."""
     batches = itertools.repeat(job.last_batch)
+    tail = comm_tail.CommTail(job.ctx.device)
     try:
-        prof = comm_tail.profiler("cuda")
-        try:
-            for _ in range(1 + comm_tail.STEPS):
-                job.extra_step(batches)
-                prof.step()
-            torch.cuda.synchronize(job.ctx.device)
-        finally:
-            prof.__exit__(None, None, None)
-        return comm_tail.share_of(prof, "cuda")
+        job.extra_step(batches)
+        while not tail.step():
+            job.extra_step(batches)
     except TrialStop:
         raise
-    except Exception:  # noqa: BLE001 - no CUPTI, profiler already running: no signal
+    except Exception:  # noqa: BLE001 - a step that failed under the profiler: no signal
         return None
+    finally:
+        tail.close()
+    return tail.share
 
 
 def count_task_flops(job: "Job") -> None:
