@@ -197,7 +197,7 @@ def check_main(argv: Sequence[str] | None = None) -> int:
                              "as a fraction (default 0.05)")
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=None,
                         help="the most interleaved rounds (each side once); it stops as soon as the interval "
-                             "settles the gate (default 20 with --rev, 10 with --against)")
+                             "decides the gate (default 20 with --rev, 10 with --against)")
     parser.add_argument("--nproc-per-node", type=int, default=1,
                         help="with --rev: ranks each measurement of a task recipe runs on (torchrun)")
     parser.add_argument("--absolute", action="store_true",
