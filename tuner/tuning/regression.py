@@ -91,7 +91,8 @@ def rev_rounds(measure: Side, tolerance: float, rounds: int, commit: str = "", n
             rates[side].append(got[side])
         if on_round is not None:
             on_round(done + 1, got["rev"], got["work"])
-        if done >= 1 and decision.judge(paired(log_ratios(rates["rev"], rates["work"])), tolerance) != decision.UNDECIDED:
+        gated = paired(log_ratios(rates["rev"], rates["work"]))
+        if done >= 1 and decision.judge(gated, tolerance) != decision.UNDECIDED:
             break
     return rev_verdict(rates["rev"], rates["work"], tolerance, commit, name, failure)
 
