@@ -82,3 +82,30 @@ def test_prewarm_is_checked_in_the_recipe(tmp_path, fields, message):
     with pytest.raises(tuner.RecipeError, match=message):
         tuner.load_recipe(write_recipe(tmp_path, {"name": "p", "script": str(TESTS / "helpers" / "observe.py"),
                                                   "global_batch_size": 4, **fields}))
+
+
+def test_a_forked_trial_ends_when_its_search_is_killed(tmp_path):
+    """A search killed outright (SIGKILL) closes the pre-warmed process's input; that process
+    ends, and its forked trial with it (it ran on in its own session before, spinning a core)."""
+    import os
+    import signal
+    import time
+
+    (tmp_path / "forever.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    log = tmp_path / "output.log"
+    warm = prewarm.Prewarmed(dict(os.environ), tmp_path)
+    assert warm.proc is not None, warm.why
+    trial = warm.spawn([str(tmp_path / "forever.py")], dict(os.environ), log)
+    assert trial is not None
+    time.sleep(0.5)
+    assert trial.poll() is None  # running
+    server = warm.proc
+    try:
+        server.stdin.close()  # what the kernel does to the pipe when the search is SIGKILLed
+        server.wait(timeout=10)
+        warm.proc = None
+        assert trial.wait(timeout=10) == -int(signal.SIGKILL)
+    finally:
+        if trial.poll() is None:
+            os.killpg(trial.pid, signal.SIGKILL)
+    assert trial.pid not in [p.pid for p in leftovers()]

@@ -49,6 +49,8 @@ RUNTIME_ENV = frozenset({"TUNER_TRIAL", "ACCELERATE_MIXED_PRECISION", "ACCELERAT
                          "PYTORCH_NVML_BASED_CUDA_CHECK"})
 """The variables that differ between trials and are read only when the script runs
 (the trial file; Accelerate reads its two when an ``Accelerator`` is made)."""
+PR_SET_PDEATHSIG = 1
+"""``prctl`` option (linux/prctl.h): the signal a process gets when its parent ends."""
 READY_S = 120.0
 """Longest the process may take to import what it preloads."""
 
@@ -175,7 +177,7 @@ def main() -> int:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the trials; their statuses go to files
     _say({"ready": True})
     for line in sys.stdin:
-        request = json.loads(line)
+        request = {**json.loads(line), "parent": os.getpid()}
         pid = os.fork()
         if pid == 0:
             _child(request)
@@ -188,6 +190,23 @@ def _say(reply: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _end_with(parent: int) -> None:
+    """The trial is killed when this process ends, which it does when the search's end of its
+    input closes: a search killed outright (SIGKILL, an OOM kill, a node's job ended) left
+    its forked trials running in their own sessions, where no ``killpg`` of the search
+    reached them (seen: one spinning a core after its suite run was killed). Linux's
+    parent-death signal; elsewhere nothing changes."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the signal was asked for
+        os._exit(int(signal.SIGKILL) + 128)
+
+
 def _child(request: Mapping[str, Any]) -> None:
     """Become the trial: ``python -u ARGV`` in its session, environment, folder and log."""
     import atexit
@@ -197,6 +216,7 @@ def _child(request: Mapping[str, Any]) -> None:
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
+    _end_with(request["parent"])
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
