@@ -118,9 +118,9 @@ def serve(recipe: Any, out: Path, idle_exit: float | None) -> int:
     agent = Agent(recipe, out.resolve())
     idle_since = time.monotonic()
     with _stoppable():
-        print(f"tuner.agent: {agent.host} runs its part of every trial under {out} "
-              f"(rendezvous {recipe.script.rdzv_endpoint}); Ctrl-C to stop", file=sys.stderr, flush=True)
-        try:
+        try:  # the line is printed inside: a Ctrl-C right after it (a busy machine's test) is a stop, not exit 130
+            print(f"tuner.agent: {agent.host} runs its part of every trial under {out} "
+                  f"(rendezvous {recipe.script.rdzv_endpoint}); Ctrl-C to stop", file=sys.stderr, flush=True)
             while idle_exit is None or time.monotonic() - idle_since < idle_exit:
                 if agent.poll():
                     idle_since = time.monotonic()
