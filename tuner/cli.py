@@ -122,8 +122,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                              f"of the answer, the baseline; default {CAP_ROUNDS}; 0 skips the finish)")
     parser.add_argument("--finish-minutes", type=float, default=None,
                         help="the finish's budget: the finalists re-measured interleaved until the one rule decides "
-                             "each change (default: as long as the search's trials took); --minutes bounds the search "
-                             "and the finish together")
+                             "each change (default: twice as long as the search's trials took); --minutes bounds the "
+                             "search and the finish together")
     parser.add_argument("--attribute", type=int, default=None,
                         help="runs of each knob-by-knob attribution configuration not already measured, inside "
                              "what is left of the finish's budget (default: 1; 0 skips)")
