@@ -161,3 +161,36 @@ def test_a_tuned_offload_keeps_the_scripts_own_offload_keys(monkeypatch, tmp_pat
     assert out["zero_force_ds_cpu_optimizer"] is False
     plain = cfg.ds_config({})["zero_optimization"]["offload_optimizer"]
     assert plain == {"device": "cpu", "pin_memory": torch.cuda.is_available()}  # pinned exactly where CUDA runs
+
+
+@pytest.mark.slow
+def test_a_loader_setting_the_script_sets_itself_is_recorded_as_what_ran(tmp_path):
+    """The script builds its DataLoader with no workers whatever the trial says: the trial of
+    ``num_workers=2`` ran none, and trials.csv, best.json, report.md and dataloader.json say
+    the loader that ran, and that the script set it (it was not searched)."""
+    import csv
+
+    from conftest import TESTS, write_recipe
+
+    recipe = write_recipe(tmp_path, {
+        "name": "own-loader", "script": str(TESTS / "helpers" / "own_loader.py"), "launcher": "python",
+        "global_batch_size": 8, "steps": {"warmup": 2, "measure": 8}, "out": str(tmp_path / "run"),
+        "baseline": {"num_workers": 0}, "space": {"num_workers": [0, 2]}})
+    tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)
+    with open(tmp_path / "run" / "trials.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    asked_two = [r for r in rows if r["set_by_script"]]
+    assert len(asked_two) == 1 and asked_two[0]["num_workers"] == "0" and asked_two[0]["set_by_script"] == "num_workers"
+    plain = [r for r in rows if not r["set_by_script"]]
+    assert len(plain) == 1 and plain[0]["num_workers"] == "0"
+    assert json.loads((tmp_path / "run" / "dataloader.json").read_text())["num_workers"] == 0  # whichever won
+    only = write_recipe(tmp_path, {  # the answer itself asked for 2 workers: what is pasted is what ran
+        "name": "own-loader-2", "script": str(TESTS / "helpers" / "own_loader.py"), "launcher": "python",
+        "global_batch_size": 8, "steps": {"warmup": 2, "measure": 8}, "out": str(tmp_path / "two"),
+        "baseline": {"num_workers": 2}, "space": {"num_workers": [2]}}, name="two.yaml")
+    tuner.search(only, trials=1, confirm=0, attribute=0, quiet=True)
+    best = json.loads((tmp_path / "two" / "best.json").read_text())
+    assert best["params"]["num_workers"] == 2 and best["ran"] == {"num_workers": 0}
+    assert json.loads((tmp_path / "two" / "dataloader.json").read_text())["num_workers"] == 0
+    report = (tmp_path / "two" / "report.md").read_text()
+    assert "Set by the script itself and not searched" in report and '"num_workers": 0' in report

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.cost import per_million
+from tuner.config import levers
 from tuner.config.space import KNOBS
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
@@ -50,7 +51,12 @@ def render_markdown(data: ReportData) -> str:
     lines += ["", f"Trials: {len(trials)} measured, {len(failures)} failed or infeasible"
               + (f" ({_counts(failures)})" if failures else "") + f"; stopped: {r.stopped}."]
     if r.best.get("params"):
-        lines += ["", "## Configuration to paste", "", "```json", json.dumps(r.best["params"], indent=2), "```"]
+        kept = {k: v for k, v in (r.best.get("ran") or {}).items() if k in levers.of("loader")}
+        pasted = {**r.best["params"], **kept}
+        lines += ["", "## Configuration to paste", "", "```json", json.dumps(pasted, indent=2), "```"]
+        if kept:
+            lines += ["", "Set by the script itself and not searched (its trials could not change them; they ran, "
+                      "so they are here): " + ", ".join(f"`{k}={v}`" for k, v in kept.items()) + "."]
         if r.best.get("command"):
             lines += ["", "Measure it again:", "", "```bash", r.best["command"], "```"]
         lines += ["", "Also in this folder: `dataloader.json`, `ds_config.json`, `accelerate_config.yaml`, "

@@ -13,9 +13,9 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.config import export
+from tuner.config import export, levers
 from tuner.config.space import KNOBS, Config
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.study import workers
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tuner.tuning.search_result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
+LOADER = levers.of("loader")
 
 
 def write_run(result: "SearchResult") -> None:
@@ -40,7 +41,7 @@ def write_run(result: "SearchResult") -> None:
     write_trials_csv(out / "trials.csv", study)
     params = result.best.get("params")
     if params:
-        config = Config(**params)
+        config = Config(**{**params, **set_by_script(result.best.get("ran"))})  # what ran is what is pasted
         cuda = bool(result.environment.get("cuda"))
         _json(out / "dataloader.json", export.dataloader_kwargs(config))
         _json(out / "ds_config.json", export.ds_config(config, result.world_size, cuda))
@@ -53,6 +54,13 @@ def write_run(result: "SearchResult") -> None:
     _json(out / "best.json", record)
     study.set_attr("result", record)  # the report is rebuilt from the study alone
     build_report(out, study)
+
+
+def set_by_script(ran: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The loader settings a script set on its own DataLoader that its trials could not change
+    (:func:`tuner.scriptmode.adapters.common.kept_by_script`): they ran, so the record and the
+    exports say them; they were not searched."""
+    return {k: v for k, v in (ran or {}).items() if k in LOADER}
 
 
 def write_plan(plan: "CapacityPlan", out: Path) -> Path:
@@ -69,7 +77,8 @@ def write_trials_csv(path: Path, study: "Study") -> None:
     ``hung`` rows for one configuration that hung once)."""
     metrics = list(METRIC_NAMES)
     metrics.insert(metrics.index("peak_mem_gib") + 1, "predicted_peak_gib")  # beside what it predicted
-    columns = ["number", "state", "reason", "baseline", *PARAM_COLUMNS, *metrics, "duration_s", "worker"]
+    columns = ["number", "state", "reason", "baseline", *PARAM_COLUMNS, "set_by_script", *metrics, "duration_s",
+               "worker"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -88,6 +97,9 @@ def write_trials_csv(path: Path, study: "Study") -> None:
             if t.status == Status.FAIL and attrs.get("claim") and not attrs.get("state"):
                 row["reason"] = "its worker stopped beating (died?): put back to be measured again"
             row.update({k: v for k, v in (attrs.get("params") or {}).items() if k in PARAM_COLUMNS})
+            kept = set_by_script(attrs.get("ran"))
+            row.update(kept)  # what ran: the script's own loader setting, where the trial could not change it
+            row["set_by_script"] = " ".join(kept)
             row.update({k: v for k, v in (attrs.get("metrics") or {}).items() if k in METRIC_NAMES})
             if attrs.get("predicted_peak_gib") is not None:
                 row["predicted_peak_gib"] = round(attrs["predicted_peak_gib"], 4)

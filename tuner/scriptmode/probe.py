@@ -11,14 +11,16 @@ says, for the search to read. The core
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
+from torch.utils.data import DataLoader
 
 from tuner.harness.metrics import energy_note, live_figures, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
 from tuner.scriptmode import trialfile
+from tuner.scriptmode.adapters.common import kept_by_script
 from tuner.stats.prune import PruneBar
 
 
@@ -123,6 +125,18 @@ class Probe(ProbeCore):
         assert self._trial is not None
         self._prune = None
         trialfile.report_pruned(self.measured, window_rate(window, rule.world_size), self._trial)
+
+    def loader(self, iterable: Iterable[Any], transfer: Callable[[Any], Any] | None = None) -> Iterator[Any]:
+        """As :meth:`ProbeCore.loader`; in a trial, a DataLoader's own loader settings that
+        differ from the trial's are recorded as what ran (the script set them itself)."""
+        if self._trial is not None and isinstance(iterable, DataLoader):
+            kept = kept_by_script(iterable, self._trial.get("knobs") or {})
+            note = ("the script's DataLoader sets " + ", ".join(f"{k}={v}" for k, v in kept.items())
+                    + " itself, not the trial's value: recorded as what ran, not searched")
+            self.ran.update(kept)
+            if kept and note not in self.notes:
+                self.notes.append(note)
+        return super().loader(iterable, transfer)
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()

@@ -73,6 +73,7 @@ class SearchResult:
         """``best.json``'s content (also kept in the study, for ``tuner.report``)."""
         return {
             "params": self.best.get("params"),
+            "ran": self.best.get("ran"),  # what the script or its library ran where the params left it
             "metrics": self.best.get("metrics"),
             "predicted_peak_gib": self.best.get("predicted_peak_gib"),
             "trial": self.best.get("trial"),
@@ -119,7 +120,7 @@ class SearchResult:
             best={"params": data.get("params"), "metrics": data.get("metrics"), "source": data.get("source"),
                   "failures": failures.get("best", 0), "command": data.get("command"),
                   "predicted_peak_gib": data.get("predicted_peak_gib"), "runs": runs.get("best"),
-                  "trial": data.get("trial")},
+                  "trial": data.get("trial"), "ran": data.get("ran")},
             baseline={"params": base.get("params"), "metrics": base.get("metrics"),
                       "failures": failures.get("baseline", 0), "runs": runs.get("baseline"),
                       "trial": data.get("baseline_trial")},

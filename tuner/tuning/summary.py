@@ -51,8 +51,14 @@ def of(params: dict[str, Any] | None, pool: "Pool",
     predicted = trial.get("predicted_peak_gib") if trial is not None else None
     if metrics is not None:
         runs = [r.metrics for r in pool.entry(params).runs if r.ok and r.metrics]
-        return {"params": params, "metrics": metrics, "source": pool.source(params), "runs": runs,
-                "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
-    assert trial is not None, "a configuration with no measurement"
-    return {"params": params, "metrics": trial.metrics, "source": "search trial", "trial": number,
-            "runs": [trial.metrics], "predicted_peak_gib": predicted}
+        out = {"params": params, "metrics": metrics, "source": pool.source(params), "runs": runs,
+               "failures": pool.entry(params).failures, "trial": number, "predicted_peak_gib": predicted}
+        done = ran(params, pool)
+    else:
+        assert trial is not None, "a configuration with no measurement"
+        out = {"params": params, "metrics": trial.metrics, "source": "search trial", "trial": number,
+               "runs": [trial.metrics], "predicted_peak_gib": predicted}
+        done = trial.get("ran") or {}
+    if done:
+        out["ran"] = dict(done)  # what the library or the script ran where the configuration left it
+    return out

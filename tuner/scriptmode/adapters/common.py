@@ -4,7 +4,7 @@ knob from applying."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tuner.config.levers import LEVERS, loader_kwargs
 from tuner.config.script import LOADER_KNOBS
@@ -51,6 +51,16 @@ def own_value(loader: Any, name: str) -> Any:
     it keeps none: ``prefetch_factor`` is ``None`` without workers)."""
     value = getattr(loader, LEVERS[name].loader_kwarg or name, None)
     return LEVERS[name].default if value is None else value
+
+
+def kept_by_script(loader: Any, knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """A script's DataLoader's own values of the loader levers, where they differ from the
+    trial's ``knobs``: the script set them itself, the trial did not change them, and they
+    ran. imagenet/main.py builds ``DataLoader(pin_memory=True)``; trials.csv said ``False``
+    for trials in which the script still pinned. Without workers the other loader levers
+    mean nothing and are not compared."""
+    names = [n for n in LOADER_KNOBS if n == "num_workers" or own_value(loader, "num_workers")]
+    return {n: own_value(loader, n) for n in names if n in knobs and own_value(loader, n) != knobs[n]}
 
 
 def patch_method(obj: Any, name: str, wrapper: Any) -> None:
