@@ -38,6 +38,8 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
                              "DIR/trace_rank<N>.json (open in Perfetto, chrome://tracing or TensorBoard)")
     parser.add_argument("--nvtx", action="store_true",
                         help="NVTX ranges around data wait, forward, backward and optimizer step (Nsight Systems)")
+    parser.add_argument("--all", dest="every", action="store_true",
+                        help="list every metric, those not measured here too (default: the measured ones)")
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
@@ -49,7 +51,8 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
     def run() -> Any:
         return measure(args.recipe, repeats=args.repeats, overrides=args.sets, trace=args.trace, nvtx=args.nvtx)
 
-    return _report(run, args.json, console.print_measurement, lambda result: result.state == State.OK)
+    return _report(run, args.json, lambda m: console.print_measurement(m, args.every),
+                   lambda result: result.state == State.OK)
 
 
 def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], ok: Callable[[Any], bool],

@@ -60,7 +60,10 @@ def levers(params: dict[str, Any]) -> str:
     return " ".join(words) or "-"
 
 
-def measurement_table(m: "Measurement") -> Table:
+def measurement_table(m: "Measurement", every: bool = False) -> Table:
+    """The measured metrics, median and spread; the rows nothing measured here (MFU without a
+    known peak, GPU memory on a CPU) only with ``every`` (``--all``), as "not measured": a CPU
+    run printed 30 rows of which 13 were "-"."""
     p = m.params
     title = (
         f"{m.recipe}: workers={p['num_workers']} amp={p['amp_dtype']} "
@@ -68,19 +71,25 @@ def measurement_table(m: "Measurement") -> Table:
         f"engine={p['engine']} world={m.environment['world_size']} levers: {levers(p)}"
     )
     n_ok = len(m.repeats) - m.failures
-    table = Table(title=title, caption=f"{n_ok} of {len(m.repeats)} repeats ok; median [min, max]")
+    metrics = m.metrics or {}
+    missing = [name for name in METRIC_NAMES if metrics.get(name) is None]
+    left = f"; {len(missing)} not measured here (--all lists them)" if missing and not every else ""
+    table = Table(title=title, caption=f"{n_ok} of {len(m.repeats)} repeats ok; median \\[min, max]{left}")
     table.add_column("metric")
     table.add_column("median", justify="right")
     table.add_column("spread", justify="right")
-    metrics = m.metrics or {}
     for name in METRIC_NAMES:
+        if name in missing:
+            if every:
+                table.add_row(name, "not measured", "")
+            continue
         lo_hi = m.spread.get(name)
         spread = f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi and len(m.repeats) > 1 else ""
         table.add_row(name, fmt(metrics.get(name)), spread)
     return table
 
 
-def print_measurement(m: "Measurement") -> None:
+def print_measurement(m: "Measurement", every: bool = False) -> None:
     for note in dict.fromkeys([*m.notes, *(n for r in m.repeats for n in r.notes)]):
         err.print(f"[yellow]note:[/] {note}")
     for i, r in enumerate(m.repeats):
@@ -88,7 +97,7 @@ def print_measurement(m: "Measurement") -> None:
             err.print(f"[red]repeat {i + 1} failed ({r.state}):[/] {r.reason}")
     if m.metrics is not None:
         out = Console()
-        out.print(measurement_table(m))
+        out.print(measurement_table(m, every))
         print_diagnosis(out, m.diagnosis)
 
 
