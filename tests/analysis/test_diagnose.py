@@ -137,3 +137,37 @@ def test_a_larger_micro_batch_is_advised_only_where_accumulation_is_left_to_trad
     split = next(v for v in diagnose(metrics, {"micro_batch_size": 32, "grad_accum_steps": 4, "zero_stage": 0})
                  if v.kind == "communication-bound")
     assert split.next_step.startswith("try a larger micro-batch with fewer accumulation steps")
+
+
+def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it_lacks(tmp_path):
+    """A compute-bound CPU job whose micro-batch is the whole global batch: the advice holds
+    only what the search could run here (what the machine rules out, the space's refusal
+    rules), and the levers outside the recipe's space end it with how to add them. Without
+    the search's rules (``tuner measure``) a CPU's own refusals still apply."""
+    from tuner.analysis.diagnose import remedies
+    from tuner.config.recipe import load_recipe
+    from tuner.config.space import Machine, make_config
+    from tuner.study.searchspace import build_space
+    from tuner.tuning import summary
+
+    from conftest import toy_recipe
+
+    recipe = load_recipe(toy_recipe(tmp_path, global_batch_size=16, space={"amp_dtype": ["fp32", "bf16"]}))
+    machine = Machine(cuda=False, bf16=True, fp16=False)
+    space = build_space(recipe, machine)
+
+    def make(knobs):
+        knobs = {k: v for k, v in knobs.items() if k not in ("grad_accum_steps", "engine")}
+        return make_config(knobs, 16, 1, machine, "auto", strict=False)[0].params()
+
+    params = make({"micro_batch_size": 16})
+    here = summary.here(space, machine, make, params, 1, 16)
+    said = remedies("compute-bound", params, "cpu", here=here)
+    for refused in ("matmul_precision", "cudnn_benchmark", "float8", "cudnn (fused", "larger micro_batch_size"):
+        assert refused not in said, (refused, said)  # CUDA-only, or no accumulation left to trade
+    assert "compile: true (fused kernels)" in said and "amp_dtype: bf16" in said
+    assert said.endswith("add space: {compile: [false, true], optimizer_impl: [default, fused], channels_last: "
+                         "[false, true], attention_backend: [default, flash]}"), said
+    assert here.refusal("attention_backend", "cudnn") and here.refusal("micro_batch_size", 32)
+    plain = remedies("compute-bound", params, "cpu")
+    assert "float8" not in plain and "add space" not in plain

@@ -51,6 +51,20 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Here:
+    """What a search can run, for the advice (without it: what a CPU rules out).
+
+    A verdict's suggestion passes the same refusal rules as the search's space before it is
+    shown: a CNN on a CPU was advised a fused attention kernel, a micro-batch larger than
+    the global batch allows was advised too."""
+
+    refusal: Callable[[str, Any], str | None]
+    """Why this configuration with ``lever = value`` cannot run here (``None``: it can)."""
+    space: Mapping[str, tuple[Any, ...]]
+    """The values the search may try, by lever: a suggestion outside them says how to add them."""
+
+
+@dataclass(frozen=True)
 class Facts:
     """What the rules read: one configuration's metrics and its context."""
 
@@ -59,6 +73,7 @@ class Facts:
     memory_budget_gib: float | None
     device: str
     host_matmul_tflops: float | None
+    here: Here | None = None
 
     def get(self, name: str) -> Any:
         return self.metrics.get(name)
@@ -129,7 +144,7 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if comm is None or comm <= THRESHOLDS["comm_share"]:
         return None
     zero = f.params.get("zero_stage")
-    more = remedies("communication-bound", f.params, f.device, said=("micro_batch_size",))
+    more = remedies("communication-bound", f.params, f.device, said=("micro_batch_size",), here=f.here)
     first = [("a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
               if can_grow_micro(f.params) else ""), "a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "",
              more]
@@ -154,7 +169,8 @@ def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         "pipeline-bound", bubble,
         f"a pipeline stage sits idle {bubble:.0%} of the step{theory}",
         "more micro-batches per pipeline step (a smaller micro_batch_size at the same global batch), "
-        + (remedies("pipeline-bound", f.params, f.device) + ", " if remedies("pipeline-bound", f.params, f.device)
+        + (remedies("pipeline-bound", f.params, f.device, here=f.here) + ", "
+           if remedies("pipeline-bound", f.params, f.device, here=f.here)
            else "") + "or fewer pipeline stages where the model still fits",
     )
 
@@ -168,7 +184,8 @@ def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     used = f"peak memory {peak:.2f} GiB of a {budget:g} GiB budget" if budget and peak else ""
     retry = f"{retries} allocator retries (cudaMalloc failed, cache flushed)" if retries else ""
     # the registry's other memory levers (the allocator, a fused loss), where this machine runs them
-    more = remedies("memory-bound", f.params, f.device, said=("micro_batch_size", "amp_dtype", *levers.of("sharding")))
+    more = remedies("memory-bound", f.params, f.device, said=("micro_batch_size", "amp_dtype", *levers.of("sharding")),
+                    here=f.here)
     return Verdict(
         "memory-bound", (peak / budget) if budget and peak else 0.0,
         "; ".join(x for x in (used, retry) if x),
@@ -223,7 +240,8 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         f"{f.rate:,.0f} samples/s with "
         + (f"{waited:.0%} data wait" if waited is not None else "data wait not measured") + f"{where}{util}",
         "the data pipeline is not the limit; what makes the step itself faster: "
-        + (remedies("compute-bound", f.params, f.device) or "a faster device (every lever here is already set)"),
+        + (remedies("compute-bound", f.params, f.device, here=f.here)
+           or "a faster device (every lever here is already set)"),
     )
 
 
@@ -237,12 +255,15 @@ def can_grow_micro(params: Mapping[str, Any]) -> bool:
     return params.get("grad_accum_steps", 2) > 1
 
 
-def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str, ...] = ()) -> str:
+def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str, ...] = (),
+             here: Here | None = None) -> str:
     """The levers a verdict points at (their ``suggest``, in its order), less those the
     configuration already follows or that it does not use (``compile_mode`` without
-    ``compile``), those the verdict ``said`` in its own words and, off a GPU, the values a
-    CPU cannot run."""
-    out = []
+    ``compile``), those the verdict ``said`` in its own words and the values that cannot run:
+    those the search's refusal rules reject (``here``), else, off a GPU, those a CPU cannot
+    run. Values outside the search's space end it with how to add them."""
+    out: list[str] = []
+    add: dict[str, str] = {}
     knobs = {**{n: lever.default for n, lever in levers.LEVERS.items()}, **params}
     for name in levers.pointed_at(kind):
         lever = levers.LEVERS[name]
@@ -253,15 +274,29 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
             continue
         if lever.group == "batch" and lever.ordered and not can_grow_micro(params):
             continue  # no accumulation left to trade for a larger micro-batch
-        if device != "cuda" and already:
+        if already and here is not None:
+            runs = [v for v in already if here.refusal(name, v) is None]
+        elif device != "cuda" and already:
             refused = {r[0] for r in lever.refused(CPU_ONLY)}
             runs = [v for v in already if v not in refused]
-            if not runs:
-                continue
-            if len(runs) < len(already):
-                words = f"{name}: {' or '.join(str(v) for v in runs)}"
+        else:
+            runs = list(already)
+        if already and not runs:
+            continue
+        if len(runs) < len(already):
+            words = f"{name}: {' or '.join(_yaml(v) for v in runs)}"
+        if here is not None and runs and name in here.space and not set(runs) & set(here.space[name]):
+            add[name] = ", ".join(_yaml(v) for v in (*here.space[name], runs[0]))
         out.append(words)
+    if add:  # the suggestions this search could not try: how to let it
+        out.append("to search the ones outside this recipe's space, add space: {"
+                   + ", ".join(f"{k}: [{v}]" for k, v in add.items()) + "}")
     return ", ".join(out)
+
+
+def _yaml(value: Any) -> str:
+    """A value as a recipe writes it (``true``, not ``True``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:
@@ -287,6 +322,7 @@ def diagnose(
     memory_budget_gib: float | None = None,
     device: str = "cpu",
     host_matmul_tflops: float | None = None,
+    here: Here | None = None,
 ) -> list[Verdict]:
     """Verdicts for one measured configuration, the headline first.
 
@@ -297,8 +333,9 @@ def diagnose(
         device: ``"cpu"`` or ``"cuda"``: which host-bound rule applies.
         host_matmul_tflops: what this machine's CPU reaches on a large matmul
             (``environment["host_matmul_tflops"]``): the yardstick of the CPU host-bound rule.
+        here: what the search can run (its refusal rules and space), for the advice.
     """
-    facts = Facts(metrics, dict(params or {}), memory_budget_gib, device, host_matmul_tflops)
+    facts = Facts(metrics, dict(params or {}), memory_budget_gib, device, host_matmul_tflops, here)
     found: list[Verdict] = []
     for rule in RULES:
         verdict = rule(facts, found)
@@ -312,13 +349,14 @@ def diagnose_run(
     params: Mapping[str, Any] | None,
     memory_budget_gib: float | None,
     environment: Mapping[str, Any],
+    here: Here | None = None,
 ) -> list[Verdict]:
     """:func:`diagnose` with the device and the CPU yardstick taken from a result's
     ``environment`` record; no verdicts for a failed configuration (no metrics)."""
     if not metrics:
         return []
     device = "cuda" if environment.get("cuda") else "cpu"
-    return diagnose(metrics, params, memory_budget_gib, device, environment.get("host_matmul_tflops"))
+    return diagnose(metrics, params, memory_budget_gib, device, environment.get("host_matmul_tflops"), here)
 
 
 def headline(verdicts: list[Verdict]) -> str:

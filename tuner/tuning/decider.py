@@ -13,7 +13,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.analysis.diagnose import Verdict
+from tuner.analysis.diagnose import Here, Verdict
 from tuner.config.space import KNOBS, Config, Machine, make_config
 from tuner.harness.system.environment import environment
 from tuner.memory import model as memory
@@ -360,7 +360,13 @@ class Decider:
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""
         return summary.verdicts(self.study, self.recipe.budget.memory_gib, self._env(), params, metrics,
-                                summary.ran(params, self.pool))
+                                summary.ran(params, self.pool), self._here(params) if params else None)
+
+    def _here(self, params: Mapping[str, Any]) -> Here:
+        """What this search can run from ``params``, for the advice."""
+        r = self.recipe
+        return summary.here(self.space, self.machine, lambda k: self._config(k).params(), params, r.world_size,
+                            r.global_batch_size)
 
     def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
         return summary.of(params, pool, self.known)

@@ -3,11 +3,12 @@ every run, else its search trial) and its verdicts (corrected by every trial mea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from tuner.analysis.diagnose import Verdict, diagnose_run
+from tuner.analysis.diagnose import Here, Verdict, diagnose_run
 from tuner.analysis.evidence import Seen, revise
-from tuner.config.space import Config
+from tuner.config import levers
+from tuner.config.space import Config, Machine
 from tuner.harness.system.environment import cores
 from tuner.study import records
 from tuner.study.searchspace import config_key
@@ -15,20 +16,36 @@ from tuner.trial.trial_result import TrialResult
 
 if TYPE_CHECKING:
     from tuner.study.record import Record
+    from tuner.study.searchspace import Space
     from tuner.study.study import Study
     from tuner.tuning.pool import Pool
 
 
 def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
              params: dict[str, Any] | None, metrics: dict[str, Any] | None,
-             ran: Mapping[str, Any] | None = None) -> list[Verdict]:
+             ran: Mapping[str, Any] | None = None, here: Here | None = None) -> list[Verdict]:
     """A configuration's verdicts, corrected by every trial of ``study`` measured so far;
-    the advice reads what the library ran (``ran``) where ``params`` left a lever to it."""
+    the advice reads what the library ran (``ran``) where ``params`` left a lever to it, and
+    suggests only what the search could run (``here``)."""
     if not metrics or not params:
         return []
-    found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment)
+    found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment, here)
     seen = [Seen(t.params, t.metrics) for t in records.measured(study) if t.metrics]
     return revise(found, params, metrics, seen, cores())
+
+
+def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], dict[str, Any]],
+         params: Mapping[str, Any], world_size: int, global_batch: int) -> Here:
+    """What a search over ``space`` can run from ``params``, for the advice: one lever changed,
+    through what the machine rules out (fused attention kernels, TF32, fp8 matmuls on a CPU) and
+    the space's refusal rules (the layout, the global batch, the libraries); ``make``: full
+    params from knobs."""
+
+    def refusal(name: str, value: Any) -> str | None:
+        ruled_out = next((why for v, why, *_ in levers.LEVERS[name].refused(machine) if v == value), None)
+        return ruled_out or space.refusal(make({**params, name: value}), world_size, global_batch)
+
+    return Here(refusal, {k: tuple(v) for k, v in space.choices.items()})
 
 
 def ran(params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]:
