@@ -183,3 +183,18 @@ def test_no_decision_on_a_point_estimate():
         pool.add(TrialResult(b, State.OK, None, {"samples_per_s": rate_b}), "finish", r)
     s = pool.slowdown(a, b)
     assert s is not None and s.pairs == 2 and decision.judge(s, 0.02) == decision.UNDECIDED
+
+
+def test_the_speedup_is_verified_on_a_round_of_its_own():
+    """A 2x loader gain the search's two trials already decide (the baseline measured twice:
+    the pooled noise is tight) is still read on a paired interval, two interleaved rounds with
+    the baseline: the speedup a user pastes rests on repeated runs, paired. Beside two busy
+    processes the finish ended with no round, and the best was reported on "1 run (1 search
+    trial)"."""
+    world, pool, c = setup({("num_workers", 4): 2.0}, {"w4": W4}, [("base", 100.0), ("w4", 200.0)])
+    assert decision.settled(pool.slowdown(c["w4"], c["base"]), 0.02)  # the search alone decides it
+    budget = finish_mod.Budget(60.0, typical_s=1.0, clock=world.time)
+    done = finish_mod.finish([c["w4"], c["base"]], c["base"], world.run, pool, rules(), budget)
+    assert done is not None and done.answer == c["w4"] and done.rounds == 2
+    s = pool.slowdown(c["w4"], c["base"])
+    assert s is not None and s.pairs >= finish_mod.BASELINE_PAIRS
