@@ -15,21 +15,22 @@ from conftest import run, toy_recipe
 
 pytestmark = pytest.mark.slow
 
-TASK = {"read_ms": 2.5, "step_ms": 20.0}
-"""Each sample reads for 2.5 ms and each micro-batch computes for 20 ms (sleeps: the same
-cost in every process): the baseline reads on the loop (40 + 20 ms a step), the answer reads
-in 8 workers behind the compute (20 ms, the workers with four times the time they need, so
-that they keep up on a busy machine: with 4 and a test running beside it, the answer waited
-on its data and compute added to the loss hid behind it): a speedup of about 3x. Windows of
-30 steps: whole runs then differ by about 3% here (with 16 steps of 10 ms, 15%: the
-workers' start-up is inside the window)."""
+TASK = {"read_ms": 5.0, "step_ms": 40.0}
+"""Each sample reads for 5 ms and each micro-batch computes for 40 ms (sleeps: the same cost
+in every process): the baseline reads on the loop (80 + 40 ms a step), the answer reads in 8
+workers behind the compute (40 ms, the workers with four times the time they need, so that
+they keep up on a busy machine: with 4 and a test running beside it, the answer waited on its
+data and compute added to the loss hid behind it): a speedup of about 3x. Steps this long
+keep it there beside two busy processes, where the loop's own overhead grew to ~14 ms a step:
+with 2.5 ms reads and 20 ms steps the record read 1.9x and a slower task's speedup could not
+be told from it. Windows of 20 steps (30 of 20 ms before: whole runs differ by about 3%)."""
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """A small real search on the toy task: its recipe and run folder."""
     folder = tmp_path_factory.mktemp("check")
-    recipe = toy_recipe(folder, task_args=TASK, steps={"warmup": 3, "measure": 30},
+    recipe = toy_recipe(folder, task_args=TASK, steps={"warmup": 3, "measure": 20},
                         space={"num_workers": [0, 8]}, budget={"trials": 2})
     result = tuner.search(recipe, out=folder / "run", confirm=3, attribute=0, quiet=True)
     assert result is not None and result.best["params"]["num_workers"] == 8, result.best
@@ -60,12 +61,12 @@ def test_passes_against_its_own_result_at_the_default_tolerance(recorded):
 
 
 def test_fails_when_the_tasks_code_gets_slower(recorded):
-    """24 ms more of compute in the loss (the baseline's step 60 -> 84 ms, the answer's 20 -> 44):
+    """48 ms more of compute in the loss (the baseline's step 120 -> 168 ms, the answer's 40 -> 88):
     the speedup shrinks by about a third, beyond the 5% tolerance and the interval the
     record's few runs of each end allow (+3.4% to +17.8% for a 12 ms slowdown that read 10.9%
     smaller: undecided, exit 4; a smaller regression is --rev's to gate, on the code itself)."""
     recipe, run_dir = recorded
-    proc = check(recipe, "--against", run_dir / "best.json", "--set", "task_args.step_ms=44")
+    proc = check(recipe, "--against", run_dir / "best.json", "--set", "task_args.step_ms=88")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL" in proc.stdout and "regression: the speedup is" in proc.stdout, proc.stdout
     assert "smaller (99% interval" in proc.stdout and "not gated" in proc.stdout
