@@ -360,7 +360,8 @@ class Decider:
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""
         return summary.verdicts(self.study, self.recipe.budget.memory_gib, self._env(), params, metrics,
-                                summary.ran(params, self.pool), self._here(params) if params else None)
+                                summary.ran(params, self.pool), self._here(params) if params else None,
+                                self.pool.metrics)
 
     def _here(self, params: Mapping[str, Any]) -> Here:
         """What this search can run from ``params``, for the advice."""

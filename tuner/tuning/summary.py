@@ -23,15 +23,24 @@ if TYPE_CHECKING:
 
 def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
              params: dict[str, Any] | None, metrics: dict[str, Any] | None,
-             ran: Mapping[str, Any] | None = None, here: Here | None = None) -> list[Verdict]:
+             ran: Mapping[str, Any] | None = None, here: Here | None = None,
+             pooled: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = None) -> list[Verdict]:
     """A configuration's verdicts, corrected by every trial of ``study`` measured so far;
     the advice reads what the library ran (``ran``) where ``params`` left a lever to it, and
-    suggests only what the search could run (``here``)."""
+    suggests only what the search could run (``here``).
+
+    ``pooled``: each configuration's median over every run of it (the pool's). The evidence
+    then compares like with like: imagenet/main.py's baseline verdict said "1 worker(s) took
+    ... samples/s to -29%" from the baseline's median of four runs against the 1-worker
+    trial's single run, which had measured 11.8 samples/s against the baseline trial's 11.3."""
     if not metrics or not params:
         return []
+    if pooled is not None:
+        metrics = pooled(params) or metrics
     found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment, here)
-    seen = [Seen(t.params, t.metrics) for t in records.measured(study) if t.metrics]
-    return revise(found, params, metrics, seen, cores())
+    seen = {config_key(Config(**t.params)): Seen(t.params, (pooled(t.params) if pooled else None) or t.metrics)
+            for t in records.measured(study) if t.metrics and t.params}
+    return revise(found, params, metrics, list(seen.values()), cores())
 
 
 def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], dict[str, Any]],
