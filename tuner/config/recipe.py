@@ -105,6 +105,8 @@ class Recipe:
     target: Target = Target()
     precision: Precision = Precision()
     price: Price = Price()
+    objective: str = "samples_per_s"
+    """What the search maximises and the finish decides on: ``samples_per_s`` or ``samples_per_joule``."""
     baseline: dict[str, Any] = field(default_factory=dict)
     space: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     engine: EngineName = "auto"
@@ -177,8 +179,11 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
 
 # --- validation ---------------------------------------------------------------------------
 
+OBJECTIVES = ("samples_per_s", "samples_per_joule")
+"""What a search may maximise (``objective:``)."""
+
 _TOP_KEYS = (
-    "name", "task", "task_args", "global_batch_size", "steps", "budget", "target", "price",
+    "name", "task", "task_args", "global_batch_size", "steps", "budget", "target", "price", "objective",
     "baseline", "space", "engine", "seed", "tolerance", "out", "storage", "precision", "track", *SCRIPT_KEYS,
 )
 
@@ -212,6 +217,9 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     target = Target(**_section(raw.get("target"), "target", Target, lambda v, w: _number(v, w)))
     precision = Precision(**_section(raw.get("precision"), "precision", Precision, lambda v, w: _number(v, w)))
     price = Price(**_section(raw.get("price"), "price", Price, lambda v, w: _number(v, w)))
+    objective = raw.get("objective", "samples_per_s")
+    if objective not in OBJECTIVES:
+        raise RecipeError(f"objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
 
     task_args = raw.get("task_args") or {}
     if not isinstance(task_args, dict):
@@ -252,7 +260,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
     return Recipe(
         name=name, path=path, task_ref=task_ref, task=task, global_batch_size=global_batch,
         world_size=world_size, task_args=task_args, steps=steps, budget=budget, target=target, precision=precision,
-        price=price,
+        price=price, objective=objective,
         baseline=baseline, space=space, engine=engine, seed=seed, tolerance=tolerance, out=out_path, storage=storage,
         knob_overrides=overrides, script=script, track=parse_track(raw.get("track")),
     )

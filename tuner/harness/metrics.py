@@ -38,6 +38,17 @@ METRIC_NAMES = (
 )
 
 
+def objective_value(metrics: Any, objective: str = "samples_per_s") -> float | None:
+    """A run's value of ``objective``: its samples/s, or its samples per joule (the inverse of
+    ``energy_j_per_sample``); ``None`` where the run did not measure it (no energy counter)."""
+    if not metrics:
+        return None
+    if objective == "samples_per_joule":
+        joules = metrics.get("energy_j_per_sample")
+        return 1.0 / joules if joules else None
+    return metrics.get("samples_per_s")
+
+
 def median_of(values: list[Any]) -> Any:
     """The median of a metric's values over runs; for a word (``stall_free_method``), the
     most common one."""

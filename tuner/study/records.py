@@ -16,6 +16,7 @@ import math
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tuner.harness.metrics import objective_value
 from tuner.study.record import Record, Status
 from tuner.study.study import Asked, Finished, Study
 from tuner.trial.trial_result import INFEASIBLE, State
@@ -62,7 +63,7 @@ def _fail_left_running(study: Study) -> int:
 
 
 def record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
-           extra: Mapping[str, Any] | None = None) -> tuple[State, Record]:
+           extra: Mapping[str, Any] | None = None, objective: str = "samples_per_s") -> tuple[State, Record]:
     """Tell the study what ``result`` was (over ``budget``'s memory, it is ``over_budget``);
     returns the outcome recorded and the finished trial.
 
@@ -71,13 +72,13 @@ def record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
     that worker recorded stands, and is returned: the result stays in this process's pool,
     and the configuration, put back by that worker, is measured again."""
     try:
-        return _record(study, trial, result, budget, extra)
+        return _record(study, trial, result, budget, extra, objective)
     except Finished:
         return State(result.state), study.read(trial)
 
 
 def _record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
-            extra: Mapping[str, Any] | None) -> tuple[State, Record]:
+            extra: Mapping[str, Any] | None, objective: str) -> tuple[State, Record]:
     state, reason, metrics = State(result.state), result.reason, result.metrics
     over = over_budget(metrics, budget) if metrics else None
     if over:
@@ -87,7 +88,7 @@ def _record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
     for key, value in {"state": state.value, "reason": reason, "metrics": metrics, "params": result.params,
                        "timings": result.timings, "losses": result.losses, **ran, **(extra or {}), **shown}.items():
         trial.set(key, value)
-    value = float(metrics["samples_per_s"]) if metrics else 0.0
+    value = float(objective_value(metrics, objective) or 0.0)  # the search's objective (samples/s by default)
     if state == State.OK:
         trial.constrain(-1.0)
         return state, study.tell(trial, Status.COMPLETE, value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
+from tuner.harness.metrics import objective_value
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.tuning import budget, recommend
@@ -83,6 +84,8 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
             notes.append(note)
             d.events.note(note)
     r = d.recipe
+    if r.objective != "samples_per_s":
+        notes.append(_objective_note(r.objective, best["metrics"], base["metrics"]))
     env = d._env()  # noqa: SLF001 - its sibling
     mixed = d.workers.environments(env)
     if mixed:
@@ -100,3 +103,12 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         decision=decision.to_json() if decision is not None else None, broken=d.broken, price=r.price.gpu_hour,
         noise=dict(zip(("ss", "dof"), pool.spread())),
     )
+
+
+def _objective_note(objective: str, best: Mapping[str, Any] | None, base: Mapping[str, Any] | None) -> str:
+    """What the search maximised, when not samples/s: the speedup stays samples/s's."""
+    ours, theirs = objective_value(best, objective), objective_value(base, objective)
+    figures = (f": baseline {theirs:.4g} -> answer {ours:.4g} ({ours / theirs:.2f}x)" if ours and theirs
+               else ": not measured for both")
+    return (f"objective {objective}: the search and the finish decided on samples per joule{figures}; "
+            "the speedup is samples/s's")

@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.config import levers
+from tuner.config.errors import RecipeError
 from tuner.config.space import KNOBS, Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed, interrupt
+from tuner.harness.system import energy
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
@@ -42,9 +44,11 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
     machine = Machine.detect()
     space = searchspace.build_space(recipe, machine)
+    if recipe.objective == "samples_per_joule":
+        _check_energy(machine)
     runner = runner_for(recipe, ctx)
     runner.prepare(_prepared_kinds(space, recipe, machine))  # one-time costs before the first trial
-    pool = Pool()
+    pool = Pool(recipe.objective)
     decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner) if ctx.is_main else None
     runner.on_hang = decider.record_hung if decider else None
     if decider is not None:  # what the search leaves of budget.minutes for its finish
@@ -175,6 +179,16 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
                     f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")
     finish.describe(list(configs.values()), repeats, measure, pool, budget, distributed.broadcast)
     return finished, path.table(ends["baseline"], ends["best"], pool, make, recipe.tolerance, valid)
+
+
+def _check_energy(machine: Machine) -> None:
+    """``objective: samples_per_joule`` needs an energy counter on this node (every rank reads
+    the same answer: the node's counters, as its first process reads them in a trial)."""
+    reader = energy.reader_for(machine.cuda, local_rank=0)
+    if not reader.counters:
+        raise RecipeError(f"objective: samples_per_joule needs an energy counter, and this node has none: "
+                          f"{reader.why}; search for throughput (objective: samples_per_s) or run where NVML "
+                          "or the powercap counters can be read")
 
 
 def _poisoned(result: "TrialResult") -> "TrialResult":

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.diagnose import Here, Verdict
 from tuner.config.space import KNOBS, Config, Machine, make_config
+from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
@@ -49,7 +51,7 @@ class Decider:
     def __init__(self, recipe: "Recipe", space: searchspace.Space, machine: Machine, events: SearchEvents,
                  pool: Pool | None = None, runner: "Runner | None" = None) -> None:
         self.recipe, self.space, self.machine, self.events, self.runner = recipe, space, machine, events, runner
-        self.pool = pool if pool is not None else Pool()
+        self.pool = pool if pool is not None else Pool(recipe.objective)
         self.convergence = Convergence(self.pool, recipe.tolerance)
         self._environment: dict[str, Any] | None = None
         self.pruned, self.saved_s = 0, 0.0
@@ -184,7 +186,8 @@ class Decider:
                     return {"skipped": True}
                 self.prune = budget.prune_rule(best, self.recipe.world_size, self.recipe.tolerance, self.pool,
                                                self.recipe.steps) if best is not None and \
-                    config != self.baseline_config else None  # the baseline, run late by a worker, is what compares
+                    config != self.baseline_config and self.recipe.objective == "samples_per_s" else None
+                # the baseline, run late by a worker, is what compares; the prune bar reads step rates, not joules
                 self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
                 self.events.begin(trial.number, config)
                 reference = self.guard.needs_reference(config)
@@ -231,8 +234,12 @@ class Decider:
         extra: dict[str, Any] = {"env": fingerprint(self._env())}
         if self.current == self.baseline_config:
             extra["baseline"] = True
+        objective = self.recipe.objective
+        if result.ok and result.metrics and objective_value(result.metrics, objective) is None:
+            why = next((n for n in result.notes if "energy" in n), "no energy counter answered")
+            result = replace(result, state=State.ERROR, reason=f"objective {objective}: not measured ({why})")
         best_before = study_mod.best_feasible(self.study)
-        outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra)
+        outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra, objective)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
             self.memory.observe(self.current.params(), frozen.get("predicted_peak_gib"),
                                 result.metrics["peak_mem_gib"], frozen.get("prediction"),

@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Hashable, Mapping
 
-from tuner.harness.metrics import METRIC_NAMES, median_of
+from tuner.harness.metrics import METRIC_NAMES, median_of, objective_value
 from tuner.stats.interval import LogStats, Slowdown, blocked, paired, relative_sd, slowdown, spread
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class Entry:
     sources: list[str] = field(default_factory=list)
     """What each run was measured for: ``search``, ``repeat``, ``finish``, ``attribution``."""
     rates: list[float] = field(default_factory=list)
-    """samples/s of each successful run."""
+    """The objective of each successful run that measured it (samples/s by default)."""
     stats: LogStats = field(default_factory=LogStats)
     """The log-rates' count, mean and spread, kept as runs come in: what every interval reads."""
     failures: int = 0
@@ -48,13 +48,16 @@ class Entry:
     rounds: dict[Hashable, float] = field(default_factory=dict)
     """The log-rate of each successful run taken in an interleaved round, by round."""
 
-    def add(self, result: "TrialResult", source: str, round_: Hashable | None = None) -> None:
+    def add(self, result: "TrialResult", source: str, round_: Hashable | None = None,
+            objective: str = "samples_per_s") -> None:
         self.runs.append(result)
         self.sources.append(source)
         if not result.ok:
             self.failures += 1
         elif result.metrics:
-            rate = result.metrics["samples_per_s"]
+            rate = objective_value(result.metrics, objective)
+            if rate is None:  # not measured (energy): no evidence either way
+                return
             self.rates.append(rate)
             self.stats.add(rate)
             if round_ is not None and rate > 0:
@@ -67,7 +70,9 @@ _EMPTY = Entry({})
 class Pool:
     """The run's measurements, by configuration."""
 
-    def __init__(self) -> None:
+    def __init__(self, objective: str = "samples_per_s") -> None:
+        self.objective = objective
+        """What the rates are: samples/s, or samples per joule (the recipe's ``objective``)."""
         self.entries: dict[str, Entry] = {}
         self._blocked: tuple[float, int] | None = None
 
@@ -79,7 +84,7 @@ class Pool:
         entry = self.entries.get(k := key(result.params))
         if entry is None:
             entry = self.entries[k] = Entry(dict(result.params))
-        entry.add(result, source, round_)
+        entry.add(result, source, round_, self.objective)
         if round_ is not None:
             self._blocked = None
 
