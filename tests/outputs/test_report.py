@@ -43,6 +43,9 @@ def test_search_writes_a_report_a_user_can_read(searched):
         assert section in md, section
     assert re.search(r"\*\*\d+\.\d\dx\*\* the baseline's throughput", md)
     assert "baseline: data-bound" in md  # the slow loader with no workers
+    if json.loads((searched / "best.json").read_text())["metrics"]["energy_j_per_sample"] is None:  # this CPU
+        assert "| energy (J/sample) | not measured | not measured |" in md  # never a bare dash or a 0
+        assert "- energy (J/sample), not measured: energy_j_per_sample not measured: " in md  # and why
     assert "| oom |" in md  # the failing micro-batch is listed with its state
     best = json.loads((searched / "best.json").read_text())
     cost = best["price"]["best"]["samples"]  # 2.40 an hour, one device: 1e6 samples at the best's rate

@@ -164,9 +164,12 @@ def _comparison_table(r: SearchResult) -> list[str]:
             ("data wait", "data_wait_share", ".0%", 1), ("comm", "comm_share", ".0%", 1),
             ("peak memory (GiB)", "peak_mem_gib", ".2f", 1), ("energy (J/sample)", "energy_j_per_sample", ".4g", 1)]
     out = ["| | baseline | best |", "|---|---|---|"]
+    missing = []
     for label, key, spec, scale in rows:
-        before, after = _fmt(_scaled(base.get(key), scale), spec), _fmt(_scaled(best.get(key), scale), spec)
+        before, after = (_fmt(_scaled(m.get(key), scale), spec, "not measured") for m in (base, best))
         out.append(f"| {label} | {before} | {after} |")
+        if base.get(key) is None or best.get(key) is None:
+            missing.append((label, key))
     if best.get("energy_j_per_sample") or base.get("energy_j_per_sample"):  # samples/s per watt = samples per joule
         out.append(f"| samples/s per watt | {_fmt(_per_joule(base), ',.3g')} | {_fmt(_per_joule(best), ',.3g')} |")
     if r.price:
@@ -177,6 +180,11 @@ def _comparison_table(r: SearchResult) -> list[str]:
                            f"{_fmt(costs[0][unit], ',.4g')} | {_fmt(costs[1][unit], ',.4g')} |")
     out.append(f"| failed runs | {r.baseline.get('failures', 0)} | {r.best.get('failures', 0)} |")
     out.append(f"| knobs | {_knobs(r.baseline.get('params') or {})} | {_knobs(r.best.get('params') or {})} |")
+    if missing:  # why, where the run said: never a bare dash or a 0
+        out.append("")
+    for label, key in missing:
+        why = next((n for n in r.notes if key in n), None)
+        out.append(f"- {label}, not measured: {why or 'nothing in this run measures it here'}")
     return out
 
 
@@ -235,9 +243,9 @@ def _per_joule(metrics: dict[str, Any]) -> float | None:
     return 1.0 / joules if joules else None
 
 
-def _fmt(value: Any, spec: str) -> str:
+def _fmt(value: Any, spec: str, unknown: str = "-") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
+        return unknown
     return format(value, spec)
 
 

@@ -46,6 +46,7 @@ class Searched(Protocol):
     saved_s: float
     started: float
     broken: str | None
+    notes_seen: set[str]
     _config: Callable[[dict[str, Any]], "Config"]
 
     def _summary(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
@@ -84,6 +85,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
             notes.append(note)
             d.events.note(note)
     r = d.recipe
+    notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
     if r.objective != "samples_per_s":
         notes.append(_objective_note(r.objective, best["metrics"], base["metrics"]))
     env = d._env()  # noqa: SLF001 - its sibling

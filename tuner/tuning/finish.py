@@ -389,9 +389,10 @@ def _width(pool: Pool, q: Question) -> float:
 
 def _open_text(q: Question, pool: Pool) -> str:
     s = pool.slowdown(q.richer, q.simpler)
-    what = {"change": f"{q.step} in the answer", "finalist": "a finalist against the reference",
-            "baseline": "the answer against the baseline"}[q.kind]
-    return f"{what}: {s.text() if s is not None else 'no interval yet'}"
+    what = {"change": f"{q.step} in the answer: without it, the answer",
+            "finalist": "a finalist against the reference: the one with fewer changes",
+            "baseline": "the answer against the baseline: the baseline"}[q.kind]
+    return f"{what} {'is ' + s.text() if s is not None else 'has no interval yet'}"
 
 
 def _say(events: "SearchEvents | None", text: str) -> None:

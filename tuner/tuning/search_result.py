@@ -102,6 +102,7 @@ class SearchResult:
             "wall_s": self.wall_s,
             "memory_prediction": self.memory_prediction,
             "decision": self.decision,
+            "notes": list(self.notes),  # what the run said about its figures (why one is not measured)
             "price": None if self.price is None else {
                 "gpu_hour": self.price,
                 "best": per_million(self.best.get("metrics"), self.price, self.world_size),
@@ -135,7 +136,7 @@ class SearchResult:
             pruned=int((data.get("pruning") or {}).get("trials") or 0),
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
             memory_prediction=data.get("memory_prediction"), decision=data.get("decision"), noise=data.get("noise"),
-            price=(data.get("price") or {}).get("gpu_hour"),
+            price=(data.get("price") or {}).get("gpu_hour"), notes=list(data.get("notes") or []),
         )
 
 
