@@ -234,7 +234,10 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     mfu, tflops = f.get("mfu"), f.get("achieved_tflops")
     util = (f"; MFU {mfu:.0%}" if mfu is not None
             else f"; {1000 * tflops:.3g} GFLOP/s per device" if tflops is not None else "")
-    where = f", {f.rate / ceiling:.0%} of the stall-free ceiling" if ceiling else ""
+    # a ceiling replayed in its own short run can read below the window (seen: "115% of the
+    # stall-free ceiling" on a busy machine): above it, the step is at its ceiling, no more
+    where = ("" if not ceiling else f", {f.rate / ceiling:.0%} of the stall-free ceiling" if f.rate < ceiling
+             else ", at its stall-free ceiling")
     return Verdict(
         "compute-bound", f.busy_share,
         f"{f.rate:,.0f} samples/s with "

@@ -135,10 +135,13 @@ class Slowdown:
                 f"{self.counted})")
 
     def gain_text(self, than: str) -> str:
-        """The same interval read the other way, as what ``a`` gains over ``b``:
-        ``5.1% faster than without it, 99% interval 3.9% to 6.3%``."""
-        word = "faster" if self.estimate >= 0 else "slower"
-        return f"{abs(self.estimate):.1%} {word} {than}, {LEVEL:.0%} interval {self.low:.1%} to {self.high:.1%}"
+        """The same interval read the other way, as what ``a`` gains over ``b`` (``rate_a /
+        rate_b - 1``): ``5.4% faster than without it, 99% interval 4.1% to 6.7%``. It printed
+        the slowdown's own figures with "faster": "28.8% faster than without it, 99% interval
+        -209.7% to 83.6%" for a configuration 1.40x (0.32x to 6.1x) the one without it."""
+        gain, low, high = (1 / (1 - x) - 1 if x < 1 else math.inf for x in (self.estimate, self.low, self.high))
+        word = "faster" if gain >= 0 else "slower"
+        return f"{abs(gain):.1%} {word} {than}, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}"
 
     def to_json(self) -> dict[str, float | int | list[int]]:
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "runs": list(self.runs),
