@@ -36,6 +36,17 @@ def searched(tmp_path_factory):
     return folder / "run"
 
 
+def test_no_sentence_of_the_search_contradicts_its_own_numbers(searched):
+    """The console's lines and report.md, checked against best.json and trials.csv
+    (tests/helpers/sentences.py): the summary's rates and speedup, each verdict's data wait
+    and rate, each change's label, no unmeasured zero, no advice to try what was measured."""
+    from sentences import contradictions
+
+    found, checked = contradictions(searched)
+    assert found == [], found
+    assert {"summary", "data wait"} <= checked, checked
+
+
 def test_search_writes_a_report_a_user_can_read(searched):
     md = (searched / "report.md").read_text()
     for section in ("# tuner report: toy", "## Best vs baseline", "## Configuration to paste", "## Trials",

@@ -47,6 +47,10 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
         assert (out / name).exists(), name
     best = json.loads((out / "best.json").read_text())
     assert set(best) >= {"params", "metrics", "baseline", "speedup", "target_met", "environment"}
+    from sentences import contradictions
+
+    found, checked = contradictions(out)  # every sentence against the run's own numbers
+    assert found == [] and "summary" in checked, (found, checked)
     ratio = best["metrics"]["samples_per_s"] / best["baseline"]["metrics"]["samples_per_s"]
     assert ratio == pytest.approx(best["speedup"])
     assert "tuner.measure" in best["command"] and "--set num_workers=" in best["command"]
