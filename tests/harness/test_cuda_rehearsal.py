@@ -100,3 +100,92 @@ def test_a_one_process_search_claims_no_gpu_before_a_trial_needs_it(monkeypatch)
     with mock.patch.object(torch, "cuda", cuda):
         ctx = distributed.context()
     cuda.set_device.assert_called_once_with(torch.device("cuda", 3))
+
+
+def _events(cuda: mock.MagicMock, ms: float) -> None:
+    """``torch.cuda.Event`` autospecced: every pair of events ``ms`` milliseconds apart."""
+    cuda.Event = mock.create_autospec(torch.cuda.Event)
+    cuda.Event.return_value.elapsed_time.return_value = ms
+    cuda.Event.return_value.query.return_value = True
+
+
+def test_the_cuda_event_timer_records_on_the_devices_stream_and_reads_milliseconds():
+    """The window's clock on a GPU (:class:`tuner.harness.timing.CudaEvents`): an event
+    recorded on the device's current stream a mark, read in milliseconds after the window."""
+    from tuner.harness import timing
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    _events(cuda, 12.5)
+    device = torch.device("cuda", 0)
+    with mock.patch.object(torch, "cuda", cuda):
+        clock = timing.source_for(device)
+        a, b = clock.mark(), clock.mark()
+        assert isinstance(clock, timing.CudaEvents) and clock.seconds(a, b) == 0.0125 and clock.reached(b)
+        clock.wait(b)
+    cuda.Event.assert_called_with(enable_timing=True)
+    cuda.current_stream.assert_called_with(device)
+    cuda.Event.return_value.record.assert_called_with(cuda.current_stream.return_value)
+    cuda.Event.return_value.synchronize.assert_called_once_with()
+
+
+def test_the_pipeline_clock_times_stage_work_with_events_and_synchronises_once():
+    from tuner.trial.engines.pipeline_clock import PipelineClock
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    _events(cuda, 4.0)
+    with mock.patch.object(torch, "cuda", cuda):
+        clock = PipelineClock(torch.device("cuda", 0))
+        clock.step(lambda: None)
+        assert clock.idle_s(0.0, float("inf")) == 0.004  # one step of 4 ms, no stage work seen
+    cuda.synchronize.assert_called_once_with()
+
+
+def test_a_windows_device_peaks_come_from_the_allocators_counters():
+    """The allocator's reserved and allocated peaks after a window on a GPU, its counters reset
+    before it (:class:`tuner.harness.system.monitors.WindowMonitors`)."""
+    from types import SimpleNamespace
+
+    from tuner.harness.system.monitors import WindowMonitors
+
+    cuda, nvml = _gpu()
+    cuda.max_memory_reserved.return_value, cuda.max_memory_allocated.return_value = 5 * 2**30, 4 * 2**30
+    device = torch.device("cuda", 0)
+    with mock.patch.object(torch, "cuda", cuda), mock.patch.dict("sys.modules", {"pynvml": nvml}):
+        monitors = WindowMonitors(device, 0.05, reset_peaks=True)
+        window = SimpleNamespace(wall_s=0.1)
+        monitors.stop(window, 0.0)
+    cuda.reset_peak_memory_stats.assert_called_once_with(device)
+    assert window.peak_device_bytes == 5 * 2**30 and window.peak_allocated_bytes == 4 * 2**30
+    cuda.max_memory_reserved.assert_called_with(device)
+
+
+def test_a_trials_allocator_figures_are_its_peaks_and_the_retries_inside_it():
+    """The in-process trial's allocator bookends on a GPU (tuner/trial/run.py): peaks reset
+    before, read after; retries and OOMs as the difference of the allocator's counters."""
+    from types import SimpleNamespace
+
+    from tuner.trial import run
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    cuda.memory_stats.side_effect = [{"num_alloc_retries": 2, "num_ooms": 0}, {"num_alloc_retries": 5, "num_ooms": 1}]
+    cuda.max_memory_reserved.return_value, cuda.max_memory_allocated.return_value = 7 * 2**30, 6 * 2**30
+    device, window = torch.device("cuda", 1), SimpleNamespace()
+    with mock.patch.object(torch, "cuda", cuda):
+        before = run._allocator_start(device)
+        run._allocator_end(window, device, before)
+    cuda.reset_peak_memory_stats.assert_called_once_with(device)
+    assert (window.peak_device_bytes, window.peak_allocated_bytes) == (7 * 2**30, 6 * 2**30)
+    assert (window.alloc_retries, window.cuda_ooms) == (3, 1)
+
+
+def test_expandable_segments_set_and_put_back_through_the_allocators_setter():
+    from tuner.trial.engines import gpu_levers
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    cuda.is_available.return_value = True
+    with mock.patch.object(torch, "cuda", cuda):
+        restore = gpu_levers.expandable_segments(True)
+        restore()
+    assert [c.args for c in cuda.memory._set_allocator_settings.call_args_list] == [
+        ("expandable_segments:True",), ("expandable_segments:False",)]
+    assert cuda.empty_cache.call_count == 2
