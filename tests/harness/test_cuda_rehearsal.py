@@ -189,3 +189,37 @@ def test_expandable_segments_set_and_put_back_through_the_allocators_setter():
     assert [c.args for c in cuda.memory._set_allocator_settings.call_args_list] == [
         ("expandable_segments:True",), ("expandable_segments:False",)]
     assert cuda.empty_cache.call_count == 2
+
+
+def test_each_rank_takes_its_local_gpu_and_a_lone_process_keeps_the_default(monkeypatch):
+    """Under torchrun every rank claims GPU LOCAL_RANK (modulo the GPUs it sees); one process
+    alone does not call set_device (under CUDA 12 it opens a context: ~0.5 GiB of GPU 0 for a
+    script-mode search that never trains there)."""
+    from tuner.harness import distributed
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    cuda.is_available.return_value, cuda.device_count.return_value = True, 2
+    monkeypatch.setattr(distributed, "ensure_process_group", lambda device: None)
+    with mock.patch.object(torch, "cuda", cuda):
+        for var, value in (("WORLD_SIZE", "4"), ("RANK", "3"), ("LOCAL_RANK", "3")):
+            monkeypatch.setenv(var, value)
+        ctx = distributed.context()
+        assert ctx.device == torch.device("cuda", 1) and ctx.world_size == 4
+        cuda.set_device.assert_called_once_with(torch.device("cuda", 1))
+        for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+            monkeypatch.delenv(var)
+        cuda.set_device.reset_mock()
+        assert distributed.context().device == torch.device("cuda", 0)
+        cuda.set_device.assert_not_called()
+
+
+def test_exposed_communication_on_a_gpu_is_nccl_kernels_no_compute_kernel_covers():
+    """The CUDA definition of :func:`tuner.harness.comm.exposed_share` on a kernel trace: an
+    all-reduce of 10 us of which compute kernels cover 4, over a 20 us span: 0.3."""
+    from tuner.harness.comm import exposed_share
+
+    events = [{"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64", "ts": 0.0, "dur": 8.0},
+              {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 4.0, "dur": 10.0},
+              {"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "ts": 14.0, "dur": 6.0},
+              {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 3.0, "dur": 1.0}]
+    assert exposed_share(events, 20.0, "cuda") == 0.3
