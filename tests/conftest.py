@@ -297,6 +297,7 @@ def slurm():
     the same way from Debian's packages. Yields the environment to run ``salloc`` with."""
     import shutil
 
+    munge_before = subprocess.run(["pgrep", "-x", "munged"], capture_output=True).returncode == 0
     conf, folder = _service(
         os.environ.get("SLURM_CONF"),
         bool(shutil.which("slurmctld") and shutil.which("slurmd")) and os.geteuid() == 0,
@@ -306,4 +307,6 @@ def slurm():
     yield {**os.environ, "SLURM_CONF": conf}
     if folder is not None:
         subprocess.run(["pkill", "-f", f"{folder}/slurm.conf"], capture_output=True)
+        if not munge_before:  # slurm_local.sh started munge for this session: it goes with it (the
+            subprocess.run(["pkill", "-x", "munged"], capture_output=True)  # session's leftover check saw it)
         shutil.rmtree(folder, ignore_errors=True)

@@ -200,7 +200,7 @@ def check_main(argv: Sequence[str] | None = None) -> int:
                              "as a fraction (default 0.05)")
     parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=None,
                         help="the most interleaved rounds (each side once); it stops as soon as the interval "
-                             "decides the gate (default 20 with --rev, 10 with --against)")
+                             "decides the gate (default 20)")
     parser.add_argument("--nproc-per-node", type=int, default=1,
                         help="with --rev: ranks each measurement of a task recipe runs on (torchrun)")
     parser.add_argument("--absolute", action="store_true",
@@ -215,6 +215,7 @@ def check_main(argv: Sequence[str] | None = None) -> int:
     if args.rev is not None and (args.absolute or args.process_noise is not None):
         parser.error("--absolute and --process-noise go with --against, not --rev")
 
+    from tuner.analysis.gate import DEFAULT_REV_ROUNDS, DEFAULT_ROUNDS
     from tuner.api import check, check_rev
     from tuner.outputs import console
 
@@ -222,12 +223,13 @@ def check_main(argv: Sequence[str] | None = None) -> int:
         def progress(done: int, rev: float, work: float) -> None:
             print(f"round {done}: {args.rev} {rev:,.1f} samples/s, working tree {work:,.1f}", file=sys.stderr)
 
-        return _report(lambda: check_rev(args.recipe, args.rev, args.tolerance, args.rounds or 20, tuple(args.sets),
+        return _report(lambda: check_rev(args.recipe, args.rev, args.tolerance, args.rounds or DEFAULT_REV_ROUNDS,
+                                         tuple(args.sets),
                                          args.nproc_per_node, progress),
                        args.json, console.print_rev_check, lambda result: result.passed,
                        lambda result: result.exit_code)
-    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds or 10, tuple(args.sets),
-                                 args.absolute, args.process_noise),
+    return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds or DEFAULT_ROUNDS,
+                                 tuple(args.sets), args.absolute, args.process_noise),
                    args.json, console.print_check, lambda result: result.passed, lambda result: result.exit_code)
 
 
