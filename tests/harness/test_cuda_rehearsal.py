@@ -223,3 +223,44 @@ def test_exposed_communication_on_a_gpu_is_nccl_kernels_no_compute_kernel_covers
               {"ph": "X", "cat": "kernel", "name": "elementwise_kernel", "ts": 14.0, "dur": 6.0},
               {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 3.0, "dur": 1.0}]
     assert exposed_share(events, 20.0, "cuda") == 0.3
+
+
+def test_the_callers_cuda_generators_are_put_back_as_found():
+    """A library call leaves the caller's CUDA random state as it found it
+    (:mod:`tuner.harness.as_found`): every device's generator saved, then restored."""
+    from tuner.harness import as_found
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    cuda.is_available.return_value = cuda.is_initialized.return_value = True
+    cuda.get_rng_state_all.return_value = ["gpu0 state", "gpu1 state"]
+    with mock.patch.object(torch, "cuda", cuda):
+        state = as_found._rng_state()
+        as_found._set_rng_state(state)
+    assert state["cuda"] == ["gpu0 state", "gpu1 state"]
+    cuda.set_rng_state_all.assert_called_once_with(["gpu0 state", "gpu1 state"])
+
+
+def test_nvtx_ranges_go_through_torch_cuda_nvtx(monkeypatch):
+    from tuner.harness import nvtx
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    monkeypatch.setattr(nvtx, "available", lambda: True)
+    with mock.patch.object(torch, "cuda", cuda):
+        ranges = nvtx.Ranges(True)
+        ranges.push("forward")
+        ranges.pop()
+    cuda.nvtx.range_push.assert_called_once_with("forward")
+    cuda.nvtx.range_pop.assert_called_once_with()
+
+
+def test_a_plan_without_a_memory_budget_reads_the_devices_room(monkeypatch):
+    """``tuner plan`` on a GPU without ``budget.memory_gib``: the room the device has now
+    (:func:`tuner.harness.system.devices.room`), in GiB, with where it came from."""
+    from tuner.config.machine import Machine
+    from tuner.config.recipe import Budget
+    from tuner.harness.system import devices
+    from tuner.memory import capacity
+
+    monkeypatch.setattr(devices, "room", lambda device=None: 40 * 2**30)
+    gib, why = capacity._budget(Budget(), 1, Machine(cuda=True, bf16=True, fp16=True))
+    assert gib == 40.0 and why.startswith("the GPU's free memory at start")
