@@ -44,8 +44,8 @@ def test_the_search_decides_on_samples_per_joule_where_a_counter_answers(tmp_pat
 
     monkeypatch.setattr(energy, "powercap_counters", counters)
     recipe = toy_recipe(tmp_path, objective="samples_per_joule", task_args={"read_ms": 1.0},
-                        space={"num_workers": [0, 1, 2]}, baseline={"num_workers": 0})
-    result = tuner.search(recipe, out=tmp_path / "run", trials=3, attribute=0, quiet=True)
+                        space={"num_workers": [0, 1]}, baseline={"num_workers": 0})
+    result = tuner.search(recipe, out=tmp_path / "run", trials=2, attribute=0, quiet=True)
     assert reads["n"] > 0 and result is not None
     study = result.study
     ok = [t for t in study.records() if t.attrs.get("state") == "ok"]
