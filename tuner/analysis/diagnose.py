@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from tuner.config import layout, levers
 from tuner.config.machine import Machine
+from tuner.config.space import written
 
 THRESHOLDS: dict[str, float] = {
     "data_wait_share": 0.10,  # data-bound above this share of the step spent waiting for the next batch
@@ -165,13 +166,12 @@ def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     pp, accum = layout.of(f.params).pp, f.params.get("grad_accum_steps")
     theory = f" ({pp} stages x {accum} micro-batches: (p - 1) / (m + p - 1) = {(pp - 1) / (accum + pp - 1):.0%} " \
              "in theory, the rest the stages' sends)" if isinstance(accum, int) and pp > 1 else ""
+    more = remedies("pipeline-bound", f.params, f.device, here=f.here)
     return Verdict(
         "pipeline-bound", bubble,
         f"a pipeline stage sits idle {bubble:.0%} of the step{theory}",
         "more micro-batches per pipeline step (a smaller micro_batch_size at the same global batch), "
-        + (remedies("pipeline-bound", f.params, f.device, here=f.here) + ", "
-           if remedies("pipeline-bound", f.params, f.device, here=f.here)
-           else "") + "or fewer pipeline stages where the model still fits",
+        + (more + ", " if more else "") + "or fewer pipeline stages where the model still fits",
     )
 
 
@@ -287,19 +287,14 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
         if already and not runs:
             continue
         if len(runs) < len(already):
-            words = f"{name}: {' or '.join(_yaml(v) for v in runs)}"
+            words = f"{name}: {' or '.join(written(v) for v in runs)}"
         if here is not None and runs and name in here.space and not set(runs) & set(here.space[name]):
-            add[name] = ", ".join(_yaml(v) for v in (*here.space[name], runs[0]))
+            add[name] = ", ".join(written(v) for v in (*here.space[name], runs[0]))
         out.append(words)
     if add:  # the suggestions this search could not try: how to let it
         out.append("to search the ones outside this recipe's space, add space: {"
                    + ", ".join(f"{k}: [{v}]" for k, v in add.items()) + "}")
     return ", ".join(out)
-
-
-def _yaml(value: Any) -> str:
-    """A value as a recipe writes it (``true``, not ``True``)."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:

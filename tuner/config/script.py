@@ -30,6 +30,13 @@ ADAPT_MODES: tuple[str, ...] = get_args(AdaptMode)
 DERIVED = ("grad_accum_steps",)
 """Values a script may need that the tuner derives: accumulation = global / (micro x world)."""
 LOADER_KNOBS = levers.of("loader")
+
+
+def set_by_script(ran: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The loader settings a script set on its own DataLoader that its trials could not change
+    (:func:`tuner.scriptmode.adapters.common.kept_by_script`), from what a run recorded as ran:
+    they ran, so the record and the exports say them; they were not searched."""
+    return {k: v for k, v in (ran or {}).items() if k in LOADER_KNOBS}
 ADAPTER_ROUTES: dict[str, tuple[str, ...]] = {
     mode: tuple(name for name, lever in levers.LEVERS.items() if mode in lever.adapters)
     + (DERIVED if mode in levers.LEVERS["micro_batch_size"].adapters else ())

@@ -202,7 +202,7 @@ def restrict(space: Mapping[str, tuple[Any, ...]], machine: Machine,
         if values and value in values:
             kept = tuple(v for v in values if v != value) or (fallback,)
             out[name] = kept
-            notes.append(f"{name}={_fmt(value)} dropped: {reason}")
+            notes.append(f"{name}={written(value)} dropped: {reason}")
     return out, notes
 
 
@@ -225,7 +225,7 @@ def make_config(
     notes: list[str] = []
     for name, value, reason, fallback in unsupported(machine):
         if values[name] == value:
-            notes.append(f"{name}={_fmt(value)} cannot apply here ({reason}); using {_fmt(fallback)}")
+            notes.append(f"{name}={written(value)} cannot apply here ({reason}); using {written(fallback)}")
             values[name] = fallback
     if strict:
         check_divisible(global_batch_size, [values["micro_batch_size"]], data_parallel, "micro_batch_size")
@@ -253,5 +253,6 @@ def unsupported(machine: Machine, adapt: str | None = None) -> list[tuple[str, A
     return out
 
 
-def _fmt(value: Any) -> str:
+def written(value: Any) -> str:
+    """A knob's value as a recipe writes it (``true``, not ``True``)."""
     return str(value).lower() if isinstance(value, bool) else str(value)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.cost import per_million
-from tuner.config import levers
+from tuner.config.script import set_by_script
 from tuner.config.space import KNOBS
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
@@ -51,7 +51,7 @@ def render_markdown(data: ReportData) -> str:
     lines += ["", f"Trials: {len(trials)} measured, {len(failures)} failed or infeasible"
               + (f" ({_counts(failures)})" if failures else "") + f"; stopped: {r.stopped}."]
     if r.best.get("params"):
-        kept = {k: v for k, v in (r.best.get("ran") or {}).items() if k in levers.of("loader")}
+        kept = set_by_script(r.best.get("ran"))
         pasted = {**r.best["params"], **kept}
         lines += ["", "## Configuration to paste", "", "```json", json.dumps(pasted, indent=2), "```"]
         if kept:

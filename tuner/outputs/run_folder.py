@@ -13,9 +13,10 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
-from tuner.config import export, levers
+from tuner.config import export
+from tuner.config.script import set_by_script
 from tuner.config.space import KNOBS, Config
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.study import workers
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from tuner.tuning.search_result import SearchResult
 
 PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
-LOADER = levers.of("loader")
 
 
 def write_run(result: "SearchResult") -> None:
@@ -54,13 +54,6 @@ def write_run(result: "SearchResult") -> None:
     _json(out / "best.json", record)
     study.set_attr("result", record)  # the report is rebuilt from the study alone
     build_report(out, study)
-
-
-def set_by_script(ran: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The loader settings a script set on its own DataLoader that its trials could not change
-    (:func:`tuner.scriptmode.adapters.common.kept_by_script`): they ran, so the record and the
-    exports say them; they were not searched."""
-    return {k: v for k, v in (ran or {}).items() if k in LOADER}
 
 
 def write_plan(plan: "CapacityPlan", out: Path) -> Path:

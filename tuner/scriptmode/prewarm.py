@@ -176,11 +176,12 @@ def main() -> int:
         return 1
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the trials; their statuses go to files
     _say({"ready": True})
+    me = os.getpid()
     for line in sys.stdin:
-        request = {**json.loads(line), "parent": os.getpid()}
+        request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(request)
+            _child(request, me)
         _say({"pid": pid})
     return 0
 
@@ -207,8 +208,9 @@ def _end_with(parent: int) -> None:
         os._exit(int(signal.SIGKILL) + 128)
 
 
-def _child(request: Mapping[str, Any]) -> None:
-    """Become the trial: ``python -u ARGV`` in its session, environment, folder and log."""
+def _child(request: Mapping[str, Any], parent: int) -> None:
+    """Become the trial (``parent``: this pre-warmed process): ``python -u ARGV`` in its
+    session, environment, folder and log."""
     import atexit
     import random
     import runpy
@@ -216,7 +218,7 @@ def _child(request: Mapping[str, Any]) -> None:
 
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     os.setsid()
-    _end_with(request["parent"])
+    _end_with(parent)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)

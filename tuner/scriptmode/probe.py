@@ -131,10 +131,10 @@ class Probe(ProbeCore):
         differ from the trial's are recorded as what ran (the script set them itself)."""
         if self._trial is not None and isinstance(iterable, DataLoader):
             kept = kept_by_script(iterable, self._trial.get("knobs") or {})
+            self.ran.update(kept)
             note = ("the script's DataLoader sets " + ", ".join(f"{k}={v}" for k, v in kept.items())
                     + " itself, not the trial's value: recorded as what ran, not searched")
-            self.ran.update(kept)
-            if kept and note not in self.notes:
+            if kept and note not in self.notes:  # once, however many epochs iterate it
                 self.notes.append(note)
         return super().loader(iterable, transfer)
 

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tuner.analysis.diagnose import Here, Verdict, diagnose_run
 from tuner.analysis.evidence import Seen, revise
-from tuner.config import levers
-from tuner.config.space import Config, Machine
+from tuner.config.space import Config, Machine, unsupported
 from tuner.harness.system.environment import cores
 from tuner.study import records
 from tuner.study.searchspace import config_key
@@ -50,9 +49,10 @@ def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], d
     the space's refusal rules (the layout, the global batch, the libraries); ``make``: full
     params from knobs."""
 
+    ruled_out = {(name, value): why for name, value, why, _ in unsupported(machine)}
+
     def refusal(name: str, value: Any) -> str | None:
-        ruled_out = next((why for v, why, *_ in levers.LEVERS[name].refused(machine) if v == value), None)
-        return ruled_out or space.refusal(make({**params, name: value}), world_size, global_batch)
+        return ruled_out.get((name, value)) or space.refusal(make({**params, name: value}), world_size, global_batch)
 
     return Here(refusal, {k: tuple(v) for k, v in space.choices.items()})
 

@@ -59,8 +59,9 @@ def kept_by_script(loader: Any, knobs: Mapping[str, Any]) -> dict[str, Any]:
     ran. imagenet/main.py builds ``DataLoader(pin_memory=True)``; trials.csv said ``False``
     for trials in which the script still pinned. Without workers the other loader levers
     mean nothing and are not compared."""
-    names = [n for n in LOADER_KNOBS if n == "num_workers" or own_value(loader, "num_workers")]
-    return {n: own_value(loader, n) for n in names if n in knobs and own_value(loader, n) != knobs[n]}
+    own = {n: own_value(loader, n) for n in LOADER_KNOBS}
+    compared = LOADER_KNOBS if own["num_workers"] else ("num_workers",)
+    return {n: own[n] for n in compared if n in knobs and own[n] != knobs[n]}
 
 
 def patch_method(obj: Any, name: str, wrapper: Any) -> None:
