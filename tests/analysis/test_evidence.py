@@ -23,8 +23,8 @@ ONE_CORE = ["taskset", "-c", "0"]
 def search_on_one_core(folder, task_args, trials):
     recipe = toy_recipe(folder, task_args=task_args, steps={"warmup": 3, "measure": 30},
                         baseline={"num_workers": 0}, space={"num_workers": [0, 1, 2], "micro_batch_size": [16]})
-    proc = run([*ONE_CORE, sys.executable, "-m", "tuner.search", str(recipe), "--trials", str(trials), "--confirm",
-                "0", "--quiet", "--out", str(folder / "run")], OMP_NUM_THREADS="1")
+    proc = run([*ONE_CORE, sys.executable, "-m", "tuner.search", str(recipe), "--trials", str(trials), "--quiet",
+                "--out", str(folder / "run")], OMP_NUM_THREADS="1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads((folder / "run" / "best.json").read_text()), (folder / "run" / "search.log").read_text()
 
@@ -68,6 +68,27 @@ def test_workers_that_removed_the_wait_but_not_the_time_mean_saturated_cores():
     # workers that bought time: still data-bound
     faster = trial(1, 180, 0.02)
     assert revise([DATA_BOUND], base.params, base.metrics, [base, faster], cores=2) == [DATA_BOUND]
+
+
+def test_workers_the_answer_has_that_bought_nothing_mean_saturated_cores():
+    # recorded under a jittering load on one core: a lucky trial picked 2 workers; pooled,
+    # 0 workers read 735 samples/s at 39% wait and 2 workers 654 at 11%
+    base, two = trial(0, 735, 0.39, cpu=0.9), trial(2, 654, 0.11, cpu=0.5, worker_cpu=0.3)
+    still = Verdict("data-bound", 0.11, "waits 11%", "try more loader workers than 2")
+    out = revise([still], two.params, two.metrics, [base, two], cores=1)
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "from 0 to 2 worker(s)" in out[0].evidence
+    assert "-11%" in out[0].evidence and "more workers will not help" in out[0].next_step
+    # the wait under the data-bound bar (10%, read as compute-bound): the time still tells
+    under = trial(2, 682, 0.10, cpu=0.6, worker_cpu=0.4)
+    compute = Verdict("compute-bound", 0.9, "682 samples/s with 10% data wait", "a larger micro-batch")
+    out = revise([compute], under.params, under.metrics, [base, under], cores=1)
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "1.0 of 1 core(s)" in out[0].evidence
+    # workers that bought time over fewer: still data-bound, more may help
+    gained = trial(2, 900, 0.11)
+    assert [v.kind for v in revise([still], gained.params, gained.metrics, [base, gained], cores=1)] == ["data-bound"]
+    # a wait the workers did not take down says nothing about the cores
+    stuck = trial(2, 700, 0.35)
+    assert [v.kind for v in revise([still], stuck.params, stuck.metrics, [base, stuck], cores=1)] == ["data-bound"]
 
 
 def test_peak_memory_growing_per_worker_is_the_workers_memory():

@@ -54,9 +54,11 @@ def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapp
     out = list(verdicts)
     if not metrics:
         return out
-    saturated = cores_busy(params, metrics, cores) or host_cpu_saturated(params, metrics, trials, cores)
+    saturated = (cores_busy(params, metrics, cores) or host_cpu_saturated(params, metrics, trials, cores)
+                 or workers_bought_nothing(params, metrics, trials, cores))
     if saturated is not None:
-        out = [saturated] + [v for v in out if v.kind != "data-bound"]
+        # the cores explain both the wait and a step short of its stall-free ceiling
+        out = [saturated] + [v for v in out if v.kind not in ("data-bound", "compute-bound")]
     slope = memory_per_worker(trials)
     if slope is not None:
         out = [_loader_memory(v, slope, params) if v.kind == "memory-bound" else v for v in out]
@@ -133,6 +135,39 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
         f"the loop waits for data {wait:.0%} of the step, but {t.params['num_workers']} worker(s) took the wait "
         f"to {t.metrics.get('data_wait_share') or 0.0:.0%} and samples/s to "
         f"{t.metrics['samples_per_s'] / rate - 1:+.0%}{used}: loading and the step compete for the same cores",
+        _CHEAPER,
+    )
+
+
+def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any],
+                           trials: Sequence[Seen], cores: int) -> Verdict | None:
+    """The workers this configuration has took the wait down from a configuration with fewer
+    but bought no time over it: more will not either.
+
+    Seen under a jittering load on one core (decode and step on the same CPU): the search
+    picked 2 workers on a lucky trial, the finish's pooled runs read 0 workers 735 samples/s
+    and 2 workers 654 with the wait down from 39% to 11%, and the answer's verdict read
+    "data-bound ... try more loader workers than 2" (:func:`host_cpu_saturated` looks only
+    at trials with *more* workers than the configuration); another run read the wait at 10%,
+    under the data-bound bar, and called the answer "compute-bound ... 54% of the stall-free
+    ceiling" though its workers had bought -10%."""
+    wait, rate = metrics.get("data_wait_share") or 0.0, metrics.get("samples_per_s") or 0.0
+    workers = params.get("num_workers") or 0
+    if not rate or not workers:  # a wait under the data-bound threshold too: the time, not the wait, tells
+        return None
+    fewer = [t for t in trials if _alike(t.params, params, LOADER) and (t.params.get("num_workers") or 0) < workers
+             and t.metrics.get("samples_per_s")
+             and (t.metrics.get("data_wait_share") or 0.0) * WAIT_GONE > wait]
+    if not fewer or any(rate >= NO_GAIN * t.metrics["samples_per_s"] for t in fewer):
+        return None
+    t = min(fewer, key=lambda s: s.params.get("num_workers") or 0)
+    busy = _busy(metrics)
+    used = f"; main process and workers keep {busy:.1f} of {cores} core(s) busy" if busy else ""
+    return Verdict(
+        "host-cpu-saturated", wait,
+        f"going from {t.params.get('num_workers') or 0} to {workers} worker(s) took the data wait from "
+        f"{t.metrics.get('data_wait_share') or 0.0:.0%} to {wait:.0%} of the step and samples/s "
+        f"{rate / t.metrics['samples_per_s'] - 1:+.0%}{used}: loading and the step compete for the same cores",
         _CHEAPER,
     )
 
