@@ -1,6 +1,6 @@
 """The power of ``tuner check --rev`` at its defaults: how often it fails, passes and stays
 undecided on a working tree 0/5/10/20/50% slower than the revision, at each noise a run
-between processes, through the loop the command runs (:func:`tuner.tuning.regression.rev_rounds`,
+between processes, through the loop the command runs (:func:`tuner.tuning.gate_rounds.rev_rounds`,
 ``--rounds 20``, tolerance 5%) on simulated lognormal rates. Writes docs/analysis.md's table;
 ``tests/analysis/test_gate_power.py`` recomputes cells of it.
 
@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from tuner.analysis.gate import DEFAULT_REV_ROUNDS, DEFAULT_TOLERANCE
-from tuner.tuning.regression import rev_rounds
+from tuner.tuning.gate_rounds import rev_rounds
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "analysis.md"

@@ -21,7 +21,7 @@ from tuner.config.recipe import Recipe, check_tolerance, load_recipe
 from tuner.config.space import parse_knobs
 from tuner.config.trackers import parse_track
 from tuner.harness import distributed, interrupt
-from tuner.harness.as_found import as_found
+from tuner.harness.caller_state import as_found
 from tuner.harness.system.environment import environment
 from tuner.measurement import Measurement, measure_recipe
 from tuner.memory.capacity import CapacityPlan, plan_recipe
@@ -35,7 +35,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _as_found(call: _F) -> _F:
-    """The call leaves the caller's process as it found it (:mod:`tuner.harness.as_found`)."""
+    """The call leaves the caller's process as it found it (:mod:`tuner.harness.caller_state`)."""
     @functools.wraps(call)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         from tuner.trial.run import frozen_for_the_call
@@ -298,7 +298,7 @@ def check(
             is never judged with one process's noise).
     """
     from tuner.config.space import Machine
-    from tuner.tuning.regression import check_rounds, load_best, record_of
+    from tuner.tuning.gate_rounds import check_rounds, load_best, record_of
 
     if not 0 <= tolerance < 1:
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
@@ -336,7 +336,7 @@ def check_rev(
             recipe launches its own.
         progress: called with (round, rev's samples/s, the working tree's) after each round.
     """
-    from tuner.tuning.regression import gate_revision
+    from tuner.tuning.gate_rounds import gate_revision
 
     if not 0 <= tolerance < 1:
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")

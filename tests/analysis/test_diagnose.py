@@ -155,7 +155,7 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     from tuner.config.recipe import load_recipe
     from tuner.config.space import Machine, make_config
     from tuner.study.searchspace import build_space
-    from tuner.tuning import summary
+    from tuner.tuning import config_view
 
     from conftest import toy_recipe
 
@@ -168,7 +168,7 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
         return make_config(knobs, 16, 1, machine, "auto", strict=False)[0].params()
 
     params = make({"micro_batch_size": 16})
-    here = summary.here(space, machine, make, params, 1, 16)
+    here = config_view.here(space, machine, make, params, 1, 16)
     said = remedies("compute-bound", params, "cpu", here=here)
     for refused in ("matmul_precision", "cudnn_benchmark", "float8", "cudnn (fused", "larger micro_batch_size"):
         assert refused not in said, (refused, said)  # CUDA-only, or no accumulation left to trade

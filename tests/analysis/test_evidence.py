@@ -133,7 +133,7 @@ def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
     from tuner.study import records
     from tuner.study.study import Asked, Study
     from tuner.trial.trial_result import State, TrialResult
-    from tuner.tuning import summary
+    from tuner.tuning import config_view
     from tuner.tuning.pool import Pool
 
     from conftest import toy_recipe
@@ -157,8 +157,8 @@ def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
     for rate in (24.9, 25.3):
         pool.add(run(one, rate, 0.0, 1.9), "finish")
     env = {"cuda": False, "host_matmul_tflops": 0.1}
-    single = summary.verdicts(study, None, env, base, pool.metrics(base))  # the search trials' single runs
-    pooled = summary.verdicts(study, None, env, base, pool.metrics(base), pooled=pool.metrics)
+    single = config_view.verdicts(study, None, env, base, pool.metrics(base))  # the search trials' single runs
+    pooled = config_view.verdicts(study, None, env, base, pool.metrics(base), pooled=pool.metrics)
     assert any(v.kind == "host-cpu-saturated" for v in single), single  # 16.5 against 11.8: "-29%"
     assert not any(v.kind == "host-cpu-saturated" for v in pooled), pooled
     assert pooled[0].kind == "data-bound", pooled

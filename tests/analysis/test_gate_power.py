@@ -1,5 +1,5 @@
 """The gate's published power (docs/analysis.md) is what the command's own loop computes:
-rows recomputed through ``scripts/gate_power.py`` (``tuner.tuning.regression.rev_rounds`` at
+rows recomputed through ``scripts/gate_power.py`` (``tuner.tuning.gate_rounds.rev_rounds`` at
 its defaults, on simulated rates) must match the docs to the digit."""
 
 from __future__ import annotations

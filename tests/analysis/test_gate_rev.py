@@ -114,7 +114,7 @@ def test_a_precise_interval_above_the_tolerance_goes_on_to_a_verdict():
     import random
 
     from tuner.analysis.gate import DEFAULT_REV_ROUNDS, DEFAULT_TOLERANCE
-    from tuner.tuning.regression import rev_rounds
+    from tuner.tuning.gate_rounds import rev_rounds
 
     rng = random.Random("precise")
 

@@ -227,15 +227,15 @@ def test_exposed_communication_on_a_gpu_is_nccl_kernels_no_compute_kernel_covers
 
 def test_the_callers_cuda_generators_are_put_back_as_found():
     """A library call leaves the caller's CUDA random state as it found it
-    (:mod:`tuner.harness.as_found`): every device's generator saved, then restored."""
-    from tuner.harness import as_found
+    (:mod:`tuner.harness.caller_state`): every device's generator saved, then restored."""
+    from tuner.harness import caller_state
 
     cuda = mock.create_autospec(torch.cuda, instance=False)
     cuda.is_available.return_value = cuda.is_initialized.return_value = True
     cuda.get_rng_state_all.return_value = ["gpu0 state", "gpu1 state"]
     with mock.patch.object(torch, "cuda", cuda):
-        state = as_found._rng_state()
-        as_found._set_rng_state(state)
+        state = caller_state._rng_state()
+        caller_state._set_rng_state(state)
     assert state["cuda"] == ["gpu0 state", "gpu1 state"]
     cuda.set_rng_state_all.assert_called_once_with(["gpu0 state", "gpu1 state"])
 

@@ -31,7 +31,7 @@ def test_tuner_config_is_both_the_package_and_the_scripts_knobs():
 
     import tuner.config.space
 
-    assert tuner.config(num_workers=3).num_workers == 3 and tuner.config.space.KNOBS["num_workers"]
+    assert tuner.config(num_workers=3).num_workers == 3 and tuner.config.space.LEVERS["num_workers"]
     from tuner import config
 
     assert config is tuner.config and config(amp_dtype="bf16").amp_dtype == "bf16"

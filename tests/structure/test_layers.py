@@ -103,7 +103,7 @@ def test_no_private_member_of_another_object_without_a_reason() -> None:
 
 def test_optuna_is_imported_only_behind_the_study_interface() -> None:
     """The search talks to the tuner's own study (``tuner/study/study.py``: ask, tell,
-    enqueue, records) and reads :class:`tuner.study.record.Record`; Optuna is imported by
+    enqueue, records) and reads :class:`tuner.study.trial_record.Record`; Optuna is imported by
     three modules of ``tuner/study`` at most (issue 35: it was 17, in tuning/, outputs/ and
     memory/), in functions and under TYPE_CHECKING counted too."""
     importers = set()

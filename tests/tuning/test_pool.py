@@ -159,7 +159,7 @@ def test_the_prune_bar_reads_the_noise_the_run_measured_and_the_window_it_measur
     """The search's bar: no noise before any repeat (no cut), then the pooled noise with its
     degrees of freedom, the best's own runs, and the run's typical window for plateaus."""
     from tuner.config.recipe import Steps
-    from tuner.study.record import Record, Status
+    from tuner.study.trial_record import Record, Status
     from tuner.tuning.budget import prune_rule
 
     pool = Pool()

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.config import levers
-from tuner.config.space import KNOBS, conflict
+from tuner.config.levers import LEVERS
+from tuner.config.space import conflict
 from tuner.stats.interval import Slowdown, slowdown
 
 ORDER = levers.by("path")
@@ -58,7 +59,7 @@ def path(baseline: Mapping[str, Any], best: Mapping[str, Any],
 
 def changed(baseline: Mapping[str, Any], best: Mapping[str, Any]) -> list[str]:
     """The knobs that differ, in :data:`ORDER`."""
-    return [k for k in ORDER if baseline.get(k, KNOBS[k].default) != best.get(k, KNOBS[k].default)]
+    return [k for k in ORDER if baseline.get(k, LEVERS[k].default) != best.get(k, LEVERS[k].default)]
 
 
 def leave_one_out(baseline: Mapping[str, Any], best: Mapping[str, Any],
@@ -67,18 +68,18 @@ def leave_one_out(baseline: Mapping[str, Any], best: Mapping[str, Any],
     per step of :func:`path` (a knob that cannot go back alone takes its partner along)."""
     out = []
     for name, _ in path(baseline, best, valid)[1:]:
-        config = {**best, **{k: baseline.get(k, KNOBS[k].default) for k in name.split("+")}}
+        config = {**best, **{k: baseline.get(k, LEVERS[k].default) for k in name.split("+")}}
         for other in changed(baseline, best):
             if _ok(config, valid):
                 break
-            config[other] = baseline.get(other, KNOBS[other].default)
+            config[other] = baseline.get(other, LEVERS[other].default)
         out.append((name, config))
     return out
 
 
 def values(config: Mapping[str, Any], name: str) -> Any:
     """A step's knob value in ``config`` (``a / b`` for a step of two knobs)."""
-    parts = [config.get(k, KNOBS[k].default) for k in name.split("+")]
+    parts = [config.get(k, LEVERS[k].default) for k in name.split("+")]
     return parts[0] if len(parts) == 1 else " / ".join(map(str, parts))
 
 
@@ -224,4 +225,4 @@ def attribute(
 
 
 def key(config: Mapping[str, Any]) -> str:
-    return ",".join(f"{k}={config.get(k, KNOBS[k].default)}" for k in ORDER)
+    return ",".join(f"{k}={config.get(k, LEVERS[k].default)}" for k in ORDER)

@@ -21,7 +21,7 @@ the working tree, each side in fresh processes, interleaved, read as pairs. The 
 cannot see a slowdown every configuration shares (a log line added to the training step):
 the speedup over the baseline stays what it was.
 
-Pure functions of rates; measuring them is :mod:`tuner.tuning.regression`'s.
+Pure functions of rates; measuring them is :mod:`tuner.tuning.gate_rounds`'s.
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def _apply_overrides(raw: dict[str, Any], overrides: Sequence[str], path: Path) 
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError:
             value = text
-        if key in space_mod.KNOBS:
+        if key in space_mod.LEVERS:
             knobs[key] = value
             continue
         node = raw
@@ -270,7 +270,7 @@ def _values_set(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[str, Any
                 overrides: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
     """Every value the recipe gives each knob it sets (space, baseline, ``--set``)."""
     out: dict[str, tuple[Any, ...]] = {}
-    for name in space_mod.KNOBS:
+    for name in space_mod.LEVERS:
         if name in overrides:
             out[name] = (overrides[name],)
         elif name in space or name in baseline:
@@ -284,7 +284,7 @@ def _check_combinations(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[
     """Refuse knob values that cannot go together in what the recipe fixes: the baseline
     (as measured first) and the configuration ``tuner.measure`` runs (fixed space values,
     baseline, ``--set``). Searched values that conflict are simply never suggested."""
-    defaults = {name: knob.default for name, knob in space_mod.KNOBS.items()}
+    defaults = {name: knob.default for name, knob in space_mod.LEVERS.items()}
     fixed = {name: values[0] for name, values in space.items() if len(values) == 1}
     for where, knobs in (("--set" if overrides else "baseline", {**defaults, **baseline, **overrides}),
                          ("--set" if overrides else "space", {**defaults, **fixed, **baseline, **overrides})):

@@ -22,7 +22,7 @@ from typing import Any, Literal, Mapping, get_args
 from tuner.config import levers
 from tuner.config.errors import RecipeError
 from tuner.config.gpus import default_nproc
-from tuner.config.space import KNOBS
+from tuner.config.levers import LEVERS
 
 AdaptMode = Literal["torch", "hf", "lightning", "accelerate", "deepspeed"]
 """Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""
@@ -120,7 +120,7 @@ class Script:
     def routes(self) -> set[str]:
         """The knobs that reach this script by ``knobs:``, ``env:``, ``tuner.config`` or its adapter."""
         if self.adapt is None:
-            return {*KNOBS, *DERIVED}  # the script reads them all with tuner.config()
+            return {*LEVERS, *DERIVED}  # the script reads them all with tuner.config()
         return {*self.taken(), *ADAPTER_ROUTES[self.adapt]}
 
 
@@ -142,10 +142,10 @@ def parse_script(raw: Mapping[str, Any], recipe_path: Path) -> Script:
         raise RecipeError(f"env: expected a mapping of environment variables, got {env!r}")
     env = {k: str(v) for k, v in env.items()}
     for key, value in env.items():
-        unknown = [n for n in placeholders(value, f"env.{key}") if n not in KNOBS and n not in DERIVED]
+        unknown = [n for n in placeholders(value, f"env.{key}") if n not in LEVERS and n not in DERIVED]
         if unknown:
             raise RecipeError(f"env.{key}: {{{unknown[0]}}} is not a knob; placeholders are "
-                              f"{', '.join('{' + n + '}' for n in (*KNOBS, *DERIVED))}")
+                              f"{', '.join('{' + n + '}' for n in (*LEVERS, *DERIVED))}")
     adapt = raw.get("adapt")
     if adapt is not None and adapt not in ADAPT_MODES:
         raise RecipeError(f"adapt: expected one of {', '.join(ADAPT_MODES)} (or no adapt: for a script that calls "
@@ -245,8 +245,8 @@ def _knobs(raw: Any) -> dict[str, str | dict[Any, str]]:
         raise RecipeError(f"knobs: expected a mapping of knob: \"--flag {{}}\", got {raw!r}")
     out: dict[str, str | dict[Any, str]] = {}
     for name, route in raw.items():
-        if name not in KNOBS and name not in DERIVED:
-            raise RecipeError(f"knobs.{name}: not a knob; knobs are {', '.join((*KNOBS, *DERIVED))}")
+        if name not in LEVERS and name not in DERIVED:
+            raise RecipeError(f"knobs.{name}: not a knob; knobs are {', '.join((*LEVERS, *DERIVED))}")
         if isinstance(route, str):
             if "{}" not in route:
                 raise RecipeError(f"knobs.{name}: the template {route!r} has no {{}} for the value; write it as "

@@ -23,10 +23,7 @@ EngineName = Literal["auto", "torch", "deepspeed"]
 """The recipe's ``engine``: ``auto`` runs zero_stage 0 as DDP and stages 1-3 as DeepSpeed."""
 AMP_DTYPES: tuple[str, ...] = get_args(AmpDtype)
 ENGINES: tuple[str, ...] = get_args(EngineName)
-Knob = Lever
-KNOBS: dict[str, Lever] = LEVERS
-"""Every knob (:mod:`tuner.config.levers`), by name."""
-__all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "KNOBS", "Config", "Knob", "Machine", "applies", "conflict",
+__all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "Config", "Machine", "applies", "conflict",
            "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
 
@@ -43,7 +40,7 @@ def applies(name: str, knobs: Mapping[str, Any], world_size: int) -> bool:
 
 def defaults() -> dict[str, Any]:
     """Every knob at its default (``micro_batch_size`` ``None``: no accumulation)."""
-    return {name: knob.default for name, knob in KNOBS.items()}
+    return {name: knob.default for name, knob in LEVERS.items()}
 
 
 GUARDED = tuple((name, lever.reference) for name, lever in LEVERS.items() if lever.guarded)
@@ -69,7 +66,7 @@ def reference_knobs(params: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration the precision guard's reference curve comes from: the same, at
     every guarded lever's reference (fp32, eager, no checkpointing or FSDP2, full-precision
     matmuls), with what those leave meaningless (FSDP2's offload) and batches in order."""
-    knobs = {k: v for k, v in params.items() if k in KNOBS}
+    knobs = {k: v for k, v in params.items() if k in LEVERS}
     knobs.update({name: ref for name, ref in GUARDED})
     knobs["in_order"] = True
     if knobs.get("zero_stage", 0) == 0:
@@ -163,14 +160,14 @@ def parse_knobs(raw: Any, where: str) -> dict[str, Any]:
     return {name: _knob(name, f"{where}{sep}{name}").parse(v, f"{where}{sep}{name}") for name, v in raw.items()}
 
 
-def _knob(name: str, where: str) -> Knob:
-    if name not in KNOBS:
+def _knob(name: str, where: str) -> Lever:
+    if name not in LEVERS:
         import difflib
 
-        close = difflib.get_close_matches(str(name), KNOBS, n=1)
+        close = difflib.get_close_matches(str(name), LEVERS, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
-        raise RecipeError(f"{where}: unknown knob{hint}; knobs are {', '.join(KNOBS)}")
-    return KNOBS[name]
+        raise RecipeError(f"{where}: unknown knob{hint}; knobs are {', '.join(LEVERS)}")
+    return LEVERS[name]
 
 
 def check_divisible(global_batch_size: int, micro_sizes: Sequence[int], world_size: int, where: str) -> None:
@@ -232,9 +229,9 @@ def make_config(
     why = conflict(values)
     if why is not None:
         raise RecipeError(why)
-    for name in KNOBS:  # a knob that means nothing here takes its default (one config, one key)
+    for name in LEVERS:  # a knob that means nothing here takes its default (one config, one key)
         if not applies(name, values, world_size):
-            values[name] = KNOBS[name].default
+            values[name] = LEVERS[name].default
     why = levers.engine_clash({name: (value,) for name, value in values.items()}, engine)
     if why is not None:
         raise RecipeError(why)

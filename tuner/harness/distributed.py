@@ -61,7 +61,7 @@ _alone = False
 
 def formed_alone() -> bool:
     """Whether the default group is a lone process's world of one on the tuner's own
-    rendezvous: a library call that formed it takes it down again (:mod:`tuner.harness.as_found`).
+    rendezvous: a library call that formed it takes it down again (:mod:`tuner.harness.caller_state`).
     A group on a launcher's rendezvous (torchrun's) is the job's: re-forming one on
     torchrun's agent store after destroying it hangs, so it stays for the process."""
     return _alone and dist.is_initialized()

@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 PROFILE_STEPS = Steps(warmup=1, measure=2, repeats=1)
 SHARDING = levers.with_memory("states")
 """The levers that move the model states (analytic in the memory model)."""
-GROUP = memory.GROUP
 SECOND_PROFILE_RATIO = 4
 """The baseline group's second profiled micro-batch is at least this many times its first
 (or the largest there is): two close micro-batches pin the slope poorly."""
@@ -123,11 +122,11 @@ class Profiler:
         at the baseline's other knobs holds it: a group whose lever means nothing there (a
         pipeline schedule without stages) is the group it collapses to, so the profile never
         asks for it again and again (a layout space looped forever on it before)."""
-        c = self.space.choices
+        c, names = self.space.choices, memory.GROUP
         out: list[dict[str, Any]] = []
-        for values in [tuple(self.base[k] for k in GROUP), *itertools.product(*(c[k] for k in GROUP))]:
-            config = self.config({**dict(zip(GROUP, values)), "micro_batch_size": self.base["micro_batch_size"]})
-            group = {k: getattr(config, k) for k in GROUP} if config is not None else dict(zip(GROUP, values))
+        for values in [tuple(self.base[k] for k in names), *itertools.product(*(c[k] for k in names))]:
+            config = self.config({**dict(zip(names, values)), "micro_batch_size": self.base["micro_batch_size"]})
+            group = {k: getattr(config, k) for k in names} if config is not None else dict(zip(names, values))
             if group not in out:
                 out.append(group)
         self.base_group = out[0]
@@ -188,13 +187,13 @@ class Profiler:
         """Every sharding x AMP x checkpointing combination of the space, and what fits it."""
         c = self.space.choices
         rows = []
-        for values in itertools.product(*(c[k] for k in (*SHARDING, *GROUP))):
-            knobs = dict(zip((*SHARDING, *GROUP), values))
+        for values in itertools.product(*(c[k] for k in (*SHARDING, *memory.GROUP))):
+            knobs = dict(zip((*SHARDING, *memory.GROUP), values))
             micros = self.micros(knobs)
             config = self.config({**knobs, "micro_batch_size": micros[0]}) if micros else None
             if config is None:
                 continue
-            knobs = {k: getattr(config, k) for k in (*SHARDING, *GROUP)}  # normalised: what really differs
+            knobs = {k: getattr(config, k) for k in (*SHARDING, *memory.GROUP)}  # normalised: what really differs
             if all(r.knobs != knobs for r in rows):
                 rows.append(self._row(knobs))
         checked = [abs(p["predicted_gib"] - p["measured_gib"]) / p["measured_gib"] for p in self.profiled
@@ -218,7 +217,7 @@ class Profiler:
 
 
 def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(knobs[k] for k in GROUP)
+    return tuple(knobs[k] for k in memory.GROUP)
 
 
 def _budget(budget: "Budget", world_size: int, machine: Machine) -> tuple[float, str]:

@@ -44,7 +44,7 @@ from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
     from tuner.config.task import Task
-    from tuner.study.record import Record
+    from tuner.study.trial_record import Record
 
 GIB = 1024**3
 GROUP = levers.with_memory("activations")

@@ -14,7 +14,6 @@ from rich.table import Table
 from tuner.analysis.diagnose import Verdict, headline
 from tuner.config import layout
 from tuner.config.levers import LEVERS, recomputing
-from tuner.config.space import KNOBS
 from tuner.harness.metrics import METRIC_NAMES
 
 if TYPE_CHECKING:
@@ -56,7 +55,7 @@ reads in a row, when not at its default."""
 def levers(params: dict[str, Any]) -> str:
     """The levers a configuration sets away from their defaults, in a few words ('-' for none)."""
     words = [fmt.format(params[name]) for name, fmt in LEVER_WORDS
-             if name in params and params[name] != KNOBS[name].default]
+             if name in params and params[name] != LEVERS[name].default]
     return " ".join(words) or "-"
 
 

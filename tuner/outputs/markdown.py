@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.cost import per_million
+from tuner.config.levers import LEVERS
 from tuner.config.script import set_by_script
-from tuner.config.space import KNOBS
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
 from tuner.tuning.search_result import SearchResult
@@ -258,7 +258,7 @@ def _knobs(params: dict[str, Any]) -> str:
     keys = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype",
             "micro_batch_size", "grad_accum_steps", "zero_stage")
     core = [f"{k}={params[k]}" for k in keys if k in params]
-    more = [f"{k}={params[k]}" for k in KNOBS if k not in keys and k in params and params[k] != KNOBS[k].default]
+    more = [f"{k}={params[k]}" for k in LEVERS if k not in keys and k in params and params[k] != LEVERS[k].default]
     return ", ".join(core + more)
 
 

@@ -16,18 +16,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.config import export
+from tuner.config.levers import LEVERS
 from tuner.config.script import set_by_script
-from tuner.config.space import KNOBS, Config
+from tuner.config.space import Config
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.study import workers
-from tuner.study.record import Status
+from tuner.study.trial_record import Status
 
 if TYPE_CHECKING:
     from tuner.memory.capacity import CapacityPlan
     from tuner.study.study import Study
     from tuner.tuning.search_result import SearchResult
 
-PARAM_COLUMNS = (*KNOBS, "grad_accum_steps", "engine")
+PARAM_COLUMNS = (*LEVERS, "grad_accum_steps", "engine")
 
 
 def write_run(result: "SearchResult") -> None:

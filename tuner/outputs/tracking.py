@@ -44,7 +44,7 @@ from tuner.tuning.events import SearchEvents
 if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
-    from tuner.study.record import Record
+    from tuner.study.trial_record import Record
     from tuner.tuning.search_result import SearchResult
 
 PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard", "wandb": "wandb"}

@@ -18,7 +18,8 @@ import json
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.config.errors import RecipeError
-from tuner.config.space import KNOBS, conflict, defaults
+from tuner.config.levers import LEVERS
+from tuner.config.space import conflict, defaults
 from tuner.scriptmode import launcher
 
 if TYPE_CHECKING:
@@ -79,13 +80,13 @@ def merge(recipe: "Recipe", own: Mapping[str, Any]) -> tuple["Recipe", list[str]
     taken: dict[str, Any] = {}
     differs: list[str] = []
     for name, value in values.items():
-        if name not in KNOBS:
+        if name not in LEVERS:
             continue
         try:
-            value = KNOBS[name].parse(value, f"the script's {name}")
+            value = LEVERS[name].parse(value, f"the script's {name}")
         except RecipeError:
             lines.append(f"the script's own {name} {value!r} is not a value the tuner runs; the baseline "
-                         f"keeps {KNOBS[name].default!r}")
+                         f"keeps {LEVERS[name].default!r}")
             continue
         if name in recipe.knob_overrides:
             continue

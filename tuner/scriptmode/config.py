@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tuner.config import export, levers
-from tuner.config.space import KNOBS, Config
+from tuner.config.levers import LEVERS
+from tuner.config.space import Config
 from tuner.scriptmode.trialfile import read_trial
 
 
@@ -43,7 +44,7 @@ class _TrialFields:
         return self.global_batch_size // (self.micro_batch_size * self.world_size)
 
     def _config(self) -> Config:
-        knobs = {name: getattr(self, name) for name in KNOBS}
+        knobs = {name: getattr(self, name) for name in LEVERS}
         return Config(**knobs, grad_accum_steps=self.grad_accum_steps, engine=levers.engine_of(knobs))
 
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -105,7 +106,7 @@ class _TrialFields:
 TrialConfig = dataclasses.make_dataclass(
     "TrialConfig",
     [("global_batch_size", int), ("world_size", int), ("tuned", bool),
-     *[(name, lever.kind, dataclasses.field(default=lever.default)) for name, lever in KNOBS.items()],
+     *[(name, lever.kind, dataclasses.field(default=lever.default)) for name, lever in LEVERS.items()],
      ("given", frozenset, dataclasses.field(default=frozenset()))],
     bases=(_TrialFields,), frozen=True)
 TrialConfig.__module__ = __name__
@@ -119,7 +120,7 @@ def _set_process_levers(values: dict[str, Any], given: frozenset[str]) -> None:
     """Under a trial, the process-wide levers the recipe sets (TF32 matmuls, cuDNN's
     algorithm search) take the trial's values here: the script process is the trial's, and
     a script cannot forget one of them (its trials would measure the same thing twice)."""
-    if any(KNOBS[name].stage == "process" for name in given if name in KNOBS):
+    if any(LEVERS[name].stage == "process" for name in given if name in LEVERS):
         from tuner.trial.engines.process import set_process_levers
 
         set_process_levers(values, only=given)
@@ -137,14 +138,14 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
     tuner's defaults). Under the tuner, the process-wide levers the recipe searches
     (``matmul_precision``, ``cudnn_benchmark``) are set here too. ``global_batch_size``
     defaults to micro-batch x world size (no accumulation) when the script does not say."""
-    unknown = sorted(set(defaults) - set(KNOBS))
+    unknown = sorted(set(defaults) - set(LEVERS))
     if unknown:
-        raise TypeError(f"tuner.config(): unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(KNOBS)}")
+        raise TypeError(f"tuner.config(): unknown knob(s) {', '.join(unknown)}; knobs are {', '.join(LEVERS)}")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     trial = read_trial()
     tuned = trial is not None
-    given = frozenset(trial.get("given", KNOBS) if trial is not None else defaults)
-    values = {name: knob.default for name, knob in KNOBS.items()}
+    given = frozenset(trial.get("given", LEVERS) if trial is not None else defaults)
+    values = {name: knob.default for name, knob in LEVERS.items()}
     values.update(defaults)
     if trial is not None:
         values.update(trial.get("knobs", {}))
@@ -156,7 +157,7 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
     if global_batch_size % (values["micro_batch_size"] * world):
         raise ValueError(f"tuner.config(): global_batch_size {global_batch_size} is not divisible by "
                          f"micro_batch_size {values['micro_batch_size']} x world size {world}")
-    for name, lever in KNOBS.items():  # a loader lever without workers: the DataLoader refuses it
+    for name, lever in LEVERS.items():  # a loader lever without workers: the DataLoader refuses it
         if lever.group == "loader" and not lever.needs(values, world):
             values[name] = lever.default
     if trial is not None:

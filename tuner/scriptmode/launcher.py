@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from tuner.config.levers import LEVERS
 from tuner.config.script import LOADER_KNOBS
-from tuner.config.space import KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
@@ -87,7 +87,7 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
     if script.adapt and values is not None:  # after the recipe's env: the trial's values must win (see adapters)
         env.update(adapters.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
     if values is not None:  # what a process reads from its environment at start (the CUDA allocator's settings)
-        for name, lever in KNOBS.items():
+        for name, lever in LEVERS.items():
             if lever.env is not None and name in trial["knobs"]:
                 env.update(lever.env(trial["knobs"][name], env))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -106,7 +106,7 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
     assert script is not None
     folder, result_path = _trial_folder(folder)
     warmup = warmup_steps(recipe.steps.warmup, config)
-    trial = {"knobs": {k: getattr(config, k) for k in KNOBS}, "global_batch_size": recipe.global_batch_size,
+    trial = {"knobs": {k: getattr(config, k) for k in LEVERS}, "global_batch_size": recipe.global_batch_size,
              "grad_accum_steps": config.grad_accum_steps, "adapt": script.adapt, "rebuild": rebuilt_knobs(script),
              "searched_loader_knobs": any(len(recipe.space.get(k, ())) > 1 for k in LOADER_KNOBS),
              "zero_searched": len(recipe.space.get("zero_stage", ())) > 1,

@@ -17,8 +17,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.harness.metrics import objective_value
-from tuner.study.record import Record, Status
 from tuner.study.study import Asked, Finished, Study
+from tuner.study.trial_record import Record, Status
 from tuner.trial.trial_result import INFEASIBLE, State
 
 if TYPE_CHECKING:

@@ -10,17 +10,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.config import layout
 from tuner.config.errors import RecipeError
-from tuner.config.space import (
-    KNOBS,
-    Config,
-    Machine,
-    applies,
-    defaults,
-    lever_refusal,
-    make_config,
-    restrict,
-    unsupported,
-)
+from tuner.config.levers import LEVERS
+from tuner.config.space import Config, Machine, applies, defaults, lever_refusal, make_config, restrict, unsupported
 from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
@@ -96,7 +87,7 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
     stays fixed; an omitted knob stays at the baseline's value; ``--set`` fixes a knob."""
     base = _baseline_values(recipe)
     choices: dict[str, tuple[Any, ...]] = {}
-    for name in KNOBS:
+    for name in LEVERS:
         values = list(recipe.space.get(name, ()))
         if not values:
             values = [base[name]]
@@ -117,7 +108,7 @@ def _adapt(recipe: "Recipe") -> str | None:
 
 def _baseline_values(recipe: "Recipe") -> dict[str, Any]:
     """Defaults <- the recipe's baseline <- ``--set``; no accumulation unless told."""
-    knobs = {name: knob.default for name, knob in KNOBS.items()}
+    knobs = {name: knob.default for name, knob in LEVERS.items()}
     knobs["micro_batch_size"] = recipe.global_batch_size // recipe.world_size
     knobs.update(recipe.baseline)
     knobs.update(recipe.knob_overrides)
@@ -142,9 +133,9 @@ def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_siz
     if trial.attrs.get("baseline"):
         space = Space({k: (baseline[k],) if len(v) == 1 else v for k, v in space.choices.items()})
     knobs = defaults()
-    for name, values in space.choices.items():  # KNOBS order: a knob's conditions come before it
+    for name, values in space.choices.items():  # LEVERS order: a knob's conditions come before it
         if not applies(name, knobs, world_size):
-            knobs[name] = KNOBS[name].default
+            knobs[name] = LEVERS[name].default
         elif len(values) > 1:
             knobs[name] = trial.choose(name, values)
         else:

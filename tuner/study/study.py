@@ -3,7 +3,7 @@
 The search talks to a :class:`Study`; only this module, :mod:`tuner.study.backend` (its
 storage and trial ids) and :mod:`tuner.study.storage` (storage faults) import Optuna, a test
 holds it so (``tests/structure/test_layers.py``). What the search reads of a trial is a
-:class:`~tuner.study.record.Record`; what it writes to a trial in flight goes through
+:class:`~tuner.study.trial_record.Record`; what it writes to a trial in flight goes through
 :class:`Asked`. Changing the sampler, or the study behind it, is this module's business alone.
 Optuna's study stays reachable as :attr:`Study.optuna`, for a user who wants its plots.
 """
@@ -21,7 +21,7 @@ from tuner.config.errors import RecipeError
 from tuner.harness import interrupt
 from tuner.study import backend
 from tuner.study import storage as storage_mod
-from tuner.study.record import Record, Status
+from tuner.study.trial_record import Record, Status
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial

@@ -34,9 +34,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from tuner.study.record import Record, Status
 from tuner.study.storage import GRACE_S, HEARTBEAT_S
 from tuner.study.study import Asked, Exists, Finished
+from tuner.study.trial_record import Record, Status
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:

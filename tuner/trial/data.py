@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 def quiet_worker_advice() -> None:
     """Trials choose their worker counts on purpose; torch's advice against more workers
     than cores would repeat on every trial. (A filter, set per trial: a library call puts
-    the caller's filters back afterwards, :mod:`tuner.harness.as_found`.)"""
+    the caller's filters back afterwards, :mod:`tuner.harness.caller_state`.)"""
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
 

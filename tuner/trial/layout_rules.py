@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tuner.config.space import KNOBS
+from tuner.config.levers import LEVERS
 from tuner.trial import pipeline_stages, tensor_parallel
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def restrict(choices: dict[str, tuple[Any, ...]], task: "Task | None", task_args
     verdicts = judge(task, task_args, choices["tensor_parallel"], choices["pipeline_parallel"], world, per_node,
                      script, True in choices["sequence_parallel"]) if world > 1 else Verdicts()
     for (name, value), why in verdicts.refused.items():
-        choices[name] = tuple(v for v in choices[name] if v != value) or (KNOBS[name].default,)
+        choices[name] = tuple(v for v in choices[name] if v != value) or (LEVERS[name].default,)
         notes.append(f"{name}={value} refused: {why}")
     zero = choices["zero_stage"]
     if max(choices["tensor_parallel"]) * max(choices["pipeline_parallel"]) > 1 and (len(zero) > 1 or zero[0] != 0):

@@ -94,7 +94,3 @@ class TrialResult:
     def ok(self) -> bool:
         return self.state == State.OK
 
-    @property
-    def overhead_s(self) -> float:
-        """Time outside the warm-up and measured steps: the price of a trial."""
-        return self.timings.get("build", 0.0) + self.timings.get("teardown", 0.0)

@@ -20,8 +20,8 @@ from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
     from tuner.config.recipe import Budget, Steps, Target
-    from tuner.study.record import Record
     from tuner.study.study import Study
+    from tuner.study.trial_record import Record
     from tuner.tuning.pool import Pool
 
 

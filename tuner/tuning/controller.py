@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.config import levers
 from tuner.config.errors import RecipeError
-from tuner.config.space import KNOBS, Config, Machine, make_config, reference_knobs
+from tuner.config.levers import LEVERS
+from tuner.config.space import Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed, interrupt
 from tuner.harness.system import energy
 from tuner.runner import Runner, runner_for
@@ -143,7 +144,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     events = decider.events if decider else None
 
     def make(knobs: Any) -> dict[str, Any]:
-        return make_config({k: v for k, v in knobs.items() if k in KNOBS}, recipe.global_batch_size,
+        return make_config({k: v for k, v in knobs.items() if k in LEVERS}, recipe.global_batch_size,
                            recipe.world_size, machine, recipe.engine, strict=False)[0].params()
 
     def valid(knobs: Any) -> bool:
@@ -204,7 +205,7 @@ def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machi
     c = space.choices
     knobs: list[dict[str, Any]] = []
     if any(z > 0 for z in c["zero_stage"]) or recipe.engine == "deepspeed":
-        other, off = KNOBS["zero_stage"].alternative or ("zero_stage", 0)  # the other sharding lever off
+        other, off = LEVERS["zero_stage"].alternative or ("zero_stage", 0)  # the other sharding lever off
         knobs.append({other: off, "zero_stage": max(c["zero_stage"]), "offload_optimizer": "none"})
     if True in c["compile"]:
         knobs.append({"compile": True})

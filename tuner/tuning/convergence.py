@@ -19,7 +19,7 @@ from tuner.trial.trial_result import State
 from tuner.tuning import budget
 
 if TYPE_CHECKING:
-    from tuner.study.record import Record
+    from tuner.study.trial_record import Record
     from tuner.tuning.pool import Pool
 
 NOISE_DOF = 4

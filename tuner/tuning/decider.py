@@ -15,19 +15,20 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.diagnose import Here, Verdict
-from tuner.config.space import KNOBS, Config, Machine, make_config
+from tuner.config.levers import LEVERS
+from tuner.config.space import Config, Machine, make_config
 from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.study import searchspace
-from tuner.study.record import Record, Status
+from tuner.study.trial_record import Record, Status
 from tuner.study.workers import Workers, fingerprint
 from tuner.trial.trial_result import State, TrialResult
-from tuner.tuning import answer, budget, recommend, summary
-from tuner.tuning.broken import why_broken
+from tuner.tuning import budget, config_view, recommend, result_builder
 from tuner.tuning.convergence import Convergence
 from tuner.tuning.events import SearchEvents
+from tuner.tuning.failing_job import why_broken
 from tuner.tuning.finish import FINALISTS, TIME_SHARE
 from tuner.tuning.pool import Pool
 from tuner.tuning.proposing import filters, proposers
@@ -66,7 +67,7 @@ class Decider:
         self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
         self.points = searchspace.every_key(space, recipe, machine)
-        self.baseline_config = self._config(self.baseline)
+        self.baseline_config = self.config_of(self.baseline)
         self.started = time.monotonic()
         self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
         self.finish_after: tuple[float, float] = (TIME_SHARE, 0.0)
@@ -146,7 +147,7 @@ class Decider:
             return {"stop": stop or "finishing elsewhere"}
         best = study_mod.best_feasible(self.study)
         def taken(knobs: Any) -> bool:
-            config = self._config(knobs)
+            config = self.config_of(knobs)
             return searchspace.config_key(config) in self.known or _claim(config) in flying
 
         if (again := self._baseline_again(best)) is not None:
@@ -172,7 +173,7 @@ class Decider:
         for _ in range(MAX_RESAMPLES):
             trial = self.study.ask(self.workers.me)
             knobs = searchspace.suggest(trial, self.space, self.baseline, self.recipe.world_size)
-            config = self._config(knobs)
+            config = self.config_of(knobs)
             seen = self.known.get(searchspace.config_key(config))
             why = self.workers.claim(trial, _claim(config)) if seen is None else None
             if why in ("budget", "finishing"):  # the last of the budget taken, or a finisher: decide again
@@ -231,7 +232,7 @@ class Decider:
         for note in result.notes:  # each once; BatchNorm's only where the micro-batch changed
             if changed_micro or "BatchNorm" not in note:
                 self._once(note)
-        extra: dict[str, Any] = {"env": fingerprint(self._env())}
+        extra: dict[str, Any] = {"env": fingerprint(self.environment())}
         if self.current == self.baseline_config:
             extra["baseline"] = True
         objective = self.recipe.objective
@@ -291,14 +292,14 @@ class Decider:
 
     def _outcome(self, knobs: Any) -> str | None:
         """The state a configuration was recorded with, if it was measured."""
-        seen = self.known.get(searchspace.config_key(self._config(knobs)))
+        seen = self.known.get(searchspace.config_key(self.config_of(knobs)))
         return seen.outcome if seen is not None else None
 
-    def _config(self, knobs: Mapping[str, Any]) -> Config:
+    def config_of(self, knobs: Mapping[str, Any]) -> Config:
         """The configuration of ``knobs`` (a trial's full params too: what is derived, the
         accumulation and the engine, is derived again)."""
         r = self.recipe
-        knobs = {k: v for k, v in knobs.items() if k in KNOBS}
+        knobs = {k: v for k, v in knobs.items() if k in LEVERS}
         return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine, strict=False)[0]
 
     def _known(self) -> dict[tuple, Record]:
@@ -328,13 +329,13 @@ class Decider:
     def valid(self, knobs: Mapping[str, Any]) -> bool:
         """A layout the world and the global batch allow (the attribution's leave-one-outs)."""
         r = self.recipe
-        return self.space.refusal(self._config(knobs).params(), r.world_size, r.global_batch_size) is None
+        return self.space.refusal(self.config_of(knobs).params(), r.world_size, r.global_batch_size) is None
 
     def answerable(self, params: dict[str, Any]) -> bool:
         """Whether ``params`` may be the answer (:func:`tuner.tuning.recommend.answerable`)."""
         return recommend.answerable(params, self.pool, self.recipe, self.reference, self.space)
 
-    def _env(self) -> dict[str, Any]:
+    def environment(self) -> dict[str, Any]:
         if self._environment is None:
             self._environment = environment(self.recipe.world_size)
         return self._environment
@@ -360,24 +361,24 @@ class Decider:
 
     def finish(self, stopped: str, finished: "Finished | None",
                attribution: "Attribution | None" = None) -> SearchResult:
-        """The search's result (:func:`tuner.tuning.answer.result`)."""
+        """The search's result (:func:`tuner.tuning.result_builder.result`)."""
         self.events.stop()
-        return answer.result(self, stopped, finished, attribution)
+        return result_builder.result(self, stopped, finished, attribution)
 
     def verdicts(self, params: dict[str, Any] | None, metrics: dict[str, Any] | None) -> list[Verdict]:
         """A configuration's verdicts, corrected by every trial measured so far."""
-        return summary.verdicts(self.study, self.recipe.budget.memory_gib, self._env(), params, metrics,
-                                summary.ran(params, self.pool), self._here(params) if params else None,
+        return config_view.verdicts(self.study, self.recipe.budget.memory_gib, self.environment(), params, metrics,
+                                config_view.ran(params, self.pool), self._here(params) if params else None,
                                 self.pool.metrics)
 
     def _here(self, params: Mapping[str, Any]) -> Here:
         """What this search can run from ``params``, for the advice."""
         r = self.recipe
-        return summary.here(self.space, self.machine, lambda k: self._config(k).params(), params, r.world_size,
+        return config_view.here(self.space, self.machine, lambda k: self.config_of(k).params(), params, r.world_size,
                             r.global_batch_size)
 
-    def _summary(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
-        return summary.of(params, pool, self.known)
+    def summary_of(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
+        return config_view.of(params, pool, self.known)
 
 
 def _claim(config: Config) -> str:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
-    from tuner.study.record import Record
+    from tuner.study.trial_record import Record
 
 
 class SearchEvents:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tuner.analysis import attribution as attribution_mod
-from tuner.config.space import KNOBS
+from tuner.config.levers import LEVERS
 from tuner.stats import decision
 from tuner.tuning.pool import Pool, key
 
@@ -155,7 +155,7 @@ class Finished:
 
 def changes(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> int:
     """Knobs set differently from the baseline (accumulation and engine follow from them)."""
-    return sum(params.get(k) != baseline.get(k) for k in KNOBS)
+    return sum(params.get(k) != baseline.get(k) for k in LEVERS)
 
 
 def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any],
@@ -171,9 +171,9 @@ def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, 
     measured 32% slower; the finish spent 4 rounds, 25 s, showing it). It is still a
     finalist, and becomes the reference when shown faster."""
     top = finalists[0]
-    mine = {k: top.get(k) for k in KNOBS if top.get(k) != baseline.get(k)}
+    mine = {k: top.get(k) for k in LEVERS if top.get(k) != baseline.get(k)}
     supersets = [p for p in finalists if all(p.get(k) == v for k, v in mine.items())
-                 and not any(proven(k) for k in KNOBS if p.get(k) != top.get(k))]
+                 and not any(proven(k) for k in LEVERS if p.get(k) != top.get(k))]
     return dict(max(supersets, key=lambda p: (changes(p, baseline), -finalists.index(p))))
 
 
@@ -321,7 +321,7 @@ def _prove(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base:
         if decision.judge(s, tol) == decision.KEEP or not pool.entry(q.simpler).rates or not rules.fine(q.simpler):
             continue
         value = out.answer.get(q.step.split("+")[0])
-        if all(q.simpler.get(k) == out.answer.get(k) for k in KNOBS if k not in q.step.split("+")):
+        if all(q.simpler.get(k) == out.answer.get(k) for k in LEVERS if k not in q.step.split("+")):
             out.dropped.append({"step": q.step, "value": value, "slowdown": s.to_json() if s else None,
                                 "text": f"{q.step}={value} dropped: not shown a gain beyond the {tol:.0%} tolerance "
                                         f"({s.text() if s else 'no interval'} without it), and what it buys is "

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.analysis.attribution import Attribution
 from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import Verdict
-from tuner.config.space import KNOBS
+from tuner.config.levers import LEVERS
 from tuner.runner import launch_words
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def measure_command(recipe: Path, world_size: int, params: Mapping[str, Any],
     a trial in this process)."""
     launch = runner.launch(world_size) if runner is not None else launch_words(world_size)
     sets: list[str] = []
-    for name in KNOBS:
+    for name in LEVERS:
         value = params[name]
         sets += ["--set", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
     return " ".join(shlex.quote(x) for x in [*launch, "-m", "tuner.measure", str(recipe), *sets])

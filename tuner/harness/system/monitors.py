@@ -119,11 +119,6 @@ def rss_bytes(pid: int) -> int:
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def tree_pss_bytes(root: psutil.Process) -> int:
-    """PSS of ``root`` and its descendants, in bytes (RSS where PSS is unavailable)."""
-    return sum(pss_bytes(pid) for pid in [root.pid, *descendants(root.pid)])
-
-
 def reset_peak_rss() -> bool:
     """Reset this process's resident high-water mark (``VmHWM``) to its current RSS, as
     ``echo 5 > /proc/self/clear_refs`` does (Linux >= 4.0); False where that is not possible."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tuner.trial.engines import model_levers as levers
+from tuner.trial.engines import model_levers
 from tuner.trial.engines.base import Engine, autocast
 from tuner.trial.engines.parallelize import parallelize
 
@@ -28,7 +28,7 @@ def prepare(config: "Config", device: torch.device) -> None:
 
         deepspeed_engine.prepare(device)
     if config.compile:
-        levers.prepare_compile(device)
+        model_levers.prepare_compile(device)
 
 
 def prepare_all(configs: "list[Config]", device: torch.device) -> None:
@@ -47,8 +47,8 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
 
     def make_optimizer(params: Any) -> torch.optim.Optimizer:
         if task.build_optimizer is not None:
-            return levers.apply_impl(task.build_optimizer(params, task_args), config.optimizer_impl)
-        return torch.optim.AdamW(params, lr=1e-4, **levers.optimizer_kwargs(config.optimizer_impl))
+            return model_levers.apply_impl(task.build_optimizer(params, task_args), config.optimizer_impl)
+        return torch.optim.AdamW(params, lr=1e-4, **model_levers.optimizer_kwargs(config.optimizer_impl))
 
     prepared = parallelize(module, task, config, device, world_size)
     del module  # a pipeline stage keeps only its own blocks

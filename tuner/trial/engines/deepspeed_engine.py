@@ -60,7 +60,7 @@ def prepare(device: torch.device) -> None:
 def _group(device: torch.device) -> None:
     """The process group DeepSpeed trains in, formed where there is none (a lone process
     gets a world of one, not MPI discovery), and DeepSpeed's own handle on it. A library
-    call takes down a group it formed when it returns (:mod:`tuner.harness.as_found`), so
+    call takes down a group it formed when it returns (:mod:`tuner.harness.caller_state`), so
     each trial sees to it; a group the caller formed without torchrun's variables is used
     as it is (DeepSpeed insists on ``LOCAL_RANK``: the device's index)."""
     import deepspeed

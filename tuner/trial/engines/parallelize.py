@@ -34,8 +34,7 @@ from tuner.config import layout as layouts
 from tuner.harness import distributed
 from tuner.harness.distributed import ensure_process_group
 from tuner.trial import pipeline_stages, tensor_parallel
-from tuner.trial.engines import data_parallel, stages
-from tuner.trial.engines import model_levers as levers
+from tuner.trial.engines import data_parallel, model_levers, stages
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 _MESHES: dict[tuple[str, int, int, int], tuple[Any, Any]] = {}
 """One mesh per shape for the process (see the module's docstring), beside the default group
 it was made in: a library call that formed its own group takes it down on return
-(:mod:`tuner.harness.as_found`), and the next call's mesh must be made in the next group."""
+(:mod:`tuner.harness.caller_state`), and the next call's mesh must be made in the next group."""
 
 
 distributed.when_destroyed(_MESHES.clear)  # a destroyed group's meshes (and their sub-groups' sockets) go too
@@ -69,7 +68,7 @@ class Parallelized:
     """This rank's pieces: the whole model, or its pipeline stages (in ``indices`` order)."""
     model: Any
     """What the task's ``compute_loss`` receives: the part, DDP's wrapper, or the stages."""
-    recompute: levers.Recompute | None
+    recompute: model_levers.Recompute | None
     """Times the checkpointed blocks' recompute (``None``: nothing is checkpointed)."""
     mesh: Any = None
     """The ``(pp, dp, tp)`` mesh, where a process group is in play."""
@@ -105,19 +104,19 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
     stage_index = lay.coordinates(dist.get_rank())[0] if mesh is not None else 0
     indices = [stage_index + k * lay.pp for k in range(lay.virtual_stages)]
     checkpointing = config.activation_checkpointing
-    levers.without_kv_cache(module, checkpointing)
+    model_levers.without_kv_cache(module, checkpointing)
     tied_ids = {id(p) for p in pipeline_stages.tied(module)} if lay.pp > 1 and task.pipeline_split is None \
         else set()
     parts = _split(module, task, count, indices) if lay.pp > 1 else [module]
     tied = [(i, name) for i, part in enumerate(parts) for name, p in part.named_parameters() if id(p) in tied_ids]
-    recompute = levers.Recompute(timed=device.type == "cpu" and not config.compile)
+    recompute = model_levers.Recompute(timed=device.type == "cpu" and not config.compile)
     for part in parts:
         if config.engine != "deepspeed":  # DeepSpeed moves what it keeps
             part.to(device)
         if lay.tp > 1:
             _shard_tensors(part, styles, task, config, mesh["tp"])
         blocks, found = (list(part.layers), "") if isinstance(part, pipeline_stages.Stage) else \
-            levers.find_blocks(part, task if lay.pp == 1 else None)
+            model_levers.find_blocks(part, task if lay.pp == 1 else None)
         if not lay.model_parallel and (lay.shard or checkpointing != "none" or config.compile):
             notes.append(found)  # which blocks the levers used, and how they were found
         notes += stages.model(stages.Part(part, blocks, config, recompute))

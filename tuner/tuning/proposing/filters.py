@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from tuner.config.recipe import Recipe
     from tuner.config.space import Config
     from tuner.memory.model import MemoryModel
-    from tuner.study.record import Record
     from tuner.study.searchspace import Space
     from tuner.study.study import Asked
+    from tuner.study.trial_record import Record
     from tuner.trial.trial_result import TrialResult
 
 

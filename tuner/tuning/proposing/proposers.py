@@ -19,8 +19,8 @@ from tuner.tuning.proposing import guided
 
 if TYPE_CHECKING:
     from tuner.analysis.diagnose import Verdict
-    from tuner.study.record import Record
     from tuner.study.searchspace import Space
+    from tuner.study.trial_record import Record
     from tuner.study.workers import Workers
 
 

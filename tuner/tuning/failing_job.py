@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
-    from tuner.study.record import Record
+    from tuner.study.trial_record import Record
 
 BROKEN_AFTER = 3
 """The first trials that, all failing with one error, stop the search as ``broken``."""

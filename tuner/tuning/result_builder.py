@@ -7,7 +7,7 @@ the diagnosis of both ends, the run's noise."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from tuner.harness.metrics import objective_value
 from tuner.memory import model as memory
@@ -47,11 +47,12 @@ class Searched(Protocol):
     started: float
     broken: str | None
     notes_seen: set[str]
-    _config: Callable[[dict[str, Any]], "Config"]
 
-    def _summary(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
+    def summary_of(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
 
-    def _env(self) -> dict[str, Any]: ...
+    def config_of(self, knobs: Mapping[str, Any]) -> "Config": ...
+
+    def environment(self) -> dict[str, Any]: ...
 
     def done(self) -> int: ...
 
@@ -69,8 +70,8 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
     best_params = finished.answer if finished is not None else (
         best_trial.params if best_trial is not None else None)
     baseline_trial = next((t for t in study_mod.measured(d.study) if t.baseline), None)
-    best = d._summary(best_params, pool)  # noqa: SLF001 - its sibling
-    base = d._summary(baseline_trial.params if baseline_trial else None, pool)  # noqa: SLF001
+    best = d.summary_of(best_params, pool)
+    base = d.summary_of(baseline_trial.params if baseline_trial else None, pool)
     if best["params"]:
         best["command"] = measure_command(d.recipe.path, d.recipe.world_size, best["params"], d.runner)
     speedup = None
@@ -78,7 +79,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
     decision = None
     if best_params is not None:
-        make = d._config  # noqa: SLF001 - its sibling
+        make = d.config_of
         decision = recommend.record(best_params, finished, attribution, pool, d.baseline_config.params(),
                                     d.recipe.tolerance, lambda k: make(k).params(), d.valid, speedup)
         for note in decision.notes:
@@ -88,7 +89,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
     notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
     if r.objective != "samples_per_s":
         notes.append(_objective_note(r.objective, best["metrics"], base["metrics"]))
-    env = d._env()  # noqa: SLF001 - its sibling
+    env = d.environment()
     mixed = d.workers.environments(env)
     if mixed:
         notes.append(mixed)

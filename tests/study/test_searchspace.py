@@ -205,8 +205,8 @@ def test_a_trial_another_worker_ended_meanwhile_is_not_a_crash(tmp_path):
     other._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
     recipe = tuner.load_recipe(toy_recipe(tmp_path))
     result = TrialResult({"num_workers": 0}, "ok", metrics={"samples_per_s": 10.0})
-    from tuner.study.record import Status
     from tuner.study.study import Asked, Study
+    from tuner.study.trial_record import Status
 
     state, frozen = study_mod.record(Study(study), Asked(trial), result, recipe.budget)
     assert state == "ok" and frozen.status == Status.FAIL

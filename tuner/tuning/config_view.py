@@ -14,9 +14,9 @@ from tuner.study.searchspace import config_key
 from tuner.trial.trial_result import TrialResult
 
 if TYPE_CHECKING:
-    from tuner.study.record import Record
     from tuner.study.searchspace import Space
     from tuner.study.study import Study
+    from tuner.study.trial_record import Record
     from tuner.tuning.pool import Pool
 
 
