@@ -178,3 +178,10 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     assert here.refusal("attention_backend", "cudnn") and here.refusal("micro_batch_size", 32)
     plain = remedies("compute-bound", params, "cpu")
     assert "float8" not in plain and "add space" not in plain
+    # what the trial recorded its model holds: nothing for channels_last or an attention kernel
+    bare = remedies("compute-bound", {**params, "model": {"convolutions": False, "attention": False}}, "cpu",
+                    here=here)
+    assert "channels_last" not in bare and "attention_backend" not in bare and "compile: true" in bare, bare
+    images = remedies("compute-bound", {**params, "model": {"convolutions": True, "attention": False}}, "cpu",
+                      here=here)
+    assert "channels_last: true" in images and "attention_backend" not in images, images

@@ -154,3 +154,26 @@ def test_a_float8_trials_mfu_is_against_the_fp8_peak():
         assert peak_flops(device, matmul_dtype(made["tensorwise"])) == pytest.approx(1978.9e12)
         assert peak_flops(device, "bf16") == pytest.approx(989.4e12)
     cuda.get_device_name.assert_called_with(device)
+
+
+def test_a_trial_records_what_its_model_holds_for_the_advice(tmp_path):
+    """What a lever acts on (convolutions; calls of scaled_dot_product_attention) is what the
+    trial records of its model: the llama task with transformers' SDPA attention calls it,
+    with its eager attention it does not (an attention kernel would change nothing there),
+    and the convnet holds convolutions where the transformers hold none."""
+    from conftest import ROOT, write_recipe
+
+    def measured(name: str, task: str, args: dict) -> dict:
+        folder = tmp_path / name
+        folder.mkdir()
+        recipe = write_recipe(folder, {"name": name, "task": str(ROOT / "recipes" / "tasks" / task),
+                                       "task_args": args, "global_batch_size": 4,
+                                       "steps": {"warmup": 1, "measure": 2}})
+        m = tuner.measure(recipe, micro_batch_size=4)
+        assert m.state == "ok", m.reason
+        return m.repeats[0].ran["model"]
+
+    assert measured("sdpa", "llama.py", {"attn_implementation": "sdpa"}) == {"convolutions": False, "attention": True}
+    assert measured("eager", "llama.py", {"attn_implementation": "eager"}) == {"convolutions": False,
+                                                                              "attention": False}
+    assert measured("conv", "convnet.py", {}) == {"convolutions": True, "attention": False}

@@ -262,7 +262,8 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
              here: Here | None = None) -> str:
     """The levers a verdict points at (their ``suggest``, in its order), less those the
     configuration already follows or that it does not use (``compile_mode`` without
-    ``compile``), those the verdict ``said`` in its own words and the values that cannot run:
+    ``compile``), those that act on what the model does not hold (``params["model"]``: what
+    a trial recorded), those the verdict ``said`` in its own words and the values that cannot run:
     those the search's refusal rules reject (``here``), else, off a GPU, those a CPU cannot
     run. Values outside the search's space end it with how to add them."""
     out: list[str] = []
@@ -275,6 +276,8 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
         already, words = lever.suggest
         if knobs[name] in already or (lever.needs is not None and not lever.needs(knobs, 1)):
             continue
+        if lever.acts_on is not None and (knobs.get("model") or {}).get(lever.acts_on) is False:
+            continue  # the model has nothing it acts on (what the trial recorded it holds)
         if lever.group == "batch" and lever.ordered and not can_grow_micro(params):
             continue  # no accumulation left to trade for a larger micro-batch
         if already and here is not None:

@@ -230,6 +230,7 @@ GPU_LEVERS: tuple[Lever, ...] = (
           choices=("default", "math", "flash", "efficient", "cudnn"), group="kernels", path=114, walk=62,
           reference="default", verdicts={"compute-bound": 8},
           suggest=(("flash", "cudnn", "efficient"), "attention_backend: flash or cudnn (fused attention kernels)"),
+          acts_on="attention",
           refused=_attention_refused, refusal=_attention_refusal,
           risk="the model must call scaled_dot_product_attention (transformers: attn_implementation='sdpa'); a "
                "backend that cannot take its inputs (masks, head size) fails the trial, said in one line",

@@ -106,6 +106,11 @@ class Lever:
     suggest: tuple[tuple[Any, ...], str] | None = None
     """What a verdict pointing at it suggests: (the values that already follow the advice,
     the words); ``None``: the verdict's own words cover it."""
+    acts_on: Literal["convolutions", "attention"] | None = None
+    """What the model must hold for the lever to act (convolutions; calls of
+    scaled_dot_product_attention): a trial records what its model holds (``ran["model"]``,
+    :func:`tuner.trial.run.model_facts`) and the advice leaves the lever out where it is not
+    there (a transformer was advised cuDNN's convolution search)."""
     reference: Any = UNGUARDED
     """The value the precision guard's reference runs at, for a lever that changes a
     step's arithmetic (reduced precision and compiled kernels round differently)."""

@@ -266,7 +266,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                    "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
     Lever("channels_last", bool, False, "channels-last memory format for the model and its 4-D inputs",
           group="model", path=115, walk=65, verdicts={"compute-bound": 5},
-          suggest=((True,), "channels_last: true (convolutional models)"),
+          suggest=((True,), "channels_last: true (convolutional models)"), acts_on="convolutions",
           risk="custom kernels or reshapes that assume NCHW-contiguous tensors copy (or break); only convolutional "
                "models gain",
           label="channels_last", stage="model", apply=f"{ENGINES}.model_levers:memory_format",
@@ -274,7 +274,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                                         "batch: x.to(memory_format=torch.channels_last)"}),
     Lever("cudnn_benchmark", bool, False, "cuDNN times its convolution algorithms and keeps the fastest",
           group="kernels", path=116, walk=66, verdicts={"compute-bound": 6},
-          suggest=((True,), "cudnn_benchmark: true (convolutions of fixed shapes)"),
+          suggest=((True,), "cudnn_benchmark: true (convolutions of fixed shapes)"), acts_on="convolutions",
           refused=lambda m: [] if m.cudnn else [
               (True, "cuDNN's algorithm search needs a CUDA device with cuDNN", False)],
           risk="the first step of every new input shape times each algorithm (variable shapes pay it again); the "

@@ -11,7 +11,7 @@ import torch
 
 from tuner.harness import comm_tail, distributed
 from tuner.harness.probe_core import ProbeCore
-from tuner.harness.system.flops import count_flops
+from tuner.harness.system.flops import count_flops, uses_attention
 from tuner.trial.failures import TrialStop
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ steps were 0.4-0.6 s of a 3 s trial."""
 
 _FLOPS: dict[str, float | None] = {}
 """FLOPs per sample, counted once per task and task_args in this process."""
+_ATTENTION: dict[str, bool] = {}
+"""Whether the task's step calls scaled_dot_product_attention, where a count saw its calls."""
 
 
 REPLAYED, WINDOW_MINUS_WAITS = "replayed", "window minus waits"
@@ -99,8 +101,10 @@ def count_task_flops(job: "Job") -> None:
         _FLOPS[key] = float(task.flops_per_sample(args))
         return
     batch = job.last_batch
+    ops: set[str] = set()
     try:
-        _FLOPS[key] = _meta_count(task, args, batch) / job.config.micro_batch_size or None
+        _FLOPS[key] = _meta_count(task, args, batch, ops) / job.config.micro_batch_size or None
+        _ATTENTION[key] = uses_attention(ops)
         return
     except Exception:  # noqa: BLE001 - not meta-friendly: count on a plain trial below
         pass
@@ -112,16 +116,18 @@ def count_task_flops(job: "Job") -> None:
         job.engine.backward(loss, True)
 
     try:
-        _FLOPS[key] = count_flops(one_micro_batch) / job.config.micro_batch_size or None
+        ops.clear()
+        _FLOPS[key] = count_flops(one_micro_batch, ops) / job.config.micro_batch_size or None
+        _ATTENTION[key] = uses_attention(ops)
     except TrialStop:
         raise
     except Exception:  # noqa: BLE001 - an op the counter cannot follow: no MFU, not a failed trial
         _FLOPS[key] = None
 
 
-def _meta_count(task: "Task", args: dict[str, Any], batch: Any) -> float:
+def _meta_count(task: "Task", args: dict[str, Any], batch: Any, ops: set[str] | None = None) -> float:
     """FLOPs of one forward and backward of the task's plain model on ``batch``'s shapes,
-    on the meta device."""
+    on the meta device (``ops``: :func:`~tuner.harness.system.flops.count_flops`'s)."""
     from torch.utils._pytree import tree_map
 
     with torch.device("meta"):
@@ -132,12 +138,18 @@ def _meta_count(task: "Task", args: dict[str, Any], batch: Any) -> float:
         with torch.device("meta"):  # what the loss creates without a device (positions, masks) too
             task.compute_loss(model, meta).backward()
 
-    return count_flops(step)
+    return count_flops(step, ops)
 
 
 def task_flops(task: "Task", task_args: dict[str, Any]) -> float | None:
     """FLOPs per sample counted so far for this task and its arguments (``None``: unknown)."""
     return _FLOPS.get(flops_key(task, task_args))
+
+
+def task_attention(task: "Task", task_args: dict[str, Any]) -> bool | None:
+    """Whether the task's step calls scaled_dot_product_attention (``None``: no count saw it:
+    the task gives its own ``flops_per_sample``, or no count has run yet)."""
+    return _ATTENTION.get(flops_key(task, task_args))
 
 
 def flops_key(task: "Task", task_args: dict[str, Any]) -> str:

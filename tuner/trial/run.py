@@ -124,9 +124,22 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     assert recipe.task is not None
     trial = TrialResult(config.params(), state, reason, None, timings, losses, notes, pruned_at)
     result = _agree(recipe.task, recipe.task_args, config, ctx, trial, window, convolutions)
+    if result.state == State.OK:  # a model that was built: what it is made of
+        result.ran["model"] = model_facts(recipe.task, recipe.task_args, convolutions)
     result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size, ctx.device.type == "cuda")
     watchdog.learn(recipe.path, recipe.steps, recipe.global_batch_size, config, dog.stop(), result)
     return result
+
+
+def model_facts(task: "Task", task_args: dict[str, Any], convolutions: bool) -> dict[str, bool]:
+    """What the model is made of, for advice only some models can take (channels_last and
+    cuDNN's algorithm search act on convolutions, an attention kernel on
+    scaled_dot_product_attention): ``attention`` only where a FLOP count saw the step's calls."""
+    facts = {"convolutions": convolutions}
+    attention = after.task_attention(task, task_args)
+    if attention is not None:
+        facts["attention"] = attention
+    return facts
 
 
 def _teardown_failure(state: str, reason: str | None, exc: Exception) -> tuple[str, str | None]:

@@ -94,17 +94,45 @@ def peak_for_name(name: str, amp_dtype: str, allow_tf32: bool = False, sms: int 
     return None
 
 
-def count_flops(step: Callable[[], Any]) -> float:
+def count_flops(step: Callable[[], Any], ops: set[str] | None = None) -> float:
     """FLOPs ``step()`` performs (forward and backward both, when it runs both), counted
     by PyTorch's FlopCounterMode from the operators it dispatches (matmuls, convolutions,
-    attention: what MFU is about; elementwise work counts as zero)."""
+    attention: what MFU is about; elementwise work counts as zero). ``ops`` receives the
+    names of the counted operators (``aten.convolution``, ``aten._scaled_dot_product_...``):
+    what the model is made of, for advice that only some models can take."""
     from torch.utils.flop_counter import FlopCounterMode
 
     _count_cpu_attention()
     counter = FlopCounterMode(display=False)
-    with counter:
+    calls = _Calls()
+    with counter, calls:
         step()
+    if ops is not None:
+        ops.update(str(op) for op in counter.get_flop_counts().get("Global", {}))
+        ops.update(calls.names)
     return float(counter.get_total_flops())
+
+
+class _Calls(torch.overrides.TorchFunctionMode):
+    """The names of the torch functions a step's Python code calls (the outermost: inside
+    a call the mode is off): on the meta device ``scaled_dot_product_attention``
+    dispatches to its math path (``aten.bmm``), so the counted operators alone do not show
+    that the model calls it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.names.add(getattr(func, "__name__", ""))
+        return func(*args, **(kwargs or {}))
+
+
+def uses_attention(ops: set[str]) -> bool:
+    """Whether a counted step (:func:`count_flops`) called scaled_dot_product_attention
+    (directly, or through ``nn.MultiheadAttention``, which calls it when no attention
+    weights are asked for): what an attention-kernel lever acts on."""
+    return any("scaled_dot_product" in op or op == "multi_head_attention_forward" for op in ops)
 
 
 _CPU_ATTENTION = False
