@@ -198,3 +198,30 @@ def test_the_speedup_is_verified_on_a_round_of_its_own():
     assert done is not None and done.answer == c["w4"] and done.rounds == 2
     s = pool.slowdown(c["w4"], c["base"])
     assert s is not None and s.pairs >= finish_mod.BASELINE_PAIRS
+
+
+def test_a_question_on_the_tolerance_is_not_given_the_whole_budget():
+    """bf16 buys exactly the tolerance (2%) at 8% noise a run: its question cannot be settled
+    in any budget, and the finish spent all of its own on it (the workers-grid test: 36 s of a
+    54 s search for a 1.2% persistent_workers question). Once its pairs project more rounds
+    than the budget holds, it is asked no more: kept undecided, as at the budget's end, with
+    most of the budget left; a question the rounds can settle still gets them."""
+    factors = {("num_workers", 4): 2.0, ("amp_dtype", "bf16"): 1.02}
+    for seed in range(1, 6):
+        world, pool, c = setup(factors, {"w4": W4, "w4bf16": W4BF16},
+                               [("base", 100.0), ("w4", 200.0), ("w4bf16", 204.0)], sigma=0.08)
+        world.rng.seed(seed)
+        budget = finish_mod.Budget(200.0, typical_s=1.0, clock=world.time)
+        done = finish_mod.finish([c["w4bf16"], c["w4"], c["base"]], c["base"], world.run, pool, rules(), budget)
+        assert done is not None and done.answer == c["w4bf16"] and done.out_of_reach and not done.out_of_budget
+        assert done.open and world.clock < 60.0, world.clock  # it ended with most of the 200 s left
+        s = pool.slowdown(c["w4bf16"], c["w4"])
+        need = decision.pairs_to_settle(s, 0.02, budget.rounds)
+        assert s is not None and need is not None and need > s.pairs + budget.rounds_left(3.0)
+    # a 10% gain at the same noise is settled inside the same budget
+    factors[("amp_dtype", "bf16")] = 1.10
+    world, pool, c = setup(factors, {"w4": W4, "w4bf16": W4BF16},
+                           [("base", 100.0), ("w4", 200.0), ("w4bf16", 220.0)], sigma=0.05)
+    budget = finish_mod.Budget(200.0, typical_s=1.0, clock=world.time)
+    done = finish_mod.finish([c["w4bf16"], c["w4"], c["base"]], c["base"], world.run, pool, rules(), budget)
+    assert done is not None and done.answer == c["w4bf16"] and not done.open and not done.out_of_reach

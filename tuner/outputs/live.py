@@ -107,14 +107,14 @@ class Live(SearchEvents):
             lines.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s "
                          "of measuring")
         for note in result.notes:
-            if "rests on change(s) the rule has not shown" in note or note.startswith("left open when the finish"):
+            if "rests on change(s) the rule has not shown" in note or note.startswith("left open "):
                 lines.append(note)
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")
         for name in ("baseline", "best"):
             verdicts = result.diagnosis.get(name)
             if verdicts is not None and result.__dict__[name].get("metrics"):
-                lines.append(f"{name}: {headline(verdicts)}")
+                lines.append(f"{name}: {headline(verdicts, result.__dict__[name].get('metrics'))}")
                 if verdicts:
                     lines.append(f"  next: {verdicts[0].next_step}")
         if result.attribution is not None and result.attribution.rows:

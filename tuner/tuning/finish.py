@@ -22,21 +22,22 @@ docs/search.md and above every report are its output at its defaults.
   round, so the questions are read as pairs (:mod:`tuner.stats.interval`).
 - **The budget**: :attr:`Budget.seconds` (``--finish-minutes``; by default :data:`TIME_SHARE` of
   the search's own time), checked before every run against what that run is expected to take,
-  and :attr:`Budget.rounds` (``--confirm``) per question. What is open at its end stays as it
-  is, reported ``undecided`` with its interval.
+  and :attr:`Budget.rounds` (``--confirm``) per question. A question the rounds left would
+  likely not settle (its effect on the tolerance: :func:`tuner.stats.decision.pairs_to_settle`)
+  is asked no more, and the finish ends once no other is open. What is open at its end stays
+  as it is, reported ``undecided`` with its interval.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tuner.analysis import attribution as attribution_mod
 from tuner.config.levers import LEVERS
 from tuner.stats import decision
+from tuner.tuning.finish_budget import Budget
 from tuner.tuning.pool import Pool, key
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ FINALISTS = 3
 """Configurations of the search the finish starts from: one noisy search trial must not pick
 the winner (seen on the benchmark: the true best was found, then outrun by a lucky
 measurement of a configuration 20% slower)."""
-CAP_ROUNDS = 100
-"""Interleaved rounds one question may take (``--confirm``): the budget usually comes first."""
 TIME_SHARE = 2.0
 """The finish measures for at most this share of the time the search's trials took
 (``--finish-minutes`` sets it instead), whatever remains of ``budget.minutes`` at most."""
@@ -70,38 +69,6 @@ Run = Callable[[dict[str, Any]], "TrialResult"]
 """Measures one configuration by its knobs (a trial in this process, or a script trial)."""
 Agree = Callable[[Any], Any]
 """Rank 0's value on every rank (:func:`tuner.harness.distributed.broadcast`)."""
-
-
-@dataclass
-class Budget:
-    """How much the finish may measure: seconds in all, rounds per question."""
-
-    seconds: float | None
-    """``None``: no time limit (only the rounds)."""
-    rounds: int = CAP_ROUNDS
-    typical_s: float | None = None
-    """What one run is expected to take before the finish has timed one (the search's median trial)."""
-    clock: Callable[[], float] = time.monotonic
-    started: float | None = None
-    durations: dict[str, list[float]] = field(default_factory=dict)
-    """Seconds of each run the finish took, by configuration."""
-
-    def expected(self, k: str) -> float:
-        """What a run of configuration ``k`` is expected to take: its own runs' median, else
-        every finish run's, else :attr:`typical_s`."""
-        own = self.durations.get(k)
-        if own:
-            return statistics.median(own)
-        every = [d for ds in self.durations.values() for d in ds]
-        return statistics.median(every) if every else (self.typical_s or 0.0)
-
-    def fits(self, k: str) -> bool:
-        """Whether one more run of ``k`` ends inside the seconds (rank 0's clock: callers agree)."""
-        if self.seconds is None:
-            return True
-        if self.started is None:
-            self.started = self.clock()
-        return self.clock() - self.started + self.expected(k) <= self.seconds
 
 
 @dataclass(frozen=True)
@@ -145,6 +112,8 @@ class Finished:
     budget_s: float | None = None
     out_of_budget: bool = False
     """The budget ended it with questions still open."""
+    out_of_reach: bool = False
+    """It ended early: what was open would take more rounds than the budget holds."""
     dropped: list[dict[str, Any]] = field(default_factory=list)
     """Each change that left the answer: ``step``, ``value``, the interval that let it go."""
     moves: list[str] = field(default_factory=list)
@@ -224,8 +193,10 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
         asked = questions(out.answer, out.reference, ranked, base, rules)
         if len(out.moves) < MAX_MOVES and _move(out, asked, pool, rules, base, events):
             continue
-        todo = agree([q for q in asked if not _settled(q, pool, rules, budget, base)])
+        unsettled = [q for q in asked if not _settled(q, pool, rules, budget, base)]
+        todo = agree(_reachable(out, unsettled, pool, rules, budget))
         if not todo:
+            out.out_of_reach = agree(bool(unsettled))
             break
         if not _round(out, todo, run, pool, budget, agree):
             out.out_of_budget = True
@@ -235,8 +206,9 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
                 if not _settled(q, pool, rules, budget, base)]
     out.seconds = budget.clock() - start
     if events and out.open:
-        events.note(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) "
-                    f"({'its budget' if out.out_of_budget else 'the rounds a question may take'}): "
+        why = ("its budget" if out.out_of_budget else "settling them would take more rounds than its budget holds"
+               if out.out_of_reach else "the rounds a question may take")
+        events.note(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) ({why}): "
                     + "; ".join(out.open))
     return out
 
@@ -256,6 +228,20 @@ def _settled(q: Question, pool: Pool, rules: Rules, budget: Budget, base: dict[s
     if decision.judge(s, rules.tolerance) == decision.DROP and s is not None and s.pairs < ANSWER_PAIRS:
         return False  # the simpler would become the answer: verified on rounds of its own first
     return True
+
+
+def _reachable(out: Finished, unsettled: list[Question], pool: Pool, rules: Rules, budget: Budget) -> list[Question]:
+    """The open questions that the rounds left in the budget would likely settle
+    (:func:`tuner.stats.decision.pairs_to_settle`); the others stay open as they are."""
+    configs = {key(p): p for q in unsettled for p in (q.richer, q.simpler)} | {key(out.reference): out.reference}
+    left = budget.rounds_left(sum(budget.expected(k) for k in configs))
+
+    def reachable(q: Question) -> bool:
+        s = pool.slowdown(q.richer, q.simpler)
+        need = decision.pairs_to_settle(s, rules.tolerance, budget.rounds)
+        return s is None or need is None or need <= min(s.pairs + left, budget.rounds)
+
+    return [q for q in unsettled if reachable(q)]
 
 
 def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: dict[str, Any],

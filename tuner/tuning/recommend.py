@@ -117,7 +117,10 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
     out.notes += [e["text"] for e in out.knobs if e["label"] != "dropped"]
     if finished.open:
         budget = f"{finished.budget_s:.0f} s" if finished.budget_s is not None else "its rounds"
-        out.notes.append(f"left open when the finish's budget ({budget}) ended: " + "; ".join(finished.open))
+        when = (f", since settling them would take more rounds than the finish's budget ({budget}) holds"
+                if finished.out_of_reach and not finished.out_of_budget
+                else f" when the finish's budget ({budget}) ended")
+        out.notes.append(f"left open{when}: " + "; ".join(finished.open))
     return out
 
 
