@@ -360,9 +360,14 @@ def diagnose_run(
     return diagnose(metrics, params, memory_budget_gib, device, environment.get("host_matmul_tflops"), here)
 
 
-def headline(verdicts: list[Verdict]) -> str:
-    """The first verdict as one line, or what it means to have none."""
+def headline(verdicts: list[Verdict], metrics: Mapping[str, Any] | None = None) -> str:
+    """The first verdict as one line, or what it means to have none: what was looked at,
+    and what was not measured (``metrics``), never read as none. nanoGPT's loop iterates no
+    DataLoader: its data wait is null, and "no wait ... stands out" claimed a zero."""
     if not verdicts:
+        if metrics is not None and metrics.get("data_wait_share") is None:
+            return ("no clear bottleneck: no communication or host limit stands out; the data wait is not "
+                    "measured (no DataLoader the probe saw)")
         return "no clear bottleneck: no wait, communication or host limit stands out"
     v = verdicts[0]
     return f"{v.kind}: {v.evidence}"

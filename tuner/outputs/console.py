@@ -97,12 +97,13 @@ def print_measurement(m: "Measurement", every: bool = False) -> None:
     if m.metrics is not None:
         out = Console()
         out.print(measurement_table(m, every))
-        print_diagnosis(out, m.diagnosis)
+        print_diagnosis(out, m.diagnosis, metrics=m.metrics)
 
 
-def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnosis") -> None:
+def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnosis",
+                    metrics: dict[str, Any] | None = None) -> None:
     """The verdicts, headline first: what, the evidence, what to try."""
-    summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts)
+    summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts, metrics)
     out.print(f"[bold]{title}:[/] {summary}", highlight=False)
     for v in verdicts:
         out.print(f"  - [bold]{v.kind}[/]: {v.evidence}", highlight=False)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.cost import per_million
+from tuner.analysis.diagnose import headline
 from tuner.config.levers import LEVERS
 from tuner.config.script import set_by_script
 from tuner.trial.trial_result import State
@@ -90,7 +91,7 @@ def _verdict_lines(r: SearchResult) -> list[str]:
         if verdicts is None:
             continue
         if not verdicts:
-            lines.append(f"- **{name}**: no clear bottleneck.")
+            lines.append(f"- **{name}**: {headline(verdicts, (getattr(r, name) or {}).get('metrics'))}.")
         for v in verdicts:
             lines.append(f"- **{name}: {v.kind}**: {v.evidence}. Next: {v.next_step}.")
     return lines
