@@ -185,3 +185,12 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     images = remedies("compute-bound", {**params, "model": {"convolutions": True, "attention": False}}, "cpu",
                       here=here)
     assert "channels_last: true" in images and "attention_backend" not in images, images
+
+
+def test_no_clear_bottleneck_claims_no_wait_only_where_one_was_measured():
+    """nanoGPT's loop iterates no DataLoader: its data wait is null, never read as none."""
+    from tuner.analysis.diagnose import headline
+
+    unmeasured = headline([], {"data_wait_share": None, "samples_per_s": 35.4})
+    assert "no wait" not in unmeasured and "data wait is not measured" in unmeasured
+    assert "no wait" in headline([], {"data_wait_share": 0.01, "samples_per_s": 35.4})
