@@ -286,7 +286,7 @@ def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_pa
     Its costs are host waits (3 ms a sample read, 8 ms a forward), the same beside two busy
     processes: with the model's own compute as the step, the same configuration read
     731 to 1240 samples/s there, and the ratio 0.85x."""
-    recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0, "step_ms": 8.0}, steps={"warmup": 2, "measure": 30},
+    recipe = tuner.load_recipe(toy(task_args={"read_ms": 3.0, "step_ms": 8.0}, steps={"warmup": 2, "measure": 20},
                                    space={"num_workers": [0, 1, 2, 4], "micro_batch_size": [8, 16],
                                           "persistent_workers": True},
                                    baseline={"num_workers": 0}))
