@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.stats import decision
-from tuner.stats.interval import LogStats, Slowdown, contrast, paired, slowdown, t_quantile
+from tuner.stats.interval import LogStats, Slowdown, contrast, paired, pairs_needed, slowdown, t_quantile
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ROUNDS = 20
@@ -256,7 +256,7 @@ def rounds_to_decide(diffs: Sequence[float], tolerance: float, most: int = 10_00
         return None
     if sd == 0:
         return n
-    return next((k for k in range(n, most) if t_quantile(k - 1) * sd / math.sqrt(k) < margin), None)
+    return pairs_needed(sd, margin, n, most)
 
 
 def rev_verdict(rev: Sequence[float], work: Sequence[float], tolerance: float, commit: str = "", name: str = "",

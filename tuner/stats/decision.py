@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.stats.interval import Slowdown, t_quantile
+from tuner.stats.interval import Slowdown, pairs_needed, t_quantile
 
 KEEP, DROP, UNDECIDED = "keep", "drop", "undecided"
 GROWTH = 1.5
@@ -107,7 +107,8 @@ def pairs_to_settle(s: Slowdown | None, tolerance: float, most: int = 10_000) ->
     centre = (-math.log(1 - s.low) - math.log(1 - s.high)) / 2  # log(rate_a / rate_b)
     target = max(abs(centre + math.log(1 - tolerance)), tolerance / 2)  # to decide, or to be precise
     spread = OPTIMISM * s.half_log * math.sqrt(n) / t_quantile(n - 1)
-    return next((k for k in range(n, most + 1) if t_quantile(k - 1) * spread / math.sqrt(k) < target), most + 1)
+    need = pairs_needed(spread, target, n, most + 1)
+    return most + 1 if need is None else need
 
 
 @dataclass(frozen=True)

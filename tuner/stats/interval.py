@@ -45,6 +45,14 @@ def t_quantile(dof: int) -> float:
     return student_t.t_quantile(dof, LEVEL)
 
 
+def pairs_needed(spread: float, margin: float, start: int, most: int) -> int | None:
+    """The fewest pairs ``k`` in ``[start, most)`` whose paired interval, at a log-ratio
+    standard deviation of ``spread``, is narrower than ``margin`` (``t(k-1) * spread /
+    sqrt(k) < margin``); ``None`` where none is. The gate's "more rounds would likely decide"
+    and the finish's projection both read it."""
+    return next((k for k in range(start, most) if t_quantile(k - 1) * spread / math.sqrt(k) < margin), None)
+
+
 class LogStats:
     """Count, mean and sum of squared deviations of one configuration's log-rates: what an
     interval needs of its runs, kept up to date one run at a time (Welford's update)."""
