@@ -30,7 +30,7 @@ def test_a_flag_script_is_searched_and_the_knobs_really_reach_it(tmp_path):
     """Loader workers by rebuilding the training loader, micro-batch and accumulation by flags:
     the search beats the script's defaults, worker CPU shows exactly when workers run, and
     every trial's second step took the global batch (the launcher's check)."""
-    recipe = _recipe(tmp_path, nproc_per_node=2, args=["--latency-ms", "3", "--eval-first"],
+    recipe = _recipe(tmp_path, nproc_per_node=2, args=["--latency-ms", "8", "--eval-first"],
                      space={"num_workers": [0, 2], "micro_batch_size": [8, 4]},
                      baseline={"num_workers": 0, "micro_batch_size": 8})
     result = tuner.search(recipe, trials=3, confirm=0, attribute=0, quiet=True)
