@@ -46,7 +46,9 @@ def test_comm_share_agrees_with_a_profiler_trace_of_the_same_window(toy, tmp_pat
     assert measured > 0.1, (measured, truth)  # the all-reduce is a real part of the step
     # within 0.05 of the ranks' traces (the reported share is the larger rank's, but which rank
     # that is moves between the window and the traced one: seen 0.27 against 0.30 / 0.33, and
-    # 0.33 against 0.31 / 0.41, in fresh-clone CI runs)
+    # 0.33 against 0.31 / 0.41, in fresh-clone CI runs). A loaded machine wakes the training
+    # thread late after gloo finished: the DDP timer counts that (0.245 against 0.33 / 0.36 in
+    # CI when it did not; 8 runs beside a CPU hog since: 0.25-0.42, each within the bounds)
     assert min(truth) - 0.05 <= measured <= max(truth) + 0.05, (measured, truth)
 
 

@@ -57,6 +57,8 @@ class CommTimer:
         self._local = threading.local()
         self._last_hook = 0.0
         self._done = 0.0
+        self._resumed = 0.0
+        self._pending: list[torch.futures.Future] = []
         self._armed = False
         self.calls = 0
         """Collectives seen (launched through a timed path), for telling "none" from "not timed"."""
@@ -82,9 +84,13 @@ class CommTimer:
         """Time DDP's gradient all-reduces through a communication hook.
 
         The hook does what DDP does by default (average over the group, asynchronously) and
-        stamps when each bucket's all-reduce has been launched and when it completes. At
-        the end of the backward pass, after DDP has waited for every bucket, the exposed
-        time is from the last launch (compute was done by then) to the last completion.
+        stamps when each bucket's all-reduce has been launched. At the end of the backward
+        pass the training thread waits for every bucket itself, before DDP's finalisation
+        does: the exposed time is from the last launch (compute was done by then) to the
+        moment the training thread resumes. That includes its wake-up after gloo's thread
+        finished, which is the step's time too: on a loaded 2-core machine the older end
+        (gloo's own completion stamp) read 0.245 of the step where the profiler trace of
+        the same window read 0.33 and 0.36 (fresh-clone CI, 2026-12-04).
         """
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -93,19 +99,21 @@ class CommTimer:
         def hook(group, bucket):  # type: ignore[no-untyped-def]
             self.calls += 1
             if not self._armed:
-                self._armed, self._done = True, 0.0
+                self._armed, self._done, self._resumed, self._pending = True, 0.0, 0.0, []
                 # DDP queues its finalisation (which waits for every bucket) only when the
-                # last bucket is ready, after this: our callback queues a second one, which
-                # the engine runs after DDP's (callbacks run in order, added ones included).
-                # DDP itself queues through this private engine handle; there is no public one.
+                # last bucket is ready, after this: our callback, queued first, runs before
+                # it (callbacks run in order, added ones included) and queues a second one,
+                # which runs after DDP's. DDP itself queues through this private engine
+                # handle; there is no public one.
                 queue = torch.autograd.Variable._execution_engine.queue_callback  # noqa: SLF001
-                queue(lambda: queue(self._end_of_backward))
+                queue(lambda: (self._wait_for_buckets(), queue(self._end_of_backward)))
 
             def stamp(fut: torch.futures.Future) -> Any:
                 self._done = max(self._done, time.perf_counter())
                 return fut.value()[0]
 
             launched = default_hooks.allreduce_hook(group, bucket).then(stamp)
+            self._pending.append(launched)
             # Compute goes on after the launch (averaging the bucket is compute too).
             self._last_hook = time.perf_counter()
             return launched
@@ -118,10 +126,23 @@ class CommTimer:
                 "leave the model without a communication hook to let the probe time it"
             ) from None
 
+    def _wait_for_buckets(self) -> None:
+        """On the training thread, at the end of the backward pass: wait for the buckets
+        launched so far and stamp when this thread resumes."""
+        launched, self._pending = self._pending, []
+        if launched:
+            torch.futures.wait_all(launched)
+            self._resumed = time.perf_counter()
+
     def _end_of_backward(self) -> None:
         end = time.perf_counter()
         self._armed = False
-        if self._done:
+        if self._pending:  # buckets launched by DDP's finalisation itself (a static graph's
+            # first step delays every all-reduce to it): only gloo's own stamp is known
+            self._pending, self._resumed = [], 0.0
+        if self._resumed:
+            self._add(self._resumed - self._last_hook)
+        elif self._done:
             self._add(min(end, self._done) - self._last_hook)
 
     # --- Python-level collectives ---------------------------------------------------------
