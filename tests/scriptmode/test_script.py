@@ -163,6 +163,25 @@ def test_a_tuned_offload_keeps_the_scripts_own_offload_keys(monkeypatch, tmp_pat
     assert plain == {"device": "cpu", "pin_memory": torch.cuda.is_available()}  # pinned exactly where CUDA runs
 
 
+def test_what_a_script_s_own_loader_keeps_is_compared_where_it_acts():
+    """imagenet/main.py pins with no workers at a trial of 0: ``pin_memory`` acts there (the
+    main process pins) and is recorded as what ran; ``prefetch_factor`` does not act without
+    workers and is not. With workers every loader lever the trial left alone is compared."""
+    from torch.utils.data import DataLoader
+
+    from tuner.config.levers import LEVERS
+    from tuner.scriptmode.adapters.common import kept_by_script
+
+    knobs = {n: LEVERS[n].default for n in LEVERS}  # what a trial's file holds: every lever
+    data = list(range(8))
+    assert kept_by_script(DataLoader(data, pin_memory=True), knobs) == {"pin_memory": True}
+    assert kept_by_script(DataLoader(data), knobs) == {}
+    workers = DataLoader(data, num_workers=2, prefetch_factor=4, persistent_workers=True)
+    assert kept_by_script(workers, knobs) == {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}
+    assert kept_by_script(workers, {**knobs, "num_workers": 2, "prefetch_factor": 4}) == {"persistent_workers": True}
+    assert kept_by_script(DataLoader(data, pin_memory=True), {"num_workers": 0}) == {}  # only knobs the trial set
+
+
 @pytest.mark.slow
 def test_a_loader_setting_the_script_sets_itself_is_recorded_as_what_ran(tmp_path):
     """The script builds its DataLoader with no workers whatever the trial says: the trial of
