@@ -260,3 +260,20 @@ def test_ranks_agree_once_a_step_and_a_rank_failing_mid_accumulation_stops_them_
     out = json.loads(proc.stdout)
     assert out["state"] == "oom" and "rank 1 (forward 6" in out["reason"], out
     assert out["params"]["grad_accum_steps"] == 4
+
+
+@pytest.mark.parametrize("own, shown", [(False, 3), (True, 1)])
+def test_the_tuner_s_own_process_shows_a_repeated_warning_once(own, shown):
+    """DeepSpeed's CPU accelerator starts a subprocess in every ZeRO-3 reduce, and each one
+    clears the registries that show a warning once per place: a real interpreter shows the
+    same warning at every step (3 of 3) unless the process is the tuner's own (1)."""
+    code = (
+        "import subprocess, warnings\n"
+        f"if {own}:\n    from tuner.trial.run import own_process; own_process()\n"
+        "for _ in range(3):\n"
+        "    warnings.warn('`f` is deprecated', FutureWarning)\n"
+        "    subprocess.run(['true'])\n"
+    )
+    proc = run([sys.executable, "-c", code], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stderr.count("FutureWarning: `f` is deprecated") == shown, proc.stderr

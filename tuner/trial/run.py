@@ -12,7 +12,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import gc
+import sys
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
@@ -216,6 +218,29 @@ def own_process() -> None:
     global _OWN
     _OWN = True
     watchdog.command_line()
+    _show_each_warning_once()
+
+
+def _show_each_warning_once() -> None:
+    """A warning once, not once a step. DeepSpeed's CPU accelerator runs `numactl --hardware`
+    in every ZeRO-3 gradient reduce (its device_count); each subprocess enters
+    ``warnings.catch_warnings`` (``os.get_exec_path``), which clears the registries that show
+    a warning once per place, "once" filters' too: a 2-rank ZeRO-3 trial printed torch's
+    FutureWarning on ``reduce_scatter_tensor`` 212 times a rank. What is shown is remembered
+    here instead. A user's ``-W`` / ``PYTHONWARNINGS`` (``"always"`` among them) decides alone."""
+    if sys.warnoptions:
+        return
+    shown: set[tuple[str, type, str, int]] = set()
+    show = warnings.showwarning
+
+    def once(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        key = (str(message), category, filename, lineno)
+        if key not in shown:
+            shown.add(key)
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = once
 
 
 @contextlib.contextmanager
