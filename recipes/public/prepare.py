@@ -1,16 +1,19 @@
 """Local data for the public training scripts tuned by the recipes beside this file, so
-that nothing is downloaded: nanoGPT's token files, minGPT's chargpt text, and a text file
-with a tokenizer for transformers' run_clm.py.
+that nothing is downloaded: nanoGPT's token files, minGPT's chargpt text, a text file
+with a tokenizer for transformers' run_clm.py, and a folder of JPEGs for timm's train.py.
 
     git clone https://github.com/karpathy/nanoGPT ../nanoGPT     # beside this repository
     git clone https://github.com/karpathy/minGPT ../minGPT
     mkdir ../run_clm && cp TRANSFORMERS/examples/pytorch/language-modeling/run_clm.py ../run_clm/
     python recipes/public/prepare.py ../nanoGPT ../minGPT ../run_clm
+    python recipes/public/prepare.py --timm ../pytorch-image-models    # alone, or with the above
 
 nanoGPT reads ``data/<dataset>/train.bin`` / ``val.bin`` (uint16 tokens) and ``meta.pkl``
 (its vocabulary size); chargpt reads ``input.txt`` in its own folder; run_clm.py reads
-``--train_file`` and ``--tokenizer_name`` (a byte-level BPE trained here on the same text).
-All get seeded random text: the tuner measures speed, not what the model learns.
+``--train_file`` and ``--tokenizer_name`` (a byte-level BPE trained here on the same text);
+timm's train.py reads ``--data-dir data``: ``train/`` and ``validation/``, a folder a class
+of 160x160 JPEGs (decoded, resized and augmented per sample, as a real image folder is).
+All get seeded random content: the tuner measures speed, not what the model learns.
 """
 
 import argparse
@@ -23,10 +26,18 @@ import numpy as np
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout")
-    parser.add_argument("mingpt", type=Path, help="a minGPT checkout")
+    parser.add_argument("nanogpt", type=Path, nargs="?", help="a nanoGPT checkout")
+    parser.add_argument("mingpt", type=Path, nargs="?", help="a minGPT checkout")
     parser.add_argument("run_clm", type=Path, nargs="?", help="the folder holding transformers' run_clm.py")
+    parser.add_argument("--timm", type=Path, help="a pytorch-image-models checkout")
     args = parser.parse_args()
+    if args.timm is not None:
+        _images(args.timm / "data")
+        print(f"wrote {args.timm / 'data'}")
+    if args.nanogpt is None or args.mingpt is None:
+        if args.timm is None:
+            parser.error("give a nanoGPT and a minGPT checkout, or --timm")
+        return
     data = args.nanogpt / "data" / "tuner_random"
     data.mkdir(parents=True, exist_ok=True)
     tokens = np.random.default_rng(0).integers(0, 65, size=1_000_000, dtype=np.uint16)
@@ -44,6 +55,20 @@ def main() -> None:
         (args.run_clm / "train.txt").write_text("\n".join(lines) + "\n")
         _tokenizer(lines, args.run_clm / "tokenizer")
         print(f"wrote {args.run_clm / 'train.txt'} and {args.run_clm / 'tokenizer'}")
+
+
+def _images(folder: Path, train: int = 3072, validation: int = 64) -> None:
+    """Two classes of seeded random 160x160 JPEGs in ``train/`` and ``validation/``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", train), ("validation", validation)):
+        for label in range(2):
+            target = folder / split / f"class{label}"
+            target.mkdir(parents=True, exist_ok=True)
+            for i in range(count // 2):
+                pixels = rng.integers(0, 255, (160, 160, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(target / f"{i}.jpg", quality=90)
 
 
 def _tokenizer(lines: list[str], folder: Path) -> None:
