@@ -15,8 +15,6 @@ from tuner.config.errors import RecipeError
 
 from conftest import ROOT, write_recipe
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -38,6 +36,7 @@ def _cli(*args):
     return subprocess.run([sys.executable, "-m", "tuner.compare", *map(str, args)], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_the_best_against_the_baseline_is_beyond_the_tolerance(run, tmp_path):
     c = tuner.compare(run, run, a="baseline", b="best")
     rate = next(r for r in c.rows if r.metric == "samples_per_s")
@@ -54,6 +53,7 @@ def test_the_best_against_the_baseline_is_beyond_the_tolerance(run, tmp_path):
     assert "<tr class='beyond'><td>samples_per_s</td>" in page
 
 
+@pytest.mark.slow
 def test_one_trial_against_another_without_repeats_is_unknown_not_the_same(run, tmp_path):
     lone = tmp_path / "lone"
     shutil.copytree(run, lone)
@@ -66,6 +66,7 @@ def test_one_trial_against_another_without_repeats_is_unknown_not_the_same(run, 
     assert "unknown (no repeats)" in _cli(lone, lone, "--a", "0", "--b", "1").stdout
 
 
+@pytest.mark.slow
 def test_one_run_folder_counts_its_noise_once_and_two_are_two_processes(run, tmp_path):
     """Two single trials of one run lean on the run's pooled noise: once, not once per side.
     A copy of the folder is another run, another process: its rates are not judged on one
@@ -97,6 +98,7 @@ def test_the_tolerance_decides_within_beyond_and_undecided():
     assert against((0.0, 0.04), 0.02) == "undecided" and against((0.0, 0.04), 0.05) == "within"
 
 
+@pytest.mark.slow
 def test_runs_from_other_machines_are_refused_in_one_line_or_shown_anyway(run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(run, other)
@@ -112,6 +114,7 @@ def test_runs_from_other_machines_are_refused_in_one_line_or_shown_anyway(run, t
 
 
 @pytest.mark.parametrize(("which", "message"), [("999", "no trial 999"), ("fastest", "expected best, baseline or")])
+@pytest.mark.slow
 def test_bad_input_is_one_line(run, tmp_path, which, message):
     with pytest.raises(RecipeError, match=message):
         tuner.compare(run, run, a=which)

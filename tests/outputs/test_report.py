@@ -16,8 +16,6 @@ import tuner
 
 from conftest import run, toy_recipe
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
@@ -36,6 +34,7 @@ def searched(tmp_path_factory):
     return folder / "run"
 
 
+@pytest.mark.slow
 def test_no_sentence_of_the_search_contradicts_its_own_numbers(searched):
     """The console's lines and report.md, checked against best.json and trials.csv
     (tests/helpers/sentences.py): the summary's rates and speedup, each verdict's data wait
@@ -47,6 +46,7 @@ def test_no_sentence_of_the_search_contradicts_its_own_numbers(searched):
     assert {"summary", "data wait"} <= checked, checked
 
 
+@pytest.mark.slow
 def test_search_writes_a_report_a_user_can_read(searched):
     md = (searched / "report.md").read_text()
     for section in ("# tuner report: toy", "## Best vs baseline", "## Configuration to paste", "## Trials",
@@ -68,6 +68,7 @@ def test_search_writes_a_report_a_user_can_read(searched):
     assert not re.search(r"""(src|href)=["']https?:""", page)  # self-contained: nothing fetched
 
 
+@pytest.mark.slow
 def test_report_command_rebuilds_both_from_the_study_alone(searched, tmp_path):
     copy = tmp_path / "run"
     copy.mkdir()
@@ -103,6 +104,7 @@ def _chromium() -> str | None:
     return found
 
 
+@pytest.mark.slow
 def test_html_report_renders_its_plots_in_headless_chromium(searched, tmp_path):
     chromium = _chromium()
     if chromium is None:
