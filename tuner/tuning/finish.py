@@ -202,7 +202,7 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
             out.out_of_budget = True
             break
     _prove(out, questions(out.answer, out.reference, ranked, base, rules), pool, rules, base, events)
-    out.open = [_open_text(q, pool) for q in questions(out.answer, out.reference, ranked, base, rules)
+    out.open = [_open_text(q, pool, out.answer) for q in questions(out.answer, out.reference, ranked, base, rules)
                 if not _settled(q, pool, rules, budget, base)]
     out.seconds = budget.clock() - start
     if events and out.open:
@@ -373,9 +373,10 @@ def _width(pool: Pool, q: Question) -> float:
     return s.half_log if s is not None else math.inf
 
 
-def _open_text(q: Question, pool: Pool) -> str:
+def _open_text(q: Question, pool: Pool, answer: Mapping[str, Any]) -> str:
     s = pool.slowdown(q.richer, q.simpler)
-    what = {"change": f"{q.step} in the answer: without it, the answer",
+    side = "the answer" if q.richer == answer else "the reference"  # after a drop, two sides
+    what = {"change": f"{q.step} in {side}: without it, {side}",
             "finalist": "a finalist against the reference: the one with fewer changes",
             "baseline": "the answer against the baseline: the baseline"}[q.kind]
     return f"{what} {'is ' + s.text() if s is not None else 'has no interval yet'}"
