@@ -9,6 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
@@ -90,10 +91,10 @@ def measurement_table(m: "Measurement", every: bool = False) -> Table:
 
 def print_measurement(m: "Measurement", every: bool = False) -> None:
     for note in dict.fromkeys([*m.notes, *(n for r in m.repeats for n in r.notes)]):
-        err.print(f"[yellow]note:[/] {note}")
+        err.print(f"[yellow]note:[/] {escape(note)}")
     for i, r in enumerate(m.repeats):
         if not r.ok:
-            err.print(f"[red]repeat {i + 1} failed ({r.state}):[/] {r.reason}")
+            err.print(f"[red]repeat {i + 1} failed ({r.state}):[/] {escape(str(r.reason))}")
     if m.metrics is not None:
         out = Console()
         out.print(measurement_table(m, every))
@@ -104,10 +105,10 @@ def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnos
                     metrics: dict[str, Any] | None = None) -> None:
     """The verdicts, headline first: what, the evidence, what to try."""
     summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts, metrics)
-    out.print(f"[bold]{title}:[/] {summary}", highlight=False)
+    out.print(f"[bold]{title}:[/] {escape(summary)}", highlight=False)
     for v in verdicts:
-        out.print(f"  - [bold]{v.kind}[/]: {v.evidence}", highlight=False)
-        out.print(f"    next: {v.next_step}", highlight=False)
+        out.print(f"  - [bold]{v.kind}[/]: {escape(v.evidence)}", highlight=False)
+        out.print(f"    next: {escape(v.next_step)}", highlight=False)
 
 
 def print_check(result: "CheckResult") -> None:
@@ -115,7 +116,7 @@ def print_check(result: "CheckResult") -> None:
     out = Console()
     label = {"pass": "[green]PASS[/]", "undecided": "[yellow]UNDECIDED[/]"}.get(result.verdict, "[red]FAIL[/]")
     if result.measured is None or result.measured_speedup is None:
-        out.print(f"{label} {result.reason}", highlight=False, soft_wrap=True)
+        out.print(f"{label} {escape(result.reason)}", highlight=False, soft_wrap=True)
         return
     rates = result.rates
     out.print(f"speedup over the baseline, both measured now, interleaved ({result.rounds} round(s)): "
@@ -124,7 +125,7 @@ def print_check(result: "CheckResult") -> None:
     absolute = "gated (--absolute)" if "absolute" in result.gated else "not gated: another process's rate"
     out.print(f"samples/s of the answer: {result.measured:,.1f} now (median of {len(rates['answer'])}), "
               f"{result.recorded:,.1f} recorded ({absolute})", highlight=False, soft_wrap=True)
-    out.print(f"{label} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
+    out.print(f"{label} {escape(result.reason)} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
 
 
 def print_rev_check(result: "RevResult") -> None:
@@ -135,7 +136,7 @@ def print_rev_check(result: "RevResult") -> None:
     if rev and work:
         out.print(f"samples/s, median of {result.rounds} round(s): {result.rev} {statistics.median(rev):,.1f}, "
                   f"the working tree {statistics.median(work):,.1f}", highlight=False, soft_wrap=True)
-    out.print(f"{label} {result.reason} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
+    out.print(f"{label} {escape(result.reason)} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
 
 
 def _layout_words(k: Mapping[str, Any]) -> str:

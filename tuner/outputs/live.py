@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.analysis.diagnose import headline
@@ -45,7 +46,7 @@ class Live(SearchEvents):
         self._started = 0.0
 
     def note(self, text: str) -> None:
-        self.console.print(f"[yellow]note:[/] {text}")
+        self.console.print(f"[yellow]note:[/] {escape(text)}")
         self.log.info("note: %s", text)
 
     def start(self, done: int, measured: int) -> None:
@@ -84,7 +85,7 @@ class Live(SearchEvents):
                f"{levers(p):<18} "
                f"{_f(rate, '.1f'):>10} {_f(wait, '.2f'):>5} {_f(peak, '.2f'):>8}  ")
         style = STYLE.get(outcome, "red")
-        self.console.print(f"{row}[{style}]{outcome}[/]{mark} {reason}".rstrip())
+        self.console.print(f"{escape(row)}[{style}]{outcome}[/]{mark} {escape(reason)}".rstrip())
         self.log.info("%s%s%s %s", row, outcome, mark, reason)
         if self._task is not None:
             self.progress.advance(self._task)
@@ -127,7 +128,7 @@ class Live(SearchEvents):
         if command:
             lines.append(f"run it again: {command}")
         for line in lines:
-            self.console.print(line)
+            self.console.print(line, markup=False)
             self.log.info(line)
         self.log.removeHandler(self._handler)
         self._handler.close()
