@@ -119,6 +119,26 @@ def test_a_verdict_names_its_knobs_the_trials_already_moved_without_gain():
     assert "micro_batch_size" not in out[0].next_step
 
 
+def test_advice_the_trials_already_took_without_a_gain_is_not_given():
+    """run_classification.py's BERT: the answer's compute-bound verdict advised "amp_dtype:
+    bf16, a larger micro_batch_size" and then said both were measured from there without a
+    gain; what the trials took is named, what is left is advised."""
+    from tuner.analysis.diagnose import remedies
+
+    best = Seen({"micro_batch_size": 16, "grad_accum_steps": 2, "amp_dtype": "fp32"}, {"samples_per_s": 634.0})
+    tried = [Seen({"micro_batch_size": 16, "grad_accum_steps": 2, "amp_dtype": "bf16"}, {"samples_per_s": 534.0}),
+             Seen({"micro_batch_size": 32, "grad_accum_steps": 1, "amp_dtype": "fp32"}, {"samples_per_s": 499.0}),
+             Seen({"micro_batch_size": 8, "grad_accum_steps": 4, "amp_dtype": "fp32"}, {"samples_per_s": 469.0})]
+    advice = remedies("compute-bound", best.params, "cpu")
+    assert "amp_dtype: bf16" in advice and "a larger micro_batch_size" in advice  # before the trials are read
+    compute = Verdict("compute-bound", 0.9, "634 samples/s", "what makes the step itself faster: " + advice)
+    out = revise([compute], best.params, best.metrics, [best, *tried], cores=2)[0].next_step
+    assert "amp_dtype: bf16" not in out and "a larger micro_batch_size" not in out and "compile: true" in out
+    assert out.endswith("(already measured from here without a gain: amp_dtype bf16; micro_batch_size 32, 8)")
+    smaller_only = revise([compute], best.params, best.metrics, [best, tried[2]], cores=2)[0].next_step
+    assert "a larger micro_batch_size" in smaller_only  # only a smaller one was measured
+
+
 def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
     """imagenet/main.py: the baseline's verdict read "1 worker(s) took the wait to 0% and
     samples/s to -29% ... more workers will not help" from the baseline's median of four runs

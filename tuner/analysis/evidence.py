@@ -12,12 +12,14 @@ when its peak grew ~0.26 GiB per worker across the trials: host memory held by w
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis.diagnose import THRESHOLDS, Verdict
 from tuner.config import levers
+from tuner.config.space import written
 
 LOADER = levers.of("loader")
 """The loader's knobs: a change in these alone is a loader change."""
@@ -71,16 +73,43 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     """Name the verdict's knobs the trials already moved, one at a time from ``params``,
     without a gain: the next step is then elsewhere, and the verdict says so."""
     rate = metrics.get("samples_per_s") or 0.0
-    parts = []
+    parts, next_step = [], v.next_step
     for knob in FAMILY_FIRST.get(v.kind, ()):
         moved = [t for t in trials if t.params.get(knob) != params.get(knob) and t.metrics.get("samples_per_s")
                  and _alike(t.params, params, (knob,))]
         if moved and rate and all(t.metrics["samples_per_s"] < NO_GAIN * rate for t in moved):
-            values = ", ".join(str(x) for x in sorted({t.params[knob] for t in moved}, key=str))
-            parts.append(f"{knob} {values}")
+            tried = {t.params[knob] for t in moved}
+            parts.append(f"{knob} {', '.join(str(x) for x in sorted(tried, key=str))}")
+            next_step = _without_tried(next_step, knob, tried, params)
     if not parts:
         return v
-    return replace(v, next_step=f"{v.next_step} (already measured from here without a gain: {'; '.join(parts)})")
+    return replace(v, next_step=f"{next_step} (already measured from here without a gain: {'; '.join(parts)})")
+
+
+def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, Any]) -> str:
+    """``text`` without its suggestion of ``knob`` where the trials already moved it to what
+    the suggestion names without a gain: a BERT script was advised "amp_dtype: bf16, a larger
+    micro_batch_size" beside "(already measured from here without a gain: amp_dtype bf16;
+    micro_batch_size 32, 8)"."""
+    lever = levers.LEVERS[knob]
+    if lever.suggest is None:
+        return text
+    already, words = lever.suggest
+    if already:
+        found = re.search(re.escape(knob) + r": ([\w.-]+(?: or [\w.-]+)*)(?: \([^)]*\))?", text)
+        if found is None or not set(found.group(1).split(" or ")) <= {written(x) for x in tried}:
+            return text
+        span = found.group(0)
+    else:  # an ordered lever's "a larger ...": a larger value was measured
+        current = params.get(knob)
+        if words not in text or not any(isinstance(x, (int, float)) and isinstance(current, (int, float))
+                                        and x > current for x in tried):
+            return text
+        span = words
+    for cut in (", " + span, span + ", ", span):
+        if cut in text:
+            return text.replace(cut, "", 1)
+    return text
 
 
 DERIVED = ("grad_accum_steps", "engine")
