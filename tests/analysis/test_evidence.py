@@ -112,7 +112,7 @@ def test_a_verdict_names_its_knobs_the_trials_already_moved_without_gain():
     comm = Verdict("communication-bound", 0.29, "collectives 29%", "try a larger micro-batch")
     out = revise([comm], best.params, best.metrics, [best, *tried], cores=2)
     assert out[0].next_step.endswith(
-        "(already measured from here without a gain: micro_batch_size 16, 32, 64; zero_stage 1, 2, 3)")
+        "(already measured from here without a gain of 10% or more: micro_batch_size 16, 32, 64; zero_stage 1, 2, 3)")
     # a knob that did gain is not listed
     faster = [Seen({"micro_batch_size": 256, "zero_stage": 0}, {"samples_per_s": 6000.0})]
     out = revise([comm], best.params, best.metrics, [best, *faster], cores=2)
@@ -134,7 +134,8 @@ def test_advice_the_trials_already_took_without_a_gain_is_not_given():
     compute = Verdict("compute-bound", 0.9, "634 samples/s", "what makes the step itself faster: " + advice)
     out = revise([compute], best.params, best.metrics, [best, *tried], cores=2)[0].next_step
     assert "amp_dtype: bf16" not in out and "a larger micro_batch_size" not in out and "compile: true" in out
-    assert out.endswith("(already measured from here without a gain: amp_dtype bf16; micro_batch_size 32, 8)")
+    assert out.endswith("(already measured from here without a gain of 10% or more: amp_dtype bf16; "
+                        "micro_batch_size 32, 8)")
     smaller_only = revise([compute], best.params, best.metrics, [best, tried[2]], cores=2)[0].next_step
     assert "a larger micro_batch_size" in smaller_only  # only a smaller one was measured
 

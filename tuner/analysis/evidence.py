@@ -83,7 +83,9 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
             next_step = _without_tried(next_step, knob, tried, params)
     if not parts:
         return v
-    return replace(v, next_step=f"{next_step} (already measured from here without a gain: {'; '.join(parts)})")
+    # the bar in words: "without a gain" beside an answer 1.07x on that very knob read as false
+    return replace(v, next_step=f"{next_step} (already measured from here without a gain of {NO_GAIN - 1:.0%} "
+                                f"or more: {'; '.join(parts)})")
 
 
 def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, Any]) -> str:
