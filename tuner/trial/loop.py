@@ -20,6 +20,7 @@ from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
 from tuner.harness.probe_core import ProbeCore
+from tuner.harness.system.flops import holds_convolutions
 from tuner.stats.prune import checks as prune_checks
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
 from tuner.trial.engines import build_engine, stages
@@ -80,10 +81,10 @@ class Job:
         self.loader = make_loader(dataset, config, ctx, recipe.seed, recipe.task.collate)
         self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
         module = getattr(self.engine.model, "module", self.engine.model)
-        # the private bases of every BatchNorm and convolution class (torch names no public ones)
-        batch_norm, conv = torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.conv._ConvNd  # noqa: SLF001
+        # the private base of every BatchNorm class (torch names no public one)
+        batch_norm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001
         self.batch_norm = any(isinstance(m, batch_norm) for m in module.modules())
-        self.convolutions = any(isinstance(m, conv) for m in module.modules())
+        self.convolutions = holds_convolutions(module)
         self.bad = torch.zeros((), dtype=torch.bool, device=ctx.device)
 
     def run(self) -> Window:

@@ -70,6 +70,13 @@ def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False)
     return peak_for_name(torch.cuda.get_device_name(device), amp_dtype, tf32_in_use(convolutions), sms)
 
 
+def holds_convolutions(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has a convolution (channels_last and cuDNN's algorithm search act on
+    nothing else; a script's BERT was advised channels_last)."""
+    conv = torch.nn.modules.conv._ConvNd  # noqa: SLF001 - the private base of every convolution class
+    return any(isinstance(m, conv) for m in module.modules())
+
+
 def tf32_in_use(convolutions: bool) -> bool:
     """Whether fp32 work runs on TF32 tensor cores: matmuls when PyTorch allows it
     (``set_float32_matmul_precision("high")``; off by default), convolutions when cuDNN does

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
+from tuner.harness.system.flops import holds_convolutions
 from tuner.scriptmode.callbacks.common import ProbeCallbackBase
 
 
@@ -38,6 +40,8 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
         optim = str(getattr(args.optim, "value", args.optim))
         if "fused" in optim:  # the Trainer's own choice (transformers 5's default is adamw_torch_fused)
             probe.ran["optimizer_impl"] = "fused"
+        if isinstance(kwargs.get("model"), torch.nn.Module):  # for advice only some models can take
+            probe.ran["model"] = {"convolutions": holds_convolutions(kwargs["model"])}
         if train_dataloader is None:
             raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
                                "this transformers version is not supported by tuner's callback")

@@ -21,6 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from tuner.harness.system.flops import holds_convolutions
 from tuner.scriptmode.callbacks.common import ProbeCallbackBase
 
 
@@ -37,7 +38,9 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         precision = str(trainer.precision)
-        self._start(pl_module.device, "bf16" if "bf16" in precision else "fp16" if precision.startswith("16") else None)
+        probe = self._start(pl_module.device, "bf16" if "bf16" in precision else "fp16" if precision.startswith("16")
+                            else None)
+        probe.ran["model"] = {"convolutions": holds_convolutions(pl_module)}  # for advice only some models take
         self._steps_seen = trainer.global_step
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
