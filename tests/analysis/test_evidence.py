@@ -140,6 +140,17 @@ def test_advice_the_trials_already_took_without_a_gain_is_not_given():
     assert "a larger micro_batch_size" in smaller_only  # only a smaller one was measured
 
 
+def test_a_suggestion_goes_only_once_every_value_it_names_was_tried():
+    from tuner.analysis.evidence import _without_tried
+
+    advice = ("compile: true (fused kernels), compile_mode: max-autotune-no-cudagraphs (autotuned kernels) or "
+              "reduce-overhead (CUDA graphs), amp_dtype: bf16 (or fp16 with loss scaling)")
+    assert _without_tried(advice, "compile_mode", {"max-autotune-no-cudagraphs"}, {}) == advice
+    assert _without_tried(advice, "compile_mode", {"max-autotune-no-cudagraphs", "reduce-overhead"}, {}) == (
+        "compile: true (fused kernels), amp_dtype: bf16 (or fp16 with loss scaling)")
+    assert _without_tried(advice, "compile", {True}, {}).startswith("compile_mode: ")
+
+
 def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
     """imagenet/main.py: the baseline's verdict read "1 worker(s) took the wait to 0% and
     samples/s to -29% ... more workers will not help" from the baseline's median of four runs

@@ -98,10 +98,10 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
         return text
     already, words = lever.suggest
     if already:
-        found = re.search(re.escape(knob) + r": ([\w.-]+(?: or [\w.-]+)*)(?: \([^)]*\))?", text)
-        if found is None or not set(found.group(1).split(" or ")) <= {written(x) for x in tried}:
+        span = _item(text, f"{knob}: ")
+        named = re.sub(r"\([^)]*\)", "", span[len(knob) + 2:]).split(" or ") if span else []
+        if not span or not {n.strip() for n in named} <= {written(x) for x in tried}:
             return text
-        span = found.group(0)
     else:  # an ordered lever's "a larger ...": a larger value was measured
         current = params.get(knob)
         if words not in text or not any(isinstance(x, (int, float)) and isinstance(current, (int, float))
@@ -112,6 +112,20 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
         if cut in text:
             return text.replace(cut, "", 1)
     return text
+
+
+def _item(text: str, head: str) -> str:
+    """The item of a ", "-separated list that starts with ``head`` (commas inside
+    parentheses belong to it), or ''."""
+    start = text.find(head)
+    if start < 0:
+        return ""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0 and text.startswith(", ", i):
+            return text[start:i]
+    return text[start:]
 
 
 DERIVED = ("grad_accum_steps", "engine")
