@@ -53,17 +53,18 @@ def own_value(loader: Any, name: str) -> Any:
     return LEVERS[name].default if value is None else value
 
 
-def kept_by_script(loader: Any, knobs: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
+def kept_by_script(loader: Any, knobs: Mapping[str, Any]) -> dict[str, Any]:
     """A script's DataLoader's own values of the loader levers, where they differ from the
     trial's ``knobs``: the script set them itself, the trial did not change them, and they
     ran. imagenet/main.py builds ``DataLoader(pin_memory=True)``; trials.csv said ``False``
     for trials in which the script still pinned. A lever is compared where it acts with
     the loader's own settings (its ``needs``): ``prefetch_factor`` means nothing without
-    workers, ``pin_memory`` acts without them too (the main process pins)."""
+    workers, ``pin_memory`` acts without them too (the main process pins). No loader lever's
+    ``needs`` reads the world size: 1 is passed."""
     own = {n: own_value(loader, n) for n in LOADER_KNOBS}
     ran = {**knobs, **own}
     return {n: own[n] for n in LOADER_KNOBS
-            if n in knobs and own[n] != knobs[n] and LEVERS[n].needs(ran, world_size)}
+            if n in knobs and own[n] != knobs[n] and LEVERS[n].needs(ran, 1)}
 
 
 def patch_method(obj: Any, name: str, wrapper: Any) -> None:
