@@ -145,3 +145,27 @@ def test_a_trial_this_process_left_running_is_put_back_not_waited_for(tmp_path):
     assert "an earlier search in this process stopped mid-trial" in orphan.user_attrs["reason"]
     again = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     assert [t.params for t in again] == [orphan.params]  # measured again by the next ask
+
+
+class _Optuna4Storage:
+    """Optuna 4.x's heartbeat interface, as a lent GPU's Optuna 4.6 had it: the stale-trial
+    callback only under ``get_failed_trial_callback`` (5.x added the other name)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def get_failed_trial_callback(self):
+        return self._inner.get_failed_trial_callback()
+
+
+@pytest.mark.parametrize("optuna4", [False, True], ids=["installed", "optuna4"])
+def test_the_stale_trial_callback_is_found_under_either_name(tmp_path, optuna4):
+    """Optuna's ``fail_stale_trials`` asks the storage for ``get_failed_trial_callback``; the
+    wrapper answers with the retry callback whichever name the inner storage has (an
+    AttributeError here failed every search on a GPU machine with Optuna 4.6)."""
+    from tuner.study import backend
+
+    inner = storage_mod.rdb(f"sqlite:///{tmp_path / 'study.db'}")
+    resilient = storage_mod.Resilient(_Optuna4Storage(inner) if optuna4 else inner, "the test's study")
+    for ask in (resilient.get_failed_trial_callback, resilient.get_heartbeat_stale_trial_callback):
+        assert ask() is backend.retry_stale
