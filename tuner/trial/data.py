@@ -92,6 +92,25 @@ def _too_small(size: int | None, micro: int, world: int) -> str:
             f"({have}); make it larger or the micro_batch_size smaller")
 
 
+def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
+    """The batch with its floating-point tensors in ``dtype`` (the rest as they are, the
+    structure kept as :func:`to_device` keeps it).
+
+    DeepSpeed's bf16 / fp16 engines hold half-precision weights and turn off an autocast
+    entered outside them (``autocast_if_enabled``, 0.19, on CUDA): fp32 data then meets
+    bf16 weights ("mat1 and mat2 must have the same dtype", first seen on an H200). Casting
+    the floating-point inputs is what transformers' Trainer does for DeepSpeed
+    (``_prepare_input``), so a trial runs what the user's job runs."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(dtype) if batch.is_floating_point() and batch.dtype != dtype else batch
+    if isinstance(batch, dict):
+        return {k: cast_floats(v, dtype) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        cast = [cast_floats(v, dtype) for v in batch]
+        return type(batch)(*cast) if hasattr(batch, "_fields") else type(batch)(cast)
+    return batch
+
+
 def to_device(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool = False) -> Any:
     """The batch's tensors on ``device`` (dicts, lists, tuples and named tuples kept);
     with ``channels_last``, 4-D floating-point tensors (images) in that memory format."""

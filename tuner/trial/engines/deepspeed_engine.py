@@ -16,7 +16,8 @@ import torch
 
 from tuner.config.export import ds_config
 from tuner.harness.distributed import ensure_process_group
-from tuner.trial.engines.base import Engine, autocast
+from tuner.trial.data import cast_floats
+from tuner.trial.engines.base import Engine
 
 if TYPE_CHECKING:
     from tuner.config.space import Config
@@ -95,12 +96,16 @@ class DeepSpeedEngine(Engine):
         cfg["steps_per_print"] = 2**31 - 1
         self.model, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=cfg)
         self.compute_loss = compute_loss
+        model_dtype = self.model.get_data_types()[0]
+        self.half: torch.dtype | None = model_dtype if model_dtype in (torch.bfloat16, torch.float16) else None
+        """The engine's half-precision weight dtype, that float inputs are cast to."""
 
     def forward(self, batch: Any, last: bool) -> torch.Tensor:
-        # With bf16/fp16 DeepSpeed holds half-precision weights; autocast lets fp32
-        # inputs from the user's data meet them without a cast in every task.
-        with autocast(self.device, self.config.amp_dtype):
-            return self.compute_loss(self.model, batch)
+        # With bf16/fp16 DeepSpeed holds half-precision weights and turns an outer autocast
+        # off on CUDA: the inputs are cast instead (see cast_floats).
+        if self.half is not None:
+            batch = cast_floats(batch, self.half)
+        return self.compute_loss(self.model, batch)
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         self.model.backward(loss)
