@@ -60,7 +60,9 @@ def compile_mode_exports(config: Config, file: str, world_size: int) -> Any:
         "accelerate_config.yaml": {"dynamo_config": {"dynamo_mode": mode}},
         "torchtitan.toml": {"#": [f"compile_mode {mode} measured: torchtitan compiles each block in the default mode "
                                   f"(no key); pass mode={mode!r} to torch.compile in your own loop"]},
-        "torch_settings.py": [f"# each repeated block compiled as measured: block.compile(mode={mode!r})"],
+        "torch_settings.py": [f"# each repeated block compiled as measured: block.compile(mode={mode!r}); a torch.nn "
+                              f"built-in block (nn.Linear, nn.TransformerEncoderLayer) compiles only as "
+                              f"block.forward = torch.compile(block.forward, mode={mode!r})"],
     }.get(file)
 
 
