@@ -54,3 +54,35 @@ def test_the_visible_gpus_are_cuda_visible_devices_own_entries(monkeypatch):
     assert visible() == ["2", "GPU-8f0e", "5"] and default_nproc() == 3
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible() == [] and default_nproc() == 1  # no GPU: one rank, as before
+
+
+def test_memory_that_stays_taken_is_waited_for_once_then_counted_as_taken(tmp_path):
+    """Before each script trial the claimed GPUs' memory must be back to what it was before
+    the first; memory that stays (another job, or the calling process itself, as in a lent
+    H200's acceptance) is said once, after the wait, and later trials do not wait for it
+    again. NVML is an autospec of the real pynvml (no GPU here): its used memory is 10 GiB
+    at the claim and 11 GiB from then on."""
+    from unittest import mock
+
+    import pynvml
+
+    from tuner.scriptmode import gpus
+
+    nvml = mock.create_autospec(pynvml, instance=False)
+    nvml.nvmlDeviceGetHandleByIndex.return_value = "handle"
+    used = [10 * 2**30]
+    nvml.nvmlDeviceGetMemoryInfo.side_effect = lambda handle: mock.Mock(used=used[0])
+    with mock.patch.dict("sys.modules", {"pynvml": nvml}):
+        claim = Claim(["0"], 1, tmp_path)
+        assert claim.wait_free(wait_s=0.2) is None  # nothing held: no wait
+        used[0] = 11 * 2**30
+        start = time.monotonic()
+        said = claim.wait_free(wait_s=0.3)
+        assert said is not None and "GPU 0 1.0 GiB above" in said and time.monotonic() - start >= 0.3
+        start = time.monotonic()
+        assert claim.wait_free(wait_s=5.0) is None and time.monotonic() - start < 1.0
+        used[0] = 12 * 2**30  # more taken after that: waited for again
+        assert claim.wait_free(wait_s=0.2) is not None
+    nvml.nvmlDeviceGetHandleByIndex.assert_called_with(0)
+    assert gpus.FREE_SLACK_BYTES < 2**30
+    claim.release()

@@ -83,18 +83,23 @@ class Claim:
     def wait_free(self, wait_s: float = FREE_WAIT_S) -> str | None:
         """Block until every claimed GPU's used memory is back to its baseline (a killed
         trial's memory given back); ``None`` when it is, else the one line saying where it
-        is not, after ``wait_s``."""
+        is not, after ``wait_s``. What they hold then becomes the baseline: memory another
+        job (or this process) keeps would otherwise cost every later trial the same wait (a
+        lent H200's acceptance lost two minutes of its five so, to 0.9 GiB its own process
+        held)."""
         deadline = time.monotonic() + wait_s
         while True:
-            held = {e: u - self.baseline[e] for e, u in used_bytes(list(self.baseline)).items()
-                    if u - self.baseline[e] > FREE_SLACK_BYTES}
+            now = used_bytes(list(self.baseline))
+            held = {e: u - self.baseline[e] for e, u in now.items() if u - self.baseline[e] > FREE_SLACK_BYTES}
             if not held:
                 return None
             if time.monotonic() >= deadline:
+                self.baseline.update(now)
                 said = ", ".join(f"GPU {e} {b / 2**30:.1f} GiB" for e, b in held.items())
                 return (f"the GPUs still hold memory {wait_s:.0f} s after the last trial ended ({said} above what "
                         "they held before the first trial): a process of that trial may still be alive, or "
-                        "another job is using them; this trial's memory and speed may be off")
+                        "another job is using them; this trial's memory and speed may be off (later trials "
+                        "count this memory as taken and do not wait for it)")
             time.sleep(0.5)
 
 
