@@ -8,9 +8,13 @@ Three models, by ``task_args["model"]``:
 - ``transformer``: LAYERS pre-norm encoder blocks (attention through
   ``scaled_dot_product_attention``, MLP of 4 x d) on random tokens' embeddings: the FLOP
   count's truth for a model with attention (:func:`analytic_flops_per_sample`).
-- ``matmul``: a bias-free stack of ``MATMUL_WIDTH`` x ``MATMUL_WIDTH`` matmuls, nothing else:
-  MFU's truth (every FLOP is a matmul the analytic count names; at 8192 wide and 2048 samples
-  a step, about 3.3 TFLOP, milliseconds of bf16 on an H200: the loop's own overhead is noise).
+- ``matmul``: a bias-free stack of ``MATMUL_DEPTH`` ``MATMUL_WIDTH``-wide matmuls, nothing
+  else: MFU's truth (every FLOP is a matmul the analytic count names; at 8192 wide, 12 deep
+  and 1024 samples a step, about 4.9 TFLOP, milliseconds of bf16 on an H200). Its samples
+  are indices into a frozen table on the device (no FLOPs, no gradient): on an H200 a
+  sample of 8192 floats made the loader collate and copy 64 MiB a step, and the tuner's
+  step (59 ms) was the loader's, not the matmuls' (a plain loop with the batch collated
+  once: 19 ms), so the row compared two different jobs.
 
 The loader can be made slow (``sleep_ms`` of host time per batch, in ``collate``), the
 batch can carry a ``payload`` of floats per sample to copy to the device, and the forward
@@ -32,19 +36,19 @@ from torch import nn
 WIDTH, DEPTH, IN, MICRO = 8192, 4, 1024, 512
 SEQ, D_MODEL, HEADS, LAYERS = 256, 512, 8, 4
 """The transformer's sequence length, width, heads and blocks."""
-MATMUL_WIDTH = 8192
-"""The matmul stack's width: compute-bound in bf16 on a 2026 GPU."""
+MATMUL_WIDTH, MATMUL_DEPTH = 8192, 12
+"""The matmul stack's width and depth: compute-bound in bf16 on a 2026 GPU."""
 
 
 class Synthetic(torch.utils.data.Dataset):
-    """Random samples (``IN`` features or ``SEQ`` x ``D_MODEL`` embeddings, a class), an
-    optional ``payload`` tensor of that many floats each."""
+    """Random samples (``IN`` features, ``SEQ`` x ``D_MODEL`` embeddings, or a row of the
+    matmul stack's table; a class), an optional ``payload`` tensor of that many floats each."""
 
-    def __init__(self, size: int, payload: int, model: str = "mlp", width: int = MATMUL_WIDTH) -> None:
+    def __init__(self, size: int, payload: int, model: str = "mlp") -> None:
         self.size, self.payload, self.model = size, payload, model
         g = torch.Generator().manual_seed(0)
-        shape = (64, SEQ, D_MODEL) if model == "transformer" else (64, width if model == "matmul" else IN)
-        self.x = torch.randn(*shape, generator=g)
+        shape = (64, SEQ, D_MODEL) if model == "transformer" else (64, IN)
+        self.x = torch.arange(64) if model == "matmul" else torch.randn(*shape, generator=g)
         self.y = torch.randint(0, 16, (64,), generator=g)
 
     def __len__(self) -> int:
@@ -64,8 +68,7 @@ def build_dataset(args: dict[str, Any]) -> Synthetic:
     _ARGS.clear()
     _ARGS.update(args)
     model = args.get("model", "mlp")
-    return Synthetic(args.get("size", 1 << 16), args.get("payload", 0), model,
-                     args.get("width", MATMUL_WIDTH) if model == "matmul" else MATMUL_WIDTH)
+    return Synthetic(args.get("size", 1 << 16), args.get("payload", 0), model)
 
 
 def collate(samples: list[Any]) -> Any:
@@ -158,7 +161,9 @@ def build_model(args: dict[str, Any]) -> nn.Module:
         return Transformer()
     if model == "matmul":
         d = args.get("width", MATMUL_WIDTH)
-        return nn.Sequential(*(nn.Linear(d, d, bias=False) for _ in range(DEPTH)), nn.Linear(d, 16, bias=False))
+        table = nn.Embedding.from_pretrained(torch.randn(64, d, generator=torch.Generator().manual_seed(0)))
+        return nn.Sequential(table, *(nn.Linear(d, d, bias=False) for _ in range(MATMUL_DEPTH)),
+                             nn.Linear(d, 16, bias=False))
     width = args.get("width", WIDTH)
     layers: list[nn.Module] = [nn.Linear(IN, width), nn.ReLU()]
     for _ in range(DEPTH - 1):
@@ -215,6 +220,6 @@ def analytic_flops_per_sample(width: int = WIDTH, model: str = "mlp") -> float:
         per_token = 6 * LAYERS * block + 12 * LAYERS * SEQ * D_MODEL
         return float(SEQ * per_token + 6 * D_MODEL * 16)
     if model == "matmul":
-        return 6.0 * (DEPTH * width**2 + width * 16) - 2.0 * width**2
+        return 6.0 * (MATMUL_DEPTH * width**2 + width * 16) - 2.0 * width**2
     weights = IN * width + (DEPTH - 1) * width * width + width * 16
     return 6.0 * weights - 2.0 * IN * width

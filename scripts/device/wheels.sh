@@ -19,7 +19,7 @@ for n in 17 27 28 34 35; do platforms+=(--platform "manylinux_2_${n}_x86_64"); d
 platforms+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   "${platforms[@]}" -d .whl \
-  optuna==4.6.0 alembic==1.17.2 colorlog==6.10.1 sqlalchemy==2.0.44 greenlet==3.2.4 Mako==1.3.10 \
+  optuna==5.1.0 alembic==1.17.2 colorlog==6.10.1 sqlalchemy==2.0.44 greenlet==3.2.4 Mako==1.3.10 \
   hjson==3.1.0 pydantic==2.12.4 pydantic-core==2.41.5 annotated-types==0.7.0 typing-inspection==0.4.2 \
   py-cpuinfo==9.0.0 ninja==1.13.0 torchao==0.18.0 liger-kernel==0.8.5
 # DeepSpeed publishes a source release only: its wheel is built here, pure Python (its ops are
