@@ -91,11 +91,11 @@ RULES: dict[str, Rule] = {
         lambda m, t: _num(m) and _num(t) and abs(m - t) <= 0.05 and t >= 0.03,
         (0.09, 0.1, {}), (0.0, 0.1, {})),
     "pageable_wait": Rule(
-        "|tuner - trace| <= 0.05, the wait within 1.5 x the copy alone on an idle device (+0.05) and the host "
-        "blocked >= trace + 0.2",
-        # 1.5 x: the trial's copies compete with 8 workers collating 64 MiB batches (an H200: the
-        # copy alone 0.37 of the step, the trace's wait 0.47, the host clock 0.86)
-        lambda m, t, naive, copy: _num(m) and _num(t) and abs(m - t) <= 0.05 and _num(copy) and t <= 1.5 * copy + 0.05
+        "|tuner - trace| <= 0.05, the wait within the trace's own copies (+0.1) and the host blocked >= trace + 0.2",
+        # the copies of the same traced window: a copy timed alone on an idle device read 0.37
+        # and then 0.17 of the step in two runs on an H200 (the waits 0.47 and 0.43 beside
+        # copies of 0.38 and 0.37 in their traces; the host clock 0.86 both times)
+        lambda m, t, naive, copy: _num(m) and _num(t) and abs(m - t) <= 0.05 and _num(copy) and t <= copy + 0.1
         and _num(naive) and naive >= t + 0.2,
         (0.31, 0.3, {"naive": 0.8, "copy": 0.33}), (0.8, 0.3, {"naive": 0.8, "copy": 0.33})),  # the host's wait
     "process_memory": Rule(
