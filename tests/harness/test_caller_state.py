@@ -18,6 +18,7 @@ SNAPSHOT = textwrap.dedent('''
     import optuna  # the user's own optuna, at the user's own verbosity
     import torch  # the user's own model code imports it (its import-time warning filters are its own)
     import torch.distributed as dist
+    from tuner.harness.caller_state import kept_by_library
     optuna.logging.set_verbosity(optuna.logging.INFO)
     warnings.simplefilter("error", ResourceWarning)
     logging.getLogger().setLevel(logging.DEBUG)
@@ -50,7 +51,8 @@ SNAPSHOT = textwrap.dedent('''
                 "excepthook": repr(sys.excepthook),
                 "start_method": multiprocessing.get_start_method(allow_none=True),
                 "databases": sorted(p for p in open_files() if p.endswith(".db")),
-                "live_threads": sorted(t.name for t in threading.enumerate()),
+                # a library's own pool or monitor stays, as its descriptors do; the tuner's never
+                "live_threads": sorted(t.name for t in threading.enumerate() if not kept_by_library(t)),
                 # counted, not compared: a library's first use keeps what it keeps for the process
                 "fd_count": len(open_files(every=True)), "atexit_count": atexit._ncallbacks()}
 

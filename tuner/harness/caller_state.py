@@ -186,8 +186,21 @@ def _forget_deepspeed_group() -> None:
 
 def _join_new_threads(before: set[threading.Thread]) -> None:
     """Wait for the threads the call started: each has been told to stop and ends within
-    a tick; one that does not is left (a daemon), never killed."""
+    a tick; one that does not is left (a daemon), never killed. What a library keeps for
+    the process (:func:`kept_by_library`) is not waited for: it would not end."""
     deadline = time.monotonic() + THREAD_WAIT_S
     for thread in set(threading.enumerate()) - before:
-        if thread is not threading.current_thread():
+        if thread is not threading.current_thread() and not kept_by_library(thread):
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def kept_by_library(thread: threading.Thread) -> bool:
+    """A thread a library keeps for the life of the process from its first use, as torch
+    keeps its descriptors: a ``ThreadPoolExecutor``'s worker (torch's own prefetch pool,
+    ``torch.utils._functools``, whose first use is a compile) and tqdm's monitor (inductor's
+    progress bars). Each ends only when its library ends it; waiting for them cost every
+    compiled call the whole 5 s, once compile really compiled the blocks."""
+    from concurrent.futures import thread as pool_thread
+
+    worker = pool_thread._worker  # noqa: SLF001 - what tells a pool's thread apart
+    return getattr(thread, "_target", None) is worker or type(thread).__name__ == "TMonitor"
