@@ -177,3 +177,19 @@ def test_a_trial_records_what_its_model_holds_for_the_advice(tmp_path):
     assert measured("eager", "llama.py", {"attn_implementation": "eager"}) == {"convolutions": False,
                                                                               "attention": False}
     assert measured("conv", "convnet.py", {}) == {"convolutions": True, "attention": False}
+
+
+def test_an_optimizer_tells_whether_its_model_trains_convolutions():
+    """What a script adapter that sees only optimizers (``adapt: torch``, ``adapt: lightning``)
+    records of the model: a convolution among the parameters it trains, not one merely
+    alive elsewhere in the process."""
+    from tuner.harness.system.flops import trains_convolutions
+
+    cnn = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(2))
+    mlp = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    bias_only = torch.optim.SGD([cnn[0].bias], lr=0.1)
+    assert trains_convolutions(torch.optim.SGD(cnn[0].parameters(), lr=0.1))
+    assert trains_convolutions(bias_only)  # a convolution's bias alone is still its parameter
+    assert not trains_convolutions(torch.optim.AdamW(mlp.parameters()))  # cnn is alive, but not trained here
+    conv1d = nn.Conv1d(2, 2, 3)
+    assert trains_convolutions(torch.optim.SGD(conv1d.parameters(), lr=0.1))

@@ -77,6 +77,20 @@ def holds_convolutions(module: torch.nn.Module) -> bool:
     return any(isinstance(m, conv) for m in module.modules())
 
 
+def trains_convolutions(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a convolution's parameters are among those ``optimizer`` trains: what a script
+    adapter that sees optimizers, not modules (``adapt: torch``, ``adapt: lightning``), can
+    know of the model. One pass over the live objects at the first step, outside the window
+    (a script's ViT under ``adapt: torch`` was otherwise advised channels_last)."""
+    import gc
+
+    params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    conv = torch.nn.modules.conv._ConvNd  # noqa: SLF001 - the private base of every convolution class
+    # type(), not isinstance(): a dead weak proxy raises on __class__
+    return any(issubclass(type(obj), conv) and any(id(p) in params for p in obj.parameters(recurse=False))
+               for obj in gc.get_objects())
+
+
 def tf32_in_use(convolutions: bool) -> bool:
     """Whether fp32 work runs on TF32 tensor cores: matmuls when PyTorch allows it
     (``set_float32_matmul_precision("high")``; off by default), convolutions when cuDNN does

@@ -29,8 +29,10 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
     """Wrap ``Accelerator.__init__`` (check what it took) and ``Accelerator.prepare``
     (rebuild and measure the loader, count real optimizer steps)."""
     import accelerate
+    import torch
     from torch.utils.data import DataLoader
 
+    from tuner.harness.system.flops import holds_convolutions
     from tuner.scriptmode.probe import Probe
 
     cls = accelerate.Accelerator
@@ -68,6 +70,8 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
         out = original_prepare(self, *args, **kwargs)
         results = list(out) if isinstance(out, tuple) else [out]
         for i, obj in enumerate(results):
+            if isinstance(obj, torch.nn.Module) and "model" not in probe.ran:  # for advice only some models take
+                probe.ran["model"] = {"convolutions": holds_convolutions(obj)}
             if i == train_at:
                 _measure_loader(obj, probe)
             elif isinstance(obj, accelerate.optimizer.AcceleratedOptimizer):

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from tuner.harness.system.devices import accelerator_of
+from tuner.harness.system.flops import trains_convolutions
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 
@@ -85,6 +86,7 @@ class _Watch:
             self.probe.notes.append(note)
 
     def _first_step(self, optimizer: Any) -> None:
+        self.probe.ran["model"] = {"convolutions": trains_convolutions(optimizer)}  # for advice only some take
         device = accelerator_of(p for group in optimizer.param_groups for p in group["params"])
         if device is not None and self.probe.window_start is None:  # not the CPU copies under offload
             self.probe.use_device(device)
