@@ -166,8 +166,8 @@ class Resilient(BaseStorage, BaseHeartbeat):
         # Optuna 5 named it so; 4.x (and 3.x) only has get_failed_trial_callback, which 5
         # keeps as a deprecated alias (a lent GPU's Optuna 4.6 failed every search on this)
         inner = self._inner
-        name = "get_heartbeat_stale_trial_callback"
-        return (getattr(inner, name) if hasattr(inner, name) else inner.get_failed_trial_callback)()  # type: ignore[attr-defined]
+        get = getattr(inner, "get_heartbeat_stale_trial_callback", None) or inner.get_failed_trial_callback  # type: ignore[attr-defined]
+        return get()
 
     def get_failed_trial_callback(self) -> Any:
         return self.get_heartbeat_stale_trial_callback()

@@ -92,35 +92,37 @@ def _too_small(size: int | None, micro: int, world: int) -> str:
             f"({have}); make it larger or the micro_batch_size smaller")
 
 
+def map_tensors(batch: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``batch`` with ``fn`` applied to each of its tensors (dicts, lists, tuples and named
+    tuples kept; anything else as it is)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        mapped = [map_tensors(v, fn) for v in batch]
+        return type(batch)(*mapped) if hasattr(batch, "_fields") else type(batch)(mapped)
+    return batch
+
+
 def cast_floats(batch: Any, dtype: torch.dtype) -> Any:
-    """The batch with its floating-point tensors in ``dtype`` (the rest as they are, the
-    structure kept as :func:`to_device` keeps it).
+    """The batch with its floating-point tensors in ``dtype`` (the rest as they are).
 
     DeepSpeed's bf16 / fp16 engines hold half-precision weights and turn off an autocast
     entered outside them (``autocast_if_enabled``, 0.19, on CUDA): fp32 data then meets
     bf16 weights ("mat1 and mat2 must have the same dtype", first seen on an H200). Casting
     the floating-point inputs is what transformers' Trainer does for DeepSpeed
     (``_prepare_input``), so a trial runs what the user's job runs."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(dtype) if batch.is_floating_point() and batch.dtype != dtype else batch
-    if isinstance(batch, dict):
-        return {k: cast_floats(v, dtype) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        cast = [cast_floats(v, dtype) for v in batch]
-        return type(batch)(*cast) if hasattr(batch, "_fields") else type(batch)(cast)
-    return batch
+    return map_tensors(batch, lambda t: t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t)
 
 
 def to_device(batch: Any, device: torch.device, non_blocking: bool, channels_last: bool = False) -> Any:
     """The batch's tensors on ``device`` (dicts, lists, tuples and named tuples kept);
     with ``channels_last``, 4-D floating-point tensors (images) in that memory format."""
-    if isinstance(batch, torch.Tensor):
-        if channels_last and batch.dim() == 4 and batch.is_floating_point():
-            return batch.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device, non_blocking, channels_last) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        moved = [to_device(v, device, non_blocking, channels_last) for v in batch]
-        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
-    return batch
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if channels_last and t.dim() == 4 and t.is_floating_point():
+            return t.to(device, non_blocking=non_blocking, memory_format=torch.channels_last)
+        return t.to(device, non_blocking=non_blocking)
+
+    return map_tensors(batch, move)
