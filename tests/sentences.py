@@ -14,7 +14,19 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
 - no unmeasured figure is written as a number: ``with 0% data wait`` where the data wait is
   null, or a ``| 0% |`` cell for a null metric in the best-vs-baseline table;
 - the advice ``try more loader workers than N`` for the best is not given where the run
-  measured that configuration with more workers and it was not faster.
+  measured that configuration with more workers and it was not faster;
+- every verdict of the baseline and the best (``best.json``'s ``diagnosis``, which the console
+  and ``report.md`` print) matches one of its kind's known sentences, and each figure in it is
+  that configuration's metric (the wait, the communication, the cores, GFLOP/s, the step-time
+  tail, the stall-free ceiling, the peak memory); a figure of what workers did carries its
+  interval, contains its own estimate, and "will not gain" is said only where the interval
+  stays under the bar; a sentence in words no pattern knows is itself a finding, so a new
+  wording cannot escape the check;
+- the advice is advice this job can take: no larger micro-batch where the micro-batch is the
+  rank's whole share (one accumulation step), no channels_last for a model the trial saw
+  without convolutions, no attention kernel for one that called no SDPA, no CUDA-only setting
+  on a CPU run;
+- ``gain by knob, one at a time``: each knob's figure is the attribution's.
 """
 
 from __future__ import annotations
@@ -88,7 +100,183 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
             found.append(f"{text!r}: dropped, and the sentence reads as kept")
     found += _unmeasured_zeros(run, metrics)
     found += _advice_already_measured(run, lines, best)
+    found += _verdicts(best, metrics, checked)
+    found += _advice_this_job_can_take(best, checked)
+    found += _one_at_a_time(lines, best, checked)
     return found, checked
+
+
+PCT = r"(-?\d+(?:\.\d+)?)%"
+NUM = r"([\d,]+(?:\.\d+)?)"
+EFFECT = re.compile(r"samples/s ([+-]\d+)% \(99% interval ([+-]\d+)% to ([+-]\d+)%, (?:\d+\+\d+ runs|\d+ pairs?)\)"
+                    r"|samples/s ([+-]\d+)% \(no interval: no noise measured yet\)")
+VERDICTS: dict[str, list[tuple[re.Pattern[str], tuple[tuple[str, str], ...]]]] = {
+    # kind: [(the evidence's whole sentence, ((group, what the group must equal), ...))]
+    "data-bound": [(re.compile(rf"^the loop waits for data {PCT} of the step"
+                               rf"(?:; a perfect pipeline would reach {NUM} samples/s \(([\d.]+)x\))?"
+                               rf"(?:; its \d+ workers use ([\d.]+) cores)?$"),
+                    (("1", "wait"), ("2", "ceiling"), ("3", "gap"), ("4", "worker_cpu_util")))],
+    "input-transfer-bound": [(re.compile(rf"^copying batches to the device takes {PCT} of the step"
+                                         r"(?: with pageable memory)?$"), (("1", "transfer_share"),))],
+    "communication-bound": [(re.compile(rf"^collectives not hidden behind compute take {PCT} of the step$"),
+                             (("1", "comm_share"),))],
+    "pipeline-bound": [(re.compile(rf"^a pipeline stage sits idle {PCT} of the step(?: \(.*\))?$"),
+                        (("1", "bubble_share"),))],
+    "memory-bound": [(re.compile(r"^(?:peak memory ([\d.]+) GiB of a [\d.]+ GiB budget)?(?:; )?"
+                                 r"(?:\d+ allocator retries \(cudaMalloc failed, cache flushed\))?$"),
+                      (("1", "peak_mem_gib"),))],
+    "memory-bound (loader workers)": [(re.compile(r"^.*; across the trials peak memory grew [\d.]+ GiB per loader "
+                                                  r"worker \(\d+ worker\(s\) here hold ~[\d.]+ GiB\): host memory "
+                                                  r"the workers copy$"), ())],
+    "host-bound": [(re.compile(rf"^the main process uses ([\d.]+) cores while the GPU runs kernels only {PCT} of "
+                               r"the time$"), (("1", "cpu_util"), ("2", "gpu_util"))),
+                   (re.compile(rf"^the cores are busy \(([\d.]+) in use\) but the step does ([\d.e+]+) GFLOP/s, "
+                               rf"(?:under )?{PCT} of what they reach on a large matmul \(\d+ GFLOP/s\): per-operation "
+                               r"overhead, not arithmetic, sets the pace$"),
+                    (("1", "cpu_util"), ("2", "gflops")))],
+    "compute-bound": [(re.compile(rf"^{NUM} samples/s with (?:{PCT} data wait|data wait not measured)"
+                                  rf"(?:, {PCT} of the stall-free ceiling|, at its stall-free ceiling)?"
+                                  rf"(?:; MFU {PCT}|; ([\d.e+]+) GFLOP/s per device)?$"),
+                       (("1", "samples_per_s"), ("2", "wait"), ("3", "of_ceiling"), ("4", "mfu"),
+                        ("5", "gflops")))],
+    "unstable": [(re.compile(r"^p99 step time ([\d.]+) ms is ([\d.]+)x the p50 \(([\d.]+) ms\)$"),
+                  (("1", "p99_ms"), ("3", "p50_ms")))],
+    "host-cpu-saturated": [
+        (re.compile(rf"^the loop waits for data {PCT} of the step while the main process and its \d+ worker\(s\) "
+                    r"keep ([\d.]+) of \d+ core\(s\) busy: no core is left for more loading$"),
+         (("1", "wait"), ("2", "busy"))),
+        (re.compile(rf"^the loop waits for data {PCT} of the step, but \d+ worker\(s\) took the wait to {PCT} and "
+                    r"(samples/s .*?)(?:; main process and workers then kept [\d.]+ of \d+ core\(s\) busy)?: "
+                    r"loading and the step compete for the same cores$"),
+         (("1", "wait"), ("3", "effect"))),
+        (re.compile(rf"^going from \d+ to \d+ worker\(s\) took the data wait from {PCT} to {PCT} of the step and "
+                    r"(samples/s .*?)(?:; main process and workers keep ([\d.]+) of \d+ core\(s\) busy)?: "
+                    r"loading and the step compete for the same cores$"),
+         (("2", "wait"), ("3", "effect"), ("4", "busy")))],
+}
+"""Every verdict's evidence, by kind, as :mod:`tuner.analysis.diagnose` and
+:mod:`tuner.analysis.evidence` write it; a figure's name says what it must equal."""
+
+
+def _expected(name: str, m: dict[str, Any]) -> float | None:
+    """The figure a verdict's group ``name`` must print, from the configuration's metrics
+    ``m``, on the scale it is printed (percent, cores, GFLOP/s, ms)."""
+    rate, ceiling = m.get("samples_per_s"), m.get("stall_free_samples_per_s")
+    pct = {"wait": "data_wait_share", "transfer_share": "transfer_share", "comm_share": "comm_share",
+           "bubble_share": "bubble_share", "gpu_util": "gpu_util", "mfu": "mfu"}
+    if name in pct:
+        value = m.get(pct[name])
+        return None if value is None else 100 * value
+    if name == "ceiling":
+        return ceiling
+    if name == "gap":
+        return ceiling / rate if ceiling and rate else None
+    if name == "of_ceiling":
+        return 100 * rate / ceiling if ceiling and rate else None
+    if name == "gflops":
+        return None if m.get("achieved_tflops") is None else 1000 * m["achieved_tflops"]
+    if name == "busy":
+        return (m.get("cpu_util") or 0.0) + (m.get("worker_cpu_util") or 0.0)
+    if name in ("p99_ms", "p50_ms"):
+        value = m.get(f"step_time_{name[:3]}_s")
+        return None if value is None else 1000 * value
+    return m.get(name)
+
+
+def _agrees(name: str, printed: str, want: float | None) -> bool:
+    """Whether ``printed`` is ``want`` as the sentence rounds it."""
+    if want is None:
+        return False
+    value = _number(printed)
+    decimals = len(printed.split(".")[1]) if "." in printed else 0
+    if name == "gflops":  # three significant figures
+        return abs(value - want) <= 0.006 * max(abs(want), 1e-9) + 1e-9
+    return abs(value - want) <= 0.51 * 10 ** -decimals + 1e-9
+
+
+def _effect(sentence: str, text: str, next_step: str) -> list[str]:
+    """A figure of what workers did: its interval holds its estimate, and "will not gain" is
+    said only where the interval stays under the 10% bar."""
+    m = EFFECT.fullmatch(text)
+    if m is None:
+        return [f"{sentence!r}: what the workers did is printed without its interval ({text!r})"]
+    if m.group(4) is not None:
+        return [f"{sentence!r}: says more workers will not gain, with no interval"] \
+            if "will not gain" in next_step else []
+    est, low, high = (int(x) for x in m.group(1, 2, 3))
+    out = []
+    if not low - 1 <= est <= high + 1:
+        out.append(f"{sentence!r}: the estimate {est:+d}% lies outside its interval")
+    if "will not gain 10%" in next_step and high >= 10:
+        out.append(f"{sentence!r}: says more workers will not gain 10%, but its interval reaches {high:+d}%")
+    return out
+
+
+def _verdicts(best: dict[str, Any], metrics: dict[str, dict[str, Any]], checked: set[str]) -> list[str]:
+    found = []
+    for which in ("baseline", "best"):
+        for v in (best.get("diagnosis") or {}).get(which, []):
+            kind, text = v["kind"], v["evidence"]
+            checked.add(f"verdict {kind}")
+            match = next(((m, names) for pattern, names in VERDICTS.get(kind, ())
+                          if (m := pattern.match(text))), None)
+            if match is None:
+                found.append(f"{which}'s {kind} verdict in words no check knows: {text!r}")
+                continue
+            m, names = match
+            for group, name in names:
+                printed = m.group(int(group))
+                if printed is None:
+                    continue
+                if name == "effect":
+                    found += _effect(text, printed, v["next_step"])
+                elif not _agrees(name, printed, _expected(name, metrics[which])):
+                    found.append(f"{which}'s {kind} verdict {text!r}: {printed} is not its {name} "
+                                 f"({_expected(name, metrics[which])})")
+    return found
+
+
+def _advice_this_job_can_take(best: dict[str, Any], checked: set[str]) -> list[str]:
+    """No advice a refusal rule of the search would reject for this job."""
+    found = []
+    cuda = bool((best.get("environment") or {}).get("cuda"))
+    for which, part in (("baseline", best.get("baseline") or {}), ("best", best)):
+        params = part.get("params") or {}
+        model = ((part.get("ran") or best.get("ran") or {}).get("model")) or {}  # one model for both
+        for v in (best.get("diagnosis") or {}).get(which, []):
+            advice = v["next_step"].split(" (already measured from here")[0]
+            checked.add("advice")
+            if params.get("grad_accum_steps") == 1 and re.search(r"a larger micro.?batch", advice):
+                found.append(f"{which}: {advice!r} advises a larger micro-batch at one accumulation step")
+            if model.get("convolutions") is False and "channels_last" in advice:
+                found.append(f"{which}: {advice!r} advises channels_last to a model without convolutions")
+            if model.get("attention") is False and "attention_backend" in advice:
+                found.append(f"{which}: {advice!r} advises an attention kernel to a model that calls no SDPA")
+            if not cuda and re.search(r"attention_backend: (efficient|cudnn)|cudnn_benchmark: true|"
+                                      r"pin_memory=true|float8", advice):  # a CPU runs math and flash
+                found.append(f"{which}: {advice!r} advises a CUDA-only setting on a CPU run")
+    return found
+
+
+GAINS = re.compile(r"(\w+) (\S+)->(\S+) ([\d.]+)x \((-?\d+)%\)")
+
+
+def _one_at_a_time(lines: list[str], best: dict[str, Any], checked: set[str]) -> list[str]:
+    """``gain by knob, one at a time: num_workers 0->8 7.77x (78%)``: the attribution's rows."""
+    rows = {r["knob"]: r for r in (best.get("attribution") or {}).get("rows", [])}
+    found = []
+    for line in lines:
+        if not line.startswith("gain by knob, one at a time: "):
+            continue
+        checked.add("one at a time")
+        for knob, _, _, gain, share in GAINS.findall(line):
+            row = rows.get(knob)
+            if row is None or row.get("gain") is None:
+                found.append(f"{line!r}: {knob} has no attribution row with a gain")
+            elif abs(float(gain) - row["gain"]) > 0.006 or abs(int(share) - 100 * row["share"]) > 0.51:
+                found.append(f"{line!r}: {knob} {gain}x ({share}%) against the attribution's "
+                             f"{row['gain']:.3f}x ({100 * row['share']:.1f}%)")
+    return found
 
 
 def _unmeasured_zeros(run: Path, metrics: dict[str, dict[str, Any]]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 
@@ -12,6 +13,7 @@ import pytest
 
 from tuner.analysis.diagnose import Verdict
 from tuner.analysis.evidence import Seen, memory_per_worker, revise
+from tuner.stats.interval import slowdown
 
 from conftest import run, toy_recipe
 
@@ -36,7 +38,13 @@ def test_a_pipeline_that_saturates_the_cores_is_not_told_to_add_workers(tmp_path
     best, log = search_on_one_core(tmp_path, {"decode_ms": 0.5, "busy_ms": 12}, 3)
     verdicts = best["diagnosis"]["best"]
     saturated = [v for v in verdicts if v["kind"] == "host-cpu-saturated"]
-    assert saturated and "more workers will not help" in saturated[0]["next_step"], verdicts
+    assert saturated, verdicts
+    # what the workers did is printed with its interval; "will not gain" only where it shows that
+    figure = re.search(r"samples/s [+-]\d+% \(99% interval [+-]\d+% to ([+-]\d+)%, \d+[+ ]\d*\s?(runs|pairs?)\)",
+                       saturated[0]["evidence"])
+    assert figure, saturated[0]["evidence"]
+    shown = saturated[0]["next_step"].startswith("more workers will not gain 10% or more")
+    assert not shown or int(figure.group(1)) < 10, saturated[0]
     assert not any("more loader workers" in v["next_step"] for v in verdicts)
     assert "trial 1: data-bound" in log  # the verdict chose the first step: workers
 
@@ -64,7 +72,7 @@ def test_workers_that_removed_the_wait_but_not_the_time_mean_saturated_cores():
     # the issue's JPEG pipeline: 1 worker took the wait from 37% to 2% and samples/s down 6%
     base, one = trial(0, 100, 0.37, cpu=1.3), trial(1, 94, 0.02, cpu=1.4, worker_cpu=0.6)
     out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2)
-    assert [v.kind for v in out] == ["host-cpu-saturated"] and "-6%" in out[0].evidence
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "-6% (no interval" in out[0].evidence
     # workers that bought time: still data-bound
     faster = trial(1, 180, 0.02)
     assert revise([DATA_BOUND], base.params, base.metrics, [base, faster], cores=2) == [DATA_BOUND]
@@ -77,7 +85,7 @@ def test_workers_the_answer_has_that_bought_nothing_mean_saturated_cores():
     still = Verdict("data-bound", 0.11, "waits 11%", "try more loader workers than 2")
     out = revise([still], two.params, two.metrics, [base, two], cores=1)
     assert [v.kind for v in out] == ["host-cpu-saturated"] and "from 0 to 2 worker(s)" in out[0].evidence
-    assert "-11%" in out[0].evidence and "more workers will not help" in out[0].next_step
+    assert "-11% (no interval" in out[0].evidence and "though the interval does not rule one out" in out[0].next_step
     # the wait under the data-bound bar (10%, read as compute-bound): the time still tells
     under = trial(2, 682, 0.10, cpu=0.6, worker_cpu=0.4)
     compute = Verdict("compute-bound", 0.9, "682 samples/s with 10% data wait", "a larger micro-batch")
@@ -194,3 +202,28 @@ def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
     assert any(v.kind == "host-cpu-saturated" for v in single), single  # 16.5 against 11.8: "-29%"
     assert not any(v.kind == "host-cpu-saturated" for v in pooled), pooled
     assert pooled[0].kind == "data-bound", pooled
+    compared = config_view.verdicts(study, None, env, base, pool.metrics(base), pooled=pool.metrics,
+                                    compare=pool.slowdown)
+    assert [v.kind for v in compared] == [v.kind for v in pooled], compared
+
+
+def rates_of(runs):
+    """A ``compare`` over recorded runs of each worker count, through the interval the pool
+    uses where two configurations shared no round."""
+    return lambda a, b: slowdown(runs[a["num_workers"]], runs[b["num_workers"]])
+
+
+def test_what_workers_did_is_printed_with_its_interval_and_claimed_only_when_it_shows_it():
+    # timm's train.py: "1 worker(s) took ... samples/s to -4% ... more workers will not help",
+    # a median against one run, no interval
+    base, one = trial(0, 100, 0.37, cpu=1.3), trial(1, 96, 0.02, cpu=1.4, worker_cpu=0.6)
+    tight = {0: [100, 101, 99, 100], 1: [96, 95, 97, 96]}
+    out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2, compare=rates_of(tight))[0]
+    assert re.search(r"samples/s -4% \(99% interval -\d+% to [+-]\d+%, 4\+4 runs\)", out.evidence), out.evidence
+    assert out.next_step.startswith("more workers will not gain 10% or more here")
+    # the same medians over noisy runs: the interval reaches a gain of 10%, the claim is not made
+    loose = {0: [100, 80, 125, 100], 1: [96, 120, 75, 96]}
+    out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2, compare=rates_of(loose))[0]
+    high = int(re.search(r"interval -\d+% to \+(\d+)%", out.evidence).group(1))
+    assert high >= 10 and out.next_step.startswith("more workers showed no gain of 10% or more, though")
+    assert "will not" not in out.next_step

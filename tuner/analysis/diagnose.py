@@ -214,7 +214,7 @@ def _host_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     return Verdict(
         "host-bound", f.busy_share,
         f"the cores are busy ({cpu:.1f} in use) but the step does {1000 * tflops:.3g} "
-        f"GFLOP/s, {tflops / yardstick:.1%} of what they reach on a large matmul "
+        f"GFLOP/s, {_share(tflops / yardstick)} of what they reach on a large matmul "
         f"({1000 * yardstick:.0f} GFLOP/s): per-operation overhead, not arithmetic, sets the pace",
         ("a larger micro-batch (bigger operations, fewer per sample), or fewer, " if can_grow_micro(f.params)
          else "fewer, ") + "fused operations (torch.compile)",
@@ -246,6 +246,12 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         + (remedies("compute-bound", f.params, f.device, here=f.here)
            or "a faster device (every lever here is already set)"),
     )
+
+
+def _share(x: float) -> str:
+    """A small measured share: "1.4%", or "under 0.1%" where one decimal would print a
+    zero (a one-core test task read "0.0% of what they reach on a large matmul")."""
+    return f"{x:.1%}" if x >= 0.0005 else "under 0.1%"
 
 
 CPU_ONLY = Machine(cuda=False, bf16=True, fp16=False, cudnn=False)

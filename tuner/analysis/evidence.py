@@ -12,14 +12,16 @@ when its peak grew ~0.26 GiB per worker across the trials: host memory held by w
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import THRESHOLDS, Verdict
 from tuner.config import levers
 from tuner.config.space import written
+from tuner.stats.interval import LEVEL, Slowdown
 
 LOADER = levers.of("loader")
 """The loader's knobs: a change in these alone is a loader change."""
@@ -35,8 +37,15 @@ FAMILY_FIRST: dict[str, tuple[str, ...]] = {kind: levers.pointed_at(kind) for ki
 without gain."""
 SATURATED = 0.85
 """Busy cores (main process + workers) at or above this fraction of the cores available."""
-_CHEAPER = ("more workers will not help: make the per-sample work cheaper (decode once and cache decoded samples, "
-            "smaller images, a faster decoder), decode on the GPU, or run on more cores")
+_CHEAPER_WORK = ("make the per-sample work cheaper (decode once and cache decoded samples, smaller images, a faster "
+                 "decoder), decode on the GPU, or run on more cores")
+_CHEAPER = "more workers will not help: " + _CHEAPER_WORK
+_SHOWN = f"more workers will not gain {NO_GAIN - 1:.0%} or more here: " + _CHEAPER_WORK
+_NOT_SHOWN = (f"more workers showed no gain of {NO_GAIN - 1:.0%} or more, though the interval does not rule one out: "
+              + _CHEAPER_WORK)
+Compare = Callable[[Mapping[str, Any], Mapping[str, Any]], "Slowdown | None"]
+"""How much slower the second configuration is than the first, with its interval from every
+run of both (:meth:`tuner.tuning.pool.Pool.slowdown`: paired where they shared rounds)."""
 MEMORY_PER_WORKER_GIB = 0.05
 """Peak memory growing by more than this per loader worker is the workers' own memory."""
 
@@ -50,14 +59,15 @@ class Seen:
 
 
 def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapping[str, Any] | None,
-           trials: Sequence[Seen], cores: int) -> list[Verdict]:
+           trials: Sequence[Seen], cores: int, compare: Compare | None = None) -> list[Verdict]:
     """``verdicts`` of the configuration ``params``, corrected by what the ``trials`` did
-    (``cores``: the CPUs the job may run on)."""
+    (``cores``: the CPUs the job may run on; ``compare``: the interval between two
+    configurations, which a claim of what workers did is printed with)."""
     out = list(verdicts)
     if not metrics:
         return out
-    saturated = (cores_busy(params, metrics, cores) or host_cpu_saturated(params, metrics, trials, cores)
-                 or workers_bought_nothing(params, metrics, trials, cores))
+    saturated = (cores_busy(params, metrics, cores) or host_cpu_saturated(params, metrics, trials, cores, compare)
+                 or workers_bought_nothing(params, metrics, trials, cores, compare))
     if saturated is not None:
         # the cores explain both the wait and a step short of its stall-free ceiling
         out = [saturated] + [v for v in out if v.kind not in ("data-bound", "compute-bound")]
@@ -157,7 +167,7 @@ def cores_busy(params: Mapping[str, Any], metrics: Mapping[str, Any], cores: int
 
 
 def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
-                       trials: Sequence[Seen], cores: int) -> Verdict | None:
+                       trials: Sequence[Seen], cores: int, compare: Compare | None = None) -> Verdict | None:
     """More workers removed the wait (or filled the cores) but not the time: the host's
     cores are the limit."""
     wait, rate = metrics.get("data_wait_share") or 0.0, metrics.get("samples_per_s") or 0.0
@@ -175,17 +185,18 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
     t = max(cleared, key=lambda s: s.metrics["samples_per_s"])
     busy = _busy(t.metrics)
     used = f"; main process and workers then kept {busy:.1f} of {cores} core(s) busy" if busy else ""
+    figure, shown = _effect(t, Seen(params, metrics), compare)
     return Verdict(
         "host-cpu-saturated", wait,
         f"the loop waits for data {wait:.0%} of the step, but {t.params['num_workers']} worker(s) took the wait "
-        f"to {t.metrics.get('data_wait_share') or 0.0:.0%} and samples/s to "
-        f"{t.metrics['samples_per_s'] / rate - 1:+.0%}{used}: loading and the step compete for the same cores",
-        _CHEAPER,
+        f"to {t.metrics.get('data_wait_share') or 0.0:.0%} and samples/s {figure}{used}: loading and the step "
+        "compete for the same cores",
+        _SHOWN if shown else _NOT_SHOWN,
     )
 
 
 def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any],
-                           trials: Sequence[Seen], cores: int) -> Verdict | None:
+                           trials: Sequence[Seen], cores: int, compare: Compare | None = None) -> Verdict | None:
     """The workers this configuration has took the wait down from a configuration with fewer
     but bought no time over it: more will not either.
 
@@ -208,13 +219,30 @@ def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any]
     t = min(fewer, key=lambda s: s.params.get("num_workers") or 0)
     busy = _busy(metrics)
     used = f"; main process and workers keep {busy:.1f} of {cores} core(s) busy" if busy else ""
+    figure, shown = _effect(Seen(params, metrics), t, compare)
     return Verdict(
         "host-cpu-saturated", wait,
         f"going from {t.params.get('num_workers') or 0} to {workers} worker(s) took the data wait from "
         f"{t.metrics.get('data_wait_share') or 0.0:.0%} to {wait:.0%} of the step and samples/s "
-        f"{rate / t.metrics['samples_per_s'] - 1:+.0%}{used}: loading and the step compete for the same cores",
-        _CHEAPER,
+        f"{figure}{used}: loading and the step compete for the same cores",
+        _SHOWN if shown else _NOT_SHOWN,
     )
+
+
+def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool]:
+    """What the configuration with more workers did to samples/s against the one with fewer,
+    in words with its interval, and whether the interval shows no gain of :data:`NO_GAIN`.
+
+    timm's train.py read "1 worker(s) took the wait to 0% and samples/s to -4% ... more
+    workers will not help": a pooled median against one search trial, no interval, and a
+    claim its evidence could not carry (one run of 1 worker at ~5% noise a run)."""
+    point = more.metrics["samples_per_s"] / fewer.metrics["samples_per_s"] - 1
+    s = compare(more.params, fewer.params) if compare is not None else None
+    if s is None:
+        return f"{point:+.0%} (no interval: no noise measured yet)", False
+    gain, low, high = (1 / (1 - x) - 1 if x < 1 else math.inf for x in (s.estimate, s.low, s.high))
+    return (f"{gain:+.0%} ({LEVEL:.0%} interval {low:+.0%} to {high:+.0%}, {s.counted})",
+            s.within(1 - 1 / NO_GAIN))
 
 
 def memory_per_worker(trials: Sequence[Seen]) -> float | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tuner.analysis.diagnose import Here, Verdict, diagnose_run
-from tuner.analysis.evidence import Seen, revise
+from tuner.analysis.evidence import Compare, Seen, revise
 from tuner.config.space import Config, Machine, unsupported
 from tuner.harness.system.environment import cores
 from tuner.study import records
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mapping[str, Any],
              params: dict[str, Any] | None, metrics: dict[str, Any] | None,
              ran: Mapping[str, Any] | None = None, here: Here | None = None,
-             pooled: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = None) -> list[Verdict]:
+             pooled: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = None,
+             compare: Compare | None = None) -> list[Verdict]:
     """A configuration's verdicts, corrected by every trial of ``study`` measured so far;
     the advice reads what the library ran (``ran``) where ``params`` left a lever to it, and
     suggests only what the search could run (``here``).
@@ -31,7 +32,9 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     ``pooled``: each configuration's median over every run of it (the pool's). The evidence
     then compares like with like: imagenet/main.py's baseline verdict said "1 worker(s) took
     ... samples/s to -29%" from the baseline's median of four runs against the 1-worker
-    trial's single run, which had measured 11.8 samples/s against the baseline trial's 11.3."""
+    trial's single run, which had measured 11.8 samples/s against the baseline trial's 11.3.
+    ``compare``: the interval between two configurations (the pool's), printed with what the
+    evidence claims."""
     if not metrics or not params:
         return []
     if pooled is not None:
@@ -39,7 +42,7 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment, here)
     seen = {config_key(Config(**t.params)): Seen(t.params, (pooled(t.params) if pooled else None) or t.metrics)
             for t in records.measured(study) if t.metrics and t.params}
-    return revise(found, params, metrics, list(seen.values()), cores())
+    return revise(found, params, metrics, list(seen.values()), cores(), compare)
 
 
 def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], dict[str, Any]],

@@ -369,7 +369,7 @@ class Decider:
         """A configuration's verdicts, corrected by every trial measured so far."""
         return config_view.verdicts(self.study, self.recipe.budget.memory_gib, self.environment(), params, metrics,
                                 config_view.ran(params, self.pool), self._here(params) if params else None,
-                                self.pool.metrics)
+                                self.pool.metrics, self.pool.slowdown)
 
     def _here(self, params: Mapping[str, Any]) -> Here:
         """What this search can run from ``params``, for the advice."""

@@ -1,0 +1,91 @@
+"""The sentence check (tests/sentences.py) finds what it is there to find: a check that
+cannot fail proves nothing about the searches it reads."""
+
+from __future__ import annotations
+
+import json
+
+from sentences import contradictions
+
+TRIALS = "number,state,samples_per_s,num_workers,amp_dtype,micro_batch_size,zero_stage\n0,ok,100.0,0,fp32,16,0\n"
+METRICS = {"samples_per_s": 100.0, "data_wait_share": 0.37, "comm_share": 0.05, "cpu_util": 1.3,
+           "worker_cpu_util": 0.6, "achieved_tflops": 0.0026, "step_time_p50_s": 0.0048, "step_time_p99_s": 0.029,
+           "stall_free_samples_per_s": 400.0, "peak_mem_gib": 1.0, "energy_j_per_sample": None}
+
+
+def write(folder, baseline_verdicts, best_verdicts, log_extra=(), params=None, ran=None, attribution=None):
+    params = {"num_workers": 0, "grad_accum_steps": 2, "amp_dtype": "fp32", "micro_batch_size": 16,
+              "zero_stage": 0, **(params or {})}
+    best = {"params": params, "metrics": METRICS, "speedup": 1.0, "environment": {"cuda": False},
+            "baseline": {"params": params, "metrics": METRICS}, "ran": ran or {},
+            "diagnosis": {"baseline": baseline_verdicts, "best": best_verdicts},
+            "attribution": attribution or {"rows": []}, "decision": {"knobs": []}}
+    (folder / "best.json").write_text(json.dumps(best))
+    (folder / "trials.csv").write_text(TRIALS)
+    (folder / "report.md").write_text("| energy (J/sample) | not measured | not measured |\n")
+    (folder / "search.log").write_text("\n".join(["baseline 100.0 samples/s -> best 100.0 samples/s: 1.00x",
+                                                  *log_extra]) + "\n")
+    return folder
+
+
+def verdict(kind, evidence, next_step="look at a trace"):
+    return {"kind": kind, "weight": 0.5, "evidence": evidence, "next_step": next_step}
+
+
+TRUE = [
+    verdict("data-bound", "the loop waits for data 37% of the step; a perfect pipeline would reach 400 samples/s "
+            "(4.0x)"),
+    verdict("host-bound", "the cores are busy (1.3 in use) but the step does 2.6 GFLOP/s, 1.4% of what they reach "
+            "on a large matmul (180 GFLOP/s): per-operation overhead, not arithmetic, sets the pace"),
+    verdict("unstable", "p99 step time 29.0 ms is 6.0x the p50 (4.8 ms)"),
+    verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 1 worker(s) took the wait to 2% "
+            "and samples/s -6% (99% interval -9% to -3%, 3 pairs): loading and the step compete for the same cores",
+            "more workers will not gain 10% or more here: make the per-sample work cheaper"),
+]
+
+
+def test_true_sentences_pass_and_every_kind_is_checked(tmp_path):
+    found, checked = contradictions(write(tmp_path, TRUE, TRUE))
+    assert found == [], found
+    assert {"verdict data-bound", "verdict host-bound", "verdict unstable", "verdict host-cpu-saturated",
+            "advice"} <= checked
+
+
+def test_a_figure_that_is_not_the_metric_is_found(tmp_path):
+    wrong = [verdict("data-bound", "the loop waits for data 29% of the step"),
+             verdict("unstable", "p99 step time 35.0 ms is 7.3x the p50 (4.8 ms)")]
+    found, _ = contradictions(write(tmp_path, wrong, []))
+    assert len(found) == 2 and "is not its wait" in found[0] and "is not its p99_ms" in found[1], found
+
+
+def test_words_no_pattern_knows_are_a_finding(tmp_path):
+    found, _ = contradictions(write(tmp_path, [verdict("compute-bound", "fast enough, probably")], []))
+    assert found and "in words no check knows" in found[0], found
+
+
+def test_a_claim_its_interval_does_not_carry_is_found(tmp_path):
+    unsupported = verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 1 worker(s) took the "
+                          "wait to 2% and samples/s -4% (99% interval -30% to +35%, 1+1 runs): loading and the step "
+                          "compete for the same cores", "more workers will not gain 10% or more here: cheaper work")
+    bare = verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 1 worker(s) took the wait to "
+                   "2% and samples/s -4%: loading and the step compete for the same cores")
+    found, _ = contradictions(write(tmp_path, [unsupported], [bare]))
+    assert any("its interval reaches +35%" in f for f in found), found
+    assert any("without its interval" in f for f in found), found
+
+
+def test_advice_this_job_cannot_take_is_found(tmp_path):
+    advice = verdict("unstable", "p99 step time 29.0 ms is 6.0x the p50 (4.8 ms)",
+                     "a larger micro-batch (bigger operations), channels_last: true (convolutional models), "
+                     "attention_backend: cudnn")
+    found, _ = contradictions(write(tmp_path, [advice], [], params={"grad_accum_steps": 1},
+                                    ran={"model": {"convolutions": False, "attention": True}}))
+    assert len(found) == 3, found
+
+
+def test_a_one_at_a_time_figure_that_is_not_the_attributions_is_found(tmp_path):
+    rows = {"rows": [{"knob": "num_workers", "gain": 7.772, "share": 0.78}]}
+    line = "gain by knob, one at a time: num_workers 0->8 7.77x (78%)"
+    assert contradictions(write(tmp_path, [], [], [line], attribution=rows))[0] == []
+    found, _ = contradictions(write(tmp_path, [], [], [line.replace("7.77x", "6.10x")], attribution=rows))
+    assert found and "6.10x" in found[0], found
