@@ -26,7 +26,9 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
   rank's whole share (one accumulation step), no channels_last for a model the trial saw
   without convolutions, no attention kernel for one that called no SDPA, no CUDA-only setting
   on a CPU run;
-- ``gain by knob, one at a time``: each knob's figure is the attribution's.
+- ``gain by knob, one at a time``: each knob's figure is the attribution's;
+- the stop line ``stopped: WHY after N measured trial(s)``, the summary's ``median of N runs``
+  and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ SUMMARY = re.compile(r"baseline ([\d,.]+) samples/s -> best ([\d,.]+) samples/s:
 WAIT = re.compile(r"^(baseline|best): [\w-]+: the loop waits for data (\d+)% of the step")
 COMPUTE = re.compile(r"^(baseline|best): compute-bound: ([\d,]+) samples/s with (\d+)% data wait")
 KEPT = re.compile(r"(\w+)=\S+ kept: ([\d.]+)% (faster|slower) than without it")
+STOPPED = re.compile(r"^stopped: ([\w-]+) after (\d+) measured trial\(s\)")
+MEDIAN_OF = re.compile(r"^baseline .* samples/s: [\d.]+x \(median of (\d+) runs?")
+RESTS_ON = re.compile(r"of the answer's ([\d.]+)x rests on")
 MORE_WORKERS = re.compile(r"try more loader workers than (\d+)")
 
 
@@ -86,6 +91,18 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
                 found.append(f"{line!r}: the {which}'s data_wait_share is {wait} (an unmeasured one is no 0%)")
             if own is None or abs(rate - own) > 0.51:
                 found.append(f"{line!r}: the {which}'s samples/s is {own}")
+        if m := STOPPED.match(line):
+            checked.add("stop line")
+            if m.group(1) != best.get("stopped") or int(m.group(2)) != best.get("trials"):
+                found.append(f"{line!r}: best.json says stopped {best.get('stopped')!r} after {best.get('trials')}")
+        if m := MEDIAN_OF.search(line):
+            runs = len((best.get("runs") or {}).get("best") or [])
+            if runs and int(m.group(1)) != runs:
+                found.append(f"{line!r}: best.json holds {runs} runs of the best")
+        if m := RESTS_ON.search(line):
+            checked.add("rests on")
+            if abs(float(m.group(1)) - best["speedup"]) > 0.006:
+                found.append(f"{line!r}: best.json's speedup is {best['speedup']:.3f}")
         if m := re.search(r"settled at a (\d+)% tolerance", line):
             tolerance = int(m.group(1)) / 100
     for entry in (best.get("decision") or {}).get("knobs", []):

@@ -193,3 +193,31 @@ def test_an_optimizer_tells_whether_its_model_trains_convolutions():
     assert not trains_convolutions(torch.optim.AdamW(mlp.parameters()))  # cnn is alive, but not trained here
     conv1d = nn.Conv1d(2, 2, 3)
     assert trains_convolutions(torch.optim.SGD(conv1d.parameters(), lr=0.1))
+
+
+def test_a_script_adapter_sees_whether_the_model_calls_attention():
+    """What ``adapt: torch`` and ``adapt: lightning`` record for the attention-kernel advice:
+    a training forward of ``nn.MultiheadAttention`` calls scaled_dot_product_attention (by
+    its module-level name), an MLP does not, and after torch.compile has compiled a graph
+    (which calls the original it captured) the answer is unknown, not "no"."""
+    import torch.nn.functional as F
+
+    from tuner.harness.system.flops import AttentionCalls
+
+    original = F.scaled_dot_product_attention
+    x = torch.randn(2, 5, 8)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True)
+    watch = AttentionCalls()
+    watch.start()
+    mha(x, x, x, need_weights=False)[0].sum().backward()
+    assert watch.stop() is True and F.scaled_dot_product_attention is original
+
+    watch = AttentionCalls()
+    watch.start()
+    nn.Sequential(nn.Linear(8, 8), nn.ReLU())(x).sum().backward()
+    assert watch.stop() is False and F.scaled_dot_product_attention is original
+
+    watch = AttentionCalls()
+    watch.start()
+    torch.compile(nn.Linear(8, 8), backend="eager")(x).sum().backward()
+    assert watch.stop() is None and F.scaled_dot_product_attention is original

@@ -108,7 +108,7 @@ def test_lightning_callback():
     assert summary is not None and probe is not None and probe.done
     assert trainer.global_step == 15  # stopped when the window was complete
     assert probe.window.samples == [8] * 12
-    assert probe.ran["model"] == {"convolutions": False}  # what advice reads (no channels_last for it)
+    assert probe.ran["model"] == {"convolutions": False, "attention": False}  # what advice reads
     truth = _recorded_share(data.reads, probe)
     assert 0.3 < truth < 0.9
     assert summary["data_wait_share"] == pytest.approx(truth, abs=0.05), (summary["data_wait_share"], truth)

@@ -89,3 +89,15 @@ def test_a_one_at_a_time_figure_that_is_not_the_attributions_is_found(tmp_path):
     assert contradictions(write(tmp_path, [], [], [line], attribution=rows))[0] == []
     found, _ = contradictions(write(tmp_path, [], [], [line.replace("7.77x", "6.10x")], attribution=rows))
     assert found and "6.10x" in found[0], found
+
+
+def test_a_stop_line_or_a_count_that_is_not_the_runs_is_found(tmp_path):
+    folder = write(tmp_path, [], [], ["stopped: converged after 8 measured trial(s)",
+                                      "0.81x of the answer's 1.00x rests on change(s) the rule has not shown"])
+    best = json.loads((folder / "best.json").read_text())
+    (folder / "best.json").write_text(json.dumps({**best, "stopped": "converged", "trials": 8}))
+    found, checked = contradictions(folder)
+    assert found == [] and {"stop line", "rests on"} <= checked, (found, checked)
+    (folder / "best.json").write_text(json.dumps({**best, "stopped": "trials", "trials": 12, "speedup": 1.2}))
+    found, _ = contradictions(folder)
+    assert len(found) == 3, found  # the reason, the count (one finding) and the summary's and the note's speedup

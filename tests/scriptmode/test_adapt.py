@@ -81,7 +81,7 @@ def test_the_trainer_script_example_is_tuned_end_to_end(tmp_path):
     # the Trainer's own optimizer under optimizer_impl: default, reported as what it ran
     optim = str(transformers.TrainingArguments(output_dir=str(tmp_path / "x"), report_to=[]).optim.value)
     ran = json.loads((out / "trials" / "001" / "result.json").read_text())["ran"]
-    made = {"model": {"convolutions": False}}  # the Trainer's model, for the advice
+    made = {"model": {"convolutions": False, "attention": True}}  # the Trainer's GPT-2 calls SDPA
     assert ran == ({"optimizer_impl": "fused", **made} if "fused" in optim else made), (optim, ran)
     assert leftovers() == []
 

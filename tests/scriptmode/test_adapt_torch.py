@@ -35,7 +35,7 @@ def test_a_flag_script_is_searched_and_the_knobs_really_reach_it(tmp_path):
                      baseline={"num_workers": 0, "micro_batch_size": 8})
     result = tuner.search(recipe, trials=3, confirm=0, attribute=0, quiet=True)
     assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
-    assert result.best["ran"]["model"] == {"convolutions": False}  # read off its optimizer: no channels_last advice
+    assert result.best["ran"]["model"] == {"convolutions": False, "attention": False}  # no channels_last, no kernel
     with (tmp_path / "run" / "trials.csv").open() as f:
         rows = [r for r in csv.DictReader(f)]
     # a slower configuration may be cut by the prune rule (script trials are pruned too)
@@ -165,7 +165,7 @@ def test_a_trainer_script_with_hf_argument_parser_is_tuned_unchanged(tmp_path):
     for r in rows:
         assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
     assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
-    assert result.best["ran"]["model"] == {"convolutions": False}  # no channels_last advice for it
+    assert result.best["ran"]["model"] == {"convolutions": False, "attention": True}  # its GPT-2 calls SDPA
 
 
 def test_a_lightning_script_is_tuned_unchanged(tmp_path):
@@ -188,7 +188,7 @@ def test_a_lightning_script_is_tuned_unchanged(tmp_path):
     for r in rows:
         assert (float(r["worker_cpu_util"] or 0) > 0) == (r["num_workers"] != "0"), r
     assert result.best["params"]["num_workers"] == 2 and result.speedup >= 1.3, result.speedup
-    assert result.best["ran"]["model"] == {"convolutions": False}
+    assert result.best["ran"]["model"] == {"convolutions": False, "attention": False}
 
 
 def test_a_lightning_cli_script_gets_the_trial_through_its_trainer(tmp_path):

@@ -91,6 +91,54 @@ def trains_convolutions(optimizer: torch.optim.Optimizer) -> bool:
                for obj in gc.get_objects())
 
 
+class AttentionCalls:
+    """Whether a script's model calls ``scaled_dot_product_attention`` (directly, or through
+    ``nn.MultiheadAttention``, whose training path calls it by its module-level name): what an
+    attention-kernel lever acts on. For adapters that see optimizers, not a forward they run
+    (``adapt: torch``, ``adapt: lightning``); a task trial reads it off its FLOP count. timm's
+    mobilenetv3 under ``adapt: torch`` was advised ``attention_backend: flash``.
+
+    :meth:`start` puts a counting wrapper in ``torch.nn.functional``'s place before the
+    script's first forward; :meth:`stop` (at its first optimizer step, outside the window)
+    puts the original back. The wrapper stays correct where the model kept a reference to it."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._original: Callable[..., Any] | None = None
+        self._wrapper: Callable[..., Any] | None = None
+
+    def start(self) -> None:
+        import functools
+
+        import torch.nn.functional as F
+
+        original = F.scaled_dot_product_attention
+
+        @functools.wraps(original)
+        def scaled_dot_product_attention(*args: Any, **kwargs: Any) -> Any:
+            self.seen = True
+            return original(*args, **kwargs)
+
+        self._original, self._wrapper = original, scaled_dot_product_attention
+        F.scaled_dot_product_attention = scaled_dot_product_attention
+
+    def stop(self) -> bool | None:
+        """Whether the model called it (``None``: unknown, where torch.compile had compiled
+        graphs, which call the original they captured, not the wrapper)."""
+        import sys
+
+        import torch.nn.functional as F
+
+        if self._wrapper is not None and F.scaled_dot_product_attention is self._wrapper:
+            F.scaled_dot_product_attention = self._original
+        self._wrapper = None
+        if self.seen:
+            return True
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        compiled = dynamo is not None and dynamo.counters["stats"]["unique_graphs"] > 0
+        return None if compiled else False
+
+
 def tf32_in_use(convolutions: bool) -> bool:
     """Whether fp32 work runs on TF32 tensor cores: matmuls when PyTorch allows it
     (``set_float32_matmul_precision("high")``; off by default), convolutions when cuDNN does

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from tuner.harness.system.devices import accelerator_of
-from tuner.harness.system.flops import trains_convolutions
+from tuner.harness.system.flops import AttentionCalls, trains_convolutions
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 
@@ -44,6 +44,9 @@ class _Watch:
         """The loader whose batch came last (before the first step: the training one)."""
         self.training: Any = None
         self.rebuilt: Any = None
+        self.attention = AttentionCalls()
+        """Watching for attention calls until the first optimizer step (for advice)."""
+        self.attention.start()
 
     def batches(self, loader: Any, source: Iterator[Any], original_iter: Any,
                 switched: bool = False) -> Iterator[Any]:
@@ -86,7 +89,11 @@ class _Watch:
             self.probe.notes.append(note)
 
     def _first_step(self, optimizer: Any) -> None:
-        self.probe.ran["model"] = {"convolutions": trains_convolutions(optimizer)}  # for advice only some take
+        model: dict[str, bool] = {"convolutions": trains_convolutions(optimizer)}  # for advice only some take
+        attention = self.attention.stop()
+        if attention is not None:
+            model["attention"] = attention
+        self.probe.ran["model"] = model
         device = accelerator_of(p for group in optimizer.param_groups for p in group["params"])
         if device is not None and self.probe.window_start is None:  # not the CPU copies under offload
             self.probe.use_device(device)

@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from tuner.harness.distributed import is_main_process
+from tuner.harness.system.flops import AttentionCalls
 from tuner.scriptmode.probe import Probe
 
 
@@ -29,6 +30,22 @@ class ProbeCallbackBase:
         self.probe_kwargs = probe_kwargs
         self.probe: Probe | None = None
         self.summary: dict[str, Any] | None = None
+        self._attention: AttentionCalls | None = None
+
+    def _watch_attention(self) -> None:
+        """Watch the first step for calls of scaled_dot_product_attention (for advice only
+        some models can take: an attention kernel)."""
+        self._attention = AttentionCalls()
+        self._attention.start()
+
+    def _attention_seen(self) -> None:
+        """End the watch (at the first step's end, or training's) and record what it saw."""
+        if self._attention is None:
+            return
+        seen, self._attention = self._attention.stop(), None
+        model = self.probe.ran.get("model") if self.probe is not None else None
+        if seen is not None and isinstance(model, dict):
+            model["attention"] = seen
 
     def _start(self, device: Any, amp_dtype: str | None) -> Probe:
         if amp_dtype is not None:
@@ -38,6 +55,7 @@ class ProbeCallbackBase:
 
     def _finish(self) -> None:
         """Summarise (a collective under several ranks: every rank's callback gets here)."""
+        self._attention_seen()
         if self.probe is None or not self.probe.window.step_times:
             if is_main_process():
                 print(f"tuner probe: training ended before a step was measured (warm-up is {self.warmup} steps); "

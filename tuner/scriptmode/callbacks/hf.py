@@ -42,6 +42,7 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
             probe.ran["optimizer_impl"] = "fused"
         if isinstance(kwargs.get("model"), torch.nn.Module):  # for advice only some models can take
             probe.ran["model"] = {"convolutions": holds_convolutions(kwargs["model"])}
+            self._watch_attention()
         if train_dataloader is None:
             raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
                                "this transformers version is not supported by tuner's callback")
@@ -49,6 +50,7 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         assert self.probe is not None
+        self._attention_seen()
         self.probe.step()
         if self.stop_when_done and self.probe.done:
             control.should_training_stop = True

@@ -41,6 +41,7 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
         probe = self._start(pl_module.device, "bf16" if "bf16" in precision else "fp16" if precision.startswith("16")
                             else None)
         probe.ran["model"] = {"convolutions": holds_convolutions(pl_module)}  # for advice only some models take
+        self._watch_attention()
         self._steps_seen = trainer.global_step
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
@@ -54,6 +55,7 @@ class ProbeCallback(ProbeCallbackBase, pl.Callback):
         assert self.probe is not None
         if trainer.global_step != self._steps_seen:  # the optimizer stepped on this batch
             self._steps_seen = trainer.global_step
+            self._attention_seen()
             self.probe.step()
             if self.stop_when_done and self.probe.done:
                 trainer.should_stop = True
