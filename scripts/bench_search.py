@@ -47,8 +47,8 @@ warnings.filterwarnings("ignore")
 import optuna  # noqa: E402
 
 import tuner  # noqa: E402
-from tuner.config.space import Config, Machine  # noqa: E402
 from tuner.harness import distributed  # noqa: E402
+from tuner.inputs.space import Config, Machine  # noqa: E402
 from tuner.study import records as study_mod  # noqa: E402
 from tuner.study.searchspace import build_space  # noqa: E402
 from tuner.study.study import Study  # noqa: E402

@@ -80,8 +80,8 @@ def script_round(args: argparse.Namespace, prewarm: bool | None = None) -> list[
     start is paid by the round's first trial, as by a search's)."""
     import dataclasses
 
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine
     from tuner.measurement import measured_config
     from tuner.scriptmode.launcher import ScriptTrials
     from tuner.trial.data import warmup_steps
@@ -112,8 +112,8 @@ def phases(args: argparse.Namespace) -> None:
     ``import tuner`` costs after ``import torch`` in a fresh interpreter."""
     import os
 
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine
     from tuner.measurement import measured_config
     from tuner.scriptmode import launcher
     from tuner.scriptmode.launcher import ScriptTrials
@@ -189,9 +189,9 @@ def ds_autotuner_round(args: argparse.Namespace) -> list[float]:
 
 def worker(args: argparse.Namespace) -> None:
     """Inside the long-lived process: trials one after another, timed from outside."""
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine
     from tuner.harness import distributed
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine
     from tuner.measurement import measured_config
     from tuner.trial import engines
     from tuner.trial.run import run_trial
@@ -241,7 +241,7 @@ def main() -> None:
     rows: dict[str, list[float]] = {"in-process": [], "fresh process": []}
     python = False
     if args.script_recipe:
-        from tuner.config.recipe import load_recipe
+        from tuner.inputs.recipe import load_recipe
 
         script = load_recipe(args.script_recipe, args.script_set).script
         python = script is not None and script.launcher == "python"

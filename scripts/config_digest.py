@@ -31,8 +31,8 @@ INTS = {"num_workers": [0, 2, 8], "prefetch_factor": [2, 4], "micro_batch_size":
 
 def digest(config: Any, world: int) -> dict[str, str]:
     """Each derived artefact of one configuration, as text."""
-    from tuner.config import export
-    from tuner.config.levers import LEVERS
+    from tuner.inputs import export
+    from tuner.inputs.levers import LEVERS
     from tuner.memory.model import states_bytes
     from tuner.scriptmode.config import TrialConfig
 
@@ -56,10 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--draws", type=int, default=6000)
     args = parser.parse_args(argv)
-    from tuner.config.errors import RecipeError
-    from tuner.config.levers import LEVERS
-    from tuner.config.machine import Machine
-    from tuner.config.space import make_config
+    from tuner.inputs.errors import RecipeError
+    from tuner.inputs.levers import LEVERS
+    from tuner.inputs.machine import Machine
+    from tuner.inputs.space import make_config
 
     machine = Machine(cuda=True, bf16=True, fp16=True, compiler=True, fsdp2=True, cudnn=True, in_order=True,
                       capability=(9, 0), packages=frozenset({"torchao", "liger_kernel"}))

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from tuner.config import levers
-from tuner.config.space import Machine, make_config
 from tuner.harness.metrics import Window, summarize
+from tuner.inputs import levers
+from tuner.inputs.space import Machine, make_config
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning import finish as finish_mod
 from tuner.tuning.pool import Pool, key

@@ -212,7 +212,7 @@ def dependencies() -> dict[str, str | None]:
         out["nvml"] = None
     except Exception as exc:  # noqa: BLE001 - not installed, or no driver to talk to
         out["nvml"] = f"nvidia-ml-py: {type(exc).__name__}"
-    from tuner.config.machine import compiler_missing
+    from tuner.inputs.machine import compiler_missing
 
     out["compiler"] = compiler_missing(cuda=out["cuda"] is None) or None
     try:

@@ -430,8 +430,8 @@ def precisions(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """ZeRO-2 with the optimizer on the host: DeepSpeed's own fp32 partitions are pinned
     (read with ``is_pinned()``), as ``ds_config.json`` exports."""
-    from tuner.config.export import ds_config
-    from tuner.config.space import Config
+    from tuner.inputs.export import ds_config
+    from tuner.inputs.space import Config
     from tuner.trial.engines import deepspeed_engine
 
     pinned: list[bool] = []
@@ -623,8 +623,8 @@ def script_gpus(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """The layout engine on one GPU (tensor = pipeline = 1, a mesh of one): the same losses
     as the plain engine, step for step, from the same weights and batches."""
-    from tuner.config.space import Config
-    from tuner.config.task import load_task
+    from tuner.inputs.space import Config
+    from tuner.inputs.task import load_task
     from tuner.trial.engines import build_engine
 
     task = load_task(str(TASK), ROOT)
@@ -678,8 +678,8 @@ def prewarmed(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     CUDA in a child of a process that imported torch (never CUDA) works as in a fresh one."""
     import dataclasses
 
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine
     from tuner.measurement import measured_config
     from tuner.scriptmode.launcher import ScriptTrials
 
@@ -754,7 +754,7 @@ def _plain_sdpa(lab: Lab, backend: str) -> str:
     backend alone, in a plain loop: ``runs`` or ``fails``."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tuner.config.gpu_levers import BACKENDS
+    from tuner.inputs.gpu_levers import BACKENDS
 
     block = gpu_task.Block(gpu_task.D_MODEL, gpu_task.HEADS).to(lab.device)
     x = torch.randn(8, gpu_task.SEQ, gpu_task.D_MODEL, device=lab.device, requires_grad=True)
@@ -771,8 +771,8 @@ def attention(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """Each SDPA backend: the tuner refuses before a trial what a plain forward under
     ``sdpa_kernel`` cannot run, and a trial of the others runs with that backend alone
     enabled where the transformer's attention runs (recorded by the task)."""
-    from tuner.config.gpu_levers import BACKENDS
-    from tuner.config.space import Machine, lever_refusal, make_config, unsupported
+    from tuner.inputs.gpu_levers import BACKENDS
+    from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
 
     machine = Machine.detect()
     refused = {value for name, value, _, _ in unsupported(machine) if name == "attention_backend"}
@@ -853,8 +853,8 @@ def expandable(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     the memory it is meant to save, measured with it and without."""
     import dataclasses
 
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine
     from tuner.measurement import measured_config
     from tuner.scriptmode.launcher import ScriptTrials
 

@@ -10,7 +10,7 @@ Public API::
     tuner.config(**defaults)        # a script's knobs: the trial's under the tuner, else the defaults
     tuner.load_recipe(path)         # a validated Recipe
 
-The package is layered (docs/architecture.md): ``config`` -> ``harness`` -> ``trial`` ->
+The package is layered (docs/architecture.md): ``inputs`` -> ``harness`` -> ``trial`` ->
 (``scriptmode``, ``analysis``) -> ``tuning`` -> ``outputs`` -> ``api``/``cli`` -> the
 command shims; a module imports only from its own layer or the ones before it.
 """
@@ -18,28 +18,21 @@ command shims; a module imports only from its own layer or the ones before it.
 from __future__ import annotations
 
 import importlib
-import types
 from typing import TYPE_CHECKING, Any
 
-import tuner.config
-from tuner.config.errors import RecipeError, TrialError
-from tuner.config.recipe import Recipe, load_recipe
+from tuner.inputs.errors import RecipeError, TrialError
+from tuner.inputs.recipe import Recipe, load_recipe
 from tuner.scriptmode.config import TrialConfig
 from tuner.scriptmode.config import config as _script_config
 
 
-class _CallablePackage(types.ModuleType):
-    """``tuner.config`` is the package of the user's input (``tuner.config.recipe``, ...) and,
-    called, a script's knobs (``tuner.config(**defaults)``, :func:`tuner.scriptmode.config.config`).
-    DESIGN.md names both; binding the function as ``tuner.config`` hid the package behind it
-    (``tuner.config.space`` raised AttributeError once ``import tuner`` had run), so the
-    package itself is made callable instead."""
+def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
+    """A script's knobs: the trial's under the tuner, else ``defaults``
+    (:func:`tuner.scriptmode.config.config`). A plain function: the package of the user's
+    input is :mod:`tuner.inputs` (it was ``tuner.config``, made callable by swapping its
+    module class so the two could share the name)."""
+    return _script_config(global_batch_size, **defaults)
 
-    def __call__(self, global_batch_size: int | None = None, **defaults: Any) -> TrialConfig:
-        return _script_config(global_batch_size, **defaults)
-
-
-tuner.config.__class__ = _CallablePackage
 
 if TYPE_CHECKING:
     from tuner.api import CapacityPlan, Measurement, SearchResult, measure, plan, search

@@ -16,13 +16,13 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from tuner import runner
 from tuner.analysis import gate
-from tuner.config.errors import RecipeError
-from tuner.config.recipe import Recipe, check_tolerance, load_recipe
-from tuner.config.space import parse_knobs
-from tuner.config.trackers import parse_track
 from tuner.harness import distributed, interrupt
 from tuner.harness.caller_state import as_found
 from tuner.harness.system.environment import environment
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.recipe import Recipe, check_tolerance, load_recipe
+from tuner.inputs.space import parse_knobs
+from tuner.inputs.trackers import parse_track
 from tuner.measurement import Measurement, measure_recipe
 from tuner.memory.capacity import CapacityPlan, plan_recipe
 from tuner.trial.trial_result import Instruments
@@ -59,7 +59,7 @@ def measure(
     """Measure one configuration of a recipe.
 
     Args:
-        recipe: a recipe path or a loaded :class:`~tuner.config.recipe.Recipe`.
+        recipe: a recipe path or a loaded :class:`~tuner.inputs.recipe.Recipe`.
         repeats: trials to run; default the recipe's ``steps.repeats``.
         overrides: ``key=value`` recipe overrides (paths only), as ``--set``.
         trace: a folder for a ``torch.profiler`` trace of the first repeat's measured
@@ -102,7 +102,7 @@ def search(
     """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
 
     Args:
-        recipe: a recipe path or a loaded :class:`~tuner.config.recipe.Recipe`.
+        recipe: a recipe path or a loaded :class:`~tuner.inputs.recipe.Recipe`.
         trials / minutes: override ``budget.trials`` / ``budget.minutes``.
         confirm: the most interleaved rounds one question of the finish may take (a
             finalist, a change of the answer, the baseline; 0 skips the finish and reports
@@ -297,7 +297,7 @@ def check(
             processes of this machine, counted once for each side (another process's rate
             is never judged with one process's noise).
     """
-    from tuner.config.space import Machine
+    from tuner.inputs.space import Machine
     from tuner.tuning.gate_rounds import check_rounds, load_best, record_of
 
     if not 0 <= tolerance < 1:

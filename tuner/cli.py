@@ -1,6 +1,6 @@
 """Command lines: ``tuner <command>`` and ``python -m tuner.<command>``.
 
-Input errors (:class:`~tuner.config.errors.RecipeError`) print one line and exit 2; nothing here
+Input errors (:class:`~tuner.inputs.errors.RecipeError`) print one line and exit 2; nothing here
 lets a traceback reach the user for bad input.
 """
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 CAP_ROUNDS = 100
 """``--confirm``'s default (:data:`tuner.tuning.finish.CAP_ROUNDS`, not imported here:
@@ -318,7 +318,7 @@ def agent_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--idle-exit", type=float, default=None, metavar="S",
                         help="exit after S seconds without a trial (default: run until Ctrl-C)")
     args = parser.parse_args(argv)
-    from tuner.config.recipe import load_recipe
+    from tuner.inputs.recipe import load_recipe
 
     try:
         recipe = load_recipe(args.recipe)

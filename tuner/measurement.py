@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.diagnose import Verdict, diagnose_run
-from tuner.config import layout
-from tuner.config.errors import RecipeError
-from tuner.config.space import Config, Machine, lever_refusal, make_config
 from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.harness.system.environment import environment
+from tuner.inputs import layout
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.space import Config, Machine, lever_refusal, make_config
 from tuner.runner import runner_for
 from tuner.trial.trial_result import Instruments, State, TrialResult
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Recipe
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuner.analysis.cost import per_million
-from tuner.config.errors import RecipeError
-from tuner.config.recipe import load_recipe
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.recipe import load_recipe
 
 from conftest import toy_recipe
 

@@ -152,8 +152,8 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     rules), and the levers outside the recipe's space end it with how to add them. Without
     the search's rules (``tuner measure``) a CPU's own refusals still apply."""
     from tuner.analysis.diagnose import remedies
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine, make_config
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine, make_config
     from tuner.study.searchspace import build_space
     from tuner.tuning import config_view
 

@@ -168,8 +168,8 @@ def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
     verdict says workers will not help."""
     import optuna
 
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import Machine, make_config
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import Machine, make_config
     from tuner.study import records
     from tuner.study.study import Asked, Study
     from tuner.trial.trial_result import State, TrialResult

@@ -87,7 +87,7 @@ def test_an_absolute_rate_is_printed_and_gated_only_when_asked(recorded, tmp_pat
 
     path = _altered(run_dir, tmp_path, inflate)
     assert tuner.api.check(recipe, path, rounds=1).verdict in ("pass", "undecided")
-    from tuner.config.errors import RecipeError
+    from tuner.inputs.errors import RecipeError
 
     with pytest.raises(RecipeError, match="--absolute needs --process-noise"):
         tuner.api.check(recipe, path, rounds=1, absolute=True)
@@ -114,7 +114,7 @@ def test_refuses_a_result_from_another_environment(recorded, tmp_path, key, valu
 def test_refuses_what_it_cannot_check(recorded, tmp_path):
     """Each refusal in one line before anything is measured (the command line's exit 2 and
     its line are the environment test's, above)."""
-    from tuner.config.errors import RecipeError
+    from tuner.inputs.errors import RecipeError
 
     recipe, run_dir = recorded
     with pytest.raises(RecipeError, match="does not exist"):

@@ -55,7 +55,7 @@ def test_batch_norm_with_another_micro_batch_is_flagged(toy, tmp_path):
 
 def test_a_pruned_trial_whose_curve_left_the_reference_is_recorded_imprecise(toy, tmp_path):
     """Pruning cuts a bf16 trial after 2 measured steps; what it ran still goes to the guard."""
-    from tuner.config.space import Machine
+    from tuner.inputs.space import Machine
     from tuner.study.searchspace import build_space
     from tuner.trial.trial_result import State, TrialResult
     from tuner.tuning.decider import Decider

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 import tuner
-from tuner.config.recipe import _TOP_KEYS
-from tuner.config.script import SCRIPT_KEYS
+from tuner.inputs.recipe import _TOP_KEYS
+from tuner.inputs.script import SCRIPT_KEYS
 
 from conftest import ROOT, TOY
 

@@ -256,9 +256,9 @@ def test_nvtx_ranges_go_through_torch_cuda_nvtx(monkeypatch):
 def test_a_plan_without_a_memory_budget_reads_the_devices_room(monkeypatch):
     """``tuner plan`` on a GPU without ``budget.memory_gib``: the room the device has now
     (:func:`tuner.harness.system.devices.room`), in GiB, with where it came from."""
-    from tuner.config.machine import Machine
-    from tuner.config.recipe import Budget
     from tuner.harness.system import devices
+    from tuner.inputs.machine import Machine
+    from tuner.inputs.recipe import Budget
     from tuner.memory import capacity
 
     monkeypatch.setattr(devices, "room", lambda device=None: 40 * 2**30)

@@ -106,7 +106,7 @@ def test_a_checkpointed_first_trial_counts_the_models_flops_not_its_recompute(tm
     count is the plain model's, as a plain eager forward and backward counts it."""
     import torch.utils.data
 
-    from tuner.config.task import load_task
+    from tuner.inputs.task import load_task
 
     from conftest import ROOT, write_recipe
 
@@ -138,8 +138,8 @@ def test_a_float8_trials_mfu_is_against_the_fp8_peak():
     misspelled name fails here); the figure is the table's, not a measurement."""
     from unittest import mock
 
-    from tuner.config.gpu_levers import matmul_dtype
-    from tuner.config.space import Machine, make_config
+    from tuner.inputs.gpu_levers import matmul_dtype
+    from tuner.inputs.space import Machine, make_config
 
     gpu = Machine(cuda=True, bf16=True, fp16=True, capability=(9, 0), packages=frozenset({"torchao"}))
     made = {v: make_config({"amp_dtype": "bf16", "float8": v}, 8, 1, gpu, "auto", strict=False)[0]

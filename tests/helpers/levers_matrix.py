@@ -18,9 +18,9 @@ import warnings
 import torch
 
 import tuner
-from tuner.config import export
-from tuner.config.space import Config
 from tuner.harness.distributed import ensure_process_group
+from tuner.inputs import export
+from tuner.inputs.space import Config
 from tuner.trial import engines
 from tuner.trial.engines import deepspeed_engine
 

@@ -73,7 +73,7 @@ def test_skipping_needs_evidence_or_a_lower_bound():
 
 def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_path):
     import tuner
-    from tuner.config.space import Machine
+    from tuner.inputs.space import Machine
     from tuner.study import records as study_mod
     from tuner.study.searchspace import build_space
     from tuner.trial.trial_result import State, TrialResult
@@ -107,7 +107,7 @@ def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_p
 
 def test_with_skipping_off_every_configuration_runs(toy, tmp_path):
     import tuner
-    from tuner.config.space import Machine
+    from tuner.inputs.space import Machine
     from tuner.study.searchspace import build_space
     from tuner.trial.trial_result import State, TrialResult
     from tuner.tuning.decider import Decider
@@ -207,7 +207,7 @@ def test_a_proposer_put_in_the_chain_decides_what_runs_next(toy, tmp_path):
     one that wants micro-batch 2 after the baseline gets it measured next, said as its why
     in the study; without it, the guided walk's step comes (the largest micro-batch first)."""
     import tuner
-    from tuner.config.space import Machine
+    from tuner.inputs.space import Machine
     from tuner.study.searchspace import build_space
     from tuner.trial.trial_result import State, TrialResult
     from tuner.tuning.decider import Decider

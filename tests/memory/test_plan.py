@@ -122,7 +122,7 @@ def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path,
     the rules allow (interleaved 1F1B with FSDP2 is refused on CPU ranks)."""
     pytest.importorskip("transformers")
     import tuner
-    from tuner.config.space import Machine
+    from tuner.inputs.space import Machine
     from tuner.memory.capacity import Profiler
     from tuner.trial.trial_result import State, TrialResult
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import tuner
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 from conftest import ROOT, write_recipe
 

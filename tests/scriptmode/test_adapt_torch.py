@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 import tuner
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 from conftest import TESTS, write_recipe
 

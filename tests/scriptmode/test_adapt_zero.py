@@ -8,7 +8,7 @@ import json
 import pytest
 
 import tuner
-from tuner.config.machine import Machine
+from tuner.inputs.machine import Machine
 from tuner.study.searchspace import build_space
 
 from conftest import TESTS, write_recipe

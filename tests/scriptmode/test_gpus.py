@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tuner.config.errors import RecipeError
-from tuner.config.gpus import default_nproc, visible
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.gpus import default_nproc, visible
 from tuner.scriptmode.gpus import Claim
 
 

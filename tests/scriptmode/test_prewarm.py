@@ -9,7 +9,7 @@ import json
 import pytest
 
 import tuner
-from tuner.config.space import Machine
+from tuner.inputs.space import Machine
 from tuner.measurement import measured_config
 from tuner.scriptmode import prewarm
 from tuner.scriptmode.launcher import ScriptTrials

@@ -22,21 +22,23 @@ def test_outside_the_tuner_the_scripts_defaults_come_back(monkeypatch):
     assert cfg.accelerate_kwargs() == {"mixed_precision": "bf16", "gradient_accumulation_steps": 8}
 
 
-def test_tuner_config_is_both_the_package_and_the_scripts_knobs():
-    """``tuner.config(**defaults)`` and the package ``tuner.config`` are one object: called it
-    gives a script's knobs, and its modules stay reachable as attributes, imported before
-    ``import tuner`` or after (the function once hid the package: AttributeError)."""
+def test_tuner_config_is_a_plain_function_beside_the_inputs_package():
+    """``tuner.config(**defaults)`` is a function and the user's input is the package
+    ``tuner.inputs``: both reachable whichever is imported first (the package was named
+    ``tuner.config`` and made callable by swapping its module class)."""
+    import inspect
     import subprocess
     import sys
 
-    import tuner.config.space
+    import tuner.inputs.space
 
-    assert tuner.config(num_workers=3).num_workers == 3 and tuner.config.space.LEVERS["num_workers"]
+    assert inspect.isfunction(tuner.config) and tuner.config(num_workers=3).num_workers == 3
+    assert tuner.inputs.space.LEVERS["num_workers"]
     from tuner import config
 
     assert config is tuner.config and config(amp_dtype="bf16").amp_dtype == "bf16"
-    code = ("import tuner.config.recipe, tuner; from tuner.config import export; "
-            "print(tuner.config.recipe.load_recipe.__name__, tuner.config(micro_batch_size=4).micro_batch_size)")
+    code = ("import tuner.inputs.recipe, tuner; from tuner.inputs import export; "
+            "print(tuner.inputs.recipe.load_recipe.__name__, tuner.config(micro_batch_size=4).micro_batch_size)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["load_recipe", "4"]
 
@@ -169,7 +171,7 @@ def test_what_a_script_s_own_loader_keeps_is_compared_where_it_acts():
     workers and is not. With workers every loader lever the trial left alone is compared."""
     from torch.utils.data import DataLoader
 
-    from tuner.config.levers import LEVERS
+    from tuner.inputs.levers import LEVERS
     from tuner.scriptmode.adapters.common import kept_by_script
 
     knobs = {n: LEVERS[n].default for n in LEVERS}  # what a trial's file holds: every lever

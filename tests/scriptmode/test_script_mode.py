@@ -70,8 +70,8 @@ def test_a_losing_script_trial_is_pruned_by_the_searchs_rule(tmp_path):
     best as the tuner's own loop would: once a first-use plateau of up to half its 40-step
     window could have ended. The rule here is one a search builds from a measured 5% noise
     (the bar from the pool: tests/tuning/test_pool.py), so the cut is known by construction."""
-    from tuner.config.space import Machine, make_config
     from tuner.harness import distributed
+    from tuner.inputs.space import Machine, make_config
     from tuner.runner import runner_for
     from tuner.stats.prune import PruneBar
 

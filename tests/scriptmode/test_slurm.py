@@ -82,8 +82,8 @@ def test_slurm_recipes_that_cannot_run_say_so_in_one_line(slurm, tmp_path, monke
     """Outside an allocation, an allocation without nodes, more node groups than it has,
     parallel without slurm, an unknown launcher: one line that says what to do, before any
     trial (``ScriptTrials`` checks the allocation when the search starts)."""
-    from tuner.config.errors import RecipeError
-    from tuner.config.recipe import load_recipe
+    from tuner.inputs.errors import RecipeError
+    from tuner.inputs.recipe import load_recipe
     from tuner.scriptmode.launcher import ScriptTrials
 
     base = {"name": "s", "script": str(TESTS / "helpers" / "flags_train.py"), "adapt": "torch", "knobs": FLAGS,

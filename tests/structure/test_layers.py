@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
-LAYERS = {"stats": -1, "config": 0, "harness": 1, "trial": 2, "scriptmode": 3, "analysis": 3, "runner": 4, "study": 4,
+LAYERS = {"stats": -1, "inputs": 0, "harness": 1, "trial": 2, "scriptmode": 3, "analysis": 3, "runner": 4, "study": 4,
           "memory": 5, "tuning": 6, "measurement": 6, "outputs": 7, "api": 8, "cli": 8, "integrations": 8}
 """A module imports from layers below its own, or from its own subpackage (api and cli
 share one; ``measurement``, one configuration measured with repeats, sits beside the API

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from tuner.analysis import attribution, diagnose, evidence
-from tuner.config import export, levers
-from tuner.config.lever import ADAPTERS, EXPORT_FILES, Lever
-from tuner.config.script import ADAPTER_ROUTES
-from tuner.config.space import Config, Machine, conflict, make_config
+from tuner.inputs import export, levers
+from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
+from tuner.inputs.script import ADAPTER_ROUTES
+from tuner.inputs.space import Config, Machine, conflict, make_config
 from tuner.memory import capacity
 from tuner.memory import model as memory
 from tuner.outputs import console
@@ -162,7 +162,7 @@ def test_the_layout_and_checkpointing_levers_are_named_in_at_most_six_modules(na
     """Their declaration, their functions (the layout's arithmetic, the preparation, the
     exports, the model surgery), and nothing else: the engine label, the memory model, the
     exporters, the diagnosis, the console, the guided walk and the measurement read the
-    registry or the :class:`~tuner.config.layout.Layout` instead (issue 35's target)."""
+    registry or the :class:`~tuner.inputs.layout.Layout` instead (issue 35's target)."""
     assert len(_naming(name)) <= 6, _naming(name)
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import tuner
 from tuner.analysis.diagnose import Verdict
-from tuner.config.space import Machine
+from tuner.inputs.space import Machine
 from tuner.study.searchspace import Space, baseline_knobs, build_space
 from tuner.tuning.proposing.guided import guided_next
 

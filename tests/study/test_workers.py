@@ -18,7 +18,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.config.recipe import load_recipe
+from tuner.inputs.recipe import load_recipe
 from tuner.study import records as study_mod
 from tuner.study import storage as storage_mod
 from tuner.study import workers as workers_mod

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tuner.config.layout import Layout
-from tuner.config.space import Config
+from tuner.inputs.layout import Layout
+from tuner.inputs.space import Config
 from tuner.trial.engines.model_levers import Recompute
 from tuner.trial.engines.parallelize import Parallelized
 from tuner.trial.engines.torch_engine import TorchEngine

@@ -16,9 +16,9 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tuner
-from tuner.config import export
-from tuner.config.gpu_levers import _expandable_env
-from tuner.config.space import Machine, lever_refusal, make_config, unsupported
+from tuner.inputs import export
+from tuner.inputs.gpu_levers import _expandable_env
+from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
 from tuner.trial.engines import model_levers as levers
 from tuner.trial.engines import stages
 from tuner.trial.engines.gpu_levers import GraphShapes, attention_kernel, float8_model
@@ -325,7 +325,7 @@ def test_the_diagnosis_suggests_them_where_its_verdict_points_and_the_machine_ru
 def test_a_script_trial_gets_the_allocator_setting_in_its_environment(tmp_path, monkeypatch):
     """The process lever reaches a script trial through its environment, read by the CUDA
     allocator when the script first touches the GPU, beside the job's own settings."""
-    from tuner.config.recipe import load_recipe
+    from tuner.inputs.recipe import load_recipe
     from tuner.scriptmode.launcher import launch
 
     (tmp_path / "train.py").write_text("print('hi')\n")

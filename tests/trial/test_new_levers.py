@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 import tuner
 from tuner.analysis.diagnose import diagnose
 from tuner.analysis.guard import divergence
-from tuner.config import export
-from tuner.config.space import Machine, make_config
+from tuner.inputs import export
+from tuner.inputs.space import Machine, make_config
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 from tuner.trial.engines import process
@@ -130,8 +130,8 @@ def test_process_levers_hold_for_a_trial_and_come_back():
 
 def test_a_trial_runs_with_its_matmul_precision_and_restores_it(tmp_path):
     # The CPU search refuses "high"; a trial given it (as a GPU search would) holds it.
-    from tuner.config.recipe import load_recipe
     from tuner.harness.distributed import context
+    from tuner.inputs.recipe import load_recipe
     from tuner.trial.run import run_trial
 
     recipe_path, facts = _probe_recipe(tmp_path)

@@ -74,8 +74,8 @@ def test_compile_is_refused_in_one_line_where_inductor_lacks_its_tools(monkeypat
     the lever leaves the space saying what is missing."""
     import importlib.util
 
-    from tuner.config.levers import LEVERS
-    from tuner.config.machine import Machine, compiler_missing
+    from tuner.inputs.levers import LEVERS
+    from tuner.inputs.machine import Machine, compiler_missing
 
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("CC", raising=False)

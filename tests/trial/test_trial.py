@@ -217,7 +217,7 @@ def test_data_wait_share_matches_the_recorded_truth_when_workers_keep_ahead(toy)
 
 
 def _config(**knobs):
-    from tuner.config.space import Machine, make_config
+    from tuner.inputs.space import Machine, make_config
 
     return make_config(knobs, 16, 1, Machine.detect(), "torch")[0]
 

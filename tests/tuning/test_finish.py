@@ -8,7 +8,7 @@ import math
 import random
 from typing import Any
 
-from tuner.config.space import Machine, make_config
+from tuner.inputs.space import Machine, make_config
 from tuner.stats import decision
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning import finish as finish_mod
@@ -65,7 +65,7 @@ W4BF16 = {"num_workers": 4, "amp_dtype": "bf16"}
 
 
 def rules(fine=lambda p: True) -> finish_mod.Rules:
-    from tuner.config import levers
+    from tuner.inputs import levers
 
     return finish_mod.Rules(0.02, make, fine, None, levers.proven)
 

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 import tuner
-from tuner.config.space import Machine, conflict
+from tuner.inputs.space import Machine, conflict
 from tuner.study.searchspace import Space, suggest
 from tuner.study.study import Asked
 

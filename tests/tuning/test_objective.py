@@ -15,8 +15,8 @@ import time
 import pytest
 
 import tuner
-from tuner.config.errors import RecipeError
 from tuner.harness.system import energy
+from tuner.inputs.errors import RecipeError
 
 from conftest import toy_recipe
 

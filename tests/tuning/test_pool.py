@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 
-from tuner.config.space import Config, Machine, make_config
+from tuner.inputs.space import Config, Machine, make_config
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning.pool import Pool
 
@@ -158,7 +158,7 @@ def test_a_configuration_outside_the_space_is_never_the_answer(toy):
 def test_the_prune_bar_reads_the_noise_the_run_measured_and_the_window_it_measures():
     """The search's bar: no noise before any repeat (no cut), then the pooled noise with its
     degrees of freedom, the best's own runs, and the run's typical window for plateaus."""
-    from tuner.config.recipe import Steps
+    from tuner.inputs.recipe import Steps
     from tuner.study.trial_record import Record, Status
     from tuner.tuning.budget import prune_rule
 

@@ -134,8 +134,8 @@ def test_infeasible_over_memory_budget_is_complete_not_failed(toy, tmp_path):
 
 def test_prune_rule_cuts_a_trial_short(toy):
     recipe = tuner.load_recipe(toy(steps={"warmup": 1, "measure": 12}))
-    from tuner.config.space import Machine, make_config
     from tuner.harness import distributed
+    from tuner.inputs.space import Machine, make_config
 
     config, _ = make_config({}, 16, 1, Machine.detect())
     seen = []
@@ -156,8 +156,8 @@ def test_a_pruned_trial_reaches_optuna_after_its_window_with_its_rate(toy, tmp_p
     study when the trial is recorded, and the sampler sees a PRUNED trial with it."""
     import optuna
 
-    from tuner.config.space import Machine, make_config
     from tuner.harness import distributed
+    from tuner.inputs.space import Machine, make_config
     from tuner.stats.prune import PruneBar
     from tuner.study import records as study_mod
 

@@ -16,9 +16,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from tuner.config import levers
-from tuner.config.levers import LEVERS
-from tuner.config.space import conflict
+from tuner.inputs import levers
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.space import conflict
 from tuner.stats.interval import Slowdown, slowdown
 
 ORDER = levers.by("path")

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
-from tuner.config import layout, levers
-from tuner.config.machine import Machine
-from tuner.config.space import written
+from tuner.inputs import layout, levers
+from tuner.inputs.machine import Machine
+from tuner.inputs.space import written
 
 THRESHOLDS: dict[str, float] = {
     "data_wait_share": 0.10,  # data-bound above this share of the step spent waiting for the next batch

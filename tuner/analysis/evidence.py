@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import THRESHOLDS, Verdict
-from tuner.config import levers
-from tuner.config.space import written
+from tuner.inputs import levers
+from tuner.inputs.space import written
 from tuner.stats.interval import LEVEL, Slowdown
 
 LOADER = levers.of("loader")

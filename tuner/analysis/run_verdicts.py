@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis import gate
-from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.inputs.errors import RecipeError
 from tuner.stats.interval import LEVEL, LogStats, slowdown, t_quantile
 
 DECIDING = (*gate.DECIDING, ("torch", "torch"))

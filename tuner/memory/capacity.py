@@ -22,18 +22,18 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import levers
-from tuner.config.errors import RecipeError
-from tuner.config.recipe import Steps
-from tuner.config.space import Config, Machine, conflict, make_config
 from tuner.harness import distributed
+from tuner.inputs import levers
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.recipe import Steps
+from tuner.inputs.space import Config, Machine, conflict, make_config
 from tuner.memory import model as memory
 from tuner.runner import InProcess
 from tuner.study import searchspace
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Budget, Recipe
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Budget, Recipe
     from tuner.trial.trial_result import TrialResult
 
 PROFILE_STEPS = Steps(warmup=1, measure=2, repeats=1)

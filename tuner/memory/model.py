@@ -7,7 +7,7 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
 
 - ``states`` is analytic, from the parameter count: fp32 parameters and gradients (4 + 4
   bytes each) and AdamW's two moments (8), times the share each sharding or offload lever
-  keeps on the device (its ``Lever.states`` term, :mod:`tuner.config.states`: ZeRO's
+  keeps on the device (its ``Lever.states`` term, :mod:`tuner.inputs.states`: ZeRO's
   stages and DeepSpeed's half-precision engine, FSDP2 with or without resharding, offload).
 - ``overhead`` starts as what the process held before its first trial (the runtime) and
   becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 import torch
 
-from tuner.config import layout, levers
 from tuner.harness.system.monitors import HostMemory
+from tuner.inputs import layout, levers
 from tuner.trial.engines.process import resolve
 from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
-    from tuner.config.task import Task
+    from tuner.inputs.task import Task
     from tuner.study.trial_record import Record
 
 GIB = 1024**3
@@ -67,7 +67,7 @@ class Prediction:
 
 def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
     """Parameters, gradients and optimizer states on one rank's device, in bytes: fp32's
-    4 + 4 + 8 per parameter, times each ``states`` lever's shares (:mod:`tuner.config.states`)."""
+    4 + 4 + 8 per parameter, times each ``states`` lever's shares (:mod:`tuner.inputs.states`)."""
     params, grads, optim = 4.0 * parameters, 4.0 * parameters, 8.0 * parameters
     for share in STATE_TERMS:
         p, g, o = share(knobs, world_size, host_is_device)

@@ -16,8 +16,8 @@ from typing import Any
 
 from tuner.analysis.run_verdicts import Comparison, Side
 from tuner.analysis.run_verdicts import compare as compare_sides
-from tuner.config.errors import RecipeError
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.inputs.errors import RecipeError
 from tuner.outputs.run_folder import PARAM_COLUMNS
 from tuner.stats.interval import LEVEL
 
@@ -57,7 +57,7 @@ def compare(run_a: str | Path, run_b: str | Path, a: str | int = "best", b: str 
     """``tuner.compare``: configuration ``a`` of run folder ``run_a`` against ``b`` of
     ``run_b`` (each ``"best"``, ``"baseline"`` or a trial number), each metric's difference
     judged against ``tolerance`` (default: the search's); refused (a
-    :class:`~tuner.config.errors.RecipeError`) where the environments decide the numbers,
+    :class:`~tuner.inputs.errors.RecipeError`) where the environments decide the numbers,
     unless ``anyway``. Two run folders' rates are judged only with ``process_noise`` (one
     run's relative noise between two processes). ``table(c)`` and ``page(c)`` show it."""
     if tolerance is not None and not 0 <= tolerance < 1:

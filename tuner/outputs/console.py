@@ -13,9 +13,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
-from tuner.config import layout
-from tuner.config.levers import LEVERS, recomputing
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.inputs import layout
+from tuner.inputs.levers import LEVERS, recomputing
 
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult, RevResult

@@ -18,8 +18,8 @@ from tuner.trial.trial_result import State
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
     from tuner.tuning.search_result import SearchResult
 
 STYLE = {State.OK: "green", State.PRUNED: "yellow"}

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import headline
-from tuner.config.levers import LEVERS
-from tuner.config.script import set_by_script
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.script import set_by_script
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
 from tuner.tuning.search_result import SearchResult

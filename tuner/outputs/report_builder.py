@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 from tuner.outputs.markdown import ReportData, render_markdown
 from tuner.outputs.plots import render_html
 from tuner.study import records as study_mod

@@ -15,11 +15,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import export
-from tuner.config.levers import LEVERS
-from tuner.config.script import set_by_script
-from tuner.config.space import Config
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.inputs import export
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.script import set_by_script
+from tuner.inputs.space import Config
 from tuner.study import workers
 from tuner.study.trial_record import Status
 

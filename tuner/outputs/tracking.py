@@ -36,14 +36,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from tuner.config.errors import RecipeError
-from tuner.config.trackers import TRACKERS
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.trackers import TRACKERS
 from tuner.trial.trial_result import State
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
     from tuner.study.trial_record import Record
     from tuner.tuning.search_result import SearchResult
 

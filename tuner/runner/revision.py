@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 
 def git(args: Sequence[str], cwd: Path) -> str:

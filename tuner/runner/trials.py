@@ -15,16 +15,16 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 from tuner.stats.prune import PruneBar
 from tuner.trial import engines
 from tuner.trial.run import freeze, run_trial
 from tuner.trial.trial_result import Instruments
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
     from tuner.trial.trial_result import PruneRule, TrialResult
 
 

@@ -17,13 +17,13 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.config.errors import RecipeError
-from tuner.config.levers import LEVERS
-from tuner.config.space import conflict, defaults
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.space import conflict, defaults
 from tuner.scriptmode import launcher
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
+    from tuner.inputs.recipe import Recipe
 
 FILE = "own.json"
 """The look run's reading, in the run folder."""

@@ -20,9 +20,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.config import export, levers
-from tuner.config.levers import LEVERS
-from tuner.config.space import Config
+from tuner.inputs import export, levers
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.space import Config
 from tuner.scriptmode.trialfile import read_trial
 
 

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner.config.errors import RecipeError
-from tuner.config.gpus import used_bytes, visible
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.gpus import used_bytes, visible
 
 FREE_SLACK_BYTES = 512 * 2**20
 """Used memory may exceed what it was before the first trial by this much (the driver's own

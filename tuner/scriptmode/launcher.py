@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tuner.config.levers import LEVERS
-from tuner.config.script import LOADER_KNOBS
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
@@ -33,9 +33,9 @@ from tuner.trial.limits import Limits
 from tuner.trial.trial_result import State, TrialResult
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.script import Script
-    from tuner.config.space import Config
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.script import Script
+    from tuner.inputs.space import Config
 
 TAIL_CHARS = 1500
 """How much of a failed trial's output its reason carries."""

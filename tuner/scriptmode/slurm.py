@@ -19,10 +19,10 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 if TYPE_CHECKING:
-    from tuner.config.script import Script
+    from tuner.inputs.script import Script
 
 GROUP_ENV = "TUNER_SLURM_NODES"
 """This worker's node group (comma-separated node names), set for the workers a search starts."""

@@ -22,7 +22,7 @@ from tuner.study.trial_record import Record, Status
 from tuner.trial.trial_result import INFEASIBLE, State
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Budget
+    from tuner.inputs.recipe import Budget
     from tuner.trial.trial_result import TrialResult
 
 

@@ -8,14 +8,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.config import layout
-from tuner.config.errors import RecipeError
-from tuner.config.levers import LEVERS
-from tuner.config.space import Config, Machine, applies, defaults, lever_refusal, make_config, restrict, unsupported
+from tuner.inputs import layout
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.space import Config, Machine, applies, defaults, lever_refusal, make_config, restrict, unsupported
 from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
+    from tuner.inputs.recipe import Recipe
     from tuner.study.study import Asked
 
 
@@ -127,7 +127,7 @@ def baseline_knobs(recipe: "Recipe", space: Space, machine: Machine) -> dict[str
 
 def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
     """Ask the sampler for one point, each knob only where it applies given those asked
-    before it (:func:`tuner.config.space.applies`: loader-only knobs with workers, FSDP2
+    before it (:func:`tuner.inputs.space.applies`: loader-only knobs with workers, FSDP2
     without ZeRO, offload with sharding, buckets with their engine). The enqueued baseline
     trial keeps the baseline's values for knobs the space fixes."""
     if trial.attrs.get("baseline"):

@@ -26,7 +26,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 HEARTBEAT_S = max(1, int(os.environ.get("TUNER_HEARTBEAT_S", "10")))
 """Seconds between a worker's beats for its trial in flight (``TUNER_HEARTBEAT_S``)."""

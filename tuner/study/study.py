@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from tuner.config.errors import RecipeError
 from tuner.harness import interrupt
+from tuner.inputs.errors import RecipeError
 from tuner.study import backend
 from tuner.study import storage as storage_mod
 from tuner.study.trial_record import Record, Status

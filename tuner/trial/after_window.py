@@ -15,8 +15,8 @@ from tuner.harness.system.flops import count_flops, uses_attention
 from tuner.trial.failures import TrialStop
 
 if TYPE_CHECKING:
-    from tuner.config.task import Task
     from tuner.harness.metrics import Window
+    from tuner.inputs.task import Task
     from tuner.trial.loop import Job
 
 STALL_FREE_STEPS = 10

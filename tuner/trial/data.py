@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
-from tuner.config import layout
-from tuner.config.errors import TrialError
+from tuner.inputs import layout
+from tuner.inputs.errors import TrialError
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.space import Config
 
 
 

@@ -7,8 +7,8 @@ import traceback
 
 import torch
 
-from tuner.config import levers
-from tuner.config.errors import TrialError
+from tuner.inputs import levers
+from tuner.inputs.errors import TrialError
 from tuner.trial.trial_result import State
 
 

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from tuner.config import layout
 from tuner.harness import distributed
 from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.flops import holds_convolutions
+from tuner.inputs import layout
 from tuner.stats.prune import checks as prune_checks
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
 from tuner.trial.engines import build_engine, stages
@@ -31,9 +31,9 @@ from tuner.trial.trial_result import Instruments, PruneRule, State
 if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
 
 
 def compile_seconds() -> float | None:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from tuner.config import gpu_levers
 from tuner.harness import distributed
 from tuner.harness.metrics import Window, energy_note, summarize
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
+from tuner.inputs import gpu_levers
 from tuner.trial import after_window as after
 from tuner.trial import watchdog
 from tuner.trial.data import quiet_worker_advice
@@ -33,10 +33,10 @@ from tuner.trial.loop import Job
 from tuner.trial.trial_result import Instruments, PruneRule, State, TrialResult
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
-    from tuner.config.task import Task
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
+    from tuner.inputs.task import Task
 
 
 def run_trial(

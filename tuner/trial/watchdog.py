@@ -38,9 +38,9 @@ from tuner.trial.failures import TrialHung
 from tuner.trial.limits import Limits
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Steps
-    from tuner.config.space import Config
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Steps
+    from tuner.inputs.space import Config
     from tuner.trial.trial_result import TrialResult
 
 EXIT_HUNG = 75

@@ -19,7 +19,7 @@ from tuner.trial.after_window import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Budget, Steps, Target
+    from tuner.inputs.recipe import Budget, Steps, Target
     from tuner.study.study import Study
     from tuner.study.trial_record import Record
     from tuner.tuning.pool import Pool

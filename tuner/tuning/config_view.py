@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tuner.analysis.diagnose import Here, Verdict, diagnose_run
 from tuner.analysis.evidence import Compare, Seen, revise
-from tuner.config.space import Config, Machine, unsupported
 from tuner.harness.system.environment import cores
+from tuner.inputs.space import Config, Machine, unsupported
 from tuner.study import records
 from tuner.study.searchspace import config_key
 from tuner.trial.trial_result import TrialResult

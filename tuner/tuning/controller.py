@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from tuner.config import levers
-from tuner.config.errors import RecipeError
-from tuner.config.levers import LEVERS
-from tuner.config.space import Config, Machine, make_config, reference_knobs
 from tuner.harness import distributed, interrupt
 from tuner.harness.system import energy
+from tuner.inputs import levers
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.space import Config, Machine, make_config, reference_knobs
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
@@ -32,8 +32,8 @@ finish's questions decide, so its rounds go to those first."""
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
-    from tuner.config.recipe import Recipe
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Recipe
     from tuner.trial.trial_result import PruneRule, TrialResult
     from tuner.tuning.search_result import SearchResult
 

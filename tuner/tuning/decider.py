@@ -15,10 +15,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.diagnose import Here, Verdict
-from tuner.config.levers import LEVERS
-from tuner.config.space import Config, Machine, make_config
 from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.space import Config, Machine, make_config
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.study import searchspace
@@ -36,7 +36,7 @@ from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
-    from tuner.config.recipe import Recipe
+    from tuner.inputs.recipe import Recipe
     from tuner.runner import Runner
     from tuner.study.study import Asked
     from tuner.trial.trial_result import PruneRule

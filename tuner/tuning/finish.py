@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tuner.analysis import attribution as attribution_mod
-from tuner.config.levers import LEVERS
+from tuner.inputs.levers import LEVERS
 from tuner.stats import decision
 from tuner.tuning.finish_budget import Budget
 from tuner.tuning.pool import Pool, key

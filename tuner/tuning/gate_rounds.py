@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from tuner.analysis.gate import CheckResult, Recorded, RevResult, differences, log_ratios, rev_verdict, settled, verdict
-from tuner.config.errors import RecipeError
 from tuner.harness import distributed
+from tuner.inputs.errors import RecipeError
 from tuner.runner import runner_for
 from tuner.stats import decision
 from tuner.stats.interval import paired
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config, Machine
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config, Machine
 
 
 def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: "Config", baseline: "Config", recorded: Recorded,
@@ -125,8 +125,8 @@ def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], m
     """What ``--against`` gates: the recorded answer's and baseline's configurations and their
     recorded rates, checked against ``recipe`` and this environment (``here``); what makes
     the comparison meaningless is refused in one line."""
-    from tuner.config import layout
-    from tuner.config.space import make_config
+    from tuner.inputs import layout
+    from tuner.inputs.space import make_config
 
     differ = differences(best.get("environment") or {}, here)
     if differ:

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tuner.analysis import attribution as attribution_mod
 from tuner.analysis.guard import divergence
-from tuner.config.space import numerics
+from tuner.inputs.space import numerics
 from tuner.stats import decision
 from tuner.study import records as study_mod
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution, Row
-    from tuner.config.recipe import Recipe
+    from tuner.inputs.recipe import Recipe
     from tuner.study.searchspace import Space
     from tuner.trial.trial_result import TrialResult
     from tuner.tuning.finish import Finished

@@ -18,8 +18,8 @@ from tuner.tuning.search_result import SearchResult, measure_command
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
     from tuner.analysis.diagnose import Verdict
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
     from tuner.runner import Runner
     from tuner.study.searchspace import Space
     from tuner.study.study import Study

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.analysis.attribution import Attribution
 from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import Verdict
-from tuner.config.levers import LEVERS
+from tuner.inputs.levers import LEVERS
 from tuner.runner import launch_words
 
 if TYPE_CHECKING:

@@ -96,7 +96,7 @@ class AttentionCalls:
     ``nn.MultiheadAttention``, whose training path calls it by its module-level name): what an
     attention-kernel lever acts on. For adapters that see optimizers, not a forward they run
     (``adapt: torch``, ``adapt: lightning``); a task trial reads it off its FLOP count. timm's
-    mobilenetv3 under ``adapt: torch`` was advised ``attention_backend: flash``.
+    mobilenetv3 under ``adapt: torch`` was advised the flash attention kernel.
 
     :meth:`start` puts a counting wrapper in ``torch.nn.functional``'s place before the
     script's first forward; :meth:`stop` (at its first optimizer step, outside the window)

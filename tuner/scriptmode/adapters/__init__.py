@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from tuner.config.script import ADAPT_MODES
+from tuner.inputs.script import ADAPT_MODES
 from tuner.scriptmode.adapters.common import AdaptError
 from tuner.scriptmode.config import TrialConfig, config
 from tuner.scriptmode.trialfile import read_trial

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from tuner.config.levers import LEVERS, loader_kwargs
-from tuner.config.script import LOADER_KNOBS
+from tuner.inputs.levers import LEVERS, loader_kwargs
+from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode.config import TrialConfig
 
 

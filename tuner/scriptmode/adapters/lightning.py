@@ -21,8 +21,8 @@ import importlib
 import importlib.util
 from typing import Any
 
-from tuner.config import export
-from tuner.config.script import LOADER_KNOBS
+from tuner.inputs import export
+from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode.adapters import torch as torch_adapter
 from tuner.scriptmode.adapters.common import AdaptError
 from tuner.scriptmode.config import TrialConfig

@@ -31,8 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tuner.config.levers import LEVERS
-from tuner.config.script import LOADER_KNOBS
+from tuner.inputs.levers import LEVERS
+from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import trialfile
 from tuner.scriptmode.adapters.common import own_value
 

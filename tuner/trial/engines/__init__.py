@@ -15,8 +15,8 @@ from tuner.trial.engines.base import Engine, autocast
 from tuner.trial.engines.parallelize import parallelize
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
-    from tuner.config.task import Task
+    from tuner.inputs.space import Config
+    from tuner.inputs.task import Task
 
 __all__ = ["Engine", "autocast", "build_engine", "prepare"]
 

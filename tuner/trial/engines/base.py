@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 import torch
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
     from tuner.harness.comm import CommTimer
+    from tuner.inputs.space import Config
     from tuner.trial.engines.model_levers import Recompute
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -30,7 +30,7 @@ from torch import nn
 from tuner.trial.engines.base import DTYPES
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 
 def policy(config: "Config") -> Any:

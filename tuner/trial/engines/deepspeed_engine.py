@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 
-from tuner.config.export import ds_config
 from tuner.harness.distributed import ensure_process_group
+from tuner.inputs.export import ds_config
 from tuner.trial.data import cast_floats
 from tuner.trial.engines.base import Engine
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
     from tuner.harness.comm import CommTimer
+    from tuner.inputs.space import Config
 
 
 _prepared = False
@@ -46,7 +46,7 @@ def prepare(device: torch.device) -> None:
     _group(device)
     world = torch.distributed.get_world_size()
     for stage in (1, 3):
-        from tuner.config.space import Config
+        from tuner.inputs.space import Config
 
         config = Config(micro_batch_size=1, grad_accum_steps=1, zero_stage=stage, engine="deepspeed")
         engine = DeepSpeedEngine(

@@ -1,5 +1,5 @@
 """What the levers of a 2026 GPU do to a trial (their declarations:
-:mod:`tuner.config.gpu_levers`).
+:mod:`tuner.inputs.gpu_levers`).
 
 - ``compile_mode``: the mode every compiled block gets (:func:`compile_kwargs`).
 - ``attention_backend``: ``scaled_dot_product_attention``'s kernel for each forward
@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from tuner.config import layout
-from tuner.config.errors import TrialError
-from tuner.config.gpu_levers import BACKENDS
+from tuner.inputs import layout
+from tuner.inputs.errors import TrialError
+from tuner.inputs.gpu_levers import BACKENDS
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 Restore = Callable[[], None]
 

@@ -30,8 +30,8 @@ from torch.utils.checkpoint import checkpoint
 from tuner.trial.engines.gpu_levers import compile_kwargs, op_policy
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
-    from tuner.config.task import Task
+    from tuner.inputs.space import Config
+    from tuner.inputs.task import Task
     from tuner.trial.engines.stages import Part
 
 

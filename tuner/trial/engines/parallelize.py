@@ -15,7 +15,7 @@
    ``bucket_cap_mb`` is a lever). DeepSpeed's engine wraps the model itself.
 
 The layout is always built (``tensor_parallel`` x ``pipeline_parallel`` x the rest of the
-world, 1 x 1 x world by default; :class:`tuner.config.layout.Layout`), and one
+world, 1 x 1 x world by default; :class:`tuner.inputs.layout.Layout`), and one
 ``DeviceMesh`` of shape ``(pp, dp, tp)`` per shape serves every trial of the process: a new
 mesh makes new process groups, which torch never frees before the process ends (the FSDP2
 engine made a 1-D mesh each trial before).
@@ -30,15 +30,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tuner.config import layout as layouts
 from tuner.harness import distributed
 from tuner.harness.distributed import ensure_process_group
+from tuner.inputs import layout as layouts
 from tuner.trial import pipeline_stages, tensor_parallel
 from tuner.trial.engines import data_parallel, model_levers, stages
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
-    from tuner.config.task import Task
+    from tuner.inputs.space import Config
+    from tuner.inputs.task import Task
 
 _MESHES: dict[tuple[str, int, int, int], tuple[Any, Any]] = {}
 """One mesh per shape for the process (see the module's docstring), beside the default group

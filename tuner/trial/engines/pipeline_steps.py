@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from tuner.config import layout as layouts
+from tuner.inputs import layout as layouts
 from tuner.trial import pipeline_stages
 from tuner.trial.engines.base import autocast
 from tuner.trial.engines.pipeline_clock import PipelineClock
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
-    from tuner.config.task import Task
+    from tuner.inputs.space import Config
+    from tuner.inputs.task import Task
     from tuner.trial.engines.parallelize import Parallelized
 
 _ENDS: dict[tuple[int, int, int, int], Any] = {}

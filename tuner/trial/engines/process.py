@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from tuner.config.levers import LEVERS
+from tuner.inputs.levers import LEVERS
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 Restore = Callable[[], None]
 

@@ -1,5 +1,5 @@
 """The levers a trial applies at a stage, in one pass over the registry each (the stages of
-:class:`tuner.config.lever.Stage` that no engine names a lever for): the contexts around
+:class:`tuner.inputs.lever.Stage` that no engine names a lever for): the contexts around
 each forward (``forward``: the attention kernel), the model converters run before the
 engine wraps the model (``convert``: low-precision layers, a fused loss), which may hand back what
 must run after each optimizer step, and what each part of the model this rank keeps gets on
@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 
-from tuner.config.levers import LEVERS
+from tuner.inputs.levers import LEVERS
 from tuner.trial.engines.process import resolve
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 
 @contextlib.contextmanager

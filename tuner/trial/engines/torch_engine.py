@@ -15,7 +15,7 @@ what were the torch, FSDP and layout engines):
   backward run vocabulary-parallel (:attr:`.parallelize.Parallelized.loss_parallel`).
 - fp16 is scaled by a ``GradScaler`` (FSDP2's ``ShardedGradScaler`` for sharded
   parameters); bf16 and fp32 need none. fp16 is refused for the tensor and pipeline
-  layouts (:func:`tuner.config.layout.refusal`).
+  layouts (:func:`tuner.inputs.layout.refusal`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from tuner.trial.engines import data_parallel
 from tuner.trial.engines.base import OwnLoopEngine, autocast
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
     from tuner.harness.comm import CommTimer
+    from tuner.inputs.space import Config
     from tuner.trial.engines.parallelize import Parallelized
     from tuner.trial.engines.pipeline_steps import PipelineSteps
 

@@ -13,12 +13,12 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from tuner.analysis.guard import divergence
-from tuner.config.space import numerics
+from tuner.inputs.space import numerics
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
-    from tuner.config.recipe import Recipe
-    from tuner.config.space import Config
+    from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Config
     from tuner.memory.model import MemoryModel
     from tuner.study.searchspace import Space
     from tuner.study.study import Asked

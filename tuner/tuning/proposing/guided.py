@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import Verdict
-from tuner.config import levers
-from tuner.config.space import conflict
+from tuner.inputs import levers
+from tuner.inputs.space import conflict
 from tuner.study.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05

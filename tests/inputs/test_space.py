@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.config.errors import RecipeError
-from tuner.config.space import Machine, make_config, restrict
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.space import Machine, make_config, restrict
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
 GPU = Machine(cuda=True, bf16=True, fp16=True)
@@ -68,7 +68,7 @@ def test_bf16_counts_only_where_the_device_runs_it_natively():
     asks for native support, and keeps working on a torch whose check has no such option."""
     from types import SimpleNamespace
 
-    from tuner.config.space import native_bf16
+    from tuner.inputs.space import native_bf16
 
     asked = []
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
-from tuner.config.errors import RecipeError
-from tuner.config.machine import Machine
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.machine import Machine
 
 Group = Literal["loader", "precision", "batch", "layout", "sharding", "model", "kernels", "communication", "optimizer",
                 "memory"]
@@ -125,11 +125,11 @@ class Lever:
     states: str = ""
     """``module:function`` in the config layer, ``(knobs, data-parallel ranks, host is the
     device)`` -> the share of the parameters, gradients and optimizer states a rank keeps on
-    its device (:mod:`tuner.config.states`): the memory model multiplies every lever's."""
+    its device (:mod:`tuner.inputs.states`): the memory model multiplies every lever's."""
     engine: str | None = None
     """The engine label a value away from the default gives a configuration (``deepspeed``, or
     a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;
-    the first of :data:`tuner.config.levers.ENGINE_ORDER` wins)."""
+    the first of :data:`tuner.inputs.levers.ENGINE_ORDER` wins)."""
     runs_on: str | None = None
     """The recipe ``engine`` (``torch`` or ``deepspeed``) a value away from the default needs:
     a recipe that names the other one is refused before anything runs."""

@@ -9,9 +9,9 @@ import sys
 import pytest
 import tomllib
 
-from tuner.config import export
-from tuner.config.errors import RecipeError
-from tuner.config.space import Machine, conflict, make_config, numerics, parse_space, reference_knobs, restrict
+from tuner.inputs import export
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.space import Machine, conflict, make_config, numerics, parse_space, reference_knobs, restrict
 
 from conftest import parsed_by_lightning_cli, run
 

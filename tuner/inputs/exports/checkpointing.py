@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import layout
+from tuner.inputs import layout
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 HF_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None}
 """``TrainingArguments``' checkpointing fields when the lever is off (``None``: the Trainer's default)."""

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tuner.cli import measure_main
-from tuner.config.errors import RecipeError
-from tuner.config.recipe import load_recipe
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.recipe import load_recipe
 
 from conftest import ROOT, TOY, run, toy_recipe, write_recipe
 

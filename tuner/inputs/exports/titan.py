@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.config import layout
-from tuner.config.exports.fragments import lever_fragments, merge_toml_lines
+from tuner.inputs import layout
+from tuner.inputs.exports.fragments import lever_fragments, merge_toml_lines
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved_1f1b": "Interleaved1F1B"}
 """torchtitan's ``pipeline_parallel_schedule`` (torch.distributed.pipelining's class names)."""

@@ -1,5 +1,5 @@
-"""Configs to paste, built from a :class:`~tuner.config.space.Config`: one function per
-file of the run folder (:mod:`tuner.config.exports` holds them, by library family).
+"""Configs to paste, built from a :class:`~tuner.inputs.space.Config`: one function per
+file of the run folder (:mod:`tuner.inputs.exports` holds them, by library family).
 
 The DeepSpeed engine trains with exactly :func:`ds_config`, so what is measured is what
 is exported.
@@ -7,9 +7,9 @@ is exported.
 
 from __future__ import annotations
 
-from tuner.config.exports.engines import dataloader_kwargs, ds_config, torch_settings
-from tuner.config.exports.titan import TITAN_SCHEDULES, torchtitan_toml
-from tuner.config.exports.trainers import (
+from tuner.inputs.exports.engines import dataloader_kwargs, ds_config, torch_settings
+from tuner.inputs.exports.titan import TITAN_SCHEDULES, torchtitan_toml
+from tuner.inputs.exports.trainers import (
                                            ACCELERATE_MIXED_PRECISION,
                                            HF_LEVER_FIELDS,
                                            HF_LEVER_OFF,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import tomllib
 
-from tuner.config import export, layout
-from tuner.config.space import Machine, make_config
+from tuner.inputs import export, layout
+from tuner.inputs.space import Machine, make_config
 
 from conftest import parsed_by_lightning_cli
 

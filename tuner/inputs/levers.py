@@ -1,4 +1,4 @@
-"""The levers, one declaration each (:class:`~tuner.config.lever.Lever`): adding a knob is
+"""The levers, one declaration each (:class:`~tuner.inputs.lever.Lever`): adding a knob is
 one entry here and its apply function; ``tests/structure/test_levers.py`` fails when an
 entry lacks what a layer needs.
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.config.gpu_levers import GPU_LEVERS
-from tuner.config.lever import ADAPTERS, Lever
-from tuner.config.machine import Machine
+from tuner.inputs.gpu_levers import GPU_LEVERS
+from tuner.inputs.lever import ADAPTERS, Lever
+from tuner.inputs.machine import Machine
 
 DEEPSPEED_BUCKET = 500_000_000
 """DeepSpeed's default ``reduce_bucket_size`` / ``allgather_bucket_size`` (elements)."""
@@ -41,7 +41,7 @@ def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
 
 
 LAYOUT = f"{ENGINES}.parallelize:parallelize"
-STATES = "tuner.config.states"
+STATES = "tuner.inputs.states"
 
 
 def _fsdp_conflict(k: Mapping[str, Any]) -> str | None:
@@ -140,7 +140,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           exports={"torchtitan.toml": "parallelism.pipeline_parallel_degree",
                    "accelerate_config.yaml": "comment: Accelerate has no pipeline parallelism",
                    "lightning_trainer.yaml": "comment: Lightning has no pipeline parallelism"},
-          export_with="tuner.config.exports.parallel:pipeline_exports"),
+          export_with="tuner.inputs.exports.parallel:pipeline_exports"),
     Lever("pipeline_schedule", str, "1f1b", "how micro-batches flow through the stages",
           choices=("1f1b", "gpipe", "interleaved_1f1b"), group="layout",
           needs=lambda k, w: k["pipeline_parallel"] > 1, path=77, walk=37, label="{}",
@@ -185,7 +185,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
           exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                    "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"},
-          export_with="tuner.config.exports.parallel:fsdp_exports"),
+          export_with="tuner.inputs.exports.parallel:fsdp_exports"),
     Lever("activation_checkpointing", str, "none",
           "recompute activations in the backward: every block's whole forward (full), every other block's "
           "(selective), or each block's cheap operators, its matmul and attention outputs kept (op)",
@@ -200,7 +200,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
                    "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
                    "torch_settings.py": "op_context (op)"},
-          export_with="tuner.config.exports.checkpointing:checkpointing_exports"),
+          export_with="tuner.inputs.exports.checkpointing:checkpointing_exports"),
     Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels", path=110, walk=60,
           reference=False, verdicts={"host-cpu-saturated": 2, "host-bound": 1, "compute-bound": 1},
           suggest=((True,), "compile: true (fused kernels)"),
@@ -212,7 +212,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                "the precision guard",
           label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compiling",
           exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
-                   "torchtitan.toml": "compile"}, export_with="tuner.config.gpu_levers:compile_exports"),
+                   "torchtitan.toml": "compile"}, export_with="tuner.inputs.gpu_levers:compile_exports"),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
           group="communication", needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
           and _data_parallel_only(k, w),
@@ -225,19 +225,19 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           group="communication", needs=_zero, path=140, walk=130, verdicts={"communication-bound": 4},
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
           label="overlap", adapters=frozenset({"hf", "deepspeed"}), stage="engine",
-          apply="tuner.config.export:ds_config",
+          apply="tuner.inputs.export:ds_config",
           exports={"ds_config.json": "zero_optimization.overlap_comm"}),
     Lever("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)",
           minimum=1, group="communication", needs=_zero, path=150, walk=140, ordered=True,
           verdicts={"communication-bound": 5},
           risk="larger buckets: more memory for the reduction, fewer and larger collectives", label="reduce={:.0e}",
-          adapters=frozenset({"hf", "deepspeed"}), stage="engine", apply="tuner.config.export:ds_config",
+          adapters=frozenset({"hf", "deepspeed"}), stage="engine", apply="tuner.inputs.export:ds_config",
           exports={"ds_config.json": "zero_optimization.reduce_bucket_size"}),
     Lever("allgather_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
           minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2),  # ZeRO-3 prefetches
           path=160, walk=150, ordered=True, verdicts={"communication-bound": 6},
           risk="larger buckets: more memory for the gathered parameters, fewer collectives", label="gather={:.0e}",
-          adapters=frozenset({"hf", "deepspeed"}), stage="engine", apply="tuner.config.export:ds_config",
+          adapters=frozenset({"hf", "deepspeed"}), stage="engine", apply="tuner.inputs.export:ds_config",
           exports={"ds_config.json": "zero_optimization.allgather_bucket_size"}),
     Lever("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
           choices=("none", "cpu"), aliases=((False, "none"), (None, "none")), group="sharding",
@@ -246,7 +246,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
           path=100, walk=160, verdicts={"memory-bound": 3},
           risk="host memory and PCIe traffic: the optimizer state and step live on the CPU", label="offload={}",
           adapters=frozenset({"hf", "deepspeed"}), memory="states", stage="engine",
-          apply="tuner.config.export:ds_config", states=f"{STATES}:offloaded_states",
+          apply="tuner.inputs.export:ds_config", states=f"{STATES}:offloaded_states",
           proven=True,
           exports={"ds_config.json": "zero_optimization.offload_optimizer"}),
     Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),

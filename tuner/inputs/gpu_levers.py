@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.config import layout
-from tuner.config.lever import ADAPTERS, Lever
-from tuner.config.machine import Machine
+from tuner.inputs import layout
+from tuner.inputs.lever import ADAPTERS, Lever
+from tuner.inputs.machine import Machine
 
 Config = Any
-"""A :class:`tuner.config.space.Config` (built from this registry, so not imported here)."""
+"""A :class:`tuner.inputs.space.Config` (built from this registry, so not imported here)."""
 
 APPLY = "tuner.trial.engines.gpu_levers"
-HERE = "tuner.config.gpu_levers"
+HERE = "tuner.inputs.gpu_levers"
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "cudnn": "CUDNN_ATTENTION"}
 """``attention_backend`` values and ``torch.nn.attention.SDPBackend``'s names for them."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import layout
-from tuner.config.exports import checkpointing, parallel
-from tuner.config.exports.fragments import lever_fragments, merge_dict, merge_yaml_lines
-from tuner.config.levers import LEVERS
+from tuner.inputs import layout
+from tuner.inputs.exports import checkpointing, parallel
+from tuner.inputs.exports.fragments import lever_fragments, merge_dict, merge_yaml_lines
+from tuner.inputs.levers import LEVERS
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 ACCELERATE_MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 """Accelerate's ``mixed_precision`` for each ``amp_dtype`` (config file, kwargs, environment)."""

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tuner.config.levers import LEVERS
+from tuner.inputs.levers import LEVERS
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 
 def lever_fragments(config: "Config", file: str, world_size: int) -> list[Any]:

@@ -1,5 +1,5 @@
 """What the sharding and pipeline levers write that the exporters' own rendering of the
-:class:`~tuner.config.layout.Layout` (degrees, sharded or replicated copies, resharding)
+:class:`~tuner.inputs.layout.Layout` (degrees, sharded or replicated copies, resharding)
 does not hold: transformers' FSDP fields, and the comment that a library has no pipeline
 parallelism of its own (the degree and schedule measured are in torchtitan.toml).
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import layout
+from tuner.inputs import layout
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 HF_OFF = {"fsdp": False, "fsdp_config": None}
 """``TrainingArguments``' FSDP fields when the lever is off (``None``: the Trainer's default)."""

@@ -1,7 +1,7 @@
 """The recipe: the user's YAML, parsed once into typed objects and validated completely.
 
 Nothing runs before the whole recipe is known to be good: every key is checked, its path
-and what is allowed named in the error (:class:`~tuner.config.errors.RecipeError`, exit 2).
+and what is allowed named in the error (:class:`~tuner.inputs.errors.RecipeError`, exit 2).
 ``--set key=value`` overrides are applied to the raw YAML first, so they get the same
 checks: a knob name fixes that knob, any other dotted path (``steps.measure=5``,
 ``task_args.seq_len=128``) replaces that recipe value.
@@ -18,14 +18,14 @@ from typing import Any, Callable, Mapping, Sequence, get_args
 
 import yaml
 
-from tuner.config import layout, levers
-from tuner.config import space as space_mod
-from tuner.config.errors import RecipeError
-from tuner.config.script import SCRIPT_KEYS, Script, check_routes, parse_script
-from tuner.config.space import EngineName
-from tuner.config.task import Task, load_task
-from tuner.config.trackers import parse_track
-from tuner.config.yaml_file import read_yaml
+from tuner.inputs import layout, levers
+from tuner.inputs import space as space_mod
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.script import SCRIPT_KEYS, Script, check_routes, parse_script
+from tuner.inputs.space import EngineName
+from tuner.inputs.task import Task, load_task
+from tuner.inputs.trackers import parse_track
+from tuner.inputs.yaml_file import read_yaml
 from tuner.stats.window_length import AUTO_MAX_STEPS
 
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.config import layout
+from tuner.inputs import layout
 
 Shares = tuple[float, float, float]
 """(parameters, gradients, optimizer states) kept on a rank's device, against fp32 unsharded."""

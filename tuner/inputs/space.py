@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Mapping, Sequence, get_args
 
-from tuner.config import layout, levers
-from tuner.config.errors import RecipeError
-from tuner.config.lever import Lever
-from tuner.config.levers import DEEPSPEED_BUCKET, LEVERS, loader_kwargs
-from tuner.config.machine import Machine, native_bf16
+from tuner.inputs import layout, levers
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.lever import Lever
+from tuner.inputs.levers import DEEPSPEED_BUCKET, LEVERS, loader_kwargs
+from tuner.inputs.machine import Machine, native_bf16
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]
 """The autocast dtypes a trial can run in (fp32: no autocast)."""
@@ -125,9 +125,9 @@ def _fields() -> list[tuple[str, Any, Any]]:
 Config = dataclasses.make_dataclass("Config", _fields(), bases=(_Fields,), frozen=True)
 Config.__module__ = __name__
 Config.__doc__ = """One complete configuration of a trial: ``micro_batch_size``,
-``grad_accum_steps``, every lever of :mod:`tuner.config.levers` (its default when not
+``grad_accum_steps``, every lever of :mod:`tuner.inputs.levers` (its default when not
 given) and ``engine``: the label of what runs it, derived from the levers and the recipe
-(:func:`tuner.config.levers.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
+(:func:`tuner.inputs.levers.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
 sharding and layout levers' own labels, which the same PyTorch engine runs)."""
 
 
@@ -213,7 +213,7 @@ def make_config(
 ) -> tuple[Config, list[str]]:
     """Complete and normalise one configuration; returns it and notes on what changed.
     ``strict=False`` (the search, whose sampler may pair a micro-batch with a layout it does
-    not fit) leaves the batch's divisibility to :func:`tuner.config.layout.batch_refusal`."""
+    not fit) leaves the batch's divisibility to :func:`tuner.inputs.layout.batch_refusal`."""
     values = defaults()
     values.update(knobs)
     data_parallel = layout.data_parallel(values, world_size)  # the batch is counted over model copies

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.config import layout
-from tuner.config.exports.fragments import lever_fragments, merge_dict
-from tuner.config.levers import LEVERS
+from tuner.inputs import layout
+from tuner.inputs.exports.fragments import lever_fragments, merge_dict
+from tuner.inputs.levers import LEVERS
 
 if TYPE_CHECKING:
-    from tuner.config.space import Config
+    from tuner.inputs.space import Config
 
 def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str, Any]:
     """A DeepSpeed config: batch sizes, ZeRO stage and its communication and offload

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 TRACKERS = ("mlflow", "tensorboard", "wandb")
 """The experiment trackers a search can log to (``track:``, ``--track``)."""

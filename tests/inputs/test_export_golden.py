@@ -7,7 +7,7 @@ ranks or 2 for an in-process recipe (1 where its space does not divide over 2): 
 the far corner of its space (each searched knob at its last listed value, as an answer a
 search could give). The seven files each gives are held against ``tests/golden/exports/``.
 A refactor that changes one byte fails here; a deliberate change regenerates them with
-``TUNER_WRITE_GOLDEN=1 python -m pytest tests/config/test_export_golden.py`` and says why
+``TUNER_WRITE_GOLDEN=1 python -m pytest tests/inputs/test_export_golden.py`` and says why
 in its commit. The files were first written by the code before issue 35's refactors
 (ef7b457), so the test also shows that they changed nothing.
 """
@@ -28,7 +28,7 @@ WORLD = 2
 
 
 def _machine() -> Any:
-    from tuner.config.machine import Machine
+    from tuner.inputs.machine import Machine
 
     return Machine(cuda=True, bf16=True, fp16=True, compiler=True, fsdp2=True, cudnn=True, in_order=True,
                    capability=(9, 0), packages=frozenset({"torchao", "liger_kernel"}))
@@ -36,9 +36,9 @@ def _machine() -> Any:
 
 def _configs(path: Path) -> dict[str, Any]:
     """The recipe's baseline and the far corner of its space, as configurations."""
-    from tuner.config.errors import RecipeError
-    from tuner.config.recipe import load_recipe
-    from tuner.config.space import make_config
+    from tuner.inputs.errors import RecipeError
+    from tuner.inputs.recipe import load_recipe
+    from tuner.inputs.space import make_config
     from tuner.study.searchspace import baseline_knobs, build_space
 
     machine = _machine()
@@ -62,7 +62,7 @@ def _configs(path: Path) -> dict[str, Any]:
 
 def _files(config: Any, world: int) -> dict[str, str]:
     """What ``write_run`` writes for ``config`` (tuner/outputs/run_folder.py), as text."""
-    from tuner.config import export
+    from tuner.inputs import export
 
     def js(data: Any) -> str:
         return json.dumps(data, indent=2) + "\n"

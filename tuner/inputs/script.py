@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping, get_args
 
-from tuner.config import levers
-from tuner.config.errors import RecipeError
-from tuner.config.gpus import default_nproc
-from tuner.config.levers import LEVERS
+from tuner.inputs import levers
+from tuner.inputs.errors import RecipeError
+from tuner.inputs.gpus import default_nproc
+from tuner.inputs.levers import LEVERS
 
 AdaptMode = Literal["torch", "hf", "lightning", "accelerate", "deepspeed"]
 """Script recipes' ``adapt:``: how the tuner applies knobs to a script without tuner code."""

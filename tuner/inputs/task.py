@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from tuner.config.errors import RecipeError
+from tuner.inputs.errors import RecipeError
 
 REQUIRED = ("build_model", "build_dataset", "compute_loss")
 OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "flops_per_sample", "blocks", "parallelize",
