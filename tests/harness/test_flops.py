@@ -221,3 +221,8 @@ def test_a_script_adapter_sees_whether_the_model_calls_attention():
     watch.start()
     torch.compile(nn.Linear(8, 8), backend="eager")(x).sum().backward()
     assert watch.stop() is None and F.scaled_dot_product_attention is original
+    # a graph compiled before the watch does not make every later watch unknown
+    watch = AttentionCalls()
+    watch.start()
+    nn.Linear(8, 8)(x).sum().backward()
+    assert watch.stop() is False

@@ -106,6 +106,7 @@ class AttentionCalls:
         self.seen = False
         self._original: Callable[..., Any] | None = None
         self._wrapper: Callable[..., Any] | None = None
+        self._graphs = 0
 
     def start(self) -> None:
         import functools
@@ -120,13 +121,12 @@ class AttentionCalls:
             return original(*args, **kwargs)
 
         self._original, self._wrapper = original, scaled_dot_product_attention
+        self._graphs = _graphs_compiled()
         F.scaled_dot_product_attention = scaled_dot_product_attention
 
     def stop(self) -> bool | None:
-        """Whether the model called it (``None``: unknown, where torch.compile had compiled
-        graphs, which call the original they captured, not the wrapper)."""
-        import sys
-
+        """Whether the model called it (``None``: unknown, where torch.compile compiled
+        graphs while it watched: they call the original they captured, not the wrapper)."""
         import torch.nn.functional as F
 
         if self._wrapper is not None and F.scaled_dot_product_attention is self._wrapper:
@@ -134,9 +134,16 @@ class AttentionCalls:
         self._wrapper = None
         if self.seen:
             return True
-        dynamo = sys.modules.get("torch._dynamo.utils")
-        compiled = dynamo is not None and dynamo.counters["stats"]["unique_graphs"] > 0
-        return None if compiled else False
+        return None if _graphs_compiled() > self._graphs else False
+
+
+def _graphs_compiled() -> int:
+    """Graphs torch.compile has compiled in this process so far (0 where dynamo was never
+    imported: nothing compiled, and nothing imported to find out)."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
 
 
 def tf32_in_use(convolutions: bool) -> bool:
