@@ -28,7 +28,9 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
   on a CPU run;
 - ``gain by knob, one at a time``: each knob's figure is the attribution's;
 - the stop line ``stopped: WHY after N measured trial(s)``, the summary's ``median of N runs``
-  and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup.
+  and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup;
+- ``finish: N question(s) left open after R round(s)`` and ``pruning cut N trial(s) short,
+  saving ~S s``: best.json's ``decision`` (its open questions, its rounds) and ``pruning``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ COMPUTE = re.compile(r"^(baseline|best): compute-bound: ([\d,]+) samples/s with 
 KEPT = re.compile(r"(\w+)=\S+ kept: ([\d.]+)% (faster|slower) than without it")
 STOPPED = re.compile(r"^stopped: ([\w-]+) after (\d+) measured trial\(s\)")
 MEDIAN_OF = re.compile(r"^baseline .* samples/s: [\d.]+x \(median of (\d+) runs?")
+LEFT_OPEN = re.compile(r"finish: (\d+) question\(s\) left open after (\d+) round\(s\)")
+PRUNED = re.compile(r"^pruning cut (\d+) trial\(s\) short, saving ~(\d+) s of measuring")
 RESTS_ON = re.compile(r"of the answer's ([\d.]+)x rests on")
 MORE_WORKERS = re.compile(r"try more loader workers than (\d+)")
 
@@ -103,6 +107,18 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
             checked.add("rests on")
             if abs(float(m.group(1)) - best["speedup"]) > 0.006:
                 found.append(f"{line!r}: best.json's speedup is {best['speedup']:.3f}")
+        if m := LEFT_OPEN.search(line):
+            checked.add("left open")
+            decided = best.get("decision") or {}
+            if int(m.group(1)) != len(decided.get("open") or []) or int(m.group(2)) != decided.get("rounds"):
+                found.append(f"{line!r}: best.json's decision has {len(decided.get('open') or [])} open after "
+                             f"{decided.get('rounds')} round(s)")
+        if m := PRUNED.match(line):
+            checked.add("pruning")
+            pruning = best.get("pruning") or {}
+            saved = pruning.get("saved_s") or 0.0
+            if int(m.group(1)) != pruning.get("trials") or abs(float(m.group(2)) - saved) > 0.51:
+                found.append(f"{line!r}: best.json's pruning is {pruning}")
         if m := re.search(r"settled at a (\d+)% tolerance", line):
             tolerance = int(m.group(1)) / 100
     for entry in (best.get("decision") or {}).get("knobs", []):

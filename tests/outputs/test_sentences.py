@@ -101,3 +101,18 @@ def test_a_stop_line_or_a_count_that_is_not_the_runs_is_found(tmp_path):
     (folder / "best.json").write_text(json.dumps({**best, "stopped": "trials", "trials": 12, "speedup": 1.2}))
     found, _ = contradictions(folder)
     assert len(found) == 3, found  # the reason, the count (one finding) and the summary's and the note's speedup
+
+
+def test_a_count_of_open_questions_or_pruned_trials_that_is_not_the_records_is_found(tmp_path):
+    lines = ["note: finish: 2 question(s) left open after 6 round(s) (its budget): a; b",
+             "pruning cut 2 trial(s) short, saving ~3 s of measuring"]
+    folder = write(tmp_path, [], [], lines)
+    best = json.loads((folder / "best.json").read_text())
+    (folder / "best.json").write_text(json.dumps({**best, "decision": {"knobs": [], "open": ["a", "b"], "rounds": 6},
+                                                  "pruning": {"trials": 2, "saved_s": 3.3}}))
+    found, checked = contradictions(folder)
+    assert found == [] and {"left open", "pruning"} <= checked, (found, checked)
+    (folder / "best.json").write_text(json.dumps({**best, "decision": {"knobs": [], "open": ["a"], "rounds": 6},
+                                                  "pruning": {"trials": 1, "saved_s": 3.3}}))
+    found, _ = contradictions(folder)
+    assert len(found) == 2, found

@@ -178,7 +178,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     if todo and events is not None:
         events.note(f"attributing the gain: {len(configs)} configurations on the path from the baseline, "
                     f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")
-    finish.describe(list(configs.values()), repeats, measure, pool, budget, distributed.broadcast)
+    path.describe(list(configs.values()), repeats, measure, pool, budget, distributed.broadcast)
     return finished, path.table(ends["baseline"], ends["best"], pool, make, recipe.tolerance, valid)
 
 

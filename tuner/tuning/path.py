@@ -4,12 +4,15 @@ each step's interval paired where the two were measured in the same rounds."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.analysis import attribution as attribution_mod
 from tuner.analysis.attribution import Attribution
+from tuner.tuning.pool import key
 
 if TYPE_CHECKING:
+    from tuner.tuning.finish import Agree, Run
+    from tuner.tuning.finish_budget import Budget
     from tuner.tuning.pool import Pool
 
 Make = Callable[[dict[str, Any]], dict[str, Any]]
@@ -39,3 +42,23 @@ def table(base: dict[str, Any], best: dict[str, Any], pool: "Pool", make: Make, 
 
     return attribution_mod.attribute(base, best, rates, failures, batch_norm, tolerance, pool.spread(), valid,
                                      interval)
+
+
+def describe(configs: Sequence[dict[str, Any]], runs: int, run: "Run", pool: "Pool", budget: "Budget",
+             agree: "Agree" = lambda x: x) -> int:
+    """The attribution path's configurations the pool has no run of, ``runs`` times each,
+    interleaved, inside what is left of the budget (they describe; they decide nothing).
+    Returns the runs measured."""
+    todo = [dict(c) for c in configs if not pool.entry(c).runs]
+    done = 0
+    for r in range(runs):
+        for c in todo:
+            if pool.entry(c).failures:
+                continue
+            if not agree(budget.fits(key(c))):
+                return done
+            began = budget.clock()
+            pool.add(run(dict(c)), "attribution", ("path", r))
+            budget.durations.setdefault(key(c), []).append(budget.clock() - began)
+            done += 1
+    return done
