@@ -30,7 +30,8 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
 - the stop line ``stopped: WHY after N measured trial(s)``, the summary's ``median of N runs``
   and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup;
 - ``finish: N question(s) left open after R round(s)`` and ``pruning cut N trial(s) short,
-  saving ~S s``: best.json's ``decision`` (its open questions, its rounds) and ``pruning``.
+  saving ~S s``: best.json's ``decision`` (its open questions, its rounds) and ``pruning``;
+- ``warning: this run's noise was N% a run``: best.json's ``noise``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ COMPUTE = re.compile(r"^(baseline|best): compute-bound: ([\d,]+) samples/s with 
 KEPT = re.compile(r"(\w+)=\S+ kept: ([\d.]+)% (faster|slower) than without it")
 STOPPED = re.compile(r"^stopped: ([\w-]+) after (\d+) measured trial\(s\)")
 MEDIAN_OF = re.compile(r"^baseline .* samples/s: [\d.]+x \(median of (\d+) runs?")
+NOISY = re.compile(r"^warning: this run's noise was (\d+)% a run")
 LEFT_OPEN = re.compile(r"finish: (\d+) question\(s\) left open after (\d+) round\(s\)")
 PRUNED = re.compile(r"^pruning cut (\d+) trial\(s\) short, saving ~(\d+) s of measuring")
 RESTS_ON = re.compile(r"of the answer's ([\d.]+)x rests on")
@@ -107,6 +109,12 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
             checked.add("rests on")
             if abs(float(m.group(1)) - best["speedup"]) > 0.006:
                 found.append(f"{line!r}: best.json's speedup is {best['speedup']:.3f}")
+        if m := NOISY.match(line):
+            checked.add("noise warning")
+            noise = best.get("noise") or {}
+            sigma = (noise["ss"] / noise["dof"]) ** 0.5 if noise.get("dof") else None
+            if sigma is None or abs(100 * sigma - int(m.group(1))) > 0.51:
+                found.append(f"{line!r}: best.json's noise is {noise}")
         if m := LEFT_OPEN.search(line):
             checked.add("left open")
             decided = best.get("decision") or {}

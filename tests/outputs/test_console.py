@@ -24,3 +24,26 @@ def test_notes_and_advice_keep_their_brackets(tmp_path, capsys):
     out = io.StringIO()
     print_diagnosis(Console(file=out, width=400), [Verdict("compute-bound", 0.5, "a [red]step[/]", ADVICE)])
     assert "a [red]step[/]" in out.getvalue() and f"next: {ADVICE}" in out.getvalue()
+
+
+def test_a_run_noisier_than_the_table_says_so_on_the_console(tmp_path):
+    """A timm run beside a busy machine measured 69.4% noise a run: report.md said so, the
+    console did not. Above the table's noisiest row the console's summary warns, below it
+    (or with no noise measured) it says nothing."""
+    from tuner.inputs.recipe import load_recipe
+    from tuner.tuning.search_result import SearchResult
+
+    from conftest import toy_recipe
+
+    recipe = load_recipe(toy_recipe(tmp_path))
+    recipe.out.mkdir(parents=True, exist_ok=True)
+    params = {"num_workers": 0, "micro_batch_size": 16}
+    for sigma, warned in ((0.694, True), (0.10, False), (None, False)):
+        data = {"params": params, "metrics": {"samples_per_s": 100.0}, "speedup": 1.0, "trials": 2,
+                "baseline": {"params": params, "metrics": {"samples_per_s": 100.0}}, "stopped": "minutes",
+                "noise": {"ss": sigma ** 2 * 7, "dof": 7} if sigma else None}
+        live = Live(recipe, quiet=True)
+        live.summary(SearchResult.from_json(data, recipe.out))
+        log = (recipe.out / "search.log").read_text()
+        assert ("warning: this run's noise was 69% a run, above the 22%" in log) == warned, log
+        (recipe.out / "search.log").unlink()

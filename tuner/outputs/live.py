@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tuner.analysis.diagnose import headline
 from tuner.outputs.console import levers
 from tuner.trial.trial_result import State
+from tuner.tuning import promises
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
@@ -104,6 +105,8 @@ class Live(SearchEvents):
             lines.append(f"best {best['metrics']['samples_per_s']:.1f} samples/s (the baseline did not run)")
         else:
             lines.append("no configuration ran successfully inside the budget")
+        if warning := promises.too_noisy(result.noise):
+            lines.append(warning)
         if result.pruned:
             lines.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s "
                          "of measuring")

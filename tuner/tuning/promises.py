@@ -68,3 +68,18 @@ def at_noise(noise: Mapping[str, float] | None, trials: int | None = None) -> st
             f"{'more than ' if above else ''}{row:.0%} after a search of {length} or more trials the table drops "
             f"a real {DECISIVE:.0%} gain up to {gain:.0%} of the time and keeps a real {DECISIVE:.0%} loss up to "
             f"{loss:.0%}" + (" (noisier than any row: read these as lower bounds)" if above else "") + ".")
+
+
+def too_noisy(noise: Mapping[str, float] | None) -> str | None:
+    """The console's warning where a run's noise is above the table's noisiest row (``None``
+    below it, or where no noise was measured): its keeps and drops are then near coin flips.
+    A timm run beside a busy machine measured 69.4% a run; report.md said so, the console
+    did not, and its answer (0.69x before the finish's baseline rule) read like any other."""
+    if not noise or not noise.get("dof"):
+        return None
+    sigma = math.sqrt(float(noise["ss"]) / float(noise["dof"]))
+    if sigma <= sigmas()[-1]:
+        return None
+    return (f"warning: this run's noise was {sigma:.0%} a run, above the {sigmas()[-1]:.0%} of the published "
+            "table's noisiest row: its keeps and drops are close to coin flips; measure again on a quieter machine "
+            "(report.md has the table at its noise)")
