@@ -234,8 +234,8 @@ def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool
     in words with its interval, and whether the interval shows no gain of :data:`NO_GAIN`.
 
     timm's train.py read "1 worker(s) took the wait to 0% and samples/s to -4% ... more
-    workers will not help": a pooled median against one search trial, no interval, and a
-    claim its evidence could not carry (one run of 1 worker at ~5% noise a run)."""
+    workers will not help": a pooled median against one search trial's single run, with no
+    interval to say whether that evidence could carry the claim."""
     point = more.metrics["samples_per_s"] / fewer.metrics["samples_per_s"] - 1
     s = compare(more.params, fewer.params) if compare is not None else None
     if s is None:
