@@ -12,7 +12,6 @@ when its peak grew ~0.26 GiB per worker across the trials: host memory held by w
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass, replace
@@ -240,7 +239,7 @@ def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool
     s = compare(more.params, fewer.params) if compare is not None else None
     if s is None:
         return f"{point:+.0%} (no interval: no noise measured yet)", False
-    gain, low, high = (1 / (1 - x) - 1 if x < 1 else math.inf for x in (s.estimate, s.low, s.high))
+    gain, low, high = s.gains
     return (f"{gain:+.0%} ({LEVEL:.0%} interval {low:+.0%} to {high:+.0%}, {s.counted})",
             s.within(1 - 1 / NO_GAIN))
 

@@ -142,12 +142,21 @@ class Slowdown:
         return (f"{abs(self.estimate):.1%} {word} ({LEVEL:.0%} interval {self.low:+.1%} to {self.high:+.1%}, "
                 f"{self.counted})")
 
+    @property
+    def gains(self) -> tuple[float, float, float]:
+        """The estimate and the interval read the other way, as what ``a`` gains over ``b``
+        (``rate_a / rate_b - 1``; infinite where ``b`` may not run at all)."""
+        def gain(slower: float) -> float:
+            return 1 / (1 - slower) - 1 if slower < 1 else math.inf
+
+        return gain(self.estimate), gain(self.low), gain(self.high)
+
     def gain_text(self, than: str) -> str:
         """The same interval read the other way, as what ``a`` gains over ``b`` (``rate_a /
         rate_b - 1``): ``5.4% faster than without it, 99% interval 4.1% to 6.7%``. It printed
         the slowdown's own figures with "faster": "28.8% faster than without it, 99% interval
         -209.7% to 83.6%" for a configuration 1.40x (0.32x to 6.1x) the one without it."""
-        gain, low, high = (1 / (1 - x) - 1 if x < 1 else math.inf for x in (self.estimate, self.low, self.high))
+        gain, low, high = self.gains
         word = "faster" if gain >= 0 else "slower"
         return f"{abs(gain):.1%} {word} {than}, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}"
 

@@ -329,9 +329,9 @@ def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: 
     became the reference; nothing could be decided and the answer pasted was 0.69x the
     baseline ("amp_dtype=bf16 kept, undecided: 29.9% slower than without it"). The published
     table's searches all end far above their baseline, where this never applies."""
-    if out.answer == base or not rules.fine(base) or not pool.entry(base).rates:
+    if out.answer == base or not rules.fine(base):
         return
-    s = pool.slowdown(out.answer, base)  # how much slower the baseline is than the answer
+    s = pool.slowdown(out.answer, base)  # how much slower the baseline is than the answer (None: unmeasured)
     if s is None or s.estimate >= 0 or decision.judge(s, rules.tolerance) == decision.KEEP:
         return
     why = (f"the answer was not shown faster than the baseline beyond the {rules.tolerance:.0%} tolerance, and the "

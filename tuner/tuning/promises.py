@@ -5,9 +5,9 @@ run's own noise. Nothing here is a bound the code was tuned to: the words are th
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
+from tuner.stats.interval import relative_sd
 from tuner.tuning import characteristics_table as measured
 
 DECISIVE = 0.05
@@ -56,9 +56,9 @@ def at_noise(noise: Mapping[str, float] | None, trials: int | None = None) -> st
     """What the table says at a run's noise (``{"ss", "dof"}``: its pooled log-rate spread)
     after a search of ``trials`` trials (the table's longest search not longer than it), or
     ``None`` when the run measured no noise."""
-    if not noise or not noise.get("dof"):
+    sigma = _sigma(noise)
+    if sigma is None:
         return None
-    sigma = math.sqrt(float(noise["ss"]) / float(noise["dof"]))
     noises = sigmas()
     row = next((s for s in noises if s >= sigma), noises[-1])
     length = max([n for n in lengths() if trials is not None and n <= trials] or [lengths()[0]])
@@ -75,11 +75,14 @@ def too_noisy(noise: Mapping[str, float] | None) -> str | None:
     below it, or where no noise was measured): its keeps and drops are then near coin flips.
     A timm run beside a busy machine measured 69.4% a run; report.md said so, the console
     did not, and its answer (0.69x before the finish's baseline rule) read like any other."""
-    if not noise or not noise.get("dof"):
-        return None
-    sigma = math.sqrt(float(noise["ss"]) / float(noise["dof"]))
-    if sigma <= sigmas()[-1]:
+    sigma = _sigma(noise)
+    if sigma is None or sigma <= sigmas()[-1]:
         return None
     return (f"warning: this run's noise was {sigma:.0%} a run, above the {sigmas()[-1]:.0%} of the published "
             "table's noisiest row: its keeps and drops are close to coin flips; measure again on a quieter machine "
             "(report.md has the table at its noise)")
+
+
+def _sigma(noise: Mapping[str, float] | None) -> float | None:
+    """One run's noise from a run's ``{"ss", "dof"}`` (``None``: none measured)."""
+    return relative_sd(float(noise["ss"]), int(noise["dof"])) if noise and noise.get("dof") else None
