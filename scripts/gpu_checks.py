@@ -475,6 +475,55 @@ def compile_time(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 
 # --- group 3: the search, processes, script mode ---------------------------------------------
 
+def smi_power_w(work: Callable[[], Any], skip_s: float = 1.0) -> float | None:
+    """Mean ``nvidia-smi`` power.draw (W) over ``work()``, sampled every 0.1 s, the first
+    ``skip_s`` left out (the reading averages over the last second on recent drivers, so
+    its first samples still hold the idle device)."""
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+    index = torch.cuda.current_device()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=power.draw",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
+                samples.append((time.perf_counter(), float(out.stdout.strip().splitlines()[0])))
+            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+                return
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    start = time.perf_counter()
+    thread.start()
+    work()
+    stop.set()
+    thread.join()
+    kept = [w for t, w in samples if t - start >= skip_s]
+    return statistics.fmean(kept) if kept else None
+
+
+def energy(lab: Lab, seen: dict[str, Any]) -> list[Row]:
+    """Energy a sample: the tuner's ``energy_j_per_sample`` (NVML's total-energy counter
+    read at the window's ends, over the window's samples) against the device's own power
+    draw as ``nvidia-smi`` reports it over a plain loop of the same step, times that loop's
+    step time, over the micro-batch. A tuner counting the node once per rank, or reading
+    the counter's millijoules as joules, is off by the ranks or by 1000."""
+    m = lab.measure("energy", measure=400, pin_memory=True, num_workers=0)
+    x = m.metrics
+    plain: dict[str, float] = {}
+    watts = smi_power_w(lambda: plain.update(lab.plain(500, pin=True)))
+    truth = None if watts is None or not plain else watts * plain["step_s"] / lab.micro
+    tuner_w = None
+    if x.get("energy_j_per_sample") is not None and x.get("samples_per_s"):
+        tuner_w = x["energy_j_per_sample"] * x["samples_per_s"]
+    return [judge("energy_j_per_sample (NVML's counter over the window) vs nvidia-smi's power.draw x the "
+                  "plain step / micro-batch, J", "within_15pct", x.get("energy_j_per_sample"), truth,
+                  f"tuner {tuner_w and round(tuner_w, 1)} W at {x.get('samples_per_s', 0):.0f} samples/s; "
+                  f"nvidia-smi {watts and round(watts, 1)} W at a {plain.get('step_s', 0) * 1000:.2f} ms step"
+                  + "".join(f"; {n}" for n in m.notes if n.startswith("energy")))]
+
+
 def utilization(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     step = lab.plain(10)["step_s"]
     sleep_ms = 2.0 * step * 1000
@@ -898,6 +947,7 @@ CHECKS: list[Check] = [
     Check("data_wait", 1, 60, data_wait, needs=("step_time",)),
     Check("transfer", 1, 40, transfer),
     Check("memory", 1, 25, memory, needs=("step_time",), requires=("nvml",)),
+    Check("energy", 1, 30, energy, requires=("nvml",)),
     Check("flops", 1, 20, flops),
     Check("mfu", 1, 20, mfu),
     Check("ooms", 2, 30, ooms),

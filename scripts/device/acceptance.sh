@@ -41,7 +41,7 @@ python3 -c "import torch, sys; print('python', sys.version.split()[0], 'torch', 
 
 # group name, timeout (s), the checks (gpu_acceptance's names; what they need runs with them)
 case "$part" in
-  1) groups=("nvml 120 memory,utilization" "wait 180 step_time,data_wait,transfer" "search 150 search") ;;
+  1) groups=("nvml 150 memory,utilization,energy" "wait 180 step_time,data_wait,transfer" "search 150 search") ;;
   2) groups=("compute 90 flops,mfu" "failures 150 ooms,poisoned,resume" "engines 120 precisions,offload") ;;
   3) groups=("ranks 200 two_ranks,probe_torchrun,script_gpus,layout,prewarmed"
              "levers 300 compile,float8,attention,graphs,expandable") ;;
