@@ -31,7 +31,11 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
   and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup;
 - ``finish: N question(s) left open after R round(s)`` and ``pruning cut N trial(s) short,
   saving ~S s``: best.json's ``decision`` (its open questions, its rounds) and ``pruning``;
-- ``warning: this run's noise was N% a run``: best.json's ``noise``.
+- ``warning: this run's noise was N% a run``: best.json's ``noise``;
+- every ``X% slower|faster (99% interval L to H`` (the finish's notes, the gate's) and ``X%
+  faster than without it, 99% interval L to H``, console and report: the interval read as the
+  word reads holds the estimate; ``... of the answer's Zx rests on`` names no part larger than
+  the whole, and its part is best.json's ``undecided_gain``.
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ MEDIAN_OF = re.compile(r"^baseline .* samples/s: [\d.]+x \(median of (\d+) runs?
 NOISY = re.compile(r"^warning: this run's noise was (\d+)% a run")
 LEFT_OPEN = re.compile(r"finish: (\d+) question\(s\) left open after (\d+) round\(s\)")
 PRUNED = re.compile(r"^pruning cut (\d+) trial\(s\) short, saving ~(\d+) s of measuring")
-RESTS_ON = re.compile(r"of the answer's ([\d.]+)x rests on")
+RESTS_ON = re.compile(r"(?:([\d.]+)x|all) of the answer's ([\d.]+)x rests on")
+INTERVAL = re.compile(r"([\d.]+)% (slower|faster|smaller|larger) \(99% interval ([+-][\d.]+)% to ([+-][\d.]+)%")
+GAIN_INTERVAL = re.compile(r"([\d.]+)% (faster|slower) than [^,()]+, 99% interval ([+-][\d.]+)% to ([+-][\d.]+)%")
 MORE_WORKERS = re.compile(r"try more loader workers than (\d+)")
 
 
@@ -107,8 +113,13 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
                 found.append(f"{line!r}: best.json holds {runs} runs of the best")
         if m := RESTS_ON.search(line):
             checked.add("rests on")
-            if abs(float(m.group(1)) - best["speedup"]) > 0.006:
+            if abs(float(m.group(2)) - best["speedup"]) > 0.006:
                 found.append(f"{line!r}: best.json's speedup is {best['speedup']:.3f}")
+            if m.group(1) is not None and float(m.group(1)) > float(m.group(2)):
+                found.append(f"{line!r}: a part larger than the whole")
+            gain = (best.get("decision") or {}).get("undecided_gain")
+            if gain is not None and m.group(1) is not None and abs(float(m.group(1)) - gain) > 0.006:
+                found.append(f"{line!r}: best.json's undecided_gain is {gain:.3f}")
         if m := NOISY.match(line):
             checked.add("noise warning")
             noise = best.get("noise") or {}
@@ -139,6 +150,7 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
             found.append(f"{text!r}: undecided, and the sentence does not say so")
         if label == "dropped" and "faster than without it" in text and "dropped" not in text:
             found.append(f"{text!r}: dropped, and the sentence reads as kept")
+    found += _intervals(lines + (run / "report.md").read_text(encoding="utf-8").splitlines(), checked)
     found += _unmeasured_zeros(run, metrics)
     found += _advice_already_measured(run, lines, best)
     found += _verdicts(best, metrics, checked)
@@ -318,6 +330,26 @@ def _one_at_a_time(lines: list[str], best: dict[str, Any], checked: set[str]) ->
                 found.append(f"{line!r}: {knob} {gain}x ({share}%) against the attribution's "
                              f"{row['gain']:.3f}x ({100 * row['share']:.1f}%)")
     return found
+
+
+def _intervals(lines: list[str], checked: set[str]) -> list[str]:
+    """Every ``X% slower|faster (99% interval L to H`` and ``X% faster than ..., 99% interval L
+    to H``: the interval, read the way its word reads, holds the estimate (as printed,
+    to its rounding)."""
+    out = []
+    for line in lines:
+        for m in INTERVAL.finditer(line):
+            checked.add("interval")
+            est, low, high = float(m.group(1)), float(m.group(3)), float(m.group(4))
+            if not low - 0.051 <= est <= high + 0.051:
+                out.append(f"{m.group(0)!r}: {est}% {m.group(2)} lies outside its own interval as read")
+        for m in GAIN_INTERVAL.finditer(line):
+            checked.add("interval")
+            est = float(m.group(1)) * (1 if m.group(2) == "faster" else -1)
+            low, high = float(m.group(3)), float(m.group(4))
+            if not low - 0.051 <= est <= high + 0.051:
+                out.append(f"{m.group(0)!r}: {m.group(1)}% {m.group(2)} lies outside its own interval as read")
+    return out
 
 
 def _unmeasured_zeros(run: Path, metrics: dict[str, dict[str, Any]]) -> list[str]:

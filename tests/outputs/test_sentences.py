@@ -116,3 +116,35 @@ def test_a_count_of_open_questions_or_pruned_trials_that_is_not_the_records_is_f
                                                   "pruning": {"trials": 1, "saved_s": 3.3}}))
     found, _ = contradictions(folder)
     assert len(found) == 2, found
+
+
+def test_an_interval_that_does_not_hold_its_estimate_as_read_is_found(tmp_path):
+    """The finish printed a slowdown's signed bounds beside "faster": "8.4% faster (99%
+    interval -19.0% to +1.2%"; the same figures read as the word reads are found, and
+    :meth:`Slowdown.text` now prints them so."""
+    from tuner.stats.interval import Slowdown
+
+    faster = Slowdown(-0.084, -0.19, 0.012, (4, 4), 3, pairs=4)
+    assert faster.text() == "8.4% faster (99% interval -1.2% to +19.0%, 4 pairs)"
+    assert Slowdown(0.05, 0.01, 0.09, (3, 3), 2, pairs=3).text() == "5.0% slower (99% interval +1.0% to +9.0%, 3 pairs)"
+    good = [f"note: finish: the answer without amp_dtype: {faster.text()} against the reference",
+            "note: amp_dtype=bf16 kept, undecided: 5.5% faster than without it, 99% interval -15.5% to +31.8%, 3 pairs"]
+    found, checked = contradictions(write(tmp_path, [], [], good))
+    assert found == [] and "interval" in checked, found
+    bad = ["note: finish: the answer without amp_dtype: 8.4% faster (99% interval -19.0% to +1.2%, 4 pairs)",
+           "note: amp_dtype=bf16 kept, undecided: 5.5% slower than without it, 99% interval +1.0% to +31.8%, 3 pairs"]
+    found, _ = contradictions(write(tmp_path, [], [], bad))
+    assert len(found) == 2 and all("outside its own interval" in f for f in found), found
+
+
+def test_a_part_of_the_speedup_larger_than_the_whole_is_found(tmp_path):
+    """timm's train.py printed "1.13x of the answer's 1.07x rests on"; it now says "all of"."""
+    from tuner.tuning.recommend import rests_on
+
+    said = rests_on(1.13, 1.07, ["num_workers", "amp_dtype"])
+    assert said.startswith("all of the answer's 1.07x rests on") and "measured 1.13x" in said
+    assert rests_on(1.04, 1.09, ["amp_dtype"]).startswith("1.04x of the answer's 1.09x rests on")
+    found, _ = contradictions(write(tmp_path, [], [], [rests_on(1.13, 1.0, ["amp_dtype"])]))  # best.json: 1.00x
+    assert found == [], found
+    found, _ = contradictions(write(tmp_path, [], [], ["1.13x of the answer's 1.00x rests on change(s) the rule"]))
+    assert found and "larger than the whole" in found[0], found

@@ -122,8 +122,9 @@ def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
              f"kept undecided when the measuring ran out first.{cost}", ""]
     lines += [f"- {k['text']}" for k in decision.get("knobs", [])]
     gain = decision.get("undecided_gain")
-    if gain is not None and gain != 1.0:
-        lines += ["", f"{gain:.2f}x of the speedup rests on changes the rule has not shown to be gains (undecided)."]
+    rests = next((n for n in decision.get("notes", []) if "rests on change(s)" in n), None)
+    if gain is not None and gain != 1.0 and rests:
+        lines += ["", rests[0].upper() + rests[1:] + "."]
     if decision.get("open"):
         lines += ["", "Left open when the finish's budget ended:", ""] + [f"- {q}" for q in decision["open"]]
     return lines

@@ -137,9 +137,14 @@ class Slowdown:
             f"{self.runs[0]}+{self.runs[1]} runs"
 
     def text(self) -> str:
-        """``5.1% slower (99% interval 3.9% to 6.3%, 6 pairs)``."""
-        word = "slower" if self.estimate >= 0 else "faster"
-        return (f"{abs(self.estimate):.1%} {word} ({LEVEL:.0%} interval {self.low:+.1%} to {self.high:+.1%}, "
+        """``5.1% slower (99% interval +3.9% to +6.3%, 6 pairs)``, or where ``b`` measured faster,
+        the interval read the same way as the word: ``12.6% faster (99% interval -12.8% to
+        +45.3%, 5 pairs)``. It printed the slowdown's signed bounds beside "faster": "12.6%
+        faster (99% interval -45.3% to +12.8%)", an estimate outside its own interval as read."""
+        if self.estimate >= 0:
+            return (f"{self.estimate:.1%} slower ({LEVEL:.0%} interval {self.low:+.1%} to {self.high:+.1%}, "
+                    f"{self.counted})")
+        return (f"{-self.estimate:.1%} faster ({LEVEL:.0%} interval {-self.high:+.1%} to {-self.low:+.1%}, "
                 f"{self.counted})")
 
     @property
