@@ -128,17 +128,3 @@ def test_refuses_what_it_cannot_check(recorded, tmp_path):
     same = _altered(run_dir, tmp_path, lambda best: best["baseline"].update(params=best["params"]))
     with pytest.raises(RecipeError, match="nothing to gate.*--absolute"):
         tuner.api.check(recipe, same)
-
-
-def test_the_verdict_is_a_pure_function_of_the_rates():
-    from tuner.analysis.gate import Recorded, verdict
-
-    recorded = Recorded([400.0, 404.0, 398.0], [100.0, 101.0, 99.5])
-    same = verdict(recorded, [401.0, 399.0, 402.0, 400.0, 398.0], [100.0, 99.8, 100.4, 100.1, 99.9], 0.05)
-    assert same.passed and same.verdict == "pass" and same.slowdown["high"] < 0.05
-    slow = verdict(recorded, [330.0, 332.0, 329.0, 331.0, 330.0], [100.0, 99.8, 100.4, 100.1, 99.9], 0.05)
-    assert not slow.passed and slow.verdict == "regression" and slow.slowdown["low"] > 0.05
-    noisy = verdict(recorded, [300.0, 420.0], [100.0, 90.0], 0.05)
-    assert not noisy.passed and noisy.verdict == "undecided" and noisy.exit_code == 4
-    gone = verdict(recorded, [], [], 0.05, failure="answer: error: boom")
-    assert not gone.passed and gone.reason == "the configuration no longer runs: answer: error: boom"
