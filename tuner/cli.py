@@ -115,7 +115,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("recipe", help="the recipe YAML")
     parser.add_argument("--trials", type=int, help="trial budget (overrides budget.trials)")
-    parser.add_argument("--minutes", type=float, help="time budget (overrides budget.minutes)")
+    parser.add_argument("--minutes", type=float, help="time budget of the whole command, the search and its "
+                        "finish together (overrides budget.minutes)")
     parser.add_argument("--out", help="run folder (default: the recipe's out, runs/<name>)")
     parser.add_argument("--storage", help="Optuna storage URL (default: sqlite:///<out>/study.db)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",

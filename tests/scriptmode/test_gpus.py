@@ -86,3 +86,37 @@ def test_memory_that_stays_taken_is_waited_for_once_then_counted_as_taken(tmp_pa
     nvml.nvmlDeviceGetHandleByIndex.assert_called_with(0)
     assert gpus.FREE_SLACK_BYTES < 2**30
     claim.release()
+
+
+def test_memory_the_calling_process_holds_itself_is_never_waited_for(tmp_path):
+    """A caller that uses CUDA itself (a notebook; the GPU acceptance, whose in-process checks
+    grew its cache by 0.9 GiB after the claim, and the launcher waited its 60 s for it): NVML's
+    list of compute processes gives this process's own memory, which is taken off the GPU's
+    used memory, so only another process's leftover is waited for. NVML is an autospec of
+    the real pynvml; this process holds a CUDA context (``torch.cuda.is_initialized``)."""
+    import os
+    from unittest import mock
+
+    import pynvml
+    import torch
+
+    nvml = mock.create_autospec(pynvml, instance=False)
+    nvml.nvmlDeviceGetHandleByIndex.return_value = "handle"
+    used, mine, other = [10 * 2**30], [2 * 2**30], [0]
+    nvml.nvmlDeviceGetMemoryInfo.side_effect = lambda handle: mock.Mock(used=used[0])
+    nvml.nvmlDeviceGetComputeRunningProcesses.side_effect = lambda handle: [
+        mock.Mock(pid=os.getpid(), usedGpuMemory=mine[0]), mock.Mock(pid=1, usedGpuMemory=other[0])]
+    with mock.patch.dict("sys.modules", {"pynvml": nvml}), \
+            mock.patch.object(torch.cuda, "is_initialized", autospec=True, return_value=True):
+        claim = Claim(["0"], 1, tmp_path)
+        assert claim.baseline == {"0": 8 * 2**30}  # the GPU's 10 GiB less this process's 2
+        used[0], mine[0] = 11 * 2**30, 3 * 2**30  # this process grew by 1 GiB
+        start = time.monotonic()
+        assert claim.wait_free(wait_s=5.0) is None and time.monotonic() - start < 1.0
+        used[0], other[0] = 12 * 2**30, 2**30  # another process's GiB: waited for
+        said = claim.wait_free(wait_s=0.3)
+        assert said is not None and "GPU 0 1.0 GiB above" in said
+    nvml.nvmlDeviceGetComputeRunningProcesses.assert_called_with("handle")
+    claim.release()
+    with mock.patch.dict("sys.modules", {"pynvml": nvml}):  # no CUDA context here: nothing taken off
+        assert Claim(["0"], 1, tmp_path).baseline == {"0": 12 * 2**30}

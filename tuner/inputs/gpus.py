@@ -56,8 +56,10 @@ def _handle(entry: str) -> Any:
         return None
 
 
-def used_bytes(entries: list[str]) -> dict[str, int]:
-    """NVML's used memory of each GPU it can read."""
+def used_bytes(entries: list[str], less: frozenset[int] = frozenset()) -> dict[str, int]:
+    """NVML's used memory of each GPU it can read, less what NVML's list of compute processes
+    gives the processes ``less`` (by PID; one NVML does not list by these PIDs, as from
+    inside a container's PID namespace, is not taken off)."""
     nvml = _nvml()
     out: dict[str, int] = {}
     for entry in entries:
@@ -66,4 +68,8 @@ def used_bytes(entries: list[str]) -> dict[str, int]:
             continue
         with contextlib.suppress(Exception):
             out[entry] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+        if less and entry in out:
+            with contextlib.suppress(Exception):
+                out[entry] -= sum(int(p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                                  if p.pid in less and isinstance(p.usedGpuMemory, int))
     return out

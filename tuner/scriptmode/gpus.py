@@ -67,8 +67,9 @@ class Claim:
                 f"nproc_per_node: {n} GPUs needed, but {held} of this node's {len(devices)} visible GPUs are held "
                 f"by other tuner workers ({self.folder}); give each worker on a node nproc_per_node <= "
                 f"{len(devices) // 2 or 1}, or fewer workers")
-        self.baseline = used_bytes(self.devices)
-        """Each GPU's used memory before the first trial: what free looks like."""
+        self.baseline = used_bytes(self.devices, _own_pids())
+        """Each GPU's used memory before the first trial, less this process's own: what free
+        looks like."""
 
     def release(self) -> None:
         for f in self._files:
@@ -84,12 +85,13 @@ class Claim:
         """Block until every claimed GPU's used memory is back to its baseline (a killed
         trial's memory given back); ``None`` when it is, else the one line saying where it
         is not, after ``wait_s``. What they hold then becomes the baseline: memory another
-        job (or this process) keeps would otherwise cost every later trial the same wait (a
-        lent H200's acceptance lost two minutes of its five so, to 0.9 GiB its own process
-        held)."""
+        job keeps would otherwise cost every later trial the same wait. This process's own
+        memory is not counted at all: a caller that uses CUDA itself (a notebook, the GPU
+        acceptance, whose in-process checks grew its cache by 0.9 GiB after the claim) is no
+        trial's leftover, and the launcher had waited its 60 s for it."""
         deadline = time.monotonic() + wait_s
         while True:
-            now = used_bytes(list(self.baseline))
+            now = used_bytes(list(self.baseline), _own_pids())
             held = {e: u - self.baseline[e] for e, u in now.items() if u - self.baseline[e] > FREE_SLACK_BYTES}
             if not held:
                 return None
@@ -101,6 +103,19 @@ class Claim:
                         "another job is using them; this trial's memory and speed may be off (later trials "
                         "count this memory as taken and do not wait for it)")
             time.sleep(0.5)
+
+
+def _own_pids() -> frozenset[int]:
+    """This process's PIDs (in each PID namespace /proc shows) where it holds a CUDA context,
+    else none: a search that never touched CUDA has nothing of its own on the GPUs."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return frozenset()
+    from tuner.harness.system.nvml import namespace_pids
+
+    return frozenset(namespace_pids(os.getpid()))
 
 
 _CLAIM: Claim | None = None
