@@ -25,7 +25,7 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
 - the advice is advice this job can take: no larger micro-batch where the micro-batch is the
   rank's whole share (one accumulation step), no channels_last for a model the trial saw
   without convolutions, no attention kernel for one that called no SDPA, no CUDA-only setting
-  on a CPU run;
+  on a CPU run, no ``persistent_workers`` to a configuration that runs them;
 - ``gain by knob, one at a time``: each knob's figure is the attribution's;
 - the stop line ``stopped: WHY after N measured trial(s)``, the summary's ``median of N runs``
   and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup;
@@ -305,6 +305,11 @@ def _advice_this_job_can_take(best: dict[str, Any], checked: set[str]) -> list[s
                 found.append(f"{which}: {advice!r} advises channels_last to a model without convolutions")
             if model.get("attention") is False and "attention_backend" in advice:
                 found.append(f"{which}: {advice!r} advises an attention kernel to a model that calls no SDPA")
+            if params.get("persistent_workers") is True and re.search(r"persistent_workers(?!: false)", advice):
+                found.append(f"{which}: {advice!r} advises persistent_workers, which it already runs")
+            pf = re.search(r"a larger prefetch_factor than (\d+)", advice)
+            if pf and params.get("prefetch_factor") is not None and int(pf.group(1)) != params["prefetch_factor"]:
+                found.append(f"{which}: {advice!r}: its prefetch_factor is {params['prefetch_factor']}")
             if not cuda and re.search(r"attention_backend: (efficient|cudnn)|cudnn_benchmark: true|"
                                       r"pin_memory=true|float8", advice):  # a CPU runs math and flash
                 found.append(f"{which}: {advice!r} advises a CUDA-only setting on a CPU run")

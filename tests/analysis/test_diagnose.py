@@ -89,6 +89,18 @@ def test_a_pipeline_bubble_says_its_theory_and_the_levers_that_shrink_it():
     assert "interleaved_1f1b" not in interleaved.next_step  # already followed
 
 
+def test_a_data_bound_next_step_advises_only_what_the_configuration_does_not_run():
+    """quickstart's best, 8 persistent workers prefetching 4, was told "try more loader
+    workers than 8, a larger prefetch_factor, persistent_workers"."""
+    waiting = {**BASE, "data_wait_share": 0.5, "stall_free_samples_per_s": 3000.0}
+    best = diagnose(waiting, {"num_workers": 8, "prefetch_factor": 4, "persistent_workers": True})[0]
+    assert best.kind == "data-bound" and best.next_step.startswith(
+        "try more loader workers than 8, a larger prefetch_factor than 4; if the workers"), best.next_step
+    baseline = diagnose(waiting, {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": False})[0]
+    assert baseline.next_step.startswith(
+        "try more loader workers than 0, a larger prefetch_factor, persistent_workers;"), baseline.next_step
+
+
 def test_gpu_host_bound_needs_an_idle_gpu():
     busy_host = {**BASE, "cpu_util": 1.0}
     assert kinds(diagnose({**busy_host, "gpu_util": 0.3}, device="cuda"))[0] == "host-bound"

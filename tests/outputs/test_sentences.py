@@ -81,6 +81,11 @@ def test_advice_this_job_cannot_take_is_found(tmp_path):
     found, _ = contradictions(write(tmp_path, [advice], [], params={"grad_accum_steps": 1},
                                     ran={"model": {"convolutions": False, "attention": True}}))
     assert len(found) == 3, found
+    taken = verdict("data-bound", "the loop waits for data 37% of the step",
+                    "try more loader workers than 8, a larger prefetch_factor than 2, persistent_workers; cache")
+    found, _ = contradictions(write(tmp_path, [], [taken], params={"num_workers": 8, "prefetch_factor": 4,
+                                                                   "persistent_workers": True}))
+    assert len(found) == 2 and "already runs" in found[0] and "its prefetch_factor is 4" in found[1], found
 
 
 def test_a_one_at_a_time_figure_that_is_not_the_attributions_is_found(tmp_path):

@@ -274,3 +274,29 @@ def test_an_answer_measured_slower_than_the_baseline_and_not_shown_faster_gives_
             assert [d["step"] for d in done.dropped] == ["amp_dtype"], done.dropped
             gave_way += 1
     assert gave_way and kept, (gave_way, kept)  # both sides of the rule were exercised
+
+
+class Notes:
+    """What the finish says, as the search's events take it."""
+
+    def __init__(self) -> None:
+        self.said: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.said.append(text)
+
+
+def test_the_finish_counts_no_baseline_as_a_finalist():
+    """imagenet/main.py under a 2-minute budget measured the baseline alone, and the finish
+    said "finishing: 1 finalist(s) and the baseline" about the baseline twice over; with
+    the baseline among three finalists it said three."""
+    world, pool, c = setup({("num_workers", 4): 2.0}, {"w4": W4, "w4bf16": W4BF16},
+                           [("base", 100.0), ("w4", 200.0), ("w4bf16", 199.0)])
+    notes = Notes()
+    finish_mod.finish([c["base"]], c["base"], world.run, pool, rules(), finish_mod.Budget(5.0, clock=world.time),
+                      events=notes)  # type: ignore[arg-type]
+    assert notes.said[0] == "finishing: the search's only finalist is the baseline itself: nothing to decide"
+    notes = Notes()
+    finish_mod.finish([c["w4"], c["w4bf16"], c["base"]], c["base"], world.run, pool, rules(),
+                      finish_mod.Budget(5.0, clock=world.time), events=notes)  # type: ignore[arg-type]
+    assert notes.said[0].startswith("finishing: 2 finalist(s) and the baseline, interleaved"), notes.said

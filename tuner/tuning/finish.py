@@ -184,9 +184,12 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
     reference = reference_of(ranked, base, rules.proven)
     out = Finished(answer=dict(reference), reference=dict(reference), budget_s=budget.seconds)
     start = budget.clock()
-    if events:
+    others = [p for p in ranked if p != base]  # the baseline is measured anyway, never "a finalist and the baseline"
+    if events and not others:
+        events.note("finishing: the search's only finalist is the baseline itself: nothing to decide")
+    elif events:
         limit = f"{budget.seconds:.0f} s" if budget.seconds is not None else "no time limit"
-        events.note(f"finishing: {len(ranked)} finalist(s) and the baseline, interleaved, against the one with the "
+        events.note(f"finishing: {len(others)} finalist(s) and the baseline, interleaved, against the one with the "
                     f"most changes, until each question is settled at a {rules.tolerance:.0%} tolerance ({limit}, "
                     f"at most {budget.rounds} round(s) a question)")
     while True:

@@ -64,7 +64,8 @@ def at_noise(noise: Mapping[str, float] | None, trials: int | None = None) -> st
     length = max([n for n in lengths() if trials is not None and n <= trials] or [lengths()[0]])
     gain, loss = rates(row, length)
     above = sigma > noises[-1]
-    return (f"This run's noise: {sigma:.1%} a run ({int(noise['dof'])} degrees of freedom); at "
+    dof = int(noise["dof"])
+    return (f"This run's noise: {sigma:.1%} a run ({dof} degree{'s' if dof != 1 else ''} of freedom); at "
             f"{'more than ' if above else ''}{row:.0%} after a search of {length} or more trials the table drops "
             f"a real {DECISIVE:.0%} gain up to {gain:.0%} of the time and keeps a real {DECISIVE:.0%} loss up to "
             f"{loss:.0%}" + (" (noisier than any row: read these as lower bounds)" if above else "") + ".")
