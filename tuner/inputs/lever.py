@@ -125,7 +125,7 @@ class Lever:
     states: str = ""
     """``module:function`` in the config layer, ``(knobs, data-parallel ranks, host is the
     device)`` -> the share of the parameters, gradients and optimizer states a rank keeps on
-    its device (:mod:`tuner.inputs.states`): the memory model multiplies every lever's."""
+    its device (:mod:`tuner.inputs.model_states`): the memory model multiplies every lever's."""
     engine: str | None = None
     """The engine label a value away from the default gives a configuration (``deepspeed``, or
     a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.inputs.gpu_levers import GPU_LEVERS
 from tuner.inputs.lever import ADAPTERS, Lever
+from tuner.inputs.levers_gpu import GPU_LEVERS
 from tuner.inputs.machine import Machine
 
 DEEPSPEED_BUCKET = 500_000_000
@@ -41,7 +41,7 @@ def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
 
 
 LAYOUT = f"{ENGINES}.parallelize:parallelize"
-STATES = "tuner.inputs.states"
+STATES = "tuner.inputs.model_states"
 
 
 def _fsdp_conflict(k: Mapping[str, Any]) -> str | None:
@@ -212,7 +212,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                "the precision guard",
           label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compiling",
           exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
-                   "torchtitan.toml": "compile"}, export_with="tuner.inputs.gpu_levers:compile_exports"),
+                   "torchtitan.toml": "compile"}, export_with="tuner.inputs.levers_gpu:compile_exports"),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
           group="communication", needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
           and _data_parallel_only(k, w),

@@ -7,7 +7,7 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
 
 - ``states`` is analytic, from the parameter count: fp32 parameters and gradients (4 + 4
   bytes each) and AdamW's two moments (8), times the share each sharding or offload lever
-  keeps on the device (its ``Lever.states`` term, :mod:`tuner.inputs.states`: ZeRO's
+  keeps on the device (its ``Lever.states`` term, :mod:`tuner.inputs.model_states`: ZeRO's
   stages and DeepSpeed's half-precision engine, FSDP2 with or without resharding, offload).
 - ``overhead`` starts as what the process held before its first trial (the runtime) and
   becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
@@ -67,7 +67,7 @@ class Prediction:
 
 def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
     """Parameters, gradients and optimizer states on one rank's device, in bytes: fp32's
-    4 + 4 + 8 per parameter, times each ``states`` lever's shares (:mod:`tuner.inputs.states`)."""
+    4 + 4 + 8 per parameter, times each ``states`` lever's shares (:mod:`tuner.inputs.model_states`)."""
     params, grads, optim = 4.0 * parameters, 4.0 * parameters, 8.0 * parameters
     for share in STATE_TERMS:
         p, g, o = share(knobs, world_size, host_is_device)

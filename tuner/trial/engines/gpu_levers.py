@@ -1,5 +1,5 @@
 """What the levers of a 2026 GPU do to a trial (their declarations:
-:mod:`tuner.inputs.gpu_levers`).
+:mod:`tuner.inputs.levers_gpu`).
 
 - ``compile_mode``: the mode every compiled block gets (:func:`compile_kwargs`).
 - ``attention_backend``: ``scaled_dot_product_attention``'s kernel for each forward
@@ -27,7 +27,7 @@ import torch
 
 from tuner.inputs import layout
 from tuner.inputs.errors import TrialError
-from tuner.inputs.gpu_levers import BACKENDS
+from tuner.inputs.levers_gpu import BACKENDS
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config

@@ -22,7 +22,7 @@ Config = Any
 """A :class:`tuner.inputs.space.Config` (built from this registry, so not imported here)."""
 
 APPLY = "tuner.trial.engines.gpu_levers"
-HERE = "tuner.inputs.gpu_levers"
+HERE = "tuner.inputs.levers_gpu"
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "cudnn": "CUDNN_ATTENTION"}
 """``attention_backend`` values and ``torch.nn.attention.SDPBackend``'s names for them."""
