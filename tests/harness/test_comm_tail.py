@@ -49,7 +49,7 @@ def test_the_tuners_own_loops_do_not_profile_a_tail():
     multi-GPU trial, twice."""
     import inspect
 
-    from tuner.trial import after_window, loop
+    from tuner.trial import ceiling_comm_flops, loop
 
-    for module in (loop, after_window):
+    for module in (loop, ceiling_comm_flops):
         assert "comm_profile=False" in inspect.getsource(module), module.__name__

@@ -135,7 +135,7 @@ def test_its_task_trains_under_the_tuner_and_its_analytic_flops_are_the_counted_
         truth = gpu_task.analytic_flops_per_sample(width or gpu_task.WIDTH, model)
         assert counted == pytest.approx(truth, rel=1e-6), model
     from tuner.harness.system.flops import count_flops
-    from tuner.trial.after_window import _meta_count
+    from tuner.trial.ceiling_comm_flops import _meta_count
 
     args = {"model": "transformer"}
     data = gpu_task.build_dataset(args)

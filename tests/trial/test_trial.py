@@ -201,7 +201,7 @@ def test_data_wait_share_matches_the_recorded_truth_when_workers_keep_ahead(toy)
     every measured batch read well before its step asked for it, so what is left of the
     wait is handing the batch over from the worker (about 1.7 ms per batch seen here);
     measured within 0.05 of the recorded truth, and small."""
-    from tuner.trial.after_window import STALL_FREE_STEPS
+    from tuner.trial.ceiling_comm_flops import STALL_FREE_STEPS
 
     recipe = toy(task_args={"read_ms": 1.0, "step_ms": 30.0, "record": True}, steps={"warmup": 2, "measure": 12})
     m = tuner.measure(recipe, num_workers=4, prefetch_factor=2)

@@ -3,7 +3,7 @@ the measured window.
 
 Under NCCL the host only enqueues a collective; it runs on the device, overlapped with compute
 or not, and a host timer reads nothing of it. So the tuner's own trial
-(:func:`tuner.trial.after_window.profiled_comm_share`) and a script's ``tuner.Probe`` (its
+(:func:`tuner.trial.ceiling_comm_flops.profiled_comm_share`) and a script's ``tuner.Probe`` (its
 window's tail, :class:`CommTail`) read it the same way: one profiled step of warm-up (ranks
 start profiling at different moments, and a rank that starts early sees its first collective
 wait for the others: skew, not communication), then :data:`STEPS` steps whose events are read

@@ -1,6 +1,6 @@
 """The measured loop, and the objects one trial builds for it.
 
-Keep :meth:`Job.run` tiny and obvious: every number the tuner reports depends on it. It
+Keep :meth:`TrialLoop.run` tiny and obvious: every number the tuner reports depends on it. It
 never synchronises the device, never touches storage (the prune rule is a pure function of
 the window; what the search records happens after the trial), and agrees failures between
 ranks at the step boundaries so that no rank waits forever for another.
@@ -48,7 +48,7 @@ def compile_seconds() -> float | None:
         return None
 
 
-class Job:
+class TrialLoop:
     """The objects one trial builds (loader, engine), and the loop over them."""
 
     def __init__(

@@ -24,12 +24,12 @@ from tuner.harness.metrics import Window, energy_note, summarize
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
 from tuner.inputs import levers_gpu
-from tuner.trial import after_window as after
+from tuner.trial import ceiling_comm_flops as after
 from tuner.trial import watchdog
 from tuner.trial.data import quiet_worker_advice
 from tuner.trial.engines import process
 from tuner.trial.failures import TrialStop, classify, poisons
-from tuner.trial.loop import Job
+from tuner.trial.loop import TrialLoop
 from tuner.trial.trial_result import Instruments, PruneRule, State, TrialResult
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     losses: list[float] = []
     notes: list[str] = []
     t0 = time.perf_counter()
-    job = Job(recipe, config, ctx, prune, instruments)
+    job = TrialLoop(recipe, config, ctx, prune, instruments)
     try:
         job.build()
         timings["build"] = time.perf_counter() - t0
@@ -152,7 +152,7 @@ def _teardown_failure(state: str, reason: str | None, exc: Exception) -> tuple[s
     return state, f"{reason}; then {classify(exc)[1]}"
 
 
-def _measure(job: Job, timings: dict[str, float]) -> Window:
+def _measure(job: TrialLoop, timings: dict[str, float]) -> Window:
     """The measured window, then the steps that come after it."""
     window = job.run()
     timings["warmup"] = job.warmup_s

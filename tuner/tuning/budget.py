@@ -15,7 +15,7 @@ from tuner.harness.metrics import Window
 from tuner.stats.prune import PruneBar, typical_window
 from tuner.stats.window_length import AUTO
 from tuner.study import records as study_mod
-from tuner.trial.after_window import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
+from tuner.trial.ceiling_comm_flops import CEILING_FROM_WINDOW_BELOW, STALL_FREE_STEPS
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def pruning_saved_s(window: "Steps", global_batch_size: int, pool: "Pool", steps
     """The seconds a trial pruned after ``steps`` measured steps (at ``rate`` samples/s) did
     not spend, given the recipe's ``steps`` (``window``): the rest of a typical window and
     the stall-free steps after it (where the typical window waited for data enough to
-    measure them, :mod:`tuner.trial.after_window`)."""
+    measure them, :mod:`tuner.trial.ceiling_comm_flops`)."""
     runs = [r.metrics for e in pool.entries.values() for r in e.runs if r.ok and r.metrics]
     windows = [m["measured_steps"] for m in runs if m.get("measured_steps")]
     waits = [m["data_wait_share"] for m in runs if m.get("data_wait_share") is not None]

@@ -17,7 +17,7 @@ from tuner.trial.failures import TrialStop
 if TYPE_CHECKING:
     from tuner.harness.metrics import Window
     from tuner.inputs.task import Task
-    from tuner.trial.loop import Job
+    from tuner.trial.loop import TrialLoop
 
 STALL_FREE_STEPS = 10
 """Steps measured for the stall-free ceiling (fewer when the window itself is shorter)."""
@@ -38,7 +38,7 @@ REPLAYED, WINDOW_MINUS_WAITS = "replayed", "window minus waits"
 """The values of the ``stall_free_method`` metric."""
 
 
-def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
+def stall_free(job: "TrialLoop", window: "Window") -> tuple[list[float], str]:
     """``(step times, how they were had)``: the step on the last batch, already on the
     device, over and over (``replayed``): the ceiling a perfect data pipeline would reach.
     One warm-up step, then up to 10 measured; or, when no rank waited for data
@@ -60,7 +60,7 @@ def stall_free(job: "Job", window: "Window") -> tuple[list[float], str]:
     return probe.finish().step_times, REPLAYED
 
 
-def profiled_comm_share(job: "Job") -> float | None:
+def profiled_comm_share(job: "TrialLoop") -> float | None:
     """GPU: exposed communication kernel time over a few profiled steps after the window,
     read as a script's probe reads its window's tail (:mod:`tuner.harness.comm_tail`: one
     step of warm-up, then :data:`~tuner.harness.comm_tail.STEPS`; events read in memory).
@@ -80,7 +80,7 @@ def profiled_comm_share(job: "Job") -> float | None:
     return tail.share
 
 
-def count_task_flops(job: "Job") -> None:
+def count_task_flops(job: "TrialLoop") -> None:
     """FLOPs per sample, once per task and arguments in this process, unless the task says
     them: what the model itself costs, so that MFU means the same in every trial.
 
