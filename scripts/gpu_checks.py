@@ -188,28 +188,37 @@ def with_nvml_peak(work: Callable[[], Any], peaks: list[int]) -> Any:
         thread.join()
 
 
-def smi_utilization(work: Callable[[], Any]) -> float | None:
-    """Mean ``nvidia-smi`` utilization.gpu over ``work()``, sampled every 0.1 s."""
-    samples: list[float] = []
+def smi_samples(query: str, work: Callable[[], Any]) -> list[tuple[float, float]]:
+    """``(perf_counter, value)`` of ``nvidia-smi --query-gpu=QUERY`` on the current GPU, sampled
+    every 0.1 s while ``work()`` runs (none where nvidia-smi does not answer)."""
+    samples: list[tuple[float, float]] = []
     stop = threading.Event()
     index = torch.cuda.current_device()
 
     def sample() -> None:
         while not stop.is_set():
             try:
-                out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=utilization.gpu",
+                out = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={query}",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
-                samples.append(float(out.stdout.strip().splitlines()[0]) / 100.0)
+                samples.append((time.perf_counter(), float(out.stdout.strip().splitlines()[0])))
             except (OSError, ValueError, IndexError, subprocess.SubprocessError):
                 return
             stop.wait(0.1)
 
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
-    work()
-    stop.set()
-    thread.join()
-    return statistics.fmean(samples) if samples else None
+    try:
+        work()
+    finally:
+        stop.set()
+        thread.join()
+    return samples
+
+
+def smi_utilization(work: Callable[[], Any]) -> float | None:
+    """Mean ``nvidia-smi`` utilization.gpu over ``work()``."""
+    samples = smi_samples("utilization.gpu", work)
+    return statistics.fmean(v / 100.0 for _, v in samples) if samples else None
 
 
 def command(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -476,30 +485,11 @@ def compile_time(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 # --- group 3: the search, processes, script mode ---------------------------------------------
 
 def smi_power_w(work: Callable[[], Any], skip_s: float = 1.0) -> float | None:
-    """Mean ``nvidia-smi`` power.draw (W) over ``work()``, sampled every 0.1 s, the first
-    ``skip_s`` left out (the reading averages over the last second on recent drivers, so
-    its first samples still hold the idle device)."""
-    samples: list[tuple[float, float]] = []
-    stop = threading.Event()
-    index = torch.cuda.current_device()
-
-    def sample() -> None:
-        while not stop.is_set():
-            try:
-                out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=power.draw",
-                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=5)
-                samples.append((time.perf_counter(), float(out.stdout.strip().splitlines()[0])))
-            except (OSError, ValueError, IndexError, subprocess.SubprocessError):
-                return
-            stop.wait(0.1)
-
-    thread = threading.Thread(target=sample, daemon=True)
+    """Mean ``nvidia-smi`` power.draw (W) over ``work()``, the first ``skip_s`` left out (the
+    reading averages over the last second on recent drivers, so its first samples still hold
+    the idle device)."""
     start = time.perf_counter()
-    thread.start()
-    work()
-    stop.set()
-    thread.join()
-    kept = [w for t, w in samples if t - start >= skip_s]
+    kept = [w for t, w in smi_samples("power.draw", work) if t - start >= skip_s]
     return statistics.fmean(kept) if kept else None
 
 

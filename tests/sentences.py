@@ -343,17 +343,13 @@ def _intervals(lines: list[str], checked: set[str]) -> list[str]:
     to its rounding)."""
     out = []
     for line in lines:
-        for m in INTERVAL.finditer(line):
-            checked.add("interval")
-            est, low, high = float(m.group(1)), float(m.group(3)), float(m.group(4))
-            if not low - 0.051 <= est <= high + 0.051:
-                out.append(f"{m.group(0)!r}: {est}% {m.group(2)} lies outside its own interval as read")
-        for m in GAIN_INTERVAL.finditer(line):
-            checked.add("interval")
-            est = float(m.group(1)) * (1 if m.group(2) == "faster" else -1)
-            low, high = float(m.group(3)), float(m.group(4))
-            if not low - 0.051 <= est <= high + 0.051:
-                out.append(f"{m.group(0)!r}: {m.group(1)}% {m.group(2)} lies outside its own interval as read")
+        for pattern in (INTERVAL, GAIN_INTERVAL):
+            for m in pattern.finditer(line):
+                checked.add("interval")
+                sign = -1 if pattern is GAIN_INTERVAL and m.group(2) == "slower" else 1  # a gain's interval
+                est, low, high = sign * float(m.group(1)), float(m.group(3)), float(m.group(4))
+                if not low - 0.051 <= est <= high + 0.051:
+                    out.append(f"{m.group(0)!r}: {m.group(1)}% {m.group(2)} lies outside its own interval as read")
     return out
 
 

@@ -121,9 +121,8 @@ def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
              "dropped only when the interval shows that dropping it costs less, kept when it shows more, and "
              f"kept undecided when the measuring ran out first.{cost}", ""]
     lines += [f"- {k['text']}" for k in decision.get("knobs", [])]
-    gain = decision.get("undecided_gain")
     rests = next((n for n in decision.get("notes", []) if "rests on change(s)" in n), None)
-    if gain is not None and gain != 1.0 and rests:
+    if rests:  # said only where undecided changes carry a gain
         lines += ["", rests[0].upper() + rests[1:] + "."]
     if decision.get("open"):
         lines += ["", "Left open when the finish's budget ended:", ""] + [f"- {q}" for q in decision["open"]]

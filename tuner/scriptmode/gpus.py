@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -108,8 +109,6 @@ class Claim:
 def _own_pids() -> frozenset[int]:
     """This process's PIDs (in each PID namespace /proc shows) where it holds a CUDA context,
     else none: a search that never touched CUDA has nothing of its own on the GPUs."""
-    import sys
-
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return frozenset()

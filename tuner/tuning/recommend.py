@@ -71,9 +71,9 @@ def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
     """How much of the answer's speedup rests on undecided changes. Measured together in the
     answer they can exceed the whole speedup (a decided change costs, or they interact):
     timm's train.py printed "1.13x of the answer's 1.07x rests on", so there it says all."""
-    share = f"all of the answer's {speedup:.2f}x" if gain >= speedup else \
-        f"{gain:.2f}x of the answer's {speedup:.2f}x"
-    together = f"; in the answer they measured {gain:.2f}x" if gain >= speedup else ""
+    share, together = f"{gain:.2f}x of the answer's {speedup:.2f}x", ""
+    if gain >= speedup:
+        share, together = f"all of the answer's {speedup:.2f}x", f"; in the answer they measured {gain:.2f}x"
     return (f"{share} rests on change(s) the rule has not shown to be gains: {', '.join(steps)} "
             f"(undecided, kept{together})")
 
@@ -119,8 +119,9 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
                              f"the interval straddles the {tolerance:.0%} tolerance, and a change the search "
                              "measured leaves the answer only on evidence")
             # a gain as printed, 1.01x or more: nanoGPT's "1.00x of the answer's 1.18x rests on" said nothing
-            if 0 < s.estimate < 1 and round(1 / (1 - s.estimate), 2) > 1.0:
-                gains.append((step, 1 / (1 - s.estimate)))
+            ratio = 1 + s.gains[0]
+            if 0 < s.estimate < 1 and round(ratio, 2) > 1.0:
+                gains.append((step, ratio))
         entry["text"] += _interaction(rows.get(step), s)
         out.knobs.append(entry)
     for d in finished.dropped:
