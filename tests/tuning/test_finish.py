@@ -300,3 +300,31 @@ def test_the_finish_counts_no_baseline_as_a_finalist():
     finish_mod.finish([c["w4"], c["w4bf16"], c["base"]], c["base"], world.run, pool, rules(),
                       finish_mod.Budget(5.0, clock=world.time), events=notes)  # type: ignore[arg-type]
     assert notes.said[0].startswith("finishing: 2 finalist(s) and the baseline, interleaved"), notes.said
+
+
+def test_a_side_its_runs_ruled_out_is_not_measured_again_and_its_change_is_needed():
+    """Micro-batch 256 fits only with checkpointing: the search measured 256 without it once,
+    over the memory budget. The finish used to measure it again in every round (two of a
+    two-round finish on the activations job) and the decision read "activation_checkpointing
+    =full kept, undecided"; now that question is settled by the budget, no round measures the
+    configuration, and the decision says the change is needed and why."""
+    from tuner.tuning import recommend
+
+    named = {"big": {"micro_batch_size": 16}, "bigac": {"micro_batch_size": 16, "activation_checkpointing": "full"}}
+    factors = {("micro_batch_size", 16): 1.5, ("activation_checkpointing", "full"): 0.95}
+    world, pool, c = setup(factors, named, [("base", 100.0), ("big", 151.0), ("bigac", 142.0)], sigma=0.05)
+    over = "is over the memory budget (peak_mem_gib 1.06 GiB is over budget.memory_gib 0.9 GiB)"
+
+    def ruled_out(p):
+        return over if p == c["big"] else None
+
+    budget = finish_mod.Budget(40.0, typical_s=1.0, clock=world.time)
+    r = finish_mod.Rules(0.02, make, lambda p: p != c["big"], None, rules().proven, ruled_out)
+    done = finish_mod.finish([c["bigac"], c["base"]], c["base"], world.run, pool, r, budget)
+    assert done is not None and done.answer == c["bigac"]
+    assert key(c["big"]) not in world.calls and world.calls  # the finish ran, but never the ruled-out side
+    out = recommend.record(dict(done.answer), done, None, pool, c["base"], 0.02, make, ruled_out=ruled_out)
+    ac = next(k for k in out.knobs if k["knob"] == "activation_checkpointing")
+    assert ac["label"] == "kept" and ac["needed"] == over
+    assert ac["text"] == f"activation_checkpointing=full kept, needed: the answer without it {over}"
+    assert not any("activation_checkpointing" in n and "rests on" in n for n in out.notes)

@@ -165,7 +165,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     finished = None
     if confirm > 0:
         rules = finish.Rules(recipe.tolerance, make, decider.answerable if decider else (lambda p: True), valid,
-                             levers.proven)
+                             levers.proven, decider.ruled_out if decider else (lambda p: None))
         finished = finish.finish(plan["finalists"], plan["baseline"], measure, pool, rules, budget,
                                  distributed.broadcast, events)
     answer = finished.answer if finished is not None else plan["finalists"][0]

@@ -335,6 +335,10 @@ class Decider:
         """Whether ``params`` may be the answer (:func:`tuner.tuning.recommend.answerable`)."""
         return recommend.answerable(params, self.pool, self.recipe, self.reference, self.space)
 
+    def ruled_out(self, params: Mapping[str, Any]) -> str | None:
+        """Why measured ``params`` cannot be the answer (:func:`tuner.tuning.recommend.ruled_out`)."""
+        return recommend.ruled_out(dict(params), self.pool, self.recipe, self.reference)
+
     def environment(self) -> dict[str, Any]:
         if self._environment is None:
             self._environment = environment(self.recipe.world_size)

@@ -85,6 +85,9 @@ class Rules:
     proven: Callable[[str], bool] = lambda step: False
     """Whether an attribution step's levers stay only on evidence of a gain (what they buy is
     memory: sharding, offload, checkpointing), where the others stay while undecided."""
+    ruled_out: Callable[[Mapping[str, Any]], str | None] = lambda p: None
+    """Why its runs rule a configuration out of the answer (over the memory budget, failed, off
+    the loss curve; ``None``: not so). A question with such a side is settled."""
 
 
 @dataclass
@@ -220,7 +223,7 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
 def _settled(q: Question, pool: Pool, rules: Rules, budget: Budget, base: dict[str, Any]) -> bool:
     """Nothing more to measure for ``q``: a failure, the rule settled it, or its rounds spent."""
     a, b = pool.entry(q.richer), pool.entry(q.simpler)
-    if a.failures or b.failures:
+    if a.failures or b.failures or rules.ruled_out(q.richer) or rules.ruled_out(q.simpler):
         return True
     s = pool.slowdown(q.richer, q.simpler)
     if s is not None and s.pairs >= budget.rounds:

@@ -80,9 +80,11 @@ def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
 
 def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attribution | None", pool: "Pool",
            baseline: dict[str, Any], tolerance: float, make: Callable[[dict[str, Any]], dict[str, Any]],
-           valid: "attribution_mod.Valid | None" = None, speedup: float | None = None) -> Decision:
+           valid: "attribution_mod.Valid | None" = None, speedup: float | None = None,
+           ruled_out: Callable[[dict[str, Any]], str | None] = lambda p: None) -> Decision:
     """The answer and why: each change's verdict, the drops, the open questions, one line for
-    the speedup's undecided part."""
+    the speedup's undecided part. A change without which the answer is ruled out by its own
+    runs (``ruled_out``: over the memory budget, failed) is ``kept`` as needed, whatever its speed."""
     if finished is None:
         out = Decision(dict(best), tolerance, "search")
         out.notes.append("no finish ran: the answer is the best search trial, each of its changes undecided")
@@ -105,11 +107,18 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
     # measured 1.10x the baseline on that one change.
     against = finished.answer if pool.entry(finished.answer).rates else reference
     for step, knobs in attribution_mod.leave_one_out(baseline, best, valid):
-        s = pool.slowdown(against, make(knobs))
+        without = make(knobs)
+        s = pool.slowdown(against, without)
         value = attribution_mod.values(best, step)
         call = decision.call(s, tolerance)
         entry = {"knob": step, "value": value, "kept": True, "label": call.label if s is not None else "undecided",
                  "slowdown": s.to_json() if s is not None else None}
+        why = ruled_out(without)
+        if why is not None:
+            entry |= {"label": "kept", "needed": why,
+                      "text": f"{step}={value} kept, needed: the answer without it {why}"}
+            out.knobs.append(entry)
+            continue
         if s is None:
             entry["text"] = f"{step}={value} kept, undecided: the answer without it has no interval"
         elif call.decided:
@@ -158,11 +167,31 @@ def answerable(params: dict[str, Any], pool: "Pool", recipe: "Recipe", reference
                space: "Space") -> bool:
     """Whether ``params`` may be the answer: in the space, every run fine, inside the budget
     and the precision guard."""
+    return (space.holds(params, recipe.world_size) and pool.metrics(params) is not None
+            and ruled_out(params, pool, recipe, reference) is None)
+
+
+def ruled_out(params: dict[str, Any], pool: "Pool", recipe: "Recipe", reference: list[float] | None) -> str | None:
+    """Why a configuration its runs have ruled out may not be the answer, as a predicate ("is
+    over the memory budget (...)"); ``None`` when it may, or when it was never measured.
+
+    The finish asks nothing more of a question whose simpler side is ruled out, and the
+    decision says the change is needed: the activations job's answer (micro-batch 256 with
+    checkpointing) spent two finish rounds measuring 256 without checkpointing, over the
+    budget in its search trial, and read the checkpointing "kept, undecided"."""
     entry, metrics = pool.entry(params), pool.metrics(params)
-    if not space.holds(params, recipe.world_size):
-        return False
-    return not (metrics is None or entry.failures or study_mod.over_budget(metrics, recipe.budget) is not None
-                or imprecise(params, entry.runs, reference, recipe.precision.tolerance))
+    if not entry.runs:
+        return None
+    if entry.failures:
+        return f"failed in {entry.failures} of its {len(entry.runs)} run(s)"
+    if metrics is None:
+        return None
+    over = study_mod.over_budget(metrics, recipe.budget)
+    if over is not None:
+        return f"is over the memory budget ({over[1]})"
+    if imprecise(params, entry.runs, reference, recipe.precision.tolerance):
+        return f"left the fp32 loss curve beyond the {recipe.precision.tolerance:g} precision tolerance"
+    return None
 
 
 def imprecise(params: dict[str, Any], runs: "list[TrialResult]", reference: list[float] | None,

@@ -52,6 +52,8 @@ class Searched(Protocol):
 
     def config_of(self, knobs: Mapping[str, Any]) -> "Config": ...
 
+    def ruled_out(self, params: Mapping[str, Any]) -> str | None: ...
+
     def environment(self) -> dict[str, Any]: ...
 
     def done(self) -> int: ...
@@ -81,7 +83,8 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
     if best_params is not None:
         make = d.config_of
         decision = recommend.record(best_params, finished, attribution, pool, d.baseline_config.params(),
-                                    d.recipe.tolerance, lambda k: make(k).params(), d.valid, speedup)
+                                    d.recipe.tolerance, lambda k: make(k).params(), d.valid, speedup,
+                                    d.ruled_out)
         for note in decision.notes:
             notes.append(note)
             d.events.note(note)
