@@ -22,7 +22,7 @@ ACTIVATIONS = str(TESTS.parent / "recipes" / "tasks" / "activations.py")
 
 def _recipe(folder, **fields):
     body = {"name": "acts", "task": ACTIVATIONS, "task_args": {"dim": 8, "hidden": 32768, "layers": 4, "dequant": 16},
-            "global_batch_size": 256, "steps": {"warmup": 1, "measure": 5}, "baseline": {"micro_batch_size": 16}}
+            "global_batch_size": 256, "steps": {"warmup": 1, "measure": 3}, "baseline": {"micro_batch_size": 16}}
     body.update(fields)
     return write_recipe(folder, body)
 
