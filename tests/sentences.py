@@ -316,17 +316,21 @@ def _advice_this_job_can_take(best: dict[str, Any], checked: set[str]) -> list[s
     return found
 
 
-GAINS = re.compile(r"(\w+) (\S+)->(\S+) ([\d.]+)x \((-?\d+)%\)")
+GAINS = re.compile(r"(\w+) (\S+)->(\S+) ([\d.]+)x \((-?\d+)% of the speedup\)")
 
 
 def _one_at_a_time(lines: list[str], best: dict[str, Any], checked: set[str]) -> list[str]:
-    """``gain by knob, one at a time: num_workers 0->8 7.77x (78%)``: the attribution's rows."""
+    """``gain by knob, one at a time: num_workers 0->8 7.77x (78% of the speedup)``: the
+    attribution's rows; a bare ``(78%)`` beside a ratio read as a change of the rate."""
     rows = {r["knob"]: r for r in (best.get("attribution") or {}).get("rows", [])}
     found = []
     for line in lines:
         if not line.startswith("gain by knob, one at a time: "):
             continue
         checked.add("one at a time")
+        if line.count("x (") != len(GAINS.findall(line)) + line.count("x (failed") + line.count("x (not measured"):
+            found.append(f"{line!r}: a gain's percentage that does not say it is a share of the speedup "
+                         "(0.64x (-50%) reads as 50% slower)")
         for knob, _, _, gain, share in GAINS.findall(line):
             row = rows.get(knob)
             if row is None or row.get("gain") is None:

@@ -90,10 +90,12 @@ def test_advice_this_job_cannot_take_is_found(tmp_path):
 
 def test_a_one_at_a_time_figure_that_is_not_the_attributions_is_found(tmp_path):
     rows = {"rows": [{"knob": "num_workers", "gain": 7.772, "share": 0.78}]}
-    line = "gain by knob, one at a time: num_workers 0->8 7.77x (78%)"
+    line = "gain by knob, one at a time: num_workers 0->8 7.77x (78% of the speedup)"
     assert contradictions(write(tmp_path, [], [], [line], attribution=rows))[0] == []
     found, _ = contradictions(write(tmp_path, [], [], [line.replace("7.77x", "6.10x")], attribution=rows))
     assert found and "6.10x" in found[0], found
+    found, _ = contradictions(write(tmp_path, [], [], [line.replace("% of the speedup", "%")], attribution=rows))
+    assert found and "share of the speedup" in found[0], found
 
 
 def test_a_stop_line_or_a_count_that_is_not_the_runs_is_found(tmp_path):

@@ -122,7 +122,9 @@ class Live(SearchEvents):
                 if verdicts:
                     lines.append(f"  next: {verdicts[0].next_step}")
         if result.attribution is not None and result.attribution.rows:
-            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({r.share:.0%})" if r.gain and r.share is not None
+            # the share is of the whole speedup, on a log scale: "0.64x (-50%)" read as 50% slower
+            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({r.share:.0%} of the speedup)"
+                     if r.gain and r.share is not None
                      else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
                      for r in result.attribution.rows]
             lines.append("gain by knob, one at a time: " + ", ".join(parts))
