@@ -328,3 +328,19 @@ def test_a_side_its_runs_ruled_out_is_not_measured_again_and_its_change_is_neede
     assert ac["label"] == "kept" and ac["needed"] == over
     assert ac["text"] == f"activation_checkpointing=full kept, needed: the answer without it {over}"
     assert not any("activation_checkpointing" in n and "rests on" in n for n in out.notes)
+
+
+def test_a_finalist_the_rule_shows_slower_than_the_best_is_not_the_reference():
+    """The activations job beside a busy machine: the search's best was the baseline itself,
+    so every finalist held "all of its changes", and micro-batch 64, measured at 0.56x of it,
+    became the reference; four finish rounds went to showing the baseline faster. A finalist
+    the interval already shows slower than the best beyond the tolerance is no reference."""
+    named = {"w4": W4}
+    world, pool, c = setup({("num_workers", 4): 0.56}, named, [("base", 100.0), ("w4", 56.0)])
+    pool.add(TrialResult(c["w4"], State.OK, None, {"samples_per_s": 57.0}), "repeat")  # noise known: 2 x 2 runs
+    slower = lambda p, top: decision.judge(pool.slowdown(top, p), 0.02) == decision.KEEP  # noqa: E731
+    assert finish_mod.reference_of([c["base"], c["w4"]], c["base"]) == c["w4"]  # before: the most changes
+    assert finish_mod.reference_of([c["base"], c["w4"]], c["base"], slower=slower) == c["base"]
+    budget = finish_mod.Budget(30.0, typical_s=1.0, clock=world.time)
+    done = finish_mod.finish([c["base"], c["w4"]], c["base"], world.run, pool, rules(), budget)
+    assert done is not None and done.reference == c["base"] and done.answer == c["base"] and not done.moves

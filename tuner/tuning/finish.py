@@ -6,12 +6,11 @@ This is the one function the search calls for its finish and the one
 docs/search.md and above every report are its output at its defaults.
 
 - **The reference** is the search's best finalist, or the finalist that holds every change of it
-  and more, the one with the most (:func:`reference_of`). A change the search measured on top of
-  its best leaves the answer only when the rule
-  shows that the answer without it costs less than the tolerance *against the reference*, so
-  drops never add up past it. Before, the confirmation re-sorted the finalists by their
-  geometric mean and "the fastest stayed": a point estimate that dropped a real +10% gain 25.5%
-  of the time at 22% noise a run (543 of the 549 drops undecided by the rule itself).
+  and more (:func:`reference_of`). A change the search measured on top of its best leaves the
+  answer only when the rule shows that the answer without it costs less than the tolerance
+  *against the reference*, so drops never add up past it. Before, the confirmation re-sorted the
+  finalists by their geometric mean and "the fastest stayed": a point estimate that dropped a
+  real +10% gain 25.5% of the time at 22% noise a run (543 of 549 drops undecided by the rule).
 - **The questions**: each other finalist against the reference (a simpler one may replace the
   answer when shown within the tolerance, any one the reference when shown faster beyond it),
   each change of the answer (the answer with that change put back, the attribution's
@@ -47,28 +46,23 @@ if TYPE_CHECKING:
 
 FINALISTS = 3
 """Configurations of the search the finish starts from: one noisy search trial must not pick
-the winner (seen on the benchmark: the true best was found, then outrun by a lucky
-measurement of a configuration 20% slower)."""
+the winner (on the benchmark the true best was outrun by a lucky run of one 20% slower)."""
 TIME_SHARE = 2.0
 """The finish measures for at most this share of the time the search's trials took
 (``--finish-minutes`` sets it instead), whatever remains of ``budget.minutes`` at most."""
 ANSWER_PAIRS = 2
 """Rounds a configuration must share with the reference before a drop makes it the answer:
 the pooled noise can decide from one (the method verifies an answer with repeated runs)."""
-
 BASELINE_PAIRS = 1
 """The reference against the baseline is read on a paired interval (two interleaved rounds at
 least) before the finish ends: the speedup a user pastes rests on repeated runs, paired. A 2x
 gain was once decided on the search's trials alone, reported on "1 run (1 search trial)"."""
 
 MAX_MOVES = 20
-"""Moves of the reference or the answer one finish may make: each needs evidence at 99%, but
-intervals of different pairs of rounds need not be transitive, and a cycle must end."""
+"""Moves of the reference or the answer one finish may make: intervals need not be transitive."""
 
-Run = Callable[[dict[str, Any]], "TrialResult"]
-"""Measures one configuration by its knobs (a trial in this process, or a script trial)."""
-Agree = Callable[[Any], Any]
-"""Rank 0's value on every rank (:func:`tuner.harness.distributed.broadcast`)."""
+Run = Callable[[dict[str, Any]], "TrialResult"]  # one configuration measured: a trial here, or a script trial
+Agree = Callable[[Any], Any]  # rank 0's value on every rank (tuner.harness.distributed.broadcast)
 
 
 @dataclass(frozen=True)
@@ -131,7 +125,9 @@ def changes(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> int:
 
 
 def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any],
-                 proven: Callable[[str], bool] = lambda step: False) -> dict[str, Any]:
+                 proven: Callable[[str], bool] = lambda step: False,
+                 slower: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] = lambda p, top: False,
+                 ) -> dict[str, Any]:
     """The search's best finalist, or the finalist with the most changes that holds every
     change of it and more (ties: the search's ranking): a change measured on top of the best
     stays until the rule shows it costs less than the tolerance to take away.
@@ -141,11 +137,14 @@ def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, 
     shown a gain, and while it stood, every other change was judged against a slower
     configuration (the DeepSpeed benchmark's reference was ZeRO 1 on top of the best,
     measured 32% slower; the finish spent 4 rounds, 25 s, showing it). It is still a
-    finalist, and becomes the reference when shown faster."""
+    finalist, and becomes the reference when shown faster. Nor is one the rule already shows
+    slower than the best (``slower``): its extra changes are a loss on evidence (the
+    activations job's reference was micro-batch 64, measured at 0.56x its best, the
+    baseline; four finish rounds went to showing it)."""
     top = finalists[0]
     mine = {k: top.get(k) for k in LEVERS if top.get(k) != baseline.get(k)}
     supersets = [p for p in finalists if all(p.get(k) == v for k, v in mine.items())
-                 and not any(proven(k) for k in LEVERS if p.get(k) != top.get(k))]
+                 and not any(proven(k) for k in LEVERS if p.get(k) != top.get(k)) and (p is top or not slower(p, top))]
     return dict(max(supersets, key=lambda p: (changes(p, baseline), -finalists.index(p))))
 
 
@@ -184,7 +183,8 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
         return None
     base = rules.make(baseline)
     ranked = [rules.make(p) for p in finalists]
-    reference = reference_of(ranked, base, rules.proven)
+    reference = reference_of(ranked, base, rules.proven, lambda p, top: decision.judge(
+        pool.slowdown(top, p), rules.tolerance) == decision.KEEP)
     out = Finished(answer=dict(reference), reference=dict(reference), budget_s=budget.seconds)
     start = budget.clock()
     others = [p for p in ranked if p != base]  # the baseline is measured anyway, never "a finalist and the baseline"
