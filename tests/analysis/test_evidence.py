@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tuner.analysis.diagnose import Verdict
-from tuner.analysis.evidence import Seen, memory_per_worker, revise
+from tuner.analysis.evidence import Seen, _already_tried, memory_per_worker, revise
 from tuner.stats.interval import slowdown
 
 from conftest import run, toy_recipe
@@ -227,3 +227,23 @@ def test_what_workers_did_is_printed_with_its_interval_and_claimed_only_when_it_
     high = int(re.search(r"interval -\d+% to \+(\d+)%", out.evidence).group(1))
     assert high >= 10 and out.next_step.startswith("more workers showed no gain of 10% or more, though")
     assert "will not" not in out.next_step
+
+
+def test_more_workers_are_not_advised_once_more_were_measured_without_a_gain():
+    """The quickstart job beside two busy processes: the answer (2 workers) still waited on
+    data, and its verdict said "try more loader workers than 2, ..." beside "(already measured
+    from here without a gain of 10% or more: num_workers 0, 1, 4)", where 4 workers had run at
+    601.6 samples/s against 755.5. With only fewer workers measured, the advice stays."""
+    from tuner.analysis.diagnose import diagnose
+
+    best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False},
+                {"samples_per_s": 755.5, "data_wait_share": 0.4, "step_time_p50_s": 0.04})
+    data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
+    assert data.next_step.startswith("try more loader workers than 2, a larger prefetch_factor than 2, ")
+    more = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 601.6, "data_wait_share": 0.4})
+    fewer = Seen({**best.params, "num_workers": 1}, {"samples_per_s": 500.0, "data_wait_share": 0.6})
+    out = _already_tried(data, best.params, best.metrics, [best, more, fewer]).next_step
+    assert out.startswith("try a larger prefetch_factor than 2, persistent_workers; if the workers"), out
+    assert out.endswith("without a gain of 10% or more: num_workers 1, 4)"), out
+    kept = _already_tried(data, best.params, best.metrics, [best, fewer]).next_step
+    assert kept.startswith("try more loader workers than 2, "), kept

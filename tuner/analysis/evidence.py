@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from tuner.analysis.diagnose import THRESHOLDS, Verdict
+from tuner.analysis.diagnose import MORE_WORKERS, THRESHOLDS, Verdict
 from tuner.inputs import levers
 from tuner.inputs.space import written
 from tuner.stats.interval import LEVEL, Slowdown
@@ -101,11 +101,13 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
     """``text`` without its suggestion of ``knob`` where the trials already moved it to what
     the suggestion names without a gain: a BERT script was advised "amp_dtype: bf16, a larger
     micro_batch_size" beside "(already measured from here without a gain: amp_dtype bf16;
-    micro_batch_size 32, 8)"."""
+    micro_batch_size 32, 8)"; and "try more loader workers than 2" beside "(... without a gain
+    of 10% or more: num_workers 0, 1, 4)" (the quickstart job beside two busy processes)."""
     lever = levers.LEVERS[knob]
-    if lever.suggest is None:
+    suggest = lever.suggest or (((), MORE_WORKERS) if knob == "num_workers" else None)
+    if suggest is None:
         return text
-    already, words = lever.suggest
+    already, words = suggest
     if already:
         span = _item(text, f"{knob}: ")
         named = re.sub(r"\([^)]*\)", "", span[len(knob) + 2:]).split(" or ") if span else []
@@ -113,10 +115,10 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
             return text
     else:  # an ordered lever's "a larger ...": a larger value was measured
         current = params.get(knob)
-        if words not in text or not any(isinstance(x, (int, float)) and isinstance(current, (int, float))
-                                        and x > current for x in tried):
+        span = _item(text, words)  # with its own figure: "more loader workers than 2"
+        if not span or not any(isinstance(x, (int, float)) and isinstance(current, (int, float))
+                               and x > current for x in tried):
             return text
-        span = words
     for cut in (", " + span, span + ", ", span):
         if cut in text:
             return text.replace(cut, "", 1)
@@ -125,14 +127,14 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
 
 def _item(text: str, head: str) -> str:
     """The item of a ", "-separated list that starts with ``head`` (commas inside
-    parentheses belong to it), or ''."""
+    parentheses belong to it; a "; " ends the list), or ''."""
     start = text.find(head)
     if start < 0:
         return ""
     depth = 0
     for i in range(start, len(text)):
         depth += {"(": 1, ")": -1}.get(text[i], 0)
-        if depth == 0 and text.startswith(", ", i):
+        if depth == 0 and (text.startswith(", ", i) or text.startswith("; ", i)):
             return text[start:i]
     return text[start:]
 
