@@ -137,7 +137,7 @@ def float8_exports(config: Config, file: str, world_size: int) -> Any:
     recipe = config.float8
     if recipe == "off":
         return None
-    gather = layout.of(config.params()).shard and recipe == "tensorwise"
+    gather = config.layout().shard and recipe == "tensorwise"
     if file == "torchtitan.toml":
         section: dict[str, Any] = {"enable_fsdp_float8_all_gather": gather,
                                    "precompute_float8_dynamic_scale_for_fsdp": gather}

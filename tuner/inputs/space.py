@@ -107,6 +107,12 @@ class _Fields:
         """The knobs, as recorded in results (derived values included)."""
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
+    def layout(self, world: int = 1) -> layout.Layout:
+        """How this configuration places one model on ``world`` ranks (its tensor, pipeline
+        and data-parallel degrees and its sharding): the one place a configuration's layout is
+        derived, where nine call sites each rebuilt it from ``params()``."""
+        return layout.of(dataclasses.asdict(self), world)  # type: ignore[call-overload]
+
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler):
         every loader lever that means something here (``prefetch_factor`` only with workers,

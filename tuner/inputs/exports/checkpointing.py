@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.inputs import layout
-
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
 
@@ -25,7 +23,7 @@ SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scal
 
 def checkpointing_exports(config: "Config", file: str, world_size: int) -> Any:
     mode = config.activation_checkpointing
-    lay = layout.of(config.params(), world_size)
+    lay = config.layout(world_size)
     if file == "accelerate_config.yaml":
         if mode == "none":
             return None

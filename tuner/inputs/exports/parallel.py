@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.inputs import layout
-
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
 
@@ -18,7 +16,7 @@ HF_OFF = {"fsdp": False, "fsdp_config": None}
 
 
 def fsdp_exports(config: "Config", file: str, world_size: int) -> Any:
-    lay = layout.of(config.params(), world_size)
+    lay = config.layout(world_size)
     if file != "hf_training_args.json" or not lay.shard:
         return None
     # the plugin's own checkpointing key, which the checkpointing lever sets: FSDP2 checkpoints
@@ -29,7 +27,7 @@ def fsdp_exports(config: "Config", file: str, world_size: int) -> Any:
 
 
 def pipeline_exports(config: "Config", file: str, world_size: int) -> Any:
-    lay = layout.of(config.params(), world_size)
+    lay = config.layout(world_size)
     if lay.pp == 1:
         return None
     if file == "accelerate_config.yaml":

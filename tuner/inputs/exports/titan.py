@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tuner.inputs import layout
 from tuner.inputs.exports.fragments import lever_fragments, merge_toml_lines
 
 if TYPE_CHECKING:
@@ -19,7 +18,7 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
     (data-parallel sharding or replication, tensor and pipeline degrees, the schedule),
     compile, optimizer kernels, and what each lever's own export adds (checkpointing's
     section, a model converter's)."""
-    lay = layout.of(config.params(), world_size)
+    lay = config.layout(world_size)
     lines = [
         "# torchtitan job config fragment: merge into your train config (.toml)",
         "[training]",

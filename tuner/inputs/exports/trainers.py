@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tuner.inputs import layout
 from tuner.inputs.exports import checkpointing, parallel
 from tuner.inputs.exports.fragments import lever_fragments, merge_dict, merge_yaml_lines
 from tuner.inputs.levers import LEVERS
@@ -24,7 +23,7 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
     full_shard vs shard_grad_op, checkpointing, offload); compile in its dynamo section.
     """
     mixed = ACCELERATE_MIXED_PRECISION[config.amp_dtype]
-    lay = layout.of(config.params(), world_size)
+    lay = config.layout(world_size)
     if config.engine == "deepspeed":
         kind = "DEEPSPEED"
     elif lay.shard or lay.tp > 1:  # Accelerate composes tensor parallelism with FSDP2 only
@@ -122,7 +121,7 @@ def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
     its resharding and offload), and the data module's batch size and loader workers
     (``data.batch_size`` / ``data.num_workers``: the usual names; rename them to your
     DataModule's)."""
-    lay = layout.of(config.params(), world_size)
+    lay = config.layout(world_size)
     if config.engine == "deepspeed":
         offload = "_offload" if config.offload_optimizer == "cpu" else ""
         strategy: Any = f"deepspeed_stage_{config.zero_stage}{offload}"
