@@ -110,16 +110,13 @@ Rule = Callable[[Facts, "list[Verdict]"], "Verdict | None"]
 """One verdict's test: the facts, and the verdicts found before it (in :data:`RULES` order)."""
 
 
-MORE_WORKERS = "more loader workers"
-"""The data-bound verdict's own words for ``num_workers`` (it has no ``suggest``: the verdict says it)."""
-
-
 def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     t = THRESHOLDS
     if f.wait <= t["data_wait_share"] or (f.gap is not None and f.gap < t["stall_free_gap"]):
         return None
     workers = f.params.get("num_workers")
-    more = f"{MORE_WORKERS} than {workers}" if workers is not None else MORE_WORKERS
+    words = levers.LEVERS["num_workers"].suggest[1]  # the registry's words, which the trials' evidence takes out
+    more = f"{words} than {workers}" if workers is not None else words
     ceiling_text = f"; a perfect pipeline would reach {f.ceiling:,.0f} samples/s ({f.gap:.1f}x)" if f.gap else ""
     worker_cpu = f.get("worker_cpu_util")
     busy = f"; its {workers} workers use {worker_cpu:.1f} cores" if worker_cpu is not None and workers else ""

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from tuner.analysis.diagnose import MORE_WORKERS, THRESHOLDS, Verdict
+from tuner.analysis.diagnose import THRESHOLDS, Verdict
 from tuner.inputs import levers
 from tuner.inputs.space import written
 from tuner.stats.interval import LEVEL, Slowdown
@@ -104,10 +104,9 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
     micro_batch_size 32, 8)"; and "try more loader workers than 2" beside "(... without a gain
     of 10% or more: num_workers 0, 1, 4)" (the quickstart job beside two busy processes)."""
     lever = levers.LEVERS[knob]
-    suggest = lever.suggest or (((), MORE_WORKERS) if knob == "num_workers" else None)
-    if suggest is None:
+    if lever.suggest is None:
         return text
-    already, words = suggest
+    already, words = lever.suggest
     if already:
         span = _item(text, f"{knob}: ")
         named = re.sub(r"\([^)]*\)", "", span[len(knob) + 2:]).split(" or ") if span else []

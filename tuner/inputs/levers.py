@@ -81,6 +81,7 @@ def _matmul_refused(m: Machine) -> list[tuple[Any, str, Any]]:
 LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
     Lever("num_workers", int, 0, "DataLoader worker processes per rank", minimum=0, group="loader",
           path=10, walk=70, ordered=True, verdicts={"data-bound": 0, "memory-bound (loader workers)": 0},
+          suggest=((), "more loader workers"),
           risk="host memory: every worker holds its own copy of what the dataset touches",
           adapters=ALL, memory="workers", stage="loader", apply="tuner.trial.data:make_loader",
           loader_kwarg="num_workers",
