@@ -22,6 +22,43 @@ import yaml
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TOY = TESTS / "tasks" / "toy.py"
+GIT_JOB = '''
+"""A job whose step is a host wait of STEP_S seconds (a stand-in for a device's work)."""
+import time
+
+import torch
+
+STEP_S = 0.020
+
+
+def build_model(args):
+    return torch.nn.Linear(8, 1)
+
+
+def build_dataset(args):
+    return torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+
+
+def compute_loss(model, batch):
+    x, y = batch
+    time.sleep(STEP_S)
+{log_line}    return torch.nn.functional.mse_loss(model(x), y)
+'''
+"""A user's job committed to git (``tuner check --rev``, ``tuner/runner/revision.py``):
+``log_line`` is a line the working tree adds to its step (a slower one, or one that fails)."""
+
+
+def commit_job(root: Path, recipe: str) -> Path:
+    """A user's repository at ``root``: :data:`GIT_JOB` and ``recipe`` (``job.yaml``) committed,
+    its runs ignored."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "job.py").write_text(GIT_JOB.format(log_line=""))
+    (root / "job.yaml").write_text(recipe)
+    (root / ".gitignore").write_text("runs/\n")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "the job"]):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=root, check=True,
+                       capture_output=True)
+    return root
 
 
 def parsed_by_lightning_cli(text: str, tmp_path: Path) -> Any:

@@ -11,30 +11,8 @@ import sys
 
 import pytest
 
-from conftest import run
+from conftest import GIT_JOB, commit_job, run
 
-TASK = '''
-"""A job whose step is a host wait of STEP_S seconds (a stand-in for a device's work)."""
-import time
-
-import torch
-
-STEP_S = 0.020
-
-
-def build_model(args):
-    return torch.nn.Linear(8, 1)
-
-
-def build_dataset(args):
-    return torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
-
-
-def compute_loss(model, batch):
-    x, y = batch
-    time.sleep(STEP_S)
-{log_line}    return torch.nn.functional.mse_loss(model(x), y)
-'''
 LOG_LINE = "    time.sleep(STEP_S * 0.10)  # a log line flushed to a slow sink: 10% of the step\n"
 RECIPE = """name: job
 task: job.py
@@ -43,20 +21,10 @@ steps: {warmup: 2, measure: 20}
 """
 
 
-def git(repo, *args):
-    subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
-
-
 @pytest.fixture
 def repo(tmp_path):
     """A user's repository: the job and its recipe committed."""
-    (tmp_path / "job.py").write_text(TASK.format(log_line=""))
-    (tmp_path / "job.yaml").write_text(RECIPE)
-    (tmp_path / ".gitignore").write_text("runs/\n")
-    git(tmp_path, "init", "-q")
-    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "add", ".")
-    git(tmp_path, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "the job")
-    return tmp_path
+    return commit_job(tmp_path, RECIPE)
 
 
 def check(repo, *args):
@@ -68,7 +36,7 @@ def test_a_step_that_gains_a_ten_percent_log_line_fails_and_unchanged_code_passe
     same = check(repo, "--rev", "HEAD")
     assert same.returncode == 0, same.stdout + same.stderr
     assert "PASS within tolerance: the working tree against HEAD" in same.stdout
-    (repo / "job.py").write_text(TASK.format(log_line=LOG_LINE))
+    (repo / "job.py").write_text(GIT_JOB.format(log_line=LOG_LINE))
     slower = check(repo, "--rev", "HEAD")
     assert slower.returncode == 1, slower.stdout + slower.stderr
     assert "FAIL regression: the working tree against HEAD" in slower.stdout and "pairs" in slower.stdout
@@ -82,7 +50,7 @@ def test_what_cannot_be_gated_is_one_line(repo, tmp_path_factory):
     assert unknown.returncode == 2 and "--rev no-such-branch: no such commit" in unknown.stderr
     assert "Traceback" not in unknown.stderr
     loose = tmp_path_factory.mktemp("loose")
-    (loose / "job.py").write_text(TASK.format(log_line=""))
+    (loose / "job.py").write_text(GIT_JOB.format(log_line=""))
     (loose / "job.yaml").write_text(RECIPE)
     outside = run([sys.executable, "-m", "tuner.check", str(loose / "job.yaml"), "--rev", "HEAD"])
     assert outside.returncode == 2 and "is not inside a git repository" in outside.stderr

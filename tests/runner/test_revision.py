@@ -11,44 +11,16 @@ import pytest
 from tuner.inputs.errors import RecipeError
 from tuner.runner.revision import Revision, measure_once
 
-TASK = '''
-import torch
+from conftest import GIT_JOB, commit_job
 
-SIDE = {side!r}
-
-
-def build_model(args):
-    return torch.nn.Linear(4, 1)
-
-
-def build_dataset(args):
-    return torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
-
-
-def compute_loss(model, batch):
-    x, y = batch
-    if SIDE == "broken":
-        raise ValueError("the working tree's task is broken")
-    return torch.nn.functional.mse_loss(model(x), y)
-'''
+BROKEN = '    raise ValueError("the working tree\'s task is broken")\n'
 RECIPE = "name: job\ntask: job.py\nglobal_batch_size: 8\nsteps: {warmup: 1, measure: 4}\n"
-
-
-def _git(repo, *args):
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
-                   capture_output=True)
 
 
 @pytest.fixture
 def repo(tmp_path):
-    root = tmp_path / "repo"
-    root.mkdir()
-    (root / "job.py").write_text(TASK.format(side="committed"))
-    (root / "job.yaml").write_text(RECIPE)
-    _git(root, "init", "-q")
-    _git(root, "add", ".")
-    _git(root, "commit", "-qm", "the job")
-    (root / "job.py").write_text(TASK.format(side="broken"))  # the working tree differs from HEAD
+    root = commit_job(tmp_path / "repo", RECIPE)
+    (root / "job.py").write_text(GIT_JOB.format(log_line=BROKEN))  # the working tree differs from HEAD
     return root
 
 
@@ -62,7 +34,7 @@ def test_the_revision_is_checked_out_beside_the_repository_and_removed_after(rep
     folder = tmp_path / "rev"
     with Revision(repo / "job.yaml", "HEAD", folder) as rev:
         assert rev.tree == folder and rev.relative.as_posix() == "job.yaml"
-        assert "SIDE = 'committed'" in (folder / "job.py").read_text()  # HEAD's file, not the working tree's
+        assert "raise ValueError" not in (folder / "job.py").read_text()  # HEAD's file, not the working tree's
         assert len(_worktrees(repo)) == 2
         rate = measure_once(folder, rev.relative, [], tmp_path / "out-rev", 1, 300)
         assert isinstance(rate, float) and rate > 0, rate
