@@ -247,3 +247,20 @@ def test_more_workers_are_not_advised_once_more_were_measured_without_a_gain():
     assert out.endswith("without a gain of 10% or more: num_workers 1, 4)"), out
     kept = _already_tried(data, best.params, best.metrics, [best, fewer]).next_step
     assert kept.startswith("try more loader workers than 2, "), kept
+
+
+def test_a_larger_prefetch_is_not_advised_once_one_was_measured_without_a_gain():
+    """The workers advice's twin: "a larger prefetch_factor than 2" beside "(already measured
+    ... prefetch_factor 4)" contradicted itself; a smaller prefetch measured keeps it."""
+    from tuner.analysis.diagnose import diagnose
+
+    best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False},
+                {"samples_per_s": 755.5, "data_wait_share": 0.4, "step_time_p50_s": 0.04})
+    data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
+    deeper = Seen({**best.params, "prefetch_factor": 4}, {"samples_per_s": 760.0, "data_wait_share": 0.4})
+    out = _already_tried(data, best.params, best.metrics, [best, deeper]).next_step
+    assert out.startswith("try more loader workers than 2, persistent_workers; if the workers"), out
+    assert out.endswith("without a gain of 10% or more: prefetch_factor 4)"), out
+    shallower = Seen({**best.params, "prefetch_factor": 1}, {"samples_per_s": 700.0, "data_wait_share": 0.5})
+    kept = _already_tried(data, best.params, best.metrics, [best, shallower]).next_step
+    assert kept.startswith("try more loader workers than 2, a larger prefetch_factor than 2, "), kept

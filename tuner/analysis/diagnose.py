@@ -115,7 +115,8 @@ def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if f.wait <= t["data_wait_share"] or (f.gap is not None and f.gap < t["stall_free_gap"]):
         return None
     workers = f.params.get("num_workers")
-    words = levers.LEVERS["num_workers"].suggest[1]  # the registry's words, which the trials' evidence takes out
+    # the registry's words, which the trials' evidence takes out once a larger value ran without a gain
+    words, deeper = (levers.LEVERS[k].suggest[1] for k in ("num_workers", "prefetch_factor"))
     more = f"{words} than {workers}" if workers is not None else words
     ceiling_text = f"; a perfect pipeline would reach {f.ceiling:,.0f} samples/s ({f.gap:.1f}x)" if f.gap else ""
     worker_cpu = f.get("worker_cpu_util")
@@ -123,7 +124,7 @@ def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     # What the configuration already runs is not advised: quickstart's best, with 8 persistent
     # workers, was told "try ..., persistent_workers".
     prefetch = f.params.get("prefetch_factor")
-    steps = [more, f"a larger prefetch_factor than {prefetch}" if workers and prefetch else "a larger prefetch_factor"]
+    steps = [more, f"{deeper} than {prefetch}" if workers and prefetch else deeper]
     if not f.params.get("persistent_workers"):
         steps.append("persistent_workers")
     return Verdict(

@@ -89,6 +89,7 @@ LEVERS: dict[str, Lever] = {lever.name: lever for lever in (
                    "lightning_trainer.yaml": "data.num_workers"}),
     Lever("prefetch_factor", int, 2, "batches each worker loads ahead", minimum=1, group="loader", needs=_workers,
           path=20, walk=80, ordered=True, verdicts={"data-bound": 1, "memory-bound (loader workers)": 1},
+          suggest=((), "a larger prefetch_factor"),
           risk="host memory: workers x prefetch_factor batches are in flight", label="prefetch={}",
           adapters=ALL, memory="workers", stage="loader", apply="tuner.trial.data:make_loader",
           loader_kwarg="prefetch_factor",
