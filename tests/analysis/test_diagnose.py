@@ -17,7 +17,10 @@ def kinds(verdicts):
 
 
 def test_a_slow_loader_is_data_bound(toy):
-    m = tuner.measure(toy(task_args={"read_ms": 1.0}), num_workers=0)
+    """64 ms of reads a step (4 ms a sample, sleeping) against a step of microseconds: at 1 ms
+    a sample, beside two CPU-bound processes, the step's arithmetic outgrew its reads and the
+    verdict was compute-bound (a true reading of that machine)."""
+    m = tuner.measure(toy(task_args={"read_ms": 4.0}), num_workers=0)
     assert kinds(m.diagnosis)[0] == "data-bound"
     assert "more loader workers than 0" in m.diagnosis[0].next_step
 
