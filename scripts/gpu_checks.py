@@ -807,7 +807,7 @@ def _plain_sdpa(lab: Lab, backend: str) -> str:
     backend alone, in a plain loop: ``runs`` or ``fails``."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tuner.inputs.levers_gpu import BACKENDS
+    from tuner.inputs.levers.kernels import BACKENDS
 
     block = gpu_task.Block(gpu_task.D_MODEL, gpu_task.HEADS).to(lab.device)
     x = torch.randn(8, gpu_task.SEQ, gpu_task.D_MODEL, device=lab.device, requires_grad=True)
@@ -824,7 +824,7 @@ def attention(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """Each SDPA backend: the tuner refuses before a trial what a plain forward under
     ``sdpa_kernel`` cannot run, and a trial of the others runs with that backend alone
     enabled where the transformer's attention runs (recorded by the task)."""
-    from tuner.inputs.levers_gpu import BACKENDS
+    from tuner.inputs.levers.kernels import BACKENDS
     from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
 
     machine = Machine.detect()

@@ -138,7 +138,7 @@ def test_a_float8_trials_mfu_is_against_the_fp8_peak():
     misspelled name fails here); the figure is the table's, not a measurement."""
     from unittest import mock
 
-    from tuner.inputs.levers_gpu import matmul_dtype
+    from tuner.inputs.levers.precision import matmul_dtype
     from tuner.inputs.space import Machine, make_config
 
     gpu = Machine(cuda=True, bf16=True, fp16=True, capability=(9, 0), packages=frozenset({"torchao"}))

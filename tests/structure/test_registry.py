@@ -13,6 +13,7 @@ import pytest
 from tuner.analysis import attribution, diagnose, evidence
 from tuner.inputs import export, levers
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
+from tuner.inputs.levers import orders
 from tuner.inputs.script import ADAPTER_ROUTES
 from tuner.inputs.space import Config, Machine, conflict, make_config
 from tuner.memory import capacity
@@ -60,15 +61,17 @@ def test_every_lever_is_declared_whole(name: str) -> None:
     if lever.kind is not int:
         assert lever.choices or lever.kind is bool, f"{name}: a string lever lists its values"
         assert lever.parse(lever.default, name) == lever.default
-    assert set(lever.verdicts) <= _verdict_kinds(), f"{name}: points from a verdict the analysis never emits"
     if lever.ordered:
         assert lever.kind is int or lever.choices, f"{name}: ordered along what?"
 
 
 def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
-    for rank in ("path", "walk"):
-        ranks = [getattr(lever, rank) for lever in LEVERS.values()]
-        assert len(set(ranks)) == len(ranks), f"two levers share a {rank} rank"
+    for order in ("FIELDS", "PATH", "WALK"):
+        names = getattr(orders, order)
+        assert sorted(names) == sorted(LEVERS), f"orders.{order} does not hold every lever once: {names}"
+    for kind, names in orders.VERDICTS.items():
+        assert len(set(names)) == len(names) and set(names) <= set(LEVERS), (kind, names)
+    assert set(orders.VERDICTS) <= _verdict_kinds(), "a verdict the analysis never emits points at levers"
     assert set(capacity.SHARDING) | set(memory.GROUP) | {"micro_batch_size"} <= set(LEVERS)
     assert set(ADAPTER_ROUTES) == set(ADAPTERS)
     fields = [f.name for f in dataclasses.fields(Config)]
@@ -186,9 +189,14 @@ def test_the_layout_and_checkpointing_levers_are_named_in_at_most_six_modules(na
 
 def _naming(name: str) -> list[str]:
     """The modules of ``tuner/`` whose text holds ``name`` as a whole word (code, docstrings,
-    messages; a PyTorch module path such as ``torch.distributed.fsdp`` included)."""
+    messages; a PyTorch module path such as ``torch.distributed.fsdp`` included). The
+    registry package counts once: a lever's family module and :mod:`~tuner.inputs.levers.orders`
+    (the index of where every lever stands) are its one declaration."""
     import re
 
     word = re.compile(rf"\b{name}\b")
-    root = Path(levers.__file__).resolve().parents[1]
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if word.search(p.read_text()))
+    registry = Path(levers.__file__).resolve().parent
+    root = registry.parents[1]
+    named = {str(p.relative_to(root)) for p in root.rglob("*.py") if word.search(p.read_text())}
+    here = {m for m in named if m.startswith(str(registry.relative_to(root)))}
+    return sorted((named - here) | ({"inputs/levers/"} if here else set()))

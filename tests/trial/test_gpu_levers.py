@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tuner
 from tuner.inputs import export
-from tuner.inputs.levers_gpu import _expandable_env
+from tuner.inputs.levers.process import _expandable_env
 from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
 from tuner.trial.engines import model_levers as levers
 from tuner.trial.engines import stages

@@ -1,12 +1,12 @@
 """What the tuner knows of one lever, in one declaration (:class:`Lever`).
 
 Every layer reads its part from here: the recipe its type and values, the space what
-applies and what conflicts, the trial where it is applied, the search its order and the
-verdicts that point at it, the memory model its effect, the attribution its risk, the
+applies and what conflicts, the trial where it is applied, the memory model its effect, the attribution its risk, the
 console its label, script mode its routes, the exports the fields it sets. Before this,
 the same facts sat in nine hand-kept tables over six subpackages, and a knob missing from
 one (the attribution's order) was silently dropped there; ``tests/structure`` now checks
-each declaration is complete instead.
+each declaration is complete instead. Where a lever stands among the others (the search's
+orders, the verdicts that point at it) is :mod:`tuner.inputs.levers.orders`.
 """
 
 from __future__ import annotations
@@ -72,12 +72,6 @@ class Lever:
     refused_under: Mapping[str, Callable[[Machine], list[tuple[Any, str, Any]]]] = field(default_factory=dict)
     """Script mode's adapter -> what that adapter's library refuses on this machine, as
     :attr:`refused` (Lightning's DeepSpeed strategy needs CUDA, whatever DeepSpeed can do)."""
-    path: int = 0
-    """Its place on the attribution's path from the baseline (what feeds the step first)."""
-    walk: int = 0
-    """Its place in the guided walk's one-knob-at-a-time order (likeliest large effect first)."""
-    verdicts: Mapping[str, int] = field(default_factory=dict)
-    """Verdict kind -> rank: the verdicts that point at this lever, and how early."""
     ordered: bool = False
     """Its values lie on a line (by number, else as the choices list them), each step buying
     one thing at a growing price: the guided walk does not go past one that lost."""

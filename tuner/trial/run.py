@@ -23,7 +23,7 @@ from tuner.harness import distributed
 from tuner.harness.metrics import Window, energy_note, summarize
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
-from tuner.inputs import levers_gpu
+from tuner.inputs.levers.precision import matmul_dtype
 from tuner.trial import ceiling_comm_flops as after
 from tuner.trial import watchdog
 from tuner.trial.data import quiet_worker_advice
@@ -176,7 +176,7 @@ def _agree(task: "Task", task_args: dict[str, Any], config: "Config", ctx: "Dist
         result.state, result.reason = failed[0]
         return result
     tps = task.tokens_per_sample(task_args) if task.tokens_per_sample else None
-    peak = peak_flops(ctx.device, levers_gpu.matmul_dtype(config), convolutions)
+    peak = peak_flops(ctx.device, matmul_dtype(config), convolutions)
     if peak is not None and config.amp_dtype == "fp32" and tf32_in_use(convolutions):
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
     windows = [w for _, _, w in reports]

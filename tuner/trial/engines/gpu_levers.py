@@ -1,5 +1,6 @@
-"""What the levers of a 2026 GPU do to a trial (their declarations:
-:mod:`tuner.inputs.levers_gpu`).
+"""What the levers of a 2026 GPU do to a trial (their declarations are in their families:
+:mod:`tuner.inputs.levers.kernels`, :mod:`tuner.inputs.levers.precision`,
+:mod:`tuner.inputs.levers.process`).
 
 - ``compile_mode``: the mode every compiled block gets (:func:`compile_kwargs`).
 - ``attention_backend``: ``scaled_dot_product_attention``'s kernel for each forward
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from tuner.inputs.errors import TrialError
-from tuner.inputs.levers_gpu import BACKENDS
+from tuner.inputs.levers.kernels import BACKENDS
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config

@@ -1,0 +1,28 @@
+"""The checkpointing lever: recompute in the backward instead of holding activations, per
+block (full, selective) or per operator (op). Its model surgery is
+:func:`tuner.trial.engines.model_levers.checkpointing`; its exports
+:mod:`tuner.inputs.exports.checkpointing`.
+"""
+
+from __future__ import annotations
+
+from tuner.inputs.lever import Lever
+from tuner.inputs.levers.common import ENGINES
+
+DECLARED: tuple[Lever, ...] = (
+    Lever("activation_checkpointing", str, "none",
+          "recompute activations in the backward: every block's whole forward (full), every other block's "
+          "(selective), or each block's cheap operators, its matmul and attention outputs kept (op)",
+          choices=("none", "op", "selective", "full"), aliases=((False, "none"), (None, "none")), group="model",
+          ordered=True, reference="none",
+          risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
+               "dropout matches)",
+          label="ac={}", adapters=frozenset({"hf"}), memory="activations", frees_activations=("selective", "full"),
+          proven=True,
+          prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
+          apply=f"{ENGINES}.model_levers:checkpointing",
+          exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
+                   "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
+                   "torch_settings.py": "op_context (op)"},
+          export_with="tuner.inputs.exports.checkpointing:checkpointing_exports"),
+)

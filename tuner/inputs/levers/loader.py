@@ -1,0 +1,58 @@
+"""The loader's levers: DataLoader workers, how far ahead they load, pinned batches, workers
+kept between epochs, batches handed over out of order. The trial applies them all in one
+place (:func:`tuner.trial.data.make_loader`, through :func:`tuner.inputs.levers.loader_kwargs`),
+and script mode's adapters rebuild the script's own loader with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tuner.inputs.lever import Lever
+from tuner.inputs.levers.common import ALL, REBUILT
+
+
+def _workers(k: Mapping[str, Any], world: int) -> bool:
+    return k["num_workers"] > 0  # DataLoader refuses these without workers
+
+
+def _no_cuda(value: Any, fallback: Any, why: str) -> Any:
+    return lambda m: [] if m.cuda else [(value, why, fallback)]
+
+
+DECLARED: tuple[Lever, ...] = (
+    Lever("num_workers", int, 0, "DataLoader worker processes per rank", minimum=0, group="loader",
+          ordered=True,
+          suggest=((), "more loader workers"),
+          risk="host memory: every worker holds its own copy of what the dataset touches",
+          adapters=ALL, memory="workers", stage="loader", apply="tuner.trial.data:make_loader",
+          loader_kwarg="num_workers",
+          exports={"dataloader.json": "num_workers", "hf_training_args.json": "dataloader_num_workers",
+                   "lightning_trainer.yaml": "data.num_workers"}),
+    Lever("prefetch_factor", int, 2, "batches each worker loads ahead", minimum=1, group="loader", needs=_workers,
+          ordered=True,
+          suggest=((), "a larger prefetch_factor"),
+          risk="host memory: workers x prefetch_factor batches are in flight", label="prefetch={}",
+          adapters=ALL, memory="workers", stage="loader", apply="tuner.trial.data:make_loader",
+          loader_kwarg="prefetch_factor",
+          exports={"dataloader.json": "prefetch_factor", "hf_training_args.json": "dataloader_prefetch_factor"}),
+    Lever("pin_memory", bool, False, "page-locked host batches (CUDA only)", group="loader",
+          label="pinned",
+          refused=_no_cuda(True, False, "no CUDA device; pinned memory only speeds host-to-GPU copies"),
+          risk="pinned host memory is locked: too much starves the OS",
+          adapters=ALL, stage="loader", apply="tuner.trial.data:make_loader", loader_kwarg="pin_memory",
+          exports={"dataloader.json": "pin_memory", "hf_training_args.json": "dataloader_pin_memory"}),
+    Lever("persistent_workers", bool, False, "keep workers alive between epochs", group="loader", needs=_workers,
+          label="persistent",
+          risk="workers keep their state between epochs (a dataset that changes per epoch must allow it)",
+          adapters=ALL, stage="loader", apply="tuner.trial.data:make_loader", loader_kwarg="persistent_workers",
+          exports={"dataloader.json": "persistent_workers",
+                   "hf_training_args.json": "dataloader_persistent_workers"}),
+    Lever("in_order", bool, True, "DataLoader in_order: false hands batches over as workers finish them",
+          group="loader", needs=_workers,
+          refused=lambda m: [] if m.in_order else [
+              (False, "this PyTorch's DataLoader has no in_order (needs torch >= 2.6)", True)],
+          risk="batch order varies run to run (the same batches each epoch): not for order-sensitive training",
+          label="out_of_order", adapters=REBUILT, stage="loader", apply="tuner.trial.data:make_loader",
+          loader_kwarg="in_order", kwarg_at_default=False, exports={"dataloader.json": "in_order"}),
+)

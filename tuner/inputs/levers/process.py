@@ -1,0 +1,75 @@
+"""Process-wide settings held for a trial, then restored: the fp32 matmul precision (TF32),
+cuDNN's algorithm search, and the CUDA allocator's expandable segments (read from the
+environment at start, so a script trial's process gets it there). Published effect:
+``expandable_segments`` -34% memory (torchtune; docs/levers.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tuner.inputs.lever import ADAPTERS, Lever
+from tuner.inputs.levers.common import ALL, APPLY, ENGINES, Config
+from tuner.inputs.machine import Machine
+
+
+def _matmul_refused(m: Machine) -> list[tuple[Any, str, Any]]:
+    why = ("TF32 matmuls need a CUDA GPU; on this machine's CPU the setting changes nothing a search can "
+           "measure")
+    return [] if m.cuda else [("high", why, "highest"), ("medium", why, "highest")]
+
+
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def _expandable_env(value: Any, environ: Mapping[str, str]) -> dict[str, str]:
+    """The allocator's setting in a script trial's environment, beside the user's own ones."""
+    if not value:
+        return {}
+    own = [s for s in environ.get(ALLOC_CONF, "").split(",") if s and not s.startswith("expandable_segments")]
+    return {ALLOC_CONF: ",".join([*own, "expandable_segments:True"])}
+
+
+def expandable_exports(config: Config, file: str, world_size: int) -> Any:
+    if not config.expandable_segments:
+        return None
+    if file == "torch_settings.py":
+        return ["import os", f"os.environ[{ALLOC_CONF!r}] = 'expandable_segments:True'  # before the first CUDA call, "
+                             "or in the job's environment"]
+    if file == "torchtitan.toml":
+        return {"#": [f"expandable_segments measured on: run with {ALLOC_CONF}=expandable_segments:True in the "
+                      "environment (torchtitan's run_train.sh sets it)"]}
+    return None
+
+
+DECLARED: tuple[Lever, ...] = (
+    Lever("matmul_precision", str, "highest", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
+          choices=("highest", "high", "medium"), group="kernels", refused=_matmul_refused, ordered=True,
+          reference="highest",
+          suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
+          risk="numerics: fp32 matmuls round their inputs to TF32 (10-bit mantissa; medium: bf16); checked by the "
+               "precision guard",
+          label="matmul={}", adapters=ALL, stage="process", apply=f"{ENGINES}.process:matmul_precision",
+          exports={"hf_training_args.json": "tf32",
+                   "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
+    Lever("cudnn_benchmark", bool, False, "cuDNN times its convolution algorithms and keeps the fastest",
+          group="kernels",
+          suggest=((True,), "cudnn_benchmark: true (convolutions of fixed shapes)"), acts_on="convolutions",
+          refused=lambda m: [] if m.cudnn else [
+              (True, "cuDNN's algorithm search needs a CUDA device with cuDNN", False)],
+          risk="the first step of every new input shape times each algorithm (variable shapes pay it again); the "
+               "fastest algorithm may not be deterministic",
+          label="cudnn_benchmark", adapters=ALL, stage="process", apply=f"{ENGINES}.process:cudnn_benchmark",
+          exports={"torch_settings.py": "torch.backends.cudnn.benchmark = {!r}"}),
+    Lever("expandable_segments", bool, False,
+          "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator grows its segments, less fragmented",
+          group="memory",
+          suggest=((True,), "expandable_segments: true (less fragmentation: room for a larger micro-batch)"),
+          refused=lambda m: [] if m.cuda else [
+              (True, "expandable segments are the CUDA caching allocator's: no CUDA device here", False)],
+          risk="none to the loss; the memory stays mapped in large segments (other processes on the GPU see it held)",
+          label="expandable", adapters=frozenset(ADAPTERS), stage="process", apply=f"{APPLY}:expandable_segments",
+          env=_expandable_env,
+          exports={"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"},
+          export_with=f"{__name__}:expandable_exports"),
+)
