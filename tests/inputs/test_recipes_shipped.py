@@ -11,12 +11,21 @@ from conftest import ROOT
 RECIPES = ROOT / "recipes"
 
 
+def _wait_per_step(m) -> float:
+    return m.metrics["data_wait_share"] * m.metrics["measured_s"] / m.metrics["measured_steps"]
+
+
 def test_quickstart_shows_the_loader_effect():
+    """Its baseline waits for 32 reads of 2 ms a step (64 ms, sleeping, in the loop's own
+    process); four workers read them in parallel, a batch every ~16 ms. What is held is the
+    wait each run recorded, not the rate ratio (1.5x or more on a quiet machine): beside
+    two CPU-bound processes the step's arithmetic grows and the ratio with it can fall."""
     recipe = tuner.load_recipe(RECIPES / "quickstart.yaml", ["steps.measure=8"])
     serial = tuner.measure(recipe)
     parallel = tuner.measure(recipe, num_workers=4)
     assert serial.params["num_workers"] == 0  # the baseline
-    assert parallel.metrics["samples_per_s"] / serial.metrics["samples_per_s"] >= 1.5
+    assert _wait_per_step(serial) >= 0.064 * 0.9, serial.metrics
+    assert _wait_per_step(parallel) < _wait_per_step(serial) / 2, (parallel.metrics, serial.metrics)
 
 
 def test_gpt2_recipe_trains_with_tokens_per_second():
