@@ -17,15 +17,16 @@ FIELDS = (
     "activation_checkpointing", "compile", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
     "allgather_bucket_size", "offload_optimizer", "optimizer_impl", "matmul_precision", "channels_last",
     "cudnn_benchmark", "in_order", "compile_mode", "attention_backend", "float8", "expandable_segments",
-    "fused_loss",
+    "fused_loss", "intra_op_threads",
 )
 
 PATH = (
     "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order", "amp_dtype", "float8",
     "matmul_precision", "activation_checkpointing", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
     "pipeline_schedule", "sequence_parallel", "zero_stage", "fsdp", "offload_optimizer", "compile",
-    "compile_mode", "attention_backend", "channels_last", "cudnn_benchmark", "fused_loss", "optimizer_impl",
-    "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "expandable_segments",
+    "compile_mode", "attention_backend", "channels_last", "cudnn_benchmark", "intra_op_threads", "fused_loss",
+    "optimizer_impl", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size",
+    "expandable_segments",
 )
 
 WALK = (
@@ -34,7 +35,7 @@ WALK = (
     "fused_loss", "compile", "compile_mode", "attention_backend", "channels_last", "cudnn_benchmark",
     "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order", "optimizer_impl",
     "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer",
-    "expandable_segments",
+    "expandable_segments", "intra_op_threads",
 )
 
 VERDICTS: dict[str, tuple[str, ...]] = {

@@ -1,12 +1,12 @@
 """Process-wide settings held for a trial, then restored: the fp32 matmul precision (TF32),
-cuDNN's algorithm search, and the CUDA allocator's expandable segments (read from the
-environment at start, so a script trial's process gets it there). Published effect:
-``expandable_segments`` -34% memory (torchtune; docs/levers.md).
+cuDNN's algorithm search, the CUDA allocator's expandable segments (read from the
+environment at start, so a script trial's process gets it there), and each rank's CPU
+threads. Published effect: ``expandable_segments`` -34% memory (torchtune; docs/levers.md).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from tuner.inputs.lever import ADAPTERS, Lever
 from tuner.inputs.levers.common import ALL, APPLY, ENGINES, Config
@@ -42,6 +42,21 @@ def expandable_exports(config: Config, file: str, world_size: int) -> Any:
     return None
 
 
+
+def intra_op_threads(value: int) -> Callable[[], None]:
+    """``torch.set_num_threads`` for the trial, then the process's own count back. 0 leaves
+    the count as the launcher set it: torchrun gives every rank of a multi-process job
+    ``OMP_NUM_THREADS=1`` unless the environment says otherwise, and warns that it should be
+    tuned; a rank's host-side work (collation, a CPU-offloaded optimizer's step, CPU
+    training) runs on these threads. torch is imported here, in the trial's process only."""
+    import torch
+
+    before = torch.get_num_threads()
+    if value:
+        torch.set_num_threads(value)
+    return lambda: torch.set_num_threads(before)
+
+
 DECLARED: tuple[Lever, ...] = (
     Lever("matmul_precision", str, "highest", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
           choices=("highest", "high", "medium"), group="kernels", refused=_matmul_refused, ordered=True,
@@ -72,4 +87,10 @@ DECLARED: tuple[Lever, ...] = (
           env=_expandable_env,
           exports={"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"},
           export_with=f"{__name__}:expandable_exports"),
+    Lever("intra_op_threads", int, 0, "torch.set_num_threads on every rank: its CPU operators' threads "
+          "(0: as launched)", minimum=0, group="kernels",
+          risk="ranks x threads beyond the node's cores oversubscribe them and slow every rank; results may "
+               "differ in the last bits (a parallel reduction's order)",
+          label="threads={}", adapters=ALL, stage="process", apply=f"{__name__}:intra_op_threads",
+          exports={"torch_settings.py": "torch.set_num_threads({!r})"}),
 )
