@@ -52,12 +52,13 @@ def test_every_lever_is_declared_whole(name: str) -> None:
     lever = LEVERS[name]
     assert lever.help and lever.risk, f"{name}: help and risk are what the recipe docs and attribution say"
     assert lever.label or name in TITLE, f"{name}: no label for result rows"
-    assert lever.adapters <= set(ADAPTERS)
-    assert lever.exports and set(lever.exports) <= set(EXPORT_FILES), f"{name}: reaches no config to paste"
-    assert callable(resolve(lever.apply)), f"{name}: apply {lever.apply!r} names nothing"
-    assert (lever.loader_kwarg is not None) == (lever.stage == "loader" or name == "micro_batch_size")
-    if lever.memory == "activations":
-        assert set(lever.choices or ()) <= set(lever.prior), f"{name}: an activation prior for every value"
+    assert lever.script.adapters <= set(ADAPTERS)
+    files = lever.exported.fields
+    assert files and set(files) <= set(EXPORT_FILES), f"{name}: reaches no config to paste"
+    assert callable(resolve(lever.applied.function)), f"{name}: apply {lever.applied.function!r} names nothing"
+    assert (lever.applied.loader_kwarg is not None) == (lever.applied.stage == "loader" or name == "micro_batch_size")
+    if lever.memory.effect == "activations":
+        assert set(lever.choices or ()) <= set(lever.memory.prior), f"{name}: an activation prior for every value"
     if lever.kind is not int:
         assert lever.choices or lever.kind is bool, f"{name}: a string lever lists its values"
         assert lever.parse(lever.default, name) == lever.default
@@ -141,7 +142,7 @@ def test_every_lever_reaches_the_files_it_names(name: str) -> None:
     base = make_config({**context, "micro_batch_size": 8}, 32, WORLD, ANY)[0]
     moved = make_config({**context, "micro_batch_size": 8, name: _other_value(lever)}, 32, WORLD, ANY)[0]
     assert getattr(moved, name) != getattr(base, name), f"{name}: the other value did not apply"
-    for file in lever.exports:
+    for file in lever.exported.fields:
         assert _file(file, base) != _file(file, moved), f"{name}: {file} does not change with it"
 
 
@@ -155,11 +156,11 @@ def test_the_refusals_name_a_value_and_a_fallback_the_lever_takes() -> None:
 def test_each_lever_that_moves_the_states_says_its_share() -> None:
     """The sharding and offload levers carry their memory term; the layout levers move the
     states through the parameters a rank holds (the memory model counts them per layout)."""
-    with_term = {name for name, lever in LEVERS.items() if lever.states}
-    assert with_term == {name for name, lever in LEVERS.items() if lever.memory == "states"
+    with_term = {name for name, lever in LEVERS.items() if lever.memory.states}
+    assert with_term == {name for name, lever in LEVERS.items() if lever.memory.effect == "states"
                          and lever.group == "sharding"}, with_term
     for name in with_term:
-        shares = resolve(LEVERS[name].states)({n: lever.default for n, lever in LEVERS.items()}, 4, False)
+        shares = resolve(LEVERS[name].memory.states)({n: lever.default for n, lever in LEVERS.items()}, 4, False)
         assert shares == (1, 1, 1), (name, shares)  # at its default a lever keeps everything
 
 

@@ -23,7 +23,7 @@ Group = Literal["loader", "precision", "batch", "layout", "sharding", "model", "
 Memory = Literal["states", "activations", "per_sample", "workers", "none"]
 """How a lever moves a rank's peak memory, as the memory model and ``tuner plan`` take it:
 ``states`` (parameters, gradients, optimizer: sharding and offload, analytic),
-``activations`` (scales the per-sample slope by :attr:`Lever.prior`), ``per_sample`` (the
+``activations`` (scales the per-sample slope by :attr:`MemoryTerm.prior`), ``per_sample`` (the
 micro-batch itself), ``workers`` (what each loader worker holds), ``none``."""
 Stage = Literal["loader", "process", "model", "engine", "optimizer", "batch", "forward", "convert"]
 """Where a trial applies it: DataLoader keyword, process-wide setting held for the trial
@@ -48,6 +48,65 @@ def never_refused(machine: Machine) -> list[tuple[Any, str, Any]]:
 
 
 @dataclass(frozen=True)
+class Applied:
+    """Where a trial applies the lever, and with what."""
+
+    stage: Stage = "engine"
+    function: str = ""
+    """``module:function`` that applies it to a trial (resolved in the trial layer)."""
+    loader_kwarg: str | None = None
+    """Its ``torch.utils.data.DataLoader`` keyword (loader levers)."""
+    kwarg_at_default: bool = True
+    """Whether the keyword is passed at its default too (``False`` for one only recent
+    DataLoaders take: a pasted ``dataloader.json`` then runs on an older PyTorch)."""
+    env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
+    """For a lever a process reads from its environment at start (the CUDA allocator's
+    settings): ``(value, the environment so far)`` -> the variables a script trial's process
+    gets. Script mode sets them for every adapter."""
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What it writes into the configs to paste."""
+
+    fields: Mapping[str, str] = field(default_factory=dict)
+    """Export file -> the field it sets there (see :data:`EXPORT_FILES`)."""
+    function: str = ""
+    """``module:function`` in the config layer, ``(config, file, world_size)`` -> what the
+    lever writes into that export file (a dict merged into a JSON/YAML file's mapping, or
+    lines added to a TOML or Python one; ``None``: nothing): its exports in its own entry."""
+
+
+@dataclass(frozen=True)
+class MemoryTerm:
+    """How it moves a rank's peak memory, as the memory model and ``tuner plan`` take it."""
+
+    effect: Memory = "none"
+    prior: Mapping[Any, float] = field(default_factory=dict)
+    """For an ``activations`` lever: each value's activation memory against the default's,
+    until the trials measure it."""
+    states: str = ""
+    """``module:function`` in the config layer, ``(knobs, data-parallel ranks, host is the
+    device)`` -> the share of the parameters, gradients and optimizer states a rank keeps on
+    its device (:mod:`tuner.inputs.model_states`): the memory model multiplies every lever's."""
+    frees_activations: tuple[Any, ...] = ()
+    """Values that recompute activations in the backward instead of holding them, the one
+    that recomputes least first: what the guided walk tries on a larger micro-batch the
+    memory budget refused, and the capacity plan's checkpointing column."""
+
+
+@dataclass(frozen=True)
+class ScriptRoutes:
+    """Script mode's side: the adapters that deliver it themselves (others need ``knobs:`` /
+    ``env:``), and what an adapter's library refuses on this machine."""
+
+    adapters: frozenset[str] = frozenset()
+    refused_under: Mapping[str, Callable[[Machine], list[tuple[Any, str, Any]]]] = field(default_factory=dict)
+    """Adapter -> what that adapter's library refuses, as :attr:`Lever.refused` (Lightning's
+    DeepSpeed strategy needs CUDA, whatever DeepSpeed can do)."""
+
+
+@dataclass(frozen=True)
 class Lever:
     """One tunable setting: its values, and what every layer of the tuner does with it."""
 
@@ -69,9 +128,6 @@ class Lever:
     """Why a set of knob values with this lever is no configuration at all."""
     refused: Callable[[Machine], list[tuple[Any, str, Any]]] = never_refused
     """(value, why it cannot run on this machine, what runs instead)."""
-    refused_under: Mapping[str, Callable[[Machine], list[tuple[Any, str, Any]]]] = field(default_factory=dict)
-    """Script mode's adapter -> what that adapter's library refuses on this machine, as
-    :attr:`refused` (Lightning's DeepSpeed strategy needs CUDA, whatever DeepSpeed can do)."""
     ordered: bool = False
     """Its values lie on a line (by number, else as the choices list them), each step buying
     one thing at a growing price: the guided walk does not go past one that lost."""
@@ -81,22 +137,6 @@ class Lever:
     """What the change can cost besides speed, in the attribution table."""
     label: str | None = None
     """How a non-default value reads in a result row (``None``: it is in the row's title)."""
-    adapters: frozenset[str] = frozenset()
-    """Script mode's adapters that deliver it themselves (others need ``knobs:`` / ``env:``)."""
-    memory: Memory = "none"
-    prior: Mapping[Any, float] = field(default_factory=dict)
-    """For an ``activations`` lever: each value's activation memory against the default's,
-    until the trials measure it."""
-    exports: Mapping[str, str] = field(default_factory=dict)
-    """Export file -> the field it sets there (see :data:`EXPORT_FILES`)."""
-    stage: Stage = "engine"
-    apply: str = ""
-    """``module:function`` that applies it to a trial (resolved in the trial layer)."""
-    loader_kwarg: str | None = None
-    """Its ``torch.utils.data.DataLoader`` keyword (loader levers)."""
-    kwarg_at_default: bool = True
-    """Whether the keyword is passed at its default too (``False`` for one only recent
-    DataLoaders take: a pasted ``dataloader.json`` then runs on an older PyTorch)."""
     suggest: tuple[tuple[Any, ...], str] | None = None
     """What a verdict pointing at it suggests: (the values that already follow the advice,
     the words); ``None``: the verdict's own words cover it."""
@@ -112,14 +152,6 @@ class Lever:
     """Why a configuration (every knob) cannot run with this lever's value on this machine,
     naming the rule: the sampler's proposal is recorded ``skipped`` with it, never run
     (flash attention with fp32; CUDA graphs with FSDP2)."""
-    export_with: str = ""
-    """``module:function`` in the config layer, ``(config, file, world_size)`` -> what the
-    lever writes into that export file (a dict merged into a JSON/YAML file's mapping, or
-    lines added to a TOML or Python one; ``None``: nothing): its exports in its own entry."""
-    states: str = ""
-    """``module:function`` in the config layer, ``(knobs, data-parallel ranks, host is the
-    device)`` -> the share of the parameters, gradients and optimizer states a rank keeps on
-    its device (:mod:`tuner.inputs.model_states`): the memory model multiplies every lever's."""
     engine: str | None = None
     """The engine label a value away from the default gives a configuration (``deepspeed``, or
     a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;
@@ -127,19 +159,15 @@ class Lever:
     runs_on: str | None = None
     """The recipe ``engine`` (``torch`` or ``deepspeed``) a value away from the default needs:
     a recipe that names the other one is refused before anything runs."""
-    frees_activations: tuple[Any, ...] = ()
-    """Values that recompute activations in the backward instead of holding them, the one
-    that recomputes least first: what the guided walk tries on a larger micro-batch the
-    memory budget refused, and the capacity plan's checkpointing column."""
     proven: bool = False
     """It stays in an answer only where the interval shows it a gain beyond the tolerance, or
     the answer does not fit without it: what it buys is memory, and a change that costs
     speed and the user's checkpoint format is not pasted on a coin flip (the others stay while
     the rule cannot decide: a change the search measured leaves only on evidence)."""
-    env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
-    """For a lever a process reads from its environment at start (the CUDA allocator's
-    settings): ``(value, the environment so far)`` -> the variables a script trial's process
-    gets. Script mode sets them for every adapter."""
+    applied: Applied = field(default_factory=Applied)
+    exported: Exported = field(default_factory=Exported)
+    memory: MemoryTerm = field(default_factory=MemoryTerm)
+    script: ScriptRoutes = field(default_factory=ScriptRoutes)
 
     def parse(self, value: Any, where: str) -> Any:
         """Check one value; ``where`` names it in the error (e.g. ``space.num_workers[2]``)."""

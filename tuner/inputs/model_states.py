@@ -1,4 +1,4 @@
-"""The memory terms of the levers that move a rank's model states (``Lever.states``): each
+"""The memory terms of the levers that move a rank's model states (``Lever.memory.states``): each
 says what share of the parameters, the gradients and the optimizer states (in fp32 bytes:
 4 + 4 + 8 per parameter, AdamW's two moments) stays on one rank's device, and the memory
 model multiplies them. ZeRO and FSDP2 never go together, so their shares compose.

@@ -38,8 +38,8 @@ def set_by_script(ran: Mapping[str, Any] | None) -> dict[str, Any]:
     they ran, so the record and the exports say them; they were not searched."""
     return {k: v for k, v in (ran or {}).items() if k in LOADER_KNOBS}
 ADAPTER_ROUTES: dict[str, tuple[str, ...]] = {
-    mode: tuple(name for name, lever in levers.LEVERS.items() if mode in lever.adapters)
-    + (DERIVED if mode in levers.LEVERS["micro_batch_size"].adapters else ())
+    mode: tuple(name for name, lever in levers.LEVERS.items() if mode in lever.script.adapters)
+    + (DERIVED if mode in levers.LEVERS["micro_batch_size"].script.adapters else ())
     for mode in ADAPT_MODES
 }
 """What each adapter delivers by itself (each lever's ``adapters``; accumulation with the

@@ -251,8 +251,8 @@ def unsupported(machine: Machine, adapt: str | None = None) -> list[tuple[str, A
     out = [(name, value, why, fallback) for name, lever in LEVERS.items()
            for value, why, fallback in lever.refused(machine)]
     if adapt is not None:
-        out += [(name, value, why, fallback) for name, lever in LEVERS.items() if adapt in lever.refused_under
-                for value, why, fallback in lever.refused_under[adapt](machine)]
+        out += [(name, value, why, fallback) for name, lever in LEVERS.items() if adapt in lever.script.refused_under
+                for value, why, fallback in lever.script.refused_under[adapt](machine)]
     return out
 
 

@@ -7,7 +7,7 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
 
 - ``states`` is analytic, from the parameter count: fp32 parameters and gradients (4 + 4
   bytes each) and AdamW's two moments (8), times the share each sharding or offload lever
-  keeps on the device (its ``Lever.states`` term, :mod:`tuner.inputs.model_states`: ZeRO's
+  keeps on the device (its ``Lever.memory.states`` term, :mod:`tuner.inputs.model_states`: ZeRO's
   stages and DeepSpeed's half-precision engine, FSDP2 with or without resharding, offload).
 - ``overhead`` starts as what the process held before its first trial (the runtime) and
   becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
@@ -50,7 +50,7 @@ GIB = 1024**3
 GROUP = levers.with_memory("activations")
 """The levers that scale the activations (amp dtype, checkpointing): a group of their values
 has one per-sample slope."""
-STATE_TERMS = tuple(resolve(lever.states) for lever in levers.LEVERS.values() if lever.states)
+STATE_TERMS = tuple(resolve(lever.memory.states) for lever in levers.LEVERS.values() if lever.memory.states)
 """Each lever's share of the model states a rank keeps (ZeRO, FSDP2, offload)."""
 REFERENCE = tuple(str(levers.LEVERS[name].default) for name in GROUP)
 """The group every lever's prior is relative to (fp32, no checkpointing)."""
@@ -97,7 +97,7 @@ def _group(knobs: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _prior(group: tuple[str, ...]) -> float:
     """Each activation lever's prior for its value, multiplied (its declared ``prior``)."""
-    return math.prod(levers.LEVERS[name].prior.get(value, 1.0) for name, value in zip(GROUP, group))
+    return math.prod(levers.LEVERS[name].memory.prior.get(value, 1.0) for name, value in zip(GROUP, group))
 
 
 @dataclass

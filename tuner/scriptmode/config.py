@@ -120,7 +120,7 @@ def _set_process_levers(values: dict[str, Any], given: frozenset[str]) -> None:
     """Under a trial, the process-wide levers the recipe sets (TF32 matmuls, cuDNN's
     algorithm search) take the trial's values here: the script process is the trial's, and
     a script cannot forget one of them (its trials would measure the same thing twice)."""
-    if any(LEVERS[name].stage == "process" for name in given if name in LEVERS):
+    if any(LEVERS[name].applied.stage == "process" for name in given if name in LEVERS):
         from tuner.trial.engines.process import set_process_levers
 
         set_process_levers(values, only=given)

@@ -88,8 +88,8 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
         env.update(adapters.environment(script.adapt, trial["knobs"], recipe.global_batch_size, recipe.world_size))
     if values is not None:  # what a process reads from its environment at start (the CUDA allocator's settings)
         for name, lever in LEVERS.items():
-            if lever.env is not None and name in trial["knobs"]:
-                env.update(lever.env(trial["knobs"][name], env))
+            if lever.applied.env is not None and name in trial["knobs"]:
+                env.update(lever.applied.env(trial["knobs"][name], env))
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)  # torchrun sets its own
     return cmd, env

@@ -61,7 +61,8 @@ def torch_settings(config: "Config") -> str:
              "# script, before the model is wrapped (levers at their defaults are left out).", "import torch"]
     values = config.params()
     for name, lever in LEVERS.items():
-        line = lever.exports.get("torch_settings.py") if not lever.export_with else None  # its own lines below
+        exported = lever.exported
+        line = exported.fields.get("torch_settings.py") if not exported.function else None  # its own lines below
         if line and values[name] != lever.default and (name != "ddp_bucket_cap_mb" or config.engine == "torch"):
             lines.append(f"{line.format(values[name])}  # {name}")
     for fragment in lever_fragments(config, "torch_settings.py", 1):

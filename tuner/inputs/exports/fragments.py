@@ -1,4 +1,4 @@
-"""What a lever writes into the configs to paste, from its own entry (``Lever.export_with``).
+"""What a lever writes into the configs to paste, from its own entry (``Lever.exported.function``).
 
 A lever's export function returns, for one file, a mapping (keys and values, nested by
 section: ``{"dynamo_config": {"dynamo_mode": "max-autotune"}}``), or for ``torch_settings.py``
@@ -27,8 +27,8 @@ def lever_fragments(config: "Config", file: str, world_size: int) -> list[Any]:
 
     out = []
     for lever in LEVERS.values():
-        if lever.export_with and file in lever.exports:
-            module, _, name = lever.export_with.partition(":")
+        if lever.exported.function and file in lever.exported.fields:
+            module, _, name = lever.exported.function.partition(":")
             fragment = getattr(importlib.import_module(module), name)(config, file, world_size)
             if fragment:
                 out.append(fragment)

@@ -73,7 +73,7 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
 
 HF_LEVER_FIELDS = {field.strip(): name for name, lever in LEVERS.items()
                    if lever.group not in ("loader", "batch", "precision")
-                   for field in lever.exports.get("hf_training_args.json", "").split("/") if field.strip()}
+                   for field in lever.exported.fields.get("hf_training_args.json", "").split("/") if field.strip()}
 """The ``TrainingArguments`` fields each lever beyond the loader, batch and precision sets
 (its ``exports``); script mode sets only the recipe's."""
 HF_LEVER_OFF = {**checkpointing.HF_OFF, **parallel.HF_OFF, "ddp_bucket_cap_mb": None, "tf32": False}

@@ -58,8 +58,8 @@ def engine_clash(values: Mapping[str, tuple[Any, ...]], asked: str) -> str | Non
 
 
 def recomputing() -> tuple[str, ...]:
-    """The levers that trade recompute for activation memory (``Lever.frees_activations``)."""
-    return tuple(name for name, lever in LEVERS.items() if lever.frees_activations)
+    """The levers that trade recompute for activation memory (``Lever.memory.frees_activations``)."""
+    return tuple(name for name, lever in LEVERS.items() if lever.memory.frees_activations)
 
 
 def sharded_engines() -> frozenset[str]:
@@ -72,9 +72,9 @@ def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
     name): each that means something given the others (``prefetch_factor`` only with
     workers, which the DataLoader enforces), one only recent DataLoaders take only away
     from its default."""
-    return {lever.loader_kwarg: values[name] for name, lever in LEVERS.items()
-            if lever.group == "loader" and lever.loader_kwarg and lever.needs(values, 1)
-            and (lever.kwarg_at_default or values[name] != lever.default)}
+    return {lever.applied.loader_kwarg: values[name] for name, lever in LEVERS.items()
+            if lever.group == "loader" and lever.applied.loader_kwarg and lever.needs(values, 1)
+            and (lever.applied.kwarg_at_default or values[name] != lever.default)}
 
 
 def of(group: str) -> tuple[str, ...]:
@@ -94,7 +94,7 @@ def proven(step: str) -> bool:
 
 
 def with_memory(effect: str) -> tuple[str, ...]:
-    return tuple(name for name, lever in LEVERS.items() if lever.memory == effect)
+    return tuple(name for name, lever in LEVERS.items() if lever.memory.effect == effect)
 
 
 def pointed_at(verdict: str) -> tuple[str, ...]:

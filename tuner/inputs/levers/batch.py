@@ -4,16 +4,18 @@ accumulation steps follow from it: :class:`tuner.inputs.space.Config`).
 
 from __future__ import annotations
 
-from tuner.inputs.lever import Lever
+from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import TRAINER
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("micro_batch_size", int, None, "samples per rank per forward", minimum=1, group="batch",
-          ordered=True, suggest=((), "a larger micro_batch_size (fuller kernels)"),
+    Lever("micro_batch_size", int, None, "samples per rank per forward", minimum=1, group="batch", ordered=True,
+          suggest=((), "a larger micro_batch_size (fuller kernels)"),
           risk="optimisation: same global batch, but BatchNorm statistics and padding are per micro-batch",
-          adapters=TRAINER, memory="per_sample", stage="batch", apply="tuner.trial.data:make_loader",
-          loader_kwarg="batch_size",
-          exports={"dataloader.json": "batch_size", "ds_config.json": "train_micro_batch_size_per_gpu",
-                   "hf_training_args.json": "per_device_train_batch_size", "torchtitan.toml": "local_batch_size",
-                   "lightning_trainer.yaml": "data.batch_size, trainer.accumulate_grad_batches"}),
+          applied=Applied("batch", "tuner.trial.data:make_loader", loader_kwarg="batch_size"),
+          exported=Exported({"dataloader.json": "batch_size", "ds_config.json": "train_micro_batch_size_per_gpu",
+                             "hf_training_args.json": "per_device_train_batch_size",
+                             "torchtitan.toml": "local_batch_size",
+                             "lightning_trainer.yaml": "data.batch_size, trainer.accumulate_grad_batches"}),
+          memory=MemoryTerm("per_sample"),
+          script=ScriptRoutes(TRAINER)),
 )

@@ -6,7 +6,7 @@ block (full, selective) or per operator (op). Its model surgery is
 
 from __future__ import annotations
 
-from tuner.inputs.lever import Lever
+from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import ENGINES
 
 DECLARED: tuple[Lever, ...] = (
@@ -16,13 +16,14 @@ DECLARED: tuple[Lever, ...] = (
           choices=("none", "op", "selective", "full"), aliases=((False, "none"), (None, "none")), group="model",
           ordered=True, reference="none",
           risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
-               "dropout matches)",
-          label="ac={}", adapters=frozenset({"hf"}), memory="activations", frees_activations=("selective", "full"),
-          proven=True,
-          prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1}, stage="model",
-          apply=f"{ENGINES}.model_levers:checkpointing",
-          exports={"hf_training_args.json": "activation_checkpointing", "torchtitan.toml": "activation_checkpoint",
-                   "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
-                   "torch_settings.py": "op_context (op)"},
-          export_with="tuner.inputs.exports.checkpointing:checkpointing_exports"),
+               "dropout matches)", label="ac={}", proven=True,
+          applied=Applied("model", f"{ENGINES}.model_levers:checkpointing"),
+          exported=Exported({"hf_training_args.json": "activation_checkpointing",
+                             "torchtitan.toml": "activation_checkpoint",
+                             "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
+                             "torch_settings.py": "op_context (op)"},
+                            function="tuner.inputs.exports.checkpointing:checkpointing_exports"),
+          memory=MemoryTerm("activations", prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1},
+                            frees_activations=("selective", "full")),
+          script=ScriptRoutes(frozenset({"hf"}))),
 )

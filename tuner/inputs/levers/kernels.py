@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.inputs import layout
-from tuner.inputs.lever import Lever
+from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import APPLY, ENGINES, Config
 from tuner.inputs.machine import Machine
 
@@ -116,32 +116,32 @@ def fused_loss_exports(config: Config, file: str, world_size: int) -> Any:
 
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels",
-          reference=False,
+    Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels", reference=False,
           suggest=((True,), "compile: true (fused kernels)"),
           refused=lambda m: [] if m.compiler else [
               (True, "torch.compile's inductor needs "
                      f"{m.compiler_missing or 'a C++ compiler on the PATH (g++ or clang++) for CPU code'}, and this "
                      "machine has none", False)],
           risk="compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
-               "the precision guard",
-          label="compile", adapters=frozenset({"hf"}), stage="model", apply=f"{ENGINES}.model_levers:compiling",
-          exports={"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
-                   "torchtitan.toml": "compile"}, export_with=f"{__name__}:compile_exports"),
+               "the precision guard", label="compile",
+          applied=Applied("model", f"{ENGINES}.model_levers:compiling"),
+          exported=Exported({"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
+                             "torchtitan.toml": "compile"}, function=f"{__name__}:compile_exports"),
+          script=ScriptRoutes(frozenset({"hf"}))),
     Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),
-          group="optimizer",
-          suggest=(("fused",), "optimizer_impl: fused"),
+          group="optimizer", suggest=(("fused",), "optimizer_impl: fused"),
           risk="fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
-          label="opt={}", adapters=frozenset({"hf"}), stage="optimizer", apply=f"{ENGINES}.model_levers:apply_impl",
-          exports={"hf_training_args.json": "optim", "torchtitan.toml": "optimizer.implementation"}),
-    Lever("channels_last", bool, False, "channels-last memory format for the model and its 4-D inputs",
-          group="model",
+          label="opt={}",
+          applied=Applied("optimizer", f"{ENGINES}.model_levers:apply_impl"),
+          exported=Exported({"hf_training_args.json": "optim", "torchtitan.toml": "optimizer.implementation"}),
+          script=ScriptRoutes(frozenset({"hf"}))),
+    Lever("channels_last", bool, False, "channels-last memory format for the model and its 4-D inputs", group="model",
           suggest=((True,), "channels_last: true (convolutional models)"), acts_on="convolutions",
           risk="custom kernels or reshapes that assume NCHW-contiguous tensors copy (or break); only convolutional "
-               "models gain",
-          label="channels_last", stage="model", apply=f"{ENGINES}.model_levers:memory_format",
-          exports={"torch_settings.py": "model = model.to(memory_format=torch.channels_last)  # and each image "
-                                        "batch: x.to(memory_format=torch.channels_last)"}),
+               "models gain", label="channels_last",
+          applied=Applied("model", f"{ENGINES}.model_levers:memory_format"),
+          exported=Exported({"torch_settings.py": "model = model.to(memory_format=torch.channels_last)  # and each "
+                                                  "image batch: x.to(memory_format=torch.channels_last)"})),
     Lever("compile_mode", str, "default", "torch.compile's mode (with compile: true)",
           choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"), group="kernels",
           needs=lambda k, w: k["compile"], reference="default",
@@ -151,32 +151,34 @@ DECLARED: tuple[Lever, ...] = (
               ("reduce-overhead", "reduce-overhead records CUDA graphs, which need a CUDA device", "default")],
           refusal=_graphs_refusal,
           risk="max-autotune compiles for minutes on first use (inductor's cache keeps it); reduce-overhead's CUDA "
-               "graphs hold static memory and record again for every new input shape",
-          label="mode={}", adapters=frozenset({"hf"}), stage="model",
-          apply="tuner.trial.engines.model_levers:compiling",  # compile's own, in this mode
-          exports={"hf_training_args.json": "torch_compile_mode", "accelerate_config.yaml": "dynamo_config.dynamo_mode",
-                   "torchtitan.toml": "comment", "torch_settings.py": "block.compile(mode=...)"},
-          export_with=f"{__name__}:compile_mode_exports"),
+               "graphs hold static memory and record again for every new input shape", label="mode={}",
+          applied=Applied("model", "tuner.trial.engines.model_levers:compiling"),
+          exported=Exported({"hf_training_args.json": "torch_compile_mode",
+                             "accelerate_config.yaml": "dynamo_config.dynamo_mode", "torchtitan.toml": "comment",
+                             "torch_settings.py": "block.compile(mode=...)"},
+                            function=f"{__name__}:compile_mode_exports"),
+          script=ScriptRoutes(frozenset({"hf"}))),
     Lever("attention_backend", str, "default",
           "the kernel behind scaled_dot_product_attention (torch.nn.attention.sdpa_kernel)",
-          choices=("default", "math", "flash", "efficient", "cudnn"), group="kernels",
-          reference="default",
+          choices=("default", "math", "flash", "efficient", "cudnn"), group="kernels", reference="default",
           suggest=(("flash", "cudnn", "efficient"), "attention_backend: flash or cudnn (fused attention kernels)"),
-          acts_on="attention",
-          refused=_attention_refused, refusal=_attention_refusal,
+          acts_on="attention", refused=_attention_refused, refusal=_attention_refusal,
           risk="the model must call scaled_dot_product_attention (transformers: attn_implementation='sdpa'); a "
                "backend that cannot take its inputs (masks, head size) fails the trial, said in one line",
-          label="attn={}", stage="forward", apply=f"{APPLY}:attention_kernel",
-          exports={"torch_settings.py": "sdpa_kernel(SDPBackend...)"}, export_with=f"{__name__}:attention_exports"),
+          label="attn={}",
+          applied=Applied("forward", f"{APPLY}:attention_kernel"),
+          exported=Exported({"torch_settings.py": "sdpa_kernel(SDPBackend...)"},
+                            function=f"{__name__}:attention_exports")),
     Lever("fused_loss", bool, False,
-          "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks",
-          group="kernels", reference=False,
+          "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks", group="kernels",
+          reference=False,
           suggest=((True,), "fused_loss: true (Liger's fused linear cross-entropy: the logits never whole)"),
           refused=_liger_refused, refusal=_fused_loss_refusal,
           risk="a transformers causal LM computing its own loss from labels, of a family Liger patches; numerics "
-               "checked by the precision guard",
-          label="fused_loss", adapters=frozenset({"hf"}), memory="activations", prior={False: 1.0, True: 0.7},
-          stage="convert", apply=f"{APPLY}:fused_loss_model",
-          exports={"hf_training_args.json": "use_liger_kernel", "torch_settings.py": "apply_liger_kernel"},
-          export_with=f"{__name__}:fused_loss_exports"),
+               "checked by the precision guard", label="fused_loss",
+          applied=Applied("convert", f"{APPLY}:fused_loss_model"),
+          exported=Exported({"hf_training_args.json": "use_liger_kernel", "torch_settings.py": "apply_liger_kernel"},
+                            function=f"{__name__}:fused_loss_exports"),
+          memory=MemoryTerm("activations", prior={False: 1.0, True: 0.7}),
+          script=ScriptRoutes(frozenset({"hf"}))),
 )

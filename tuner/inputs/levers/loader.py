@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from tuner.inputs.lever import Lever
+from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import ALL, REBUILT
 
 
@@ -21,38 +21,42 @@ def _no_cuda(value: Any, fallback: Any, why: str) -> Any:
 
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("num_workers", int, 0, "DataLoader worker processes per rank", minimum=0, group="loader",
-          ordered=True,
+    Lever("num_workers", int, 0, "DataLoader worker processes per rank", minimum=0, group="loader", ordered=True,
           suggest=((), "more loader workers"),
           risk="host memory: every worker holds its own copy of what the dataset touches",
-          adapters=ALL, memory="workers", stage="loader", apply="tuner.trial.data:make_loader",
-          loader_kwarg="num_workers",
-          exports={"dataloader.json": "num_workers", "hf_training_args.json": "dataloader_num_workers",
-                   "lightning_trainer.yaml": "data.num_workers"}),
+          applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="num_workers"),
+          exported=Exported({"dataloader.json": "num_workers", "hf_training_args.json": "dataloader_num_workers",
+                             "lightning_trainer.yaml": "data.num_workers"}),
+          memory=MemoryTerm("workers"),
+          script=ScriptRoutes(ALL)),
     Lever("prefetch_factor", int, 2, "batches each worker loads ahead", minimum=1, group="loader", needs=_workers,
-          ordered=True,
-          suggest=((), "a larger prefetch_factor"),
+          ordered=True, suggest=((), "a larger prefetch_factor"),
           risk="host memory: workers x prefetch_factor batches are in flight", label="prefetch={}",
-          adapters=ALL, memory="workers", stage="loader", apply="tuner.trial.data:make_loader",
-          loader_kwarg="prefetch_factor",
-          exports={"dataloader.json": "prefetch_factor", "hf_training_args.json": "dataloader_prefetch_factor"}),
-    Lever("pin_memory", bool, False, "page-locked host batches (CUDA only)", group="loader",
-          label="pinned",
+          applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="prefetch_factor"),
+          exported=Exported({"dataloader.json": "prefetch_factor",
+                             "hf_training_args.json": "dataloader_prefetch_factor"}),
+          memory=MemoryTerm("workers"),
+          script=ScriptRoutes(ALL)),
+    Lever("pin_memory", bool, False, "page-locked host batches (CUDA only)", group="loader", label="pinned",
           refused=_no_cuda(True, False, "no CUDA device; pinned memory only speeds host-to-GPU copies"),
           risk="pinned host memory is locked: too much starves the OS",
-          adapters=ALL, stage="loader", apply="tuner.trial.data:make_loader", loader_kwarg="pin_memory",
-          exports={"dataloader.json": "pin_memory", "hf_training_args.json": "dataloader_pin_memory"}),
+          applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="pin_memory"),
+          exported=Exported({"dataloader.json": "pin_memory", "hf_training_args.json": "dataloader_pin_memory"}),
+          script=ScriptRoutes(ALL)),
     Lever("persistent_workers", bool, False, "keep workers alive between epochs", group="loader", needs=_workers,
           label="persistent",
           risk="workers keep their state between epochs (a dataset that changes per epoch must allow it)",
-          adapters=ALL, stage="loader", apply="tuner.trial.data:make_loader", loader_kwarg="persistent_workers",
-          exports={"dataloader.json": "persistent_workers",
-                   "hf_training_args.json": "dataloader_persistent_workers"}),
+          applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="persistent_workers"),
+          exported=Exported({"dataloader.json": "persistent_workers",
+                             "hf_training_args.json": "dataloader_persistent_workers"}),
+          script=ScriptRoutes(ALL)),
     Lever("in_order", bool, True, "DataLoader in_order: false hands batches over as workers finish them",
           group="loader", needs=_workers,
           refused=lambda m: [] if m.in_order else [
               (False, "this PyTorch's DataLoader has no in_order (needs torch >= 2.6)", True)],
           risk="batch order varies run to run (the same batches each epoch): not for order-sensitive training",
-          label="out_of_order", adapters=REBUILT, stage="loader", apply="tuner.trial.data:make_loader",
-          loader_kwarg="in_order", kwarg_at_default=False, exports={"dataloader.json": "in_order"}),
+          label="out_of_order",
+          applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="in_order", kwarg_at_default=False),
+          exported=Exported({"dataloader.json": "in_order"}),
+          script=ScriptRoutes(REBUILT)),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.inputs import layout
-from tuner.inputs.lever import Lever
+from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import APPLY, ENGINES, TRAINER, Config
 from tuner.inputs.machine import Machine
 
@@ -82,18 +82,21 @@ DECLARED: tuple[Lever, ...] = (
           reference="fp32", refused=_amp_refused,
           suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"),
           risk="numerics: checked by the precision guard against the fp32 loss",
-          adapters=TRAINER, memory="activations", prior={"fp32": 1.0, "bf16": 0.5, "fp16": 0.5},
-          stage="engine", apply=f"{ENGINES}.base:autocast",
-          exports={"ds_config.json": "bf16.enabled / fp16.enabled", "accelerate_config.yaml": "mixed_precision",
-                   "hf_training_args.json": "bf16 / fp16", "torchtitan.toml": "mixed_precision_param",
-                   "lightning_trainer.yaml": "trainer.precision"}),
+          applied=Applied("engine", f"{ENGINES}.base:autocast"),
+          exported=Exported({"ds_config.json": "bf16.enabled / fp16.enabled",
+                             "accelerate_config.yaml": "mixed_precision", "hf_training_args.json": "bf16 / fp16",
+                             "torchtitan.toml": "mixed_precision_param",
+                             "lightning_trainer.yaml": "trainer.precision"}),
+          memory=MemoryTerm("activations", prior={"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}),
+          script=ScriptRoutes(TRAINER)),
     Lever("float8", str, "off", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
           choices=("off", *FLOAT8), aliases=((False, "off"),), group="precision", reference="off",
-          suggest=(FLOAT8, "float8: tensorwise (torchao; Ada and Hopper GPUs)"),
-          refused=_float8_refused, refusal=_float8_refusal,
+          suggest=(FLOAT8, "float8: tensorwise (torchao; Ada and Hopper GPUs)"), refused=_float8_refused,
+          refusal=_float8_refusal,
           risk="numerics: matmuls in float8 with dynamic scales, checked by the precision guard against the fp32 "
-               "loss; small matmuls get slower (the casts cost more than they save)",
-          label="float8={}", stage="convert", apply=f"{APPLY}:float8_model",
-          exports={"torchtitan.toml": "model.converters, float8", "torch_settings.py": "convert_to_float8_training"},
-          export_with=f"{__name__}:float8_exports"),
+               "loss; small matmuls get slower (the casts cost more than they save)", label="float8={}",
+          applied=Applied("convert", f"{APPLY}:float8_model"),
+          exported=Exported({"torchtitan.toml": "model.converters, float8",
+                             "torch_settings.py": "convert_to_float8_training"},
+                            function=f"{__name__}:float8_exports")),
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from tuner.inputs.lever import ADAPTERS, Lever
+from tuner.inputs.lever import ADAPTERS, Applied, Exported, Lever, ScriptRoutes
 from tuner.inputs.levers.common import ALL, APPLY, ENGINES, Config
 from tuner.inputs.machine import Machine
 
@@ -60,22 +60,23 @@ def intra_op_threads(value: int) -> Callable[[], None]:
 DECLARED: tuple[Lever, ...] = (
     Lever("matmul_precision", str, "highest", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
           choices=("highest", "high", "medium"), group="kernels", refused=_matmul_refused, ordered=True,
-          reference="highest",
-          suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
+          reference="highest", suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
           risk="numerics: fp32 matmuls round their inputs to TF32 (10-bit mantissa; medium: bf16); checked by the "
-               "precision guard",
-          label="matmul={}", adapters=ALL, stage="process", apply=f"{ENGINES}.process:matmul_precision",
-          exports={"hf_training_args.json": "tf32",
-                   "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
+               "precision guard", label="matmul={}",
+          applied=Applied("process", f"{ENGINES}.process:matmul_precision"),
+          exported=Exported({"hf_training_args.json": "tf32",
+                             "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
+          script=ScriptRoutes(ALL)),
     Lever("cudnn_benchmark", bool, False, "cuDNN times its convolution algorithms and keeps the fastest",
-          group="kernels",
-          suggest=((True,), "cudnn_benchmark: true (convolutions of fixed shapes)"), acts_on="convolutions",
+          group="kernels", suggest=((True,), "cudnn_benchmark: true (convolutions of fixed shapes)"),
+          acts_on="convolutions",
           refused=lambda m: [] if m.cudnn else [
               (True, "cuDNN's algorithm search needs a CUDA device with cuDNN", False)],
           risk="the first step of every new input shape times each algorithm (variable shapes pay it again); the "
-               "fastest algorithm may not be deterministic",
-          label="cudnn_benchmark", adapters=ALL, stage="process", apply=f"{ENGINES}.process:cudnn_benchmark",
-          exports={"torch_settings.py": "torch.backends.cudnn.benchmark = {!r}"}),
+               "fastest algorithm may not be deterministic", label="cudnn_benchmark",
+          applied=Applied("process", f"{ENGINES}.process:cudnn_benchmark"),
+          exported=Exported({"torch_settings.py": "torch.backends.cudnn.benchmark = {!r}"}),
+          script=ScriptRoutes(ALL)),
     Lever("expandable_segments", bool, False,
           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator grows its segments, less fragmented",
           group="memory",
@@ -83,14 +84,17 @@ DECLARED: tuple[Lever, ...] = (
           refused=lambda m: [] if m.cuda else [
               (True, "expandable segments are the CUDA caching allocator's: no CUDA device here", False)],
           risk="none to the loss; the memory stays mapped in large segments (other processes on the GPU see it held)",
-          label="expandable", adapters=frozenset(ADAPTERS), stage="process", apply=f"{APPLY}:expandable_segments",
-          env=_expandable_env,
-          exports={"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"},
-          export_with=f"{__name__}:expandable_exports"),
-    Lever("intra_op_threads", int, 0, "torch.set_num_threads on every rank: its CPU operators' threads "
+          label="expandable",
+          applied=Applied("process", f"{APPLY}:expandable_segments", env=_expandable_env),
+          exported=Exported({"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"},
+                            function=f"{__name__}:expandable_exports"),
+          script=ScriptRoutes(frozenset(ADAPTERS))),
+    Lever("intra_op_threads", int, 0,
+          "torch.set_num_threads on every rank: its CPU operators' threads "
           "(0: as launched)", minimum=0, group="kernels",
           risk="ranks x threads beyond the node's cores oversubscribe them and slow every rank; results may "
-               "differ in the last bits (a parallel reduction's order)",
-          label="threads={}", adapters=ALL, stage="process", apply=f"{__name__}:intra_op_threads",
-          exports={"torch_settings.py": "torch.set_num_threads({!r})"}),
+               "differ in the last bits (a parallel reduction's order)", label="threads={}",
+          applied=Applied("process", f"{__name__}:intra_op_threads"),
+          exported=Exported({"torch_settings.py": "torch.set_num_threads({!r})"}),
+          script=ScriptRoutes(ALL)),
 )

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.inputs import layout
-from tuner.inputs.lever import Lever
+from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import ENGINES
+from tuner.inputs.machine import Machine
 
 DEEPSPEED_BUCKET = 500_000_000
 """DeepSpeed's default ``reduce_bucket_size`` / ``allgather_bucket_size`` (elements)."""
@@ -40,67 +41,73 @@ def _offload_conflict(k: Mapping[str, Any]) -> str | None:
     return None
 
 
+
+def _no_lightning(m: Machine) -> list[tuple[Any, str, Any]]:
+    """What Lightning's DeepSpeed strategy refuses, whatever DeepSpeed itself can do."""
+    return [] if m.cuda else [
+        (stage, "Lightning's DeepSpeed strategy runs only on CUDA GPUs (its own check, "
+                "lightning.pytorch.strategies.DeepSpeedStrategy.setup_environment)", 0) for stage in (1, 2, 3)]
+
+
 DECLARED: tuple[Lever, ...] = (
-    Lever("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3,
-          group="sharding", needs=_data_parallel_only, ordered=True,
-          alternative=("fsdp", "off"),
-          risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)",
-          adapters=frozenset({"hf", "lightning", "deepspeed"}), memory="states", stage="engine", engine="deepspeed",
-          runs_on="deepspeed", states=f"{STATES}:zero_states",
-          proven=True,
-          refused_under={"lightning": lambda m: [] if m.cuda else [
-              (stage, "Lightning's DeepSpeed strategy runs only on CUDA GPUs (its own check, "
-                      "lightning.pytorch.strategies.DeepSpeedStrategy.setup_environment)", 0) for stage in (1, 2, 3)]},
-          apply=f"{ENGINES}.deepspeed_engine:DeepSpeedEngine",
-          exports={"ds_config.json": "zero_optimization.stage", "accelerate_config.yaml": "distributed_type",
-                   "lightning_trainer.yaml": "trainer.strategy"}),
+    Lever("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3, group="sharding",
+          needs=_data_parallel_only, ordered=True, alternative=("fsdp", "off"),
+          risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)", engine="deepspeed",
+          runs_on="deepspeed", proven=True,
+          applied=Applied("engine", f"{ENGINES}.deepspeed_engine:DeepSpeedEngine"),
+          exported=Exported({"ds_config.json": "zero_optimization.stage", "accelerate_config.yaml": "distributed_type",
+                             "lightning_trainer.yaml": "trainer.strategy"}),
+          memory=MemoryTerm("states", states=f"{STATES}:zero_states"),
+          script=ScriptRoutes(frozenset({"hf", "lightning", "deepspeed"}), refused_under={"lightning": _no_lightning})),
     Lever("fsdp", str, "off", "FSDP2 fully_shard per block and on the root",
           choices=("off", "full_shard", "shard_grad_op"), aliases=((False, "off"),), group="sharding",
           needs=lambda k, w: k["zero_stage"] == 0, conflict=_fsdp_conflict, alternative=("zero_stage", 0),
           refused=lambda m: [] if m.fsdp2 else [
               (mode, "this PyTorch has no torch.distributed.fsdp.fully_shard (FSDP2 needs torch >= 2.6)", "off")
-              for mode in ("full_shard", "shard_grad_op")],
-          reference="off",
+              for mode in ("full_shard", "shard_grad_op")], reference="off",
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
-          label="fsdp={}", memory="states", stage="engine", apply=f"{ENGINES}.data_parallel:shard", engine="fsdp",
-          runs_on="torch", states=f"{STATES}:sharded_states",
-          proven=True,
+          label="fsdp={}", engine="fsdp", runs_on="torch", proven=True,
           suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
-          exports={"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
-                   "torchtitan.toml": "data_parallel_shard_degree", "lightning_trainer.yaml": "trainer.strategy"},
-          export_with="tuner.inputs.exports.parallel:fsdp_exports"),
-    Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1,
-          group="communication", needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
-          and _data_parallel_only(k, w),
-          ordered=True,
-          risk="larger buckets start all-reducing later in the backward", label="bucket={}MB",
-          adapters=frozenset({"hf"}), stage="engine", apply=f"{ENGINES}.data_parallel:ddp",
-          exports={"hf_training_args.json": "ddp_bucket_cap_mb",
-                   "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
+          applied=Applied("engine", f"{ENGINES}.data_parallel:shard"),
+          exported=Exported({"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
+                             "torchtitan.toml": "data_parallel_shard_degree",
+                             "lightning_trainer.yaml": "trainer.strategy"},
+                            function="tuner.inputs.exports.parallel:fsdp_exports"),
+          memory=MemoryTerm("states", states=f"{STATES}:sharded_states")),
+    Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
+          needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
+          and _data_parallel_only(k, w), ordered=True, risk="larger buckets start all-reducing later in the backward",
+          label="bucket={}MB",
+          applied=Applied("engine", f"{ENGINES}.data_parallel:ddp"),
+          exported=Exported({"hf_training_args.json": "ddp_bucket_cap_mb",
+                             "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
+          script=ScriptRoutes(frozenset({"hf"}))),
     Lever("overlap_comm", bool, False, "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)",
           group="communication", needs=_zero,
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
-          label="overlap", adapters=frozenset({"hf", "deepspeed"}), stage="engine",
-          apply="tuner.inputs.export:ds_config",
-          exports={"ds_config.json": "zero_optimization.overlap_comm"}),
-    Lever("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)",
-          minimum=1, group="communication", needs=_zero, ordered=True,
+          label="overlap",
+          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          exported=Exported({"ds_config.json": "zero_optimization.overlap_comm"}),
+          script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
+    Lever("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)", minimum=1,
+          group="communication", needs=_zero, ordered=True,
           risk="larger buckets: more memory for the reduction, fewer and larger collectives", label="reduce={:.0e}",
-          adapters=frozenset({"hf", "deepspeed"}), stage="engine", apply="tuner.inputs.export:ds_config",
-          exports={"ds_config.json": "zero_optimization.reduce_bucket_size"}),
+          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          exported=Exported({"ds_config.json": "zero_optimization.reduce_bucket_size"}),
+          script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("allgather_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
-          minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2),  # ZeRO-3 prefetches
-          ordered=True,
+          minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2), ordered=True,
           risk="larger buckets: more memory for the gathered parameters, fewer collectives", label="gather={:.0e}",
-          adapters=frozenset({"hf", "deepspeed"}), stage="engine", apply="tuner.inputs.export:ds_config",
-          exports={"ds_config.json": "zero_optimization.allgather_bucket_size"}),
+          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          exported=Exported({"ds_config.json": "zero_optimization.allgather_bucket_size"}),
+          script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
           choices=("none", "cpu"), aliases=((False, "none"), (None, "none")), group="sharding",
           needs=lambda k, w: (k["zero_stage"] >= 1 or k["fsdp"] != "off") and _data_parallel_only(k, w),
-          conflict=_offload_conflict,
-          risk="host memory and PCIe traffic: the optimizer state and step live on the CPU", label="offload={}",
-          adapters=frozenset({"hf", "deepspeed"}), memory="states", stage="engine",
-          apply="tuner.inputs.export:ds_config", states=f"{STATES}:offloaded_states",
-          proven=True,
-          exports={"ds_config.json": "zero_optimization.offload_optimizer"}),
+          conflict=_offload_conflict, risk="host memory and PCIe traffic: the optimizer state and step live on the CPU",
+          label="offload={}", proven=True,
+          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          exported=Exported({"ds_config.json": "zero_optimization.offload_optimizer"}),
+          memory=MemoryTerm("states", states=f"{STATES}:offloaded_states"),
+          script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
 )

@@ -49,7 +49,7 @@ def rebuild_loader(loader: Any, cfg: TrialConfig, mode: str = "accelerate",
 def own_value(loader: Any, name: str) -> Any:
     """The script's loader's own value of a loader lever (the DataLoader's default where
     it keeps none: ``prefetch_factor`` is ``None`` without workers)."""
-    value = getattr(loader, LEVERS[name].loader_kwarg or name, None)
+    value = getattr(loader, LEVERS[name].applied.loader_kwarg or name, None)
     return LEVERS[name].default if value is None else value
 
 

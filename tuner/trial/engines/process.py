@@ -47,8 +47,8 @@ def resolve(reference: str) -> Callable[..., Any]:
 def set_process_levers(values: dict[str, Any], only: Any = None) -> list[Restore]:
     """Set every process-wide lever (those in ``only``, when given) to ``values``'; returns
     how to put each back."""
-    return [resolve(lever.apply)(values[name]) for name, lever in LEVERS.items()
-            if lever.stage == "process" and (only is None or name in only)]
+    return [resolve(lever.applied.function)(values[name]) for name, lever in LEVERS.items()
+            if lever.applied.stage == "process" and (only is None or name in only)]
 
 
 @contextlib.contextmanager

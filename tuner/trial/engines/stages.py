@@ -29,8 +29,8 @@ def forward(config: "Config") -> Iterator[None]:
     enters it in the backward)."""
     with contextlib.ExitStack() as stack:
         for lever in LEVERS.values():
-            if lever.stage == "forward":
-                stack.enter_context(resolve(lever.apply)(config))
+            if lever.applied.stage == "forward":
+                stack.enter_context(resolve(lever.applied.function)(config))
         yield
 
 
@@ -39,8 +39,8 @@ def convert(module: torch.nn.Module, config: "Config") -> list[Callable[[], None
     must run after each optimizer step."""
     after: list[Callable[[], None]] = []
     for lever in LEVERS.values():
-        if lever.stage == "convert":
-            after += resolve(lever.apply)(module, config)
+        if lever.applied.stage == "convert":
+            after += resolve(lever.applied.function)(module, config)
     return after
 
 
@@ -65,6 +65,6 @@ def model(part: Part) -> list[str]:
     """Every ``model`` lever applied to one part, in declaration order (checkpointing, then
     compile: torchtitan's order, before the data-parallel wrapper); returns their notes."""
     notes: list[str] = []
-    for apply in dict.fromkeys(lever.apply for lever in LEVERS.values() if lever.stage == "model"):
+    for apply in dict.fromkeys(lever.applied.function for lever in LEVERS.values() if lever.applied.stage == "model"):
         notes += resolve(apply)(part)
     return notes

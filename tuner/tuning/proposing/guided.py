@@ -134,10 +134,10 @@ def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, A
                          tried: Callable[[dict[str, Any]], bool],
                          outcome: Callable[[dict[str, Any]], str | None]) -> Step | None:
     """A larger micro-batch that ran out of room, tried again with a lever value that
-    recomputes activations instead of holding them (``Lever.frees_activations``), the one
+    recomputes activations instead of holding them (``Lever.memory.frees_activations``), the one
     that recomputes least first (checkpointing: selective recomputes half as much as full)."""
     frees = [(name, value) for name in levers.recomputing() if _at_default(start, name)
-             for value in levers.LEVERS[name].frees_activations if value in c.get(name, ())]
+             for value in levers.LEVERS[name].memory.frees_activations if value in c.get(name, ())]
     if not frees or "micro_batch_size" not in start:
         return None
     for micro in sorted(m for m in c["micro_batch_size"] if m > start["micro_batch_size"]):
