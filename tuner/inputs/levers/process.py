@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from tuner.inputs.lever import ADAPTERS, Applied, Exported, Lever, ScriptRoutes
-from tuner.inputs.levers.common import ALL, APPLY, ENGINES, Config
+from tuner.inputs.levers.common import ALL, APPLY, Config
 from tuner.inputs.machine import Machine
 
 
@@ -43,6 +43,28 @@ def expandable_exports(config: Config, file: str, world_size: int) -> Any:
 
 
 
+def matmul_precision(value: str) -> Callable[[], None]:
+    """``torch.set_float32_matmul_precision`` for the trial. ``high`` lets fp32 matmuls run
+    on TF32 tensor cores (Ampere and newer; 8x an A100's fp32 peak on paper), ``medium``
+    also on bf16 where a fast kernel exists; the precision guard checks the loss."""
+    import torch
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(value)
+    return lambda: torch.set_float32_matmul_precision(before)
+
+
+def cudnn_benchmark(value: bool) -> Callable[[], None]:
+    """``torch.backends.cudnn.benchmark`` for the trial: cuDNN times its convolution
+    algorithms on the first call of each input shape and keeps the fastest; the timing runs
+    in the warm-up, outside the window, as long as the shapes do not change."""
+    import torch
+
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = bool(value)
+    return lambda: setattr(torch.backends.cudnn, "benchmark", before)
+
+
 def intra_op_threads(value: int) -> Callable[[], None]:
     """``torch.set_num_threads`` for the trial, then the process's own count back. 0 leaves
     the count as the launcher set it: torchrun gives every rank of a multi-process job
@@ -63,7 +85,7 @@ DECLARED: tuple[Lever, ...] = (
           reference="highest", suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
           risk="numerics: fp32 matmuls round their inputs to TF32 (10-bit mantissa; medium: bf16); checked by the "
                "precision guard", label="matmul={}",
-          applied=Applied("process", f"{ENGINES}.process:matmul_precision"),
+          applied=Applied("process", f"{__name__}:matmul_precision"),
           exported=Exported({"hf_training_args.json": "tf32",
                              "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
           script=ScriptRoutes(ALL)),
@@ -74,7 +96,7 @@ DECLARED: tuple[Lever, ...] = (
               (True, "cuDNN's algorithm search needs a CUDA device with cuDNN", False)],
           risk="the first step of every new input shape times each algorithm (variable shapes pay it again); the "
                "fastest algorithm may not be deterministic", label="cudnn_benchmark",
-          applied=Applied("process", f"{ENGINES}.process:cudnn_benchmark"),
+          applied=Applied("process", f"{__name__}:cudnn_benchmark"),
           exported=Exported({"torch_settings.py": "torch.backends.cudnn.benchmark = {!r}"}),
           script=ScriptRoutes(ALL)),
     Lever("expandable_segments", bool, False,

@@ -1,13 +1,8 @@
 """Levers that are settings of the whole process (``stage: process`` in the registry):
 held for one trial and put back after it, so the next trial in the same process starts
-from what the job had (a search runs every trial in one process).
-
-- ``matmul_precision``: ``torch.set_float32_matmul_precision``. ``high`` lets fp32
-  matmuls run on TF32 tensor cores (Ampere and newer; 8x an A100's fp32 peak on paper),
-  ``medium`` also on bf16 where a fast kernel exists; the precision guard checks the loss.
-- ``cudnn_benchmark``: ``torch.backends.cudnn.benchmark``: cuDNN times its convolution
-  algorithms on the first call of each input shape and keeps the fastest; the timing runs
-  in the warm-up, outside the window, as long as the shapes do not change.
+from what the job had (a search runs every trial in one process). Each lever's own
+setter and restorer is in its family module (:mod:`tuner.inputs.levers.process`); this
+module runs them, and resolves any lever's ``module:function`` reference.
 """
 
 from __future__ import annotations
@@ -16,26 +11,12 @@ import contextlib
 import importlib
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import torch
-
 from tuner.inputs.levers import LEVERS
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
 
 Restore = Callable[[], None]
-
-
-def matmul_precision(value: str) -> Restore:
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision(value)
-    return lambda: torch.set_float32_matmul_precision(before)
-
-
-def cudnn_benchmark(value: bool) -> Restore:
-    before = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = bool(value)
-    return lambda: setattr(torch.backends.cudnn, "benchmark", before)
 
 
 def resolve(reference: str) -> Callable[..., Any]:
