@@ -14,7 +14,8 @@ from typing import Any, Literal, Mapping, Sequence, get_args
 from tuner.inputs import layout, levers
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import Lever
-from tuner.inputs.levers import DEEPSPEED_BUCKET, LEVERS, loader_kwargs
+from tuner.inputs.levers import LEVERS, loader_kwargs
+from tuner.inputs.levers.sharding import DEEPSPEED_BUCKET
 from tuner.inputs.machine import Machine, native_bf16
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]

@@ -16,7 +16,6 @@ from typing import Any, Mapping
 
 from tuner.inputs.lever import Lever
 from tuner.inputs.levers import batch, checkpointing, kernels, loader, orders, parallel, precision, process, sharding
-from tuner.inputs.levers.sharding import DEEPSPEED_BUCKET
 
 FAMILIES = (loader, precision, batch, parallel, sharding, checkpointing, kernels, process)
 """The family modules, each with its ``DECLARED`` levers."""
@@ -25,8 +24,6 @@ LEVERS: dict[str, Lever] = {name: _DECLARED[name] for name in orders.FIELDS}
 """Every lever, in the order of a configuration's fields (:data:`.orders.FIELDS`)."""
 if set(LEVERS) != set(_DECLARED):
     raise ImportError(f"levers declared but not in orders.FIELDS: {sorted(set(_DECLARED) - set(LEVERS))}")
-
-__all__ = ["DEEPSPEED_BUCKET", "FAMILIES", "LEVERS"]
 
 
 ENGINE_ORDER = ("layout", "fsdp", "deepspeed")
