@@ -62,13 +62,12 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
 def test_a_b_a_gives_a_back(toy):
     """Measuring B in between must not slow A. What B could leave behind is checked where
     it would be: no process below this one, the same threads, torch's thread settings, and
-    A's memory. The rate catches what those miss, at a bound the machine's moments do not
-    reach: A's step is mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two
-    workers), 595-690 samples/s alone (A B A A A: 618, B, 641, 636, 661: 1.03-1.07). In
-    full-suite runs the A's after B read 0.81, 0.82 and 0.77 of the first, both slowed
-    alike: load from around the suite, not B. So the faster of two A's after B must keep
-    0.7 of the first. One-sided: a machine that gets quieter (seen in CI: 1.86x) speeds A
-    up, which B cannot cause."""
+    A's memory. The rate catches what those miss, against A in a fresh process measured
+    alternately with it, so that what the machine does meanwhile slows both alike: against
+    the A measured before B, the A's after it read 0.81, 0.82 and 0.77 in full-suite runs,
+    and 0.48 with another test file beside it (pytest-xdist), load and not B. A's step is
+    mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two workers); the faster A
+    here must keep 0.7 of the faster fresh one."""
     recipe = toy(task_args={"read_ms": 0.5, "width": 256, "step_ms": 10.0}, steps={"warmup": 3, "measure": 12})
     a = dict(num_workers=2, micro_batch_size=8)
     b = dict(num_workers=4, micro_batch_size=16, amp_dtype="bf16", prefetch_factor=8)
@@ -78,10 +77,20 @@ def test_a_b_a_gives_a_back(toy):
     assert leftovers() == []  # B's workers are gone
     assert threading.active_count() == threads
     assert (torch.get_num_threads(), torch.get_num_interop_threads()) == torch_threads
-    after = [tuner.measure(recipe, **a) for _ in range(2)]
+
+    def fresh() -> float:
+        proc = run([sys.executable, "-m", "tuner.measure", str(recipe), "--json",
+                    *(x for k, v in a.items() for x in ("--set", f"{k}={v}"))])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout)["metrics"]["samples_per_s"]
+
+    after, there = [], []
+    for _ in range(2):
+        after.append(tuner.measure(recipe, **a))
+        there.append(fresh())
     again = max(after, key=lambda m: m.metrics["samples_per_s"])
-    ratio = again.metrics["samples_per_s"] / first.metrics["samples_per_s"]
-    assert ratio > 0.7, [m.metrics["samples_per_s"] / first.metrics["samples_per_s"] for m in after]
+    ratio = again.metrics["samples_per_s"] / max(there)
+    assert ratio > 0.7, ([m.metrics["samples_per_s"] for m in after], there, first.metrics["samples_per_s"])
     # Memory that B left behind would show here; 10% covers allocator noise.
     assert again.metrics["peak_mem_gib"] <= first.metrics["peak_mem_gib"] * 1.10
 
