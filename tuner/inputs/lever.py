@@ -136,7 +136,8 @@ class Lever:
     risk: str = ""
     """What the change can cost besides speed, in the attribution table."""
     label: str | None = None
-    """How a non-default value reads in a result row (``None``: it is in the row's title)."""
+    """How its value reads in a result row (``"prefetch={}"``): always for the levers of the
+    row's title (:data:`tuner.inputs.levers.orders.TITLE`), else away from its default."""
     suggest: tuple[tuple[Any, ...], str] | None = None
     """What a verdict pointing at it suggests: (the values that already follow the advice,
     the words); ``None``: the verdict's own words cover it."""

@@ -16,6 +16,7 @@ from tuner.analysis.diagnose import Verdict, headline
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs import layout
 from tuner.inputs.levers import LEVERS, recomputing
+from tuner.inputs.levers.orders import TITLE
 
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult, RevResult
@@ -48,15 +49,25 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-LEVER_WORDS = tuple((name, lever.label) for name, lever in LEVERS.items() if lever.label)
-"""How a knob beyond the loader's workers, precision, batch and ZeRO (the row's title)
-reads in a row, when not at its default."""
+def title_words(params: Mapping[str, Any]) -> str:
+    """The levers every row names (:data:`~tuner.inputs.levers.orders.TITLE`), in their
+    labels' words, the micro-batch with its accumulation: ``workers=4 amp=bf16 micro=8x2
+    zero=0``. The console's table, the live view and the report each wrote these by hand."""
+    words = []
+    for name in TITLE:
+        lever = LEVERS[name]
+        word = str(lever.label).format(params.get(name, lever.default))
+        if name == "micro_batch_size" and params.get("grad_accum_steps") is not None:
+            word += f"x{params['grad_accum_steps']}"
+        words.append(word)
+    return " ".join(words)
 
 
-def levers(params: dict[str, Any]) -> str:
-    """The levers a configuration sets away from their defaults, in a few words ('-' for none)."""
-    words = [fmt.format(params[name]) for name, fmt in LEVER_WORDS
-             if name in params and params[name] != LEVERS[name].default]
+def levers(params: Mapping[str, Any]) -> str:
+    """The other levers a configuration sets away from their defaults, in their labels'
+    words ('-' for none)."""
+    words = [str(lever.label).format(params[name]) for name, lever in LEVERS.items()
+             if name not in TITLE and name in params and params[name] != lever.default]
     return " ".join(words) or "-"
 
 
@@ -65,16 +76,13 @@ def measurement_table(m: "Measurement", every: bool = False) -> Table:
     known peak, GPU memory on a CPU) only with ``every`` (``--all``), as "not measured": a CPU
     run printed 30 rows of which 13 were "-"."""
     p = m.params
-    title = (
-        f"{m.recipe}: workers={p['num_workers']} amp={p['amp_dtype']} "
-        f"micro={p['micro_batch_size']}x{p['grad_accum_steps']} zero={p['zero_stage']} "
-        f"engine={p['engine']} world={m.environment['world_size']} levers: {levers(p)}"
-    )
+    world = m.environment["world_size"]
+    heading = f"{m.recipe}: {title_words(p)} engine={p['engine']} world={world} levers: {levers(p)}"
     n_ok = len(m.repeats) - m.failures
     metrics = m.metrics or {}
     missing = [name for name in METRIC_NAMES if metrics.get(name) is None]
     left = f"; {len(missing)} not measured here (--all lists them)" if missing and not every else ""
-    table = Table(title=title, caption=f"{n_ok} of {len(m.repeats)} repeats ok; median \\[min, max]{left}")
+    table = Table(title=heading, caption=f"{n_ok} of {len(m.repeats)} repeats ok; median \\[min, max]{left}")
     table.add_column("metric")
     table.add_column("median", justify="right")
     table.add_column("spread", justify="right")

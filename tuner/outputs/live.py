@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.analysis.diagnose import headline
-from tuner.outputs.console import levers
+from tuner.outputs.console import levers, title_words
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
 from tuner.tuning.events import SearchEvents
@@ -57,8 +57,7 @@ class Live(SearchEvents):
         self.console.print(f"[bold]tuner.search[/] {self.recipe.name}: budget {budget}{resumed}; "
                            f"study {self.recipe.storage}")
         self.log.info("search %s: budget %s%s", self.recipe.name, budget, resumed)
-        header = f"{'trial':>5}  {'workers':>7} {'pf':>2} {'pin':>3} {'pers':>4} {'amp':>4} {'micro':>8} " \
-                 f"{'zero':>4} {'levers':<18} " \
+        header = f"{'trial':>5}  {'configuration':<38} {'levers':<22} " \
                  f"{'samples/s':>10} {'wait':>5} {'peak GiB':>8}  state"
         self.console.print(header)
         self.log.info(header)
@@ -80,10 +79,9 @@ class Live(SearchEvents):
         peak = m.get("peak_mem_gib")
         reason = trial.get("reason") or ""
         mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
-        row = (f"{trial.number:>5}  {p['num_workers']:>7} {p['prefetch_factor']:>2} {str(p['pin_memory'])[0]:>3} "
-               f"{str(p['persistent_workers'])[0]:>4} {p['amp_dtype']:>4} "
-               f"{str(p['micro_batch_size']) + 'x' + str(p['grad_accum_steps']):>8} {p['zero_stage']:>4} "
-               f"{levers(p):<18} "
+        # the title's levers always, the others (the loader's prefetch, pinning and persistence
+        # among them) only away from their defaults: they were columns and words both
+        row = (f"{trial.number:>5}  {title_words(p):<38} {levers(p):<22} "
                f"{_f(rate, '.1f'):>10} {_f(wait, '.2f'):>5} {_f(peak, '.2f'):>8}  ")
         style = STYLE.get(outcome, "red")
         self.console.print(f"{escape(row)}[{style}]{outcome}[/]{mark} {escape(reason)}".rstrip())

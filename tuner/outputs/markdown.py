@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import headline
 from tuner.inputs.levers import LEVERS
+from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
@@ -255,9 +256,10 @@ def _scaled(value: Any, scale: float) -> Any:
 
 
 def _knobs(params: dict[str, Any]) -> str:
-    """The core knobs always, the levers only where they leave their defaults."""
-    keys = ("num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype",
-            "micro_batch_size", "grad_accum_steps", "zero_stage")
+    """The title's levers (:data:`~tuner.inputs.levers.orders.TITLE`, the micro-batch with
+    its accumulation) always, the others only where they leave their defaults: by their
+    names, as ``--set`` and the recipe write them."""
+    keys = [k for name in TITLE for k in ((name, "grad_accum_steps") if name == "micro_batch_size" else (name,))]
     core = [f"{k}={params[k]}" for k in keys if k in params]
     more = [f"{k}={params[k]}" for k in LEVERS if k not in keys and k in params and params[k] != LEVERS[k].default]
     return ", ".join(core + more)

@@ -22,6 +22,7 @@ def _no_cuda(value: Any, fallback: Any, why: str) -> Any:
 
 DECLARED: tuple[Lever, ...] = (
     Lever("num_workers", int, 0, "DataLoader worker processes per rank", minimum=0, group="loader", ordered=True,
+          label="workers={}",
           suggest=((), "more loader workers"),
           risk="host memory: every worker holds its own copy of what the dataset touches",
           applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="num_workers"),

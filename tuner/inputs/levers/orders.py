@@ -7,6 +7,8 @@ here is where it stands among the others.
 - :data:`PATH`: the attribution's path from the baseline (what feeds the step first).
 - :data:`WALK`: the guided walk's one-knob-at-a-time order (likeliest large effect first).
 - :data:`VERDICTS`: each verdict's levers, its first choice first (what its advice names).
+- :data:`TITLE`: the levers every result row names (console, live view, report); the
+  others are named only away from their defaults.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ WALK = (
     "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer",
     "expandable_segments", "intra_op_threads",
 )
+
+TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")
 
 VERDICTS: dict[str, tuple[str, ...]] = {
     "data-bound": ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order"),

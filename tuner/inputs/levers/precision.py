@@ -79,6 +79,7 @@ def float8_exports(config: Config, file: str, world_size: int) -> Any:
 
 DECLARED: tuple[Lever, ...] = (
     Lever("amp_dtype", str, "fp32", "autocast dtype", choices=("fp32", "bf16", "fp16"), group="precision",
+          label="amp={}",
           reference="fp32", refused=_amp_refused,
           suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"),
           risk="numerics: checked by the precision guard against the fp32 loss",

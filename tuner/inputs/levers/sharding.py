@@ -51,6 +51,7 @@ def _no_lightning(m: Machine) -> list[tuple[Any, str, Any]]:
 
 DECLARED: tuple[Lever, ...] = (
     Lever("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3, group="sharding",
+          label="zero={}",
           needs=_data_parallel_only, ordered=True, alternative=("fsdp", "off"),
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)", engine="deepspeed",
           runs_on="deepspeed", proven=True,
