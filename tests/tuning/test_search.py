@@ -312,7 +312,11 @@ def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_pa
         for side, kw in (pair if i % 2 == 0 else pair[::-1]):
             (ours if side == "ours" else theirs).append(tuner.measure(recipe, **kw).metrics["samples_per_s"])
     ratio = statistics.median(ours) / statistics.median(theirs)
-    assert ratio >= 0.92, (str(found), grid, ours, theirs)
+    # the search's own account on failure: a CI run under xdist answered micro-batch 8 with 4
+    # workers, re-measured at 0.30x of micro-batch 16 (1 of 4 full runs; not reproduced in 7
+    # searches beside two busy processes and two other searches, all answering micro-batch 16)
+    log = (tmp_path / "run" / "search.log").read_text()[-6000:]
+    assert ratio >= 0.92, (str(found), grid, ours, theirs, log)
 
 
 @pytest.mark.slow
