@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -74,10 +73,9 @@ def ensure_process_group(device: torch.device) -> None:
         return
     backend = os.environ.get(BACKEND_ENV) or ("nccl" if device.type == "cuda" else "gloo")
     _alone = "MASTER_ADDR" not in os.environ
-    if _alone:  # one process without torchrun (e.g. DeepSpeed alone)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-                          RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(minutes=10)}
+    if _alone:  # one process without torchrun (e.g. DeepSpeed alone)
+        kwargs.update(_lone_rendezvous())
     if backend == "nccl":
         kwargs["device_id"] = device
     dist.init_process_group(**kwargs)
@@ -207,10 +205,17 @@ def broadcast(obj: Any) -> Any:
     return box[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _lone_rendezvous() -> dict[str, Any]:
+    """A world of one's store, listening on a port the kernel picked as it bound it.
+
+    Asking for a free port, closing it and letting the store bind it later raced: two such
+    processes on one machine (two library calls, two searches) were handed the same port and
+    the second failed ``EADDRINUSE`` (measured: a test beside another file's ranks). The
+    environment a launcher would have set is set to what was bound, for the libraries that read
+    it (DeepSpeed reads ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``)."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timedelta(minutes=10))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    return {"store": store, "rank": 0, "world_size": 1}
 
 
 def is_main_process() -> bool:
