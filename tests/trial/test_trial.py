@@ -66,8 +66,8 @@ def test_a_b_a_gives_a_back(toy):
     alternately with it, so that what the machine does meanwhile slows both alike: against
     the A measured before B, the A's after it read 0.81, 0.82 and 0.77 in full-suite runs,
     and 0.48 with another test file beside it (pytest-xdist), load and not B. A's step is
-    mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two workers); the faster A
-    here must keep 0.7 of the faster fresh one."""
+    mostly fixed waits (10 ms per micro-batch, 0.5 ms reads in two workers); in the best of
+    three pairs A after B must keep 0.7 of the fresh A beside it."""
     recipe = toy(task_args={"read_ms": 0.5, "width": 256, "step_ms": 10.0}, steps={"warmup": 3, "measure": 12})
     a = dict(num_workers=2, micro_batch_size=8)
     b = dict(num_workers=4, micro_batch_size=16, amp_dtype="bf16", prefetch_factor=8)
@@ -85,12 +85,15 @@ def test_a_b_a_gives_a_back(toy):
         return json.loads(proc.stdout)["metrics"]["samples_per_s"]
 
     after, there = [], []
-    for _ in range(2):
+    for _ in range(3):
         after.append(tuner.measure(recipe, **a))
         there.append(fresh())
     again = max(after, key=lambda m: m.metrics["samples_per_s"])
-    ratio = again.metrics["samples_per_s"] / max(there)
-    assert ratio > 0.7, ([m.metrics["samples_per_s"] for m in after], there, first.metrics["samples_per_s"])
+    # Pair by pair: each A-after-B against the fresh A measured right after it. What B left
+    # behind slows every pair; a burst of load slows one side of one pair (two pairs of the
+    # best-of-two read 0.41 and 0.70 beside another file's ranks).
+    ratios = [m.metrics["samples_per_s"] / rate for m, rate in zip(after, there)]
+    assert max(ratios) > 0.7, ([m.metrics["samples_per_s"] for m in after], there, first.metrics["samples_per_s"])
     # Memory that B left behind would show here; 10% covers allocator noise.
     assert again.metrics["peak_mem_gib"] <= first.metrics["peak_mem_gib"] * 1.10
 
