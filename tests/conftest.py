@@ -269,6 +269,28 @@ def _reap_what_the_test_started(request):
         _left.append(f"{request.node.nodeid}: {', '.join(said)}")
 
 
+RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def _no_rendezvous_left(request):
+    """No test leaves a launcher's variables in the suite's process: every later test's
+    subprocess inherits them and takes them for torchrun's (a group formed in-process once
+    left MASTER_PORT behind, and under two files at a time another process held that port:
+    a library call in a subprocess failed EADDRINUSE). Restored, and the test fails."""
+    before = {k: os.environ.get(k) for k in RENDEZVOUS}
+    yield
+    left = {k: os.environ.get(k) for k in RENDEZVOUS if os.environ.get(k) != before[k]}
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    if left:
+        pytest.fail(f"{request.node.nodeid} left {left} in the environment: form a group inside "
+                    "tuner.harness.caller_state.as_found() (or monkeypatch.setenv)", pytrace=False)
+
+
 @pytest.fixture
 def toy(tmp_path: Path):
     return lambda **fields: toy_recipe(tmp_path, **fields)

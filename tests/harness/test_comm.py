@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import tuner
-from tuner.harness import distributed
+from tuner.harness import caller_state, distributed
 from tuner.harness.comm import CommTimer, exposed_share, uncovered, union
 
 from conftest import torchrun
@@ -59,7 +59,15 @@ def test_one_rank_has_no_communication(toy):
 
 def test_timer_counts_a_collective_once_and_the_wait_on_an_async_one():
     """A world of one on gloo (real collectives, no peer): a nested call is timed once, an
-    async one through its wait(), and nothing is timed once the patch is gone."""
+    async one through its wait(), and nothing is timed once the patch is gone. The group and
+    its rendezvous variables go with the test (as a library call's do): left in the suite's
+    process, every later test's subprocess inherited MASTER_PORT and took it for a launcher's,
+    and under two files at a time another process held that port (EADDRINUSE)."""
+    with caller_state.as_found():
+        _timed_once()
+
+
+def _timed_once() -> None:
     distributed.ensure_process_group(torch.device("cpu"))
     timer = CommTimer()
     calls = []
