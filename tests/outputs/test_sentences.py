@@ -111,7 +111,8 @@ def test_a_stop_line_or_a_count_that_is_not_the_runs_is_found(tmp_path):
 
 
 def test_a_count_of_open_questions_or_pruned_trials_that_is_not_the_records_is_found(tmp_path):
-    lines = ["note: finish: 2 question(s) left open after 6 round(s) (its budget): a; b",
+    lines = ["note: finish: 2 question(s) left open after 6 round(s) (its budget); the summary lists each with "
+             "its interval",
              "pruning cut 2 trial(s) short, saving ~3 s of measuring"]
     folder = write(tmp_path, [], [], lines)
     best = json.loads((folder / "best.json").read_text())

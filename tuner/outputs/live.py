@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tuner.analysis.diagnose import headline
 from tuner.outputs.console import levers, title_words
 from tuner.trial.trial_result import State
-from tuner.tuning import promises
+from tuner.tuning import promises, recommend
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class Live(SearchEvents):
             lines.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s "
                          "of measuring")
         for note in result.notes:
-            if "rests on change(s) the rule has not shown" in note or note.startswith("left open "):
+            if recommend.in_summary(note):
                 lines.append(note)
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")
@@ -125,7 +125,11 @@ class Live(SearchEvents):
                      if r.gain and r.share is not None
                      else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
                      for r in result.attribution.rows]
-            lines.append("gain by knob, one at a time: " + ", ".join(parts))
+            unmeasured = any(not (r.gain and r.share is not None) and not r.failed for r in result.attribution.rows)
+            # the path's runs come after the finish's rounds, inside what is left of its budget
+            lines.append("gain by knob, one at a time: " + ", ".join(parts)
+                         + ("; the finish's budget ended before the rest of the path was measured "
+                            "(--finish-minutes gives it more)" if unmeasured else ""))
         lines.append(f"outputs: {result.out}/ (best.json, report.html, report.md, ds_config.json, trials.csv, ...)")
         command = (result.best.get("command") if result.best else None)
         if command:

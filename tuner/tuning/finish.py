@@ -215,8 +215,8 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
     if events and out.open:
         why = ("its budget" if out.out_of_budget else "settling them would take more rounds than its budget holds"
                if out.out_of_reach else "the rounds a question may take")
-        events.note(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) ({why}): "
-                    + "; ".join(out.open))
+        events.note(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) ({why}); "
+                    "the summary lists each with its interval")
     return out
 
 

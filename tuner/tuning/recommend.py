@@ -78,6 +78,12 @@ def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
             f"(undecided, kept{together})")
 
 
+def in_summary(note: str) -> bool:
+    """Whether the search's closing summary repeats ``note`` (what the speedup rests on, what
+    the budget left open): printed there once, not also as a note just above it."""
+    return "rests on change(s) the rule has not shown" in note or note.startswith("left open ")
+
+
 def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attribution | None", pool: "Pool",
            baseline: dict[str, Any], tolerance: float, make: Callable[[dict[str, Any]], dict[str, Any]],
            valid: "attribution_mod.Valid | None" = None, speedup: float | None = None,

@@ -87,7 +87,8 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
                                     d.ruled_out)
         for note in decision.notes:
             notes.append(note)
-            d.events.note(note)
+            if not recommend.in_summary(note):  # the summary says it once, right below
+                d.events.note(note)
     r = d.recipe
     notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
     if r.objective != "samples_per_s":
