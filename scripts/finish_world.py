@@ -27,6 +27,8 @@ from tuner.inputs import levers
 from tuner.inputs.space import Machine, make_config
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning import finish as finish_mod
+from tuner.tuning import path
+from tuner.tuning.controller import ATTRIBUTE_REPEATS
 from tuner.tuning.pool import Pool, key
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
@@ -164,6 +166,8 @@ def simulate(cell: Cell, seed: int) -> Outcome:
     search_s = world.time()
     rules = finish_mod.Rules(TOLERANCE, make, lambda p: True, None, levers.proven)
     budget = finish_mod.Budget(finish_mod.TIME_SHARE * search_s, typical_s=1.0, clock=world.time)
+    # the seconds the search holds back for its attribution's runs after the rounds
+    path.hold_for(budget, ATTRIBUTE_REPEATS, pool, make(BASELINE), finalists[0], make)
     done = finish_mod.finish(finalists, make(BASELINE), world.run, pool, rules, budget)
     assert done is not None
     answer = done.answer

@@ -344,3 +344,37 @@ def test_a_finalist_the_rule_shows_slower_than_the_best_is_not_the_reference():
     budget = finish_mod.Budget(30.0, typical_s=1.0, clock=world.time)
     done = finish_mod.finish([c["base"], c["w4"]], c["base"], world.run, pool, rules(), budget)
     assert done is not None and done.reference == c["base"] and done.answer == c["base"] and not done.moves
+
+
+
+def test_the_rounds_leave_the_attribution_the_runs_its_path_lacks():
+    """The quickstart's rounds spent all 39 s of its finish on questions its noise could not
+    settle, and its one-at-a-time line read "num_workers 0->8 (not measured)" for the change
+    that made its 9x: the path's first point (the baseline with the workers alone) is no
+    question's configuration. The budget now leaves the rounds short of what the path to the
+    leading finalist still lacks at each run (``path.hold_for``, as the search calls it),
+    and the path is measured after them, inside the same seconds."""
+    from tuner.tuning import path
+
+    best = {"num_workers": 4, "amp_dtype": "bf16", "micro_batch_size": 16}
+    finalist = {"num_workers": 4, "micro_batch_size": 16}
+
+    def finish_then_describe(hold: bool) -> tuple[list[bool], float]:
+        # bf16 and the micro-batch are worth 1% at 15% noise: their questions take every round given
+        world, pool, c = setup({("num_workers", 4): 2.0, ("amp_dtype", "bf16"): 1.01, ("micro_batch_size", 16): 1.01},
+                               {"best": best, "finalist": finalist},
+                               [("base", 100.0), ("best", 205.0), ("finalist", 199.0)], sigma=0.15)
+        budget = finish_mod.Budget(10.0, typical_s=1.0, clock=world.time)
+        if hold:
+            path.hold_for(budget, 1, pool, c["base"], c["best"], make)
+        done = finish_mod.finish([c["best"], c["finalist"], c["base"]], c["base"], world.run, pool, rules(), budget)
+        assert done is not None and done.out_of_budget and done.open  # the rounds ran into the budget
+        lacking = [p for p in path.configs(c["base"], done.answer, make).values() if not pool.entry(p).runs]
+        path.describe(lacking, 1, world.run, pool, budget)
+        assert world.clock <= 10.0  # the budget, checked before every run
+        return [r.gain is not None for r in path.table(c["base"], done.answer, pool, make, 0.02).rows], world.clock
+
+    gains, spent = finish_then_describe(hold=True)
+    assert all(gains) and spent == 10.0
+    gains, _ = finish_then_describe(hold=False)  # the rounds took every second: the workers' step unmeasured
+    assert not all(gains)

@@ -158,6 +158,10 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     if not plan["finalists"]:
         return None, None
     budget = finish.Budget(plan["seconds"], max(1, confirm), plan["typical"])
+    repeats = ATTRIBUTE_REPEATS if attribute is None else attribute
+    lead = decider.attribution_plan(plan["finalists"][0]) if decider is not None and repeats > 0 else None
+    if confirm > 0 and lead:  # rank 0's clock decides every run
+        path.hold_for(budget, repeats, pool, lead["baseline"], lead["best"], make, valid)
 
     def measure(params: dict[str, Any]) -> "TrialResult":
         return run(Config(**params))
@@ -169,7 +173,6 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
         finished = finish.finish(plan["finalists"], plan["baseline"], measure, pool, rules, budget,
                                  distributed.broadcast, events)
     answer = finished.answer if finished is not None else plan["finalists"][0]
-    repeats = ATTRIBUTE_REPEATS if attribute is None else attribute
     ends = distributed.broadcast(decider.attribution_plan(answer) if decider and repeats > 0 else None)
     if not ends:
         return finished, None

@@ -25,6 +25,15 @@ class Budget:
     started: float | None = None
     durations: dict[str, list[float]] = field(default_factory=dict)
     """Seconds of each run the finish took, by configuration."""
+    held: Callable[[], float] | None = None
+    """Seconds the rounds leave for the attribution's runs after them, asked before each run
+    (:func:`tuner.tuning.path.hold_for`): the quickstart's rounds spent all 39 s of its
+    finish, and its one-at-a-time line then read "num_workers 0->8 (not measured)" for the
+    change that made its 9x."""
+
+    def held_s(self) -> float:
+        """What :attr:`held` holds back now."""
+        return self.held() if self.held is not None else 0.0
 
     def expected(self, k: str) -> float:
         """What a run of configuration ``k`` is expected to take: its own runs' median, else
@@ -41,7 +50,7 @@ class Budget:
             return True
         if self.started is None:
             self.started = self.clock()
-        return self.clock() - self.started + self.expected(k) <= self.seconds
+        return self.clock() - self.started + self.expected(k) <= self.seconds - self.held_s()
 
     def rounds_left(self, per_round_s: float) -> int:
         """Whole rounds of ``per_round_s`` seconds that still fit (the rounds cap without a time limit)."""
@@ -49,4 +58,19 @@ class Budget:
             return self.rounds
         if self.started is None:
             self.started = self.clock()
-        return max(0, int((self.seconds - (self.clock() - self.started)) / per_round_s))
+        return max(0, int((self.seconds - self.held_s() - (self.clock() - self.started)) / per_round_s))
+
+
+HELD_AT_MOST = 0.5
+"""The share of the finish's seconds the attribution's runs may hold back from its rounds."""
+
+
+def hold(budget: Budget, runs: int) -> float:
+    """Seconds to hold back from the rounds for ``runs`` attribution runs after them (each
+    expected to take what a run takes: :meth:`Budget.expected`), at most
+    :data:`HELD_AT_MOST` of the budget. The rounds decide; the attribution describes, so it
+    gets what it needs to say each change's gain once, not more, and only what the rounds
+    have not measured by then (their leave-one-outs are most of the path)."""
+    if budget.seconds is None or runs <= 0:
+        return 0.0
+    return min(runs * budget.expected(""), HELD_AT_MOST * budget.seconds)

@@ -44,11 +44,24 @@ def table(base: dict[str, Any], best: dict[str, Any], pool: "Pool", make: Make, 
                                      interval)
 
 
+def hold_for(budget: "Budget", runs: int, pool: "Pool", base: dict[str, Any], lead: dict[str, Any], make: Make,
+             valid: "attribution_mod.Valid | None" = None) -> None:
+    """Hold back from the finish's rounds what :func:`describe` will need for the path to the
+    leading finalist: ``runs`` each of the configurations the pool lacks at each run's start
+    (what the rounds measure on the way counts). The search and its simulation
+    (``scripts/finish_world.py``) both set the finish's budget so."""
+    from tuner.tuning.finish_budget import hold
+
+    points = list(configs(base, lead, make, valid).values())
+    budget.held = lambda: hold(budget, runs * sum(not pool.entry(c).runs for c in points))
+
+
 def describe(configs: Sequence[dict[str, Any]], runs: int, run: "Run", pool: "Pool", budget: "Budget",
              agree: "Agree" = lambda x: x) -> int:
     """The attribution path's configurations the pool has no run of, ``runs`` times each,
     interleaved, inside what is left of the budget (they describe; they decide nothing).
     Returns the runs measured."""
+    budget.held = None  # what the rounds held back is this
     todo = [dict(c) for c in configs if not pool.entry(c).runs]
     done = 0
     for r in range(runs):
