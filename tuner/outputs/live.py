@@ -121,7 +121,7 @@ class Live(SearchEvents):
                     lines.append(f"  next: {verdicts[0].next_step}")
         if result.attribution is not None and result.attribution.rows:
             # the share is of the whole speedup, on a log scale: "0.64x (-50%)" read as 50% slower
-            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({r.share:.0%} of the speedup)"
+            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({_share(r.share)} of the speedup)"
                      if r.gain and r.share is not None
                      else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
                      for r in result.attribution.rows]
@@ -143,3 +143,9 @@ class Live(SearchEvents):
 
 def _f(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+
+
+def _share(share: float) -> str:
+    """A share of the speedup as a whole percentage; one that rounds to nothing reads 0%, not
+    "-0%" (the quickstart's persistent_workers step, 0.99x)."""
+    return f"{share if abs(share) >= 0.005 else 0.0:.0%}"

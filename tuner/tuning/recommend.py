@@ -81,7 +81,7 @@ def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
 def in_summary(note: str) -> bool:
     """Whether the search's closing summary repeats ``note`` (what the speedup rests on, what
     the budget left open): printed there once, not also as a note just above it."""
-    return "rests on change(s) the rule has not shown" in note or note.startswith("left open ")
+    return "rests on change(s) the rule has not shown" in note or note.startswith("left open")
 
 
 def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attribution | None", pool: "Pool",
