@@ -59,6 +59,7 @@ def test_trial_leaves_no_workers_and_no_threads(toy):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_b_a_gives_a_back(toy):
     """Measuring B in between must not slow A. What B could leave behind is checked where
     it would be: no process below this one, the same threads, torch's thread settings, and
@@ -143,7 +144,7 @@ def test_failed_measure_exits_1_and_still_reports(toy):
 
 
 def test_stall_free_ceiling_matches_back_to_back_steps(toy):
-    """Reads of 2 ms x 16 samples per step and 4 ms of work per step: the loop waits on
+    """Reads of 4 ms x 16 samples per step and 4 ms of work per step: the loop waits on
     data, and the stall-free ceiling (the same step on a batch already in memory) is what
     the task's own record of those same steps' optimizer-step ends says, within 10%.
 
@@ -152,7 +153,7 @@ def test_stall_free_ceiling_matches_back_to_back_steps(toy):
     leaves out the last step, read 22% apart when one step of ten was slow."""
     import sys as _sys
 
-    recipe = toy(task_args={"read_ms": 2.0, "step_ms": 4.0, "record": True},
+    recipe = toy(task_args={"read_ms": 4.0, "step_ms": 4.0, "record": True},
                  steps={"warmup": 2, "measure": 10})
     m = tuner.measure(recipe, num_workers=0)
     assert m.state == "ok"
@@ -161,8 +162,9 @@ def test_stall_free_ceiling_matches_back_to_back_steps(toy):
     ceiling = m.metrics["stall_free_samples_per_s"]
     print("ceiling", ceiling, "truth", truth)
     assert ceiling == pytest.approx(truth, rel=0.10), (ceiling, truth)
-    # the data pipeline is what holds it back (32 ms of reads a step: with 16, a step's own
-    # arithmetic on a busy machine grew until the ceiling read 1.41x the rate)
+    # the data pipeline is what holds it back (64 ms of reads a step: with 16, a step's own
+    # arithmetic on a busy machine grew until the ceiling read 1.41x the rate; with 32, beside
+    # another test file's ranks, 1.38x: the replayed step took 32 ms)
     assert ceiling > 1.5 * m.metrics["samples_per_s"]
     assert m.metrics["stall_free_method"] == "replayed"
 
