@@ -33,6 +33,7 @@ def search_on_one_core(folder, task_args, trials):
 
 @pytest.mark.skipif(shutil.which("taskset") is None and not os.environ.get("TUNER_REQUIRE_TASKSET"),
                     reason="needs taskset (util-linux); required where TUNER_REQUIRE_TASKSET is set (CI)")
+@pytest.mark.alone  # pinned to core 0, which another test file's ranks share
 def test_a_pipeline_that_saturates_the_cores_is_not_told_to_add_workers(tmp_path):
     # decoding 8 ms of CPU per batch and a 12 ms CPU step on one core: workers only share it
     best, log = search_on_one_core(tmp_path, {"decode_ms": 0.5, "busy_ms": 12}, 3)
@@ -51,6 +52,7 @@ def test_a_pipeline_that_saturates_the_cores_is_not_told_to_add_workers(tmp_path
 
 @pytest.mark.skipif(shutil.which("taskset") is None and not os.environ.get("TUNER_REQUIRE_TASKSET"),
                     reason="needs taskset (util-linux); required where TUNER_REQUIRE_TASKSET is set (CI)")
+@pytest.mark.alone  # pinned to core 0, which another test file's ranks share
 def test_a_pipeline_waiting_on_storage_is_still_told_to_add_workers(tmp_path):
     # 16 ms of storage latency per batch (sleeping, no CPU) and a 4 ms step, one core
     best, log = search_on_one_core(tmp_path, {"read_ms": 1.0, "busy_ms": 4}, 2)

@@ -13,7 +13,7 @@ import tuner
 
 from conftest import run, toy_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 TASK = {"read_ms": 5.0, "step_ms": 40.0}
 """Each sample reads for 5 ms and each micro-batch computes for 40 ms (sleeps: the same cost

@@ -27,6 +27,7 @@ def _recipe(folder, **fields):
     return write_recipe(folder, body)
 
 
+@pytest.mark.alone
 def test_checkpointing_fits_the_fast_micro_batch_the_budget_refused(tmp_path):
     """Activations dominate this job's memory. Measured first, independently: micro-batch
     256 without checkpointing is over a budget set between it and what fits (16, or 256

@@ -290,6 +290,7 @@ def test_bad_storage_url_is_an_input_error(toy, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_path):
     """An I/O-latency-bound loader: the search's answer beats the baseline by >= 1.25x and
     is >= 0.92x of the best point of a grid over loader workers, re-measured interleaved.
@@ -330,6 +331,7 @@ def test_eight_trials_match_the_exhaustive_workers_grid_side_by_side(toy, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_search_that_has_converged_stops_before_its_budget(toy, tmp_path):
     """Steady steps (a fixed wait per forward, reads of 0.5 ms a sample): once the
     neighbourhood of the best is measured, sampler trials bring nothing new and the search
