@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tuner.analysis import attribution as attribution_mod
 from tuner.analysis.attribution import Attribution
+from tuner.tuning.finish_budget import hold
 from tuner.tuning.pool import key
 
 if TYPE_CHECKING:
@@ -50,8 +51,6 @@ def hold_for(budget: "Budget", runs: int, pool: "Pool", base: dict[str, Any], le
     leading finalist: ``runs`` each of the configurations the pool lacks at each run's start
     (what the rounds measure on the way counts). The search and its simulation
     (``scripts/finish_world.py``) both set the finish's budget so."""
-    from tuner.tuning.finish_budget import hold
-
     points = list(configs(base, lead, make, valid).values())
     budget.held = lambda: hold(budget, runs * sum(not pool.entry(c).runs for c in points))
 
