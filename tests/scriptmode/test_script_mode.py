@@ -29,6 +29,7 @@ def _no_script_processes() -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # 1.18x beside two busy processes and another file's ranks (1.3x asked)
 def test_the_plain_script_example_is_tuned_end_to_end(tmp_path):
     result = tuner.search(ROOT / "recipes" / "script_plain.yaml", trials=3, confirm=0, attribute=0, quiet=True,
                           out=tmp_path / "run", overrides=["steps.measure=12"])
