@@ -169,3 +169,11 @@ def test_the_summary_says_what_was_left_open_whichever_way_the_finish_ended():
     assert in_summary("left open, since settling them would take more rounds than the finish's budget (45 s) holds: a")
     assert in_summary(rests_on(1.06, 9.09, ["prefetch_factor"]))
     assert not in_summary("num_workers=8 kept: 789.3% faster than without it")
+
+
+def test_a_share_that_rounds_to_nothing_reads_zero_in_the_console_and_the_report():
+    """The quickstart's persistent_workers step (0.99x) read "-0% of the speedup"; the console
+    and report.md's attribution table format a share with the same function."""
+    from tuner.analysis.attribution import share_text
+
+    assert [share_text(s) for s in (-0.004, 0.004, -0.3, 0.99, None)] == ["0%", "0%", "-30%", "99%", "-"]

@@ -111,6 +111,15 @@ class Row:
     leave-one-out against the best."""
 
 
+def share_text(share: float | None) -> str:
+    """A step's share of the speedup as a whole percentage, as the console and report.md print
+    it: one that rounds to nothing reads 0%, not "-0%" (the quickstart's persistent_workers
+    step, 0.99x); ``-`` where the step was not measured."""
+    if share is None or math.isnan(share):
+        return "-"
+    return f"{share if abs(share) >= 0.005 else 0.0:.0%}"
+
+
 def mark(s: Slowdown | None, tolerance: float) -> str | None:
     """A change's verdict from the interval of how much slower the configuration before it
     is than the one after it."""

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tuner.analysis.attribution import share_text
 from tuner.analysis.diagnose import headline
 from tuner.outputs.console import levers, title_words
 from tuner.trial.trial_result import State
@@ -121,11 +122,12 @@ class Live(SearchEvents):
                     lines.append(f"  next: {verdicts[0].next_step}")
         if result.attribution is not None and result.attribution.rows:
             # the share is of the whole speedup, on a log scale: "0.64x (-50%)" read as 50% slower
-            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({_share(r.share)} of the speedup)"
-                     if r.gain and r.share is not None
+            rows = result.attribution.rows
+            measured = [bool(r.gain) and r.share is not None for r in rows]
+            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({share_text(r.share)} of the speedup)" if ok
                      else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
-                     for r in result.attribution.rows]
-            unmeasured = any(not (r.gain and r.share is not None) and not r.failed for r in result.attribution.rows)
+                     for r, ok in zip(rows, measured)]
+            unmeasured = any(not ok and not r.failed for r, ok in zip(rows, measured))
             # the path's runs come after the finish's rounds, inside what is left of its budget
             lines.append("gain by knob, one at a time: " + ", ".join(parts)
                          + ("; the finish's budget ended before the rest of the path was measured "
@@ -143,9 +145,3 @@ class Live(SearchEvents):
 
 def _f(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
-
-
-def _share(share: float) -> str:
-    """A share of the speedup as a whole percentage; one that rounds to nothing reads 0%, not
-    "-0%" (the quickstart's persistent_workers step, 0.99x)."""
-    return f"{share if abs(share) >= 0.005 else 0.0:.0%}"

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tuner.analysis.attribution import share_text
 from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import headline
 from tuner.inputs.levers import LEVERS
@@ -153,7 +154,7 @@ def _attribution_lines(a: Attribution | None) -> list[str]:
         if row.mark:
             gain += f" {row.mark}"
         lines.append(f"| {row.knob} | {row.before} → {row.after} | {rate} | {gain} | "
-                     f"{_fmt(row.share, '.0%')} | {without} | {row.risk} |")
+                     f"{share_text(row.share)} | {without} | {row.risk} |")
     lines += [""] + [f"- {note}" for note in a.notes]
     return lines
 

@@ -177,7 +177,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     if not ends:
         return finished, None
     configs = path.configs(ends["baseline"], ends["best"], make, valid)
-    todo = sum(not pool.entry(c).runs for c in configs.values())
+    todo = len(path.lacking(list(configs.values()), pool))
     if todo and events is not None:
         events.note(f"attributing the gain: {len(configs)} configurations on the path from the baseline, "
                     f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")

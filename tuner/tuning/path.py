@@ -45,6 +45,11 @@ def table(base: dict[str, Any], best: dict[str, Any], pool: "Pool", make: Make, 
                                      interval)
 
 
+def lacking(configs: Sequence[dict[str, Any]], pool: "Pool") -> list[dict[str, Any]]:
+    """The configurations the pool has no run of (what :func:`describe` measures)."""
+    return [dict(c) for c in configs if not pool.entry(c).runs]
+
+
 def hold_for(budget: "Budget", runs: int, pool: "Pool", base: dict[str, Any], lead: dict[str, Any], make: Make,
              valid: "attribution_mod.Valid | None" = None) -> None:
     """Hold back from the finish's rounds what :func:`describe` will need for the path to the
@@ -52,7 +57,7 @@ def hold_for(budget: "Budget", runs: int, pool: "Pool", base: dict[str, Any], le
     (what the rounds measure on the way counts). The search and its simulation
     (``scripts/finish_world.py``) both set the finish's budget so."""
     points = list(configs(base, lead, make, valid).values())
-    budget.held = lambda: hold(budget, runs * sum(not pool.entry(c).runs for c in points))
+    budget.held = lambda: hold(budget, runs * len(lacking(points, pool)))
 
 
 def describe(configs: Sequence[dict[str, Any]], runs: int, run: "Run", pool: "Pool", budget: "Budget",
@@ -61,7 +66,7 @@ def describe(configs: Sequence[dict[str, Any]], runs: int, run: "Run", pool: "Po
     interleaved, inside what is left of the budget (they describe; they decide nothing).
     Returns the runs measured."""
     budget.held = None  # what the rounds held back is this
-    todo = [dict(c) for c in configs if not pool.entry(c).runs]
+    todo = lacking(configs, pool)
     done = 0
     for r in range(runs):
         for c in todo:
