@@ -266,3 +266,23 @@ def test_a_larger_prefetch_is_not_advised_once_one_was_measured_without_a_gain()
     shallower = Seen({**best.params, "prefetch_factor": 1}, {"samples_per_s": 700.0, "data_wait_share": 0.5})
     kept = _already_tried(data, best.params, best.metrics, [best, shallower]).next_step
     assert kept.startswith("try more loader workers than 2, a larger prefetch_factor than 2, "), kept
+
+
+def test_a_move_that_gained_does_not_hide_the_moves_that_did_not():
+    """CI, 2026-12-05: the quickstart job's answer (2 workers, after an undecided finish) read
+    "try more loader workers than 2" where trials.csv showed 4 workers at 628 samples/s
+    against its 1,174.5: another worker count had measured faster, and the moves were judged
+    together, so none was named. Each is judged on its own now."""
+    from tuner.analysis.diagnose import diagnose
+
+    best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False},
+                {"samples_per_s": 1174.5, "data_wait_share": 0.3, "step_time_p50_s": 0.01})
+    data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
+    more = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 628.0, "data_wait_share": 0.2})
+    lucky = Seen({**best.params, "num_workers": 1}, {"samples_per_s": 1320.0, "data_wait_share": 0.6})
+    out = _already_tried(data, best.params, best.metrics, [best, more, lucky]).next_step
+    assert out.startswith("try a larger prefetch_factor than 2, persistent_workers; if the workers"), out
+    assert out.endswith("(already measured from here without a gain of 10% or more: num_workers 4)"), out
+    # a larger count that gained bears the advice out: it stays, unannotated
+    gained = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 1320.0, "data_wait_share": 0.1})
+    assert _already_tried(data, best.params, best.metrics, [best, gained]) == data
