@@ -286,3 +286,27 @@ def test_a_move_that_gained_does_not_hide_the_moves_that_did_not():
     # a larger count that gained bears the advice out: it stays, unannotated
     gained = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 1320.0, "data_wait_share": 0.1})
     assert _already_tried(data, best.params, best.metrics, [best, gained]) == data
+
+
+def test_a_move_of_several_loader_knobs_counts_for_each():
+    """The quick start searches the loader's knobs together: "try more loader workers than 2"
+    stood beside a trial of 4 workers with a deeper prefetch that ran slower. A move inside
+    the verdict's family counts, named with what moved beside it; a move that also changed a
+    knob outside the family (the micro-batch) does not."""
+    from tuner.analysis.diagnose import diagnose
+
+    best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "micro_batch_size": 8},
+                {"samples_per_s": 1000.0, "data_wait_share": 0.3, "step_time_p50_s": 0.01})
+    data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
+    deeper = Seen({**best.params, "num_workers": 4, "prefetch_factor": 4}, {"samples_per_s": 900.0})
+    out = _already_tried(data, best.params, best.metrics, [best, deeper]).next_step
+    assert out.startswith("try persistent_workers; if the workers"), out
+    assert out.endswith("(already measured from here without a gain of 10% or more: num_workers 4 (with "
+                        "prefetch_factor 4); prefetch_factor 4 (with num_workers 4))"), out
+    # measured alone too: the plain value is named
+    alone = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 950.0})
+    out = _already_tried(data, best.params, best.metrics, [best, deeper, alone]).next_step
+    assert "num_workers 4; prefetch_factor 4 (with num_workers 4))" in out, out
+    # a larger micro-batch beside it: not a loader move
+    other = Seen({**best.params, "num_workers": 4, "micro_batch_size": 16}, {"samples_per_s": 900.0})
+    assert _already_tried(data, best.params, best.metrics, [best, other]) == data

@@ -79,23 +79,38 @@ def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapp
 
 def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, Any],
                    trials: Sequence[Seen]) -> Verdict:
-    """Name the verdict's knobs the trials already moved, one at a time from ``params``,
-    without a gain: the next step is then elsewhere, and the verdict says so.
+    """Name the verdict's knobs the trials already moved from ``params`` without a gain: the
+    next step is then elsewhere, and the verdict says so.
 
-    Each move is judged on its own. They were judged together, so one move that gained hid
-    the others: the quickstart job's answer (2 workers, after an undecided finish) read "try
-    more loader workers than 2" where its trials.csv showed 4 workers at 628 samples/s against
-    its 1,174.5 (CI, 2026-12-05), because another worker count had measured faster. A move
-    that gained stays unsaid, and so does the advice it bears out."""
+    A move counts where only that knob changed, or only knobs of the verdict's own family
+    (named with it: "num_workers 4 (with prefetch_factor 4)"): the quick start searches the
+    loader's knobs together, and "try more loader workers than 2" stood beside a trial of 4
+    workers and a deeper prefetch that ran slower. Each move is judged on its own; they were
+    judged together, so one that gained hid the others: the quickstart job's answer (2 workers,
+    after an undecided finish) read "try more loader workers than 2" where its trials.csv
+    showed 4 workers at 628 samples/s against its 1,174.5 (CI, 2026-12-05), because another
+    worker count had measured faster. A move that gained stays unsaid, and so does the
+    advice it bears out."""
     rate = metrics.get("samples_per_s") or 0.0
+    family = FAMILY_FIRST.get(v.kind, ())
     parts, next_step = [], v.next_step
-    for knob in FAMILY_FIRST.get(v.kind, ()):
-        tried = {t.params[knob] for t in trials if t.params.get(knob) != params.get(knob)
-                 and t.metrics.get("samples_per_s") and _alike(t.params, params, (knob,))
-                 and rate and t.metrics["samples_per_s"] < NO_GAIN * rate}
-        if tried:
-            parts.append(f"{knob} {', '.join(str(x) for x in sorted(tried, key=str))}")
-            next_step = _without_tried(next_step, knob, tried, params)
+    for knob in family:
+        alone: set[Any] = set()
+        together: dict[Any, str] = {}
+        for t in trials:
+            value, sps = t.params.get(knob), t.metrics.get("samples_per_s")
+            if value == params.get(knob) or not sps or not rate or sps >= NO_GAIN * rate:
+                continue
+            if _alike(t.params, params, (knob,)):
+                alone.add(value)
+            elif _alike(t.params, params, family):
+                with_ = ", ".join(f"{k} {t.params.get(k)}" for k in family
+                                  if k != knob and t.params.get(k) != params.get(k))
+                together.setdefault(value, f"{value} (with {with_})")
+        named = {**{x: label for x, label in together.items() if x not in alone}, **{x: str(x) for x in alone}}
+        if named:
+            parts.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
+            next_step = _without_tried(next_step, knob, set(named), params)
     if not parts:
         return v
     # the bar in words: "without a gain" beside an answer 1.07x on that very knob read as false
