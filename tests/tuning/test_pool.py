@@ -171,3 +171,26 @@ def test_the_prune_bar_reads_the_noise_the_run_measured_and_the_window_it_measur
     pool.add(result(BASE, 104.0), "repeat")
     bar = prune_rule(best, 1, 0.02, pool, Steps(measure=30))
     assert bar.noise_dof == 1 and 0.02 < bar.noise < 0.03 and bar.best_runs == 2 and bar.settle_within == 30
+
+
+def test_one_round_is_read_paired_on_the_noise_the_search_measured():
+    """The DeepSpeed benchmark's finish: after two rounds of four configurations the rounds' own
+    noise had 3 degrees of freedom (t 5.8 at 99%) where the search's repeats had given 18, and
+    a question the unpaired interval had decided came open again for a third round. A pair
+    borrows the run's pooled spread (the wider estimate: drift left in) until the rounds' own
+    noise has BLOCKED_DOF, and reads it alone from then on."""
+    from tuner.tuning.pool import BLOCKED_DOF
+
+    pool = Pool()
+    for rate in (100, 103, 97, 101, 99):
+        pool.add(result(BASE, rate), "search")
+    pool.add(result(FOUR, 150), "search")
+    pool.add(result(BASE, 100), "finish", ("finish", 0))
+    pool.add(result(FOUR, 152), "finish", ("finish", 0))
+    assert pool.blocked()[1] == 0 and pool.paired_noise() == pool.spread()
+    s = pool.slowdown(FOUR.params(), BASE.params())
+    assert s is not None and s.pairs == 1 and s.dof == pool.spread()[1] and s.low > 0.25  # one pair decides 1.5x
+    for r in range(1, BLOCKED_DOF + 2):
+        pool.add(result(BASE, 100 + r % 2), "finish", ("finish", r))
+        pool.add(result(FOUR, 151 - r % 2), "finish", ("finish", r))
+    assert pool.blocked()[1] >= BLOCKED_DOF and pool.paired_noise() == pool.blocked()
