@@ -45,12 +45,20 @@ def test_a_wide_model_on_cached_data_is_compute_bound(toy):
     """Samples already in memory, a 2.4M-parameter model: the step is arithmetic, and the
     loop barely waits, so only a faster step would raise it. Its ceiling is the window's own
     steps less their waits (no replay below a 5% wait), which the evidence must not cite:
-    it would be the wait restated."""
+    it would be the wait restated. Which ceiling it is follows the wait this window recorded:
+    in a two-at-a-time CI run the cached loop's wait passed 5% and the ceiling was replayed."""
+    from tuner.trial.ceiling_comm_flops import CEILING_FROM_WINDOW_BELOW
+
     recipe = toy(task_args={"width": 32768, "cached": True}, global_batch_size=64, steps={"warmup": 2, "measure": 12})
     m = tuner.measure(recipe, num_workers=0)
     assert kinds(m.diagnosis)[0] == "compute-bound", (m.diagnosis, m.metrics)
-    assert m.metrics["stall_free_method"] == "window minus waits"
-    assert "data wait" in m.diagnosis[0].evidence and "stall-free ceiling" not in m.diagnosis[0].evidence
+    assert "data wait" in m.diagnosis[0].evidence
+    method, waited = m.metrics["stall_free_method"], m.metrics["data_wait_share"]
+    assert method in ("window minus waits", "replayed"), method
+    if waited < 0.8 * CEILING_FROM_WINDOW_BELOW:
+        assert method == "window minus waits", (method, waited)
+    if method == "window minus waits":
+        assert "stall-free ceiling" not in m.diagnosis[0].evidence, m.diagnosis[0].evidence
 
 
 @pytest.mark.slow

@@ -54,11 +54,9 @@ ANSWER_PAIRS = 2
 """Rounds a configuration must share with the reference before a drop makes it the answer:
 the pooled noise can decide from one (the method verifies an answer with repeated runs)."""
 BASELINE_PAIRS = 2
-"""The reference against the baseline is read on a paired interval of two interleaved rounds
-at least before the finish ends: the speedup a user pastes rests on repeated runs, paired. A
-2x gain was once decided on the search's trials alone, reported on "1 run (1 search trial)".
-(One pair read no interval of its own until a pair could borrow the run's pooled noise:
-:meth:`tuner.tuning.pool.Pool.paired_noise`; the two rounds are what it always took.)"""
+"""Interleaved rounds of the reference and the baseline before the finish ends: the speedup a
+user pastes rests on repeated runs, paired (a 2x gain was once reported on "1 run (1 search
+trial)")."""
 
 MAX_MOVES = 20
 """Moves of the reference or the answer one finish may make: intervals need not be transitive."""
@@ -225,12 +223,8 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
 def _settled(q: Question, pool: Pool, rules: Rules, budget: Budget, base: dict[str, Any],
              answer: dict[str, Any]) -> bool:
     """Nothing more to measure for ``q``: a failure, the rule settled it, or its rounds spent.
-
-    A drop is verified on :data:`ANSWER_PAIRS` rounds only where it could make the simpler
-    side the answer (it has fewer changes than the answer). A finalist with as many changes
-    as the reference asks the reference as its simpler side, and the reference shown within
-    the tolerance of it changes nothing: the DeepSpeed benchmark's finish measured a third
-    round, 5.8 s, to verify that micro-batch 128 need not give way to 64, which it could not."""
+    A drop waits for :data:`ANSWER_PAIRS` rounds only where the simpler side could become the
+    answer (the DeepSpeed job spent a round verifying micro-batch 128 against 64, as rich)."""
     a, b = pool.entry(q.richer), pool.entry(q.simpler)
     if a.failures or b.failures or rules.ruled_out(q.richer) or rules.ruled_out(q.simpler):
         return True
@@ -340,11 +334,9 @@ def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: 
     tolerance, and that measured slower than it (the paired estimate), gives way to the
     baseline: at the limit the richer side stays, but not past what the user runs now.
 
-    timm's train.py beside a busy machine (~70% noise a run): the baseline was the search's
-    best, so every finalist held "all of its changes" and bf16, measured at half its rate,
-    became the reference; nothing could be decided and the answer pasted was 0.69x the
-    baseline ("amp_dtype=bf16 kept, undecided: 29.9% slower than without it"). The published
-    table's searches all end far above their baseline, where this never applies."""
+    timm's train.py beside a busy machine (~70% noise a run): bf16, measured at half the
+    baseline's rate, became the reference, and the answer pasted was 0.69x the baseline
+    ("amp_dtype=bf16 kept, undecided: 29.9% slower than without it")."""
     if out.answer == base or not rules.fine(base):
         return
     s = pool.slowdown(out.answer, base)  # how much slower the baseline is than the answer (None: unmeasured)
@@ -367,7 +359,7 @@ def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Bu
     others: dict[str, dict[str, Any]] = {}
     if out.answer != out.reference:
         others[key(out.answer)] = out.answer  # the answer's questions are asked against it too
-    for q in sorted(todo, key=lambda q: -_width(pool, q)):
+    for q in sorted(todo, key=lambda q: -getattr(pool.slowdown(q.richer, q.simpler), "half_log", math.inf)):
         for p in (q.richer, q.simpler):
             if p != out.reference:
                 others.setdefault(key(p), p)
@@ -389,11 +381,6 @@ def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Bu
         out.runs += 1
     out.rounds += 1
     return True
-
-
-def _width(pool: Pool, q: Question) -> float:
-    s = pool.slowdown(q.richer, q.simpler)
-    return s.half_log if s is not None else math.inf
 
 
 def _open_text(q: Question, pool: Pool, answer: Mapping[str, Any]) -> str:
