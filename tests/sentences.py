@@ -297,7 +297,7 @@ def _advice_this_job_can_take(best: dict[str, Any], checked: set[str]) -> list[s
         params = part.get("params") or {}
         model = ((part.get("ran") or best.get("ran") or {}).get("model")) or {}  # one model for both
         for v in (best.get("diagnosis") or {}).get(which, []):
-            advice = v["next_step"].split(" (already measured from here")[0]
+            advice = re.split(r"\(?already measured from here", v["next_step"])[0]  # what was measured is no advice
             checked.add("advice")
             if params.get("grad_accum_steps") == 1 and re.search(r"a larger micro.?batch", advice):
                 found.append(f"{which}: {advice!r} advises a larger micro-batch at one accumulation step")

@@ -73,35 +73,39 @@ def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapp
     slope = memory_per_worker(trials)
     if slope is not None:
         out = [_loader_memory(v, slope, params) if v.kind == "memory-bound" else v for v in out]
-    out = [_already_tried(v, params, metrics, trials) for v in out]
+    out = [_already_tried(v, params, metrics, trials, compare) for v in out]
     return sorted(out, key=lambda v: -v.weight)
 
 
 def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, Any],
-                   trials: Sequence[Seen]) -> Verdict:
-    """Name the verdict's knobs the trials already moved from ``params`` without a gain: the
-    next step is then elsewhere, and the verdict says so.
+                   trials: Sequence[Seen], compare: Compare | None = None) -> Verdict:
+    """Name the verdict's knobs the trials already moved from ``params``: the next step is then
+    elsewhere, and the verdict says what the move did.
 
     A move counts where only that knob changed, or only knobs of the verdict's own family
     (named with it: "num_workers 4 (with prefetch_factor 4)"): the quick start searches the
-    loader's knobs together, and "try more loader workers than 2" stood beside a trial of 4
-    workers and a deeper prefetch that ran slower. Each move is judged on its own; they were
-    judged together, so one that gained hid the others: the quickstart job's answer (2 workers,
-    after an undecided finish) read "try more loader workers than 2" where its trials.csv
-    showed 4 workers at 628 samples/s against its 1,174.5 (CI, 2026-12-05), because another
-    worker count had measured faster. A move that gained stays unsaid, and so does the
-    advice it bears out."""
+    loader's knobs together. A move without a gain of :data:`NO_GAIN` is listed by its values;
+    one that gained more (knob alone), by the largest, with its figure and interval. Both were
+    left unsaid once one move gained, and the advice stood beside trials that had taken it:
+    the quickstart job's answer (2 workers) read "try more loader workers than 2" where its
+    trials.csv showed 4 workers at 628 samples/s against its 1,174.5 (CI, 2026-12-05), and in
+    another run at 1,507 against 1,663.6 while 4 workers' pooled median, after the finish's
+    rounds, stood above the bar, undecided."""
     rate = metrics.get("samples_per_s") or 0.0
     family = FAMILY_FIRST.get(v.kind, ())
-    parts, next_step = [], v.next_step
+    flat, gained, next_step = [], [], v.next_step
     for knob in family:
         alone: set[Any] = set()
         together: dict[Any, str] = {}
+        best: Seen | None = None
         for t in trials:
             value, sps = t.params.get(knob), t.metrics.get("samples_per_s")
-            if value == params.get(knob) or not sps or not rate or sps >= NO_GAIN * rate:
+            if value == params.get(knob) or not sps or not rate:
                 continue
-            if _alike(t.params, params, (knob,)):
+            if sps >= NO_GAIN * rate:
+                if _alike(t.params, params, (knob,)) and (best is None or sps > best.metrics["samples_per_s"]):
+                    best = t
+            elif _alike(t.params, params, (knob,)):
                 alone.add(value)
             elif _alike(t.params, params, family):
                 with_ = ", ".join(f"{k} {t.params.get(k)}" for k in family
@@ -109,13 +113,21 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
                 together.setdefault(value, f"{value} (with {with_})")
         named = {**{x: label for x, label in together.items() if x not in alone}, **{x: str(x) for x in alone}}
         if named:
-            parts.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
+            flat.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
+        if best is not None:
+            gained.append(f"{knob} {best.params[knob]} {_effect(best, Seen(params, metrics), compare)[0]}")
+            named[best.params[knob]] = ""
+        if named:
             next_step = _without_tried(next_step, knob, set(named), params)
-    if not parts:
+    if not flat and not gained:
         return v
     # the bar in words: "without a gain" beside an answer 1.07x on that very knob read as false
-    return replace(v, next_step=f"{next_step} (already measured from here without a gain of {NO_GAIN - 1:.0%} "
-                                f"or more: {'; '.join(parts)})")
+    said = [f" without a gain of {NO_GAIN - 1:.0%} or more: {'; '.join(flat)}"] if flat else []
+    if gained:
+        said.append(f"{'; ' if flat else ', '}faster as measured: {'; '.join(gained)}")
+    next_step = re.sub(r"^try\s*(;\s*|$)", "", next_step).strip()  # every "try ..." item measured already
+    measured = f"already measured from here{''.join(said)}"
+    return replace(v, next_step=f"{next_step} ({measured})" if next_step else measured)
 
 
 def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, Any]) -> str:
