@@ -322,3 +322,8 @@ def test_a_move_of_several_loader_knobs_counts_for_each():
     # a larger micro-batch beside it: not a loader move
     other = Seen({**best.params, "num_workers": 4, "micro_batch_size": 16}, {"samples_per_s": 900.0})
     assert _already_tried(data, best.params, best.metrics, [best, other]) == data
+    # a joint move that gained: measured already, printed with what moved beside it
+    faster = Seen({**best.params, "num_workers": 4, "prefetch_factor": 4}, {"samples_per_s": 1200.0})
+    out = _already_tried(data, best.params, best.metrics, [best, faster]).next_step
+    assert out.startswith("try persistent_workers; if the workers"), out
+    assert "faster as measured: num_workers 4 (with prefetch_factor 4) +20% (no interval" in out, out

@@ -85,7 +85,7 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     A move counts where only that knob changed, or only knobs of the verdict's own family
     (named with it: "num_workers 4 (with prefetch_factor 4)"): the quick start searches the
     loader's knobs together. A move without a gain of :data:`NO_GAIN` is listed by its values;
-    one that gained more (knob alone), by the largest, with its figure and interval. Both were
+    one that gained more, by the fastest, with its figure and interval. Both were
     left unsaid once one move gained, and the advice stood beside trials that had taken it:
     the quickstart job's answer (2 workers) read "try more loader workers than 2" where its
     trials.csv showed 4 workers at 628 samples/s against its 1,174.5 (CI, 2026-12-05), and in
@@ -100,22 +100,21 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
         best: Seen | None = None
         for t in trials:
             value, sps = t.params.get(knob), t.metrics.get("samples_per_s")
-            if value == params.get(knob) or not sps or not rate:
+            if value == params.get(knob) or not sps or not rate or not _alike(t.params, params, family):
                 continue
             if sps >= NO_GAIN * rate:
-                if _alike(t.params, params, (knob,)) and (best is None or sps > best.metrics["samples_per_s"]):
+                if best is None or sps > best.metrics["samples_per_s"]:
                     best = t
             elif _alike(t.params, params, (knob,)):
                 alone.add(value)
-            elif _alike(t.params, params, family):
-                with_ = ", ".join(f"{k} {t.params.get(k)}" for k in family
-                                  if k != knob and t.params.get(k) != params.get(k))
-                together.setdefault(value, f"{value} (with {with_})")
+            else:
+                together.setdefault(value, f"{value}{_with(t, params, family, knob)}")
         named = {**{x: label for x, label in together.items() if x not in alone}, **{x: str(x) for x in alone}}
         if named:
             flat.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
         if best is not None:
-            gained.append(f"{knob} {best.params[knob]} {_effect(best, Seen(params, metrics), compare)[0]}")
+            figure = _effect(best, Seen(params, metrics), compare)[0]
+            gained.append(f"{knob} {best.params[knob]}{_with(best, params, family, knob)} {figure}")
             named[best.params[knob]] = ""
         if named:
             next_step = _without_tried(next_step, knob, set(named), params)
@@ -128,6 +127,12 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     next_step = re.sub(r"^try\s*(;\s*|$)", "", next_step).strip()  # every "try ..." item measured already
     measured = f"already measured from here{''.join(said)}"
     return replace(v, next_step=f"{next_step} ({measured})" if next_step else measured)
+
+
+def _with(t: Seen, params: Mapping[str, Any], family: Sequence[str], knob: str) -> str:
+    """`` (with prefetch_factor 4)``: the other knobs of ``family`` that ``t`` moved too."""
+    others = ", ".join(f"{k} {t.params.get(k)}" for k in family if k != knob and t.params.get(k) != params.get(k))
+    return f" (with {others})" if others else ""
 
 
 def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, Any]) -> str:
