@@ -298,6 +298,11 @@ def test_a_move_that_gained_does_not_hide_the_moves_that_did_not():
     assert out.startswith("try a larger prefetch_factor than 2, persistent_workers; if the workers"), out
     assert out.endswith("(already measured from here, faster as measured: num_workers 4 +12% (no interval: no noise "
                         "measured yet))"), out
+    # its median above the bar, its interval's estimate under it: no figure that would read a gain
+    rates = {2: [1174.5, 1300.0, 1100.0], 4: [1320.0, 1000.0, 1150.0]}
+    out = revise([data], best.params, best.metrics, [best, gained], cores=8, compare=rates_of(rates))
+    step = next(v for v in out if v.kind == "data-bound").next_step
+    assert step.endswith("(already measured from here without a gain of 10% or more: num_workers 4)"), step
 
 
 def test_a_move_of_several_loader_knobs_counts_for_each():

@@ -85,7 +85,8 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     A move counts where only that knob changed, or only knobs of the verdict's own family
     (named with it: "num_workers 4 (with prefetch_factor 4)"): the quick start searches the
     loader's knobs together. A move without a gain of :data:`NO_GAIN` is listed by its values;
-    one that gained more, by the fastest, with its figure and interval. Both were
+    one that gained more (its median, and the interval's estimate where there is one, so the
+    figure printed reads a gain), by the fastest, with its figure and interval. Both were
     left unsaid once one move gained, and the advice stood beside trials that had taken it:
     the quickstart job's answer (2 workers) read "try more loader workers than 2" where its
     trials.csv showed 4 workers at 628 samples/s against its 1,174.5 (CI, 2026-12-05), and in
@@ -109,6 +110,10 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
                 alone.add(value)
             else:
                 together.setdefault(value, f"{value}{_with(t, params, family, knob)}")
+        s = compare(best.params, params) if best is not None and compare is not None else None
+        if best is not None and s is not None and s.gains[0] < NO_GAIN - 1:  # the figure would not read a gain
+            together.setdefault(best.params[knob], f"{best.params[knob]}{_with(best, params, family, knob)}")
+            best = None
         named = {**{x: label for x, label in together.items() if x not in alone}, **{x: str(x) for x in alone}}
         if named:
             flat.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
