@@ -117,19 +117,19 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
         named = {**{x: label for x, label in together.items() if x not in alone}, **{x: str(x) for x in alone}}
         if named:
             flat.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
+        tried = set(named)
         if best is not None:
             figure = _effect(best, Seen(params, metrics), compare)[0]
             gained.append(f"{knob} {best.params[knob]}{_with(best, params, family, knob)} {figure}")
-            named[best.params[knob]] = ""
-        if named:
-            next_step = _without_tried(next_step, knob, set(named), params)
+            tried.add(best.params[knob])
+        if tried:
+            next_step = _without_tried(next_step, knob, tried, params)
     if not flat and not gained:
         return v
     # the bar in words: "without a gain" beside an answer 1.07x on that very knob read as false
     said = [f" without a gain of {NO_GAIN - 1:.0%} or more: {'; '.join(flat)}"] if flat else []
     if gained:
         said.append(f"{'; ' if flat else ', '}faster as measured: {'; '.join(gained)}")
-    next_step = re.sub(r"^try\s*(;\s*|$)", "", next_step).strip()  # every "try ..." item measured already
     measured = f"already measured from here{''.join(said)}"
     return replace(v, next_step=f"{next_step} ({measured})" if next_step else measured)
 
@@ -163,7 +163,8 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
             return text
     for cut in (", " + span, span + ", ", span):
         if cut in text:
-            return text.replace(cut, "", 1)
+            # the last "try ..." item gone: no "try" left before the rest ("try ; if the workers ...")
+            return re.sub(r"^try\s*(;\s*|$)", "", text.replace(cut, "", 1)).strip()
     return text
 
 

@@ -135,12 +135,10 @@ def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, 
     A finalist whose extra changes include a lever that stays only on evidence (``proven``:
     ZeRO, FSDP2, offload, checkpointing) is no reference: it would leave at the end unless
     shown a gain, and while it stood, every other change was judged against a slower
-    configuration (the DeepSpeed benchmark's reference was ZeRO 1 on top of the best,
-    measured 32% slower; the finish spent 4 rounds, 25 s, showing it). It is still a
-    finalist, and becomes the reference when shown faster. Nor is one the rule already shows
-    slower than the best (``slower``): its extra changes are a loss on evidence (the
-    activations job's reference was micro-batch 64, measured at 0.56x its best, the
-    baseline; four finish rounds went to showing it)."""
+    configuration (the DeepSpeed benchmark's ZeRO 1 on top of the best, 32% slower: 4 rounds,
+    25 s, went to showing it). It is still a finalist, and becomes the reference when shown
+    faster. Nor is one the rule already shows slower than the best (``slower``): the
+    activations job's micro-batch 64, at 0.56x its best (the baseline), took four rounds."""
     top = finalists[0]
     mine = {k: top.get(k) for k in LEVERS if top.get(k) != baseline.get(k)}
     supersets = [p for p in finalists if all(p.get(k) == v for k, v in mine.items())
@@ -359,7 +357,7 @@ def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Bu
     others: dict[str, dict[str, Any]] = {}
     if out.answer != out.reference:
         others[key(out.answer)] = out.answer  # the answer's questions are asked against it too
-    for q in sorted(todo, key=lambda q: -getattr(pool.slowdown(q.richer, q.simpler), "half_log", math.inf)):
+    for q in sorted(todo, key=lambda q: -_width(pool, q)):
         for p in (q.richer, q.simpler):
             if p != out.reference:
                 others.setdefault(key(p), p)
@@ -381,6 +379,11 @@ def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Bu
         out.runs += 1
     out.rounds += 1
     return True
+
+
+def _width(pool: Pool, q: Question) -> float:
+    s = pool.slowdown(q.richer, q.simpler)
+    return s.half_log if s is not None else math.inf
 
 
 def _open_text(q: Question, pool: Pool, answer: Mapping[str, Any]) -> str:

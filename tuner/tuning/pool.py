@@ -131,8 +131,11 @@ class Pool:
         it has :data:`BLOCKED_DOF` degrees of freedom, before that whichever of it and the
         pooled :meth:`spread` has more. The spread keeps the drift between rounds in, so it is
         the wider of the two in expectation: a pair read with it is conservative, never bold."""
-        own, wide = self.blocked(), self.spread()
-        return own if own[1] >= BLOCKED_DOF or own[1] >= wide[1] else wide
+        own = self.blocked()
+        if own[1] >= BLOCKED_DOF:
+            return own
+        wide = self.spread()
+        return own if own[1] >= wide[1] else wide
 
     def slowdown(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> Slowdown | None:
         """How much slower ``b`` is than ``a``, with its interval: paired over the rounds
