@@ -54,6 +54,7 @@ def test_a_failed_configuration_on_the_path_is_reported():
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a 3-trial search's answer: beside the plan test's ranks it kept 1 worker, which gains nothing
 def test_attribution_table_on_the_quick_start_recipe(tmp_path):
     """The shipped quick start: workers are what the baseline lacks, and the table says so.
     Its reads at 4 ms a sample (128 ms a step, sleeping, against a step of a few ms of
