@@ -48,3 +48,26 @@ def test_accumulation_matches_one_big_batch():
     big.forward_backward((torch.cat([x1, x2]), torch.cat([y1, y2])), last=True)
     for a, b in zip(small.model.parameters(), big.model.parameters()):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_the_optimizer_stage_gives_the_tasks_own_optimizer_its_implementation():
+    """``optimizer_impl`` is applied by the ``optimizer`` stage's one pass over the levers
+    (:func:`tuner.trial.engines.stages.optimizer`), to the task's optimizer as to the default."""
+    import types
+
+    from tuner.inputs.task import Task
+    from tuner.trial.engines import build_engine
+
+    task = Task(types.ModuleType("job"), lambda a: torch.nn.Linear(4, 1), lambda a: [],
+                lambda m, b: m(b[0]).sum(), build_optimizer=lambda p, a: torch.optim.SGD(p, lr=0.1))
+    for impl in ("foreach", "default"):
+        config = Config(micro_batch_size=4, grad_accum_steps=1, optimizer_impl=impl)
+        engine = build_engine(task, {}, config, torch.device("cpu"), 1)
+        assert isinstance(engine.optimizer, torch.optim.SGD)
+        assert [g["foreach"] for g in engine.optimizer.param_groups] == [True if impl == "foreach" else None]
+        engine.close()
+    task = Task(types.ModuleType("job"), lambda a: torch.nn.Linear(4, 1), lambda a: [], lambda m, b: m(b[0]).sum())
+    engine = build_engine(task, {}, Config(micro_batch_size=4, grad_accum_steps=1, optimizer_impl="foreach"),
+                          torch.device("cpu"), 1)
+    assert isinstance(engine.optimizer, torch.optim.AdamW) and engine.optimizer.param_groups[0]["foreach"] is True
+    engine.close()

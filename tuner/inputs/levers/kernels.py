@@ -132,7 +132,7 @@ DECLARED: tuple[Lever, ...] = (
           group="optimizer", suggest=(("fused",), "optimizer_impl: fused"),
           risk="fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
           label="opt={}",
-          applied=Applied("optimizer", f"{ENGINES}.model_levers:apply_impl"),
+          applied=Applied("optimizer", f"{ENGINES}.model_levers:implementation"),
           exported=Exported({"hf_training_args.json": "optim", "torchtitan.toml": "optimizer.implementation"}),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("channels_last", bool, False, "channels-last memory format for the model and its 4-D inputs", group="model",

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tuner.trial.engines import model_levers
+from tuner.trial.engines import model_levers, stages
 from tuner.trial.engines.base import Engine, autocast
 from tuner.trial.engines.parallelize import parallelize
 
@@ -47,8 +47,10 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
 
     def make_optimizer(params: Any) -> torch.optim.Optimizer:
         if task.build_optimizer is not None:
-            return model_levers.apply_impl(task.build_optimizer(params, task_args), config.optimizer_impl)
-        return torch.optim.AdamW(params, lr=1e-4, **model_levers.optimizer_kwargs(config.optimizer_impl))
+            return stages.optimizer(task.build_optimizer(params, task_args), config)
+        # built with its implementation's flag: AdamW checks a fused one's devices where it is made
+        built = torch.optim.AdamW(params, lr=1e-4, **model_levers.optimizer_kwargs(config.optimizer_impl))
+        return stages.optimizer(built, config)
 
     prepared = parallelize(module, task, config, device, world_size)
     del module  # a pipeline stage keeps only its own blocks

@@ -214,6 +214,11 @@ def optimizer_kwargs(impl: str) -> dict[str, Any]:
     return {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
 
 
+def implementation(optimizer: torch.optim.Optimizer, config: "Config") -> torch.optim.Optimizer:
+    """``optimizer_impl`` (its ``optimizer`` stage, :func:`.stages.optimizer`): :func:`apply_impl`."""
+    return apply_impl(optimizer, config.optimizer_impl)
+
+
 def apply_impl(optimizer: torch.optim.Optimizer, impl: str) -> torch.optim.Optimizer:
     """Set ``foreach`` / ``fused`` on a task's own optimizer, where its class has them.
 

@@ -2,8 +2,9 @@
 :class:`tuner.inputs.lever.Stage` that no engine names a lever for): the contexts around
 each forward (``forward``: the attention kernel), the model converters run before the
 engine wraps the model (``convert``: low-precision layers, a fused loss), which may hand back what
-must run after each optimizer step, and what each part of the model this rank keeps gets on
-its blocks (``model``: checkpointing, compile, the memory format). A lever of such a stage is
+must run after each optimizer step, what each part of the model this rank keeps gets on
+its blocks (``model``: checkpointing, compile, the memory format), and what the optimizer
+gets once built (``optimizer``: its implementation). A lever of such a stage is
 its declaration and its function; nothing here names it. Levers that share a function
 (``compile`` and its mode) are applied by it once, where the first is declared."""
 
@@ -59,6 +60,15 @@ class Part:
     def forward(self) -> ContextManager[None]:
         """The forward levers' contexts (entered again around a checkpointed block's recompute)."""
         return forward(self.config)
+
+
+def optimizer(opt: torch.optim.Optimizer, config: "Config") -> torch.optim.Optimizer:
+    """Every ``optimizer`` lever applied to the optimizer the task (or the trial) built, in
+    declaration order: each returns the optimizer to use."""
+    for lever in LEVERS.values():
+        if lever.applied.stage == "optimizer":
+            opt = resolve(lever.applied.function)(opt, config)
+    return opt
 
 
 def model(part: Part) -> list[str]:
