@@ -245,14 +245,28 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     # stall-free ceiling" on a busy machine): above it, the step is at its ceiling, no more
     where = ("" if not ceiling else f", {f.rate / ceiling:.0%} of the stall-free ceiling" if f.rate < ceiling
              else ", at its stall-free ceiling")
+    steps = [s for s in (_more_threads(f), remedies("compute-bound", f.params, f.device, ("intra_op_threads",),
+                                                   f.here)) if s]
     return Verdict(
         "compute-bound", f.busy_share,
         f"{f.rate:,.0f} samples/s with "
         + (f"{waited:.0%} data wait" if waited is not None else "data wait not measured") + f"{where}{util}",
         "the data pipeline is not the limit; what makes the step itself faster: "
-        + (remedies("compute-bound", f.params, f.device, here=f.here)
-           or "a faster device (every lever here is already set)"),
+        + (", ".join(steps) or "a faster device (every lever here is already set)"),
     )
+
+
+def _more_threads(f: Facts) -> str:
+    """Where the host is the device and the step ran on fewer threads than the cores a rank
+    has here (what the trial recorded, ``params["threads"]``): ``intra_op_threads`` at those
+    cores. torchrun starts each rank on one thread: 2 ranks on a 16-core host step on 2."""
+    t = f.params.get("threads") if f.device != "cuda" else None
+    step, cores = (t.get("step") or 0, t.get("cores_per_rank") or 0) if isinstance(t, Mapping) else (0, 0)
+    if not step or cores <= step:
+        return ""
+    words = levers.LEVERS["intra_op_threads"].suggest[1]  # the evidence finds it by these words
+    return (f"{words}: {cores} a rank (the step ran on {step} thread{'s' if step > 1 else ''}; "
+            f"a rank has {cores} of this host's cores)")
 
 
 def _share(x: float) -> str:

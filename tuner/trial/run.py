@@ -21,6 +21,7 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.metrics import Window, energy_note, summarize
+from tuner.harness.system.environment import rank_threads
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
 from tuner.inputs.levers.precision import matmul_dtype
@@ -128,6 +129,7 @@ def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRul
     result = _agree(recipe.task, recipe.task_args, config, ctx, trial, window, convolutions)
     if result.state == State.OK:  # a model that was built: what it is made of
         result.ran["model"] = model_facts(recipe.task, recipe.task_args, convolutions)
+        result.ran["threads"] = rank_threads(ctx.world_size)  # under the trial's own intra_op_threads
     result.restart = poisons(result.state, result.reason, config.engine, ctx.world_size, ctx.device.type == "cuda")
     watchdog.learn(recipe.path, recipe.steps, recipe.global_batch_size, config, dog.stop(), result)
     return result

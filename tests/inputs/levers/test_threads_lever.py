@@ -13,6 +13,8 @@ import pytest
 import torch
 
 import tuner
+from tuner.analysis.diagnose import diagnose
+from tuner.harness.system import environment
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.machine import Machine
@@ -63,6 +65,8 @@ def test_each_trial_runs_on_the_threads_asked_and_the_caller_gets_its_own_back(t
         m = tuner.measure(recipe, intra_op_threads=asked)
         assert m.state == "ok", m.reason
         assert _seen(seen) == {asked}, _seen(seen)
+        ran = m.repeats[0].ran["threads"]  # what the advice reads: the count the step ran on, and a rank's cores
+        assert ran["step"] == asked and 1 <= ran["cores_per_rank"] <= environment.cores(), ran
         assert torch.get_num_threads() == own  # held for the trial, then the caller's count
     seen = tmp_path / "seen0.txt"
     monkeypatch.setenv("THREADS_SEEN", str(seen))
@@ -89,3 +93,34 @@ def test_a_negative_thread_count_is_refused_in_one_line(tmp_path):
                           timeout=120)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "intra_op_threads" in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+COMPUTE_BOUND = {"samples_per_s": 900.0, "data_wait_share": 0.01, "step_time_p50_s": 0.1, "step_time_p99_s": 0.11}
+
+
+def _compute_advice(threads, device="cpu", **params) -> str:
+    found = diagnose(COMPUTE_BOUND, {"threads": threads, "amp_dtype": "bf16", "compile": True, **params}, device=device)
+    verdict = next(v for v in found if v.kind == "compute-bound")
+    return verdict.next_step
+
+
+def test_a_cpu_step_on_fewer_threads_than_its_cores_is_advised_the_count():
+    """torchrun starts each rank on one thread: the advice names the cores a rank has, from
+    what the trial recorded; nothing where the step already has them, or on a GPU."""
+    step = _compute_advice({"step": 1, "cores_per_rank": 8})
+    assert "more intra_op_threads: 8 a rank (the step ran on 1 thread; a rank has 8 of this host's cores)" in step
+    assert "intra_op_threads" not in _compute_advice({"step": 8, "cores_per_rank": 8})
+    assert "intra_op_threads" not in _compute_advice({"step": 1, "cores_per_rank": 8}, device="cuda")
+    assert "intra_op_threads" not in _compute_advice(None)  # a script's probe records no count
+
+
+def test_the_advice_goes_once_the_search_measured_more_threads_without_a_gain():
+    from tuner.analysis.evidence import Seen, revise
+
+    params = {"threads": {"step": 1, "cores_per_rank": 8}, "amp_dtype": "bf16", "compile": True,
+              "intra_op_threads": 0}
+    found = diagnose(COMPUTE_BOUND, params, device="cpu")
+    tried = [Seen({**params, "intra_op_threads": 8}, dict(COMPUTE_BOUND, samples_per_s=910.0))]
+    step = next(v for v in revise(found, params, COMPUTE_BOUND, tried, 8) if v.kind == "compute-bound").next_step
+    assert "more intra_op_threads: 8" not in step, step
+    assert "already measured from here without a gain of 10% or more: intra_op_threads 8" in step, step

@@ -108,3 +108,19 @@ def cores() -> int:
     """CPUs this process may run on (its affinity, as taskset or a Slurm allocation sets it)."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
+def rank_threads(world_size: int) -> dict[str, int]:
+    """The intra-op threads this rank's step runs on (``step``) and the cores each rank on
+    this node has (``cores_per_rank``: this process's affinity shared by the node's ranks,
+    torchrun's ``LOCAL_WORLD_SIZE``), counted in physical cores as torch's own default count
+    is (a second hardware thread of a core adds little to a matmul). torchrun starts every
+    rank of a multi-process job on ``OMP_NUM_THREADS=1``: a 2-rank CPU job on a 16-core host
+    steps on 2 of its cores. Under a launcher that binds each rank to its own cores this
+    undercounts, so the advice it feeds (more threads) errs towards silence."""
+    import psutil
+
+    logical = os.cpu_count() or 1
+    physical = min(logical, psutil.cpu_count(logical=False) or logical)
+    ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or 1))
+    return {"step": torch.get_num_threads(), "cores_per_rank": max(1, cores() * physical // logical // ranks)}

@@ -54,7 +54,7 @@ VERDICTS: dict[str, tuple[str, ...]] = {
     "host-bound": ("micro_batch_size", "compile", "optimizer_impl", "amp_dtype", "compile_mode"),
     "compute-bound": (
         "matmul_precision", "compile", "amp_dtype", "micro_batch_size", "optimizer_impl", "channels_last",
-        "cudnn_benchmark", "compile_mode", "attention_backend", "float8",
+        "cudnn_benchmark", "compile_mode", "attention_backend", "float8", "intra_op_threads",
     ),
     "communication-bound": (
         "micro_batch_size", "zero_stage", "fsdp", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",

@@ -114,6 +114,7 @@ DECLARED: tuple[Lever, ...] = (
     Lever("intra_op_threads", int, 0,
           "torch.set_num_threads on every rank: its CPU operators' threads "
           "(0: as launched)", minimum=0, group="kernels",
+          suggest=((), "more intra_op_threads"),  # with the count, where a CPU step ran on fewer than a rank's cores
           risk="ranks x threads beyond the node's cores oversubscribe them and slow every rank; results may "
                "differ in the last bits (a parallel reduction's order)", label="threads={}",
           applied=Applied("process", f"{__name__}:intra_op_threads"),
