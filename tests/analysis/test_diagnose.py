@@ -166,7 +166,7 @@ def test_a_larger_micro_batch_is_advised_only_where_accumulation_is_left_to_trad
     assert "larger buckets" in whole.next_step
     split = next(v for v in diagnose(metrics, {"micro_batch_size": 32, "grad_accum_steps": 4, "zero_stage": 0})
                  if v.kind == "communication-bound")
-    assert split.next_step.startswith("try a larger micro-batch with fewer accumulation steps")
+    assert split.next_step.startswith("try a larger micro_batch_size with fewer accumulation steps")
 
 
 def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it_lacks(tmp_path):

@@ -332,3 +332,23 @@ def test_a_move_of_several_loader_knobs_counts_for_each():
     out = _already_tried(data, best.params, best.metrics, [best, faster]).next_step
     assert out.startswith("try persistent_workers; if the workers"), out
     assert "faster as measured: num_workers 4 (with prefetch_factor 4) +20% (no interval" in out, out
+
+
+def test_a_larger_micro_batch_that_gained_is_not_advised_again_for_communication():
+    """The DeepSpeed job's baseline (micro-batch 16 x 8 accumulation steps, 33% of its step in
+    collectives) read "try a larger micro-batch with fewer accumulation steps ..." beside
+    "faster as measured: micro_batch_size 128 +81%": the verdict's own words for the lever
+    were not the ones the evidence looked for. A smaller micro-batch measured keeps it."""
+    from tuner.analysis.diagnose import diagnose
+
+    base = Seen({"micro_batch_size": 16, "grad_accum_steps": 8, "zero_stage": 0},
+                {"samples_per_s": 3800.0, "comm_share": 0.33, "data_wait_share": 0.04, "step_time_p50_s": 0.06})
+    comm = next(v for v in diagnose(base.metrics, base.params) if v.kind == "communication-bound")
+    assert comm.next_step.startswith("try a larger micro_batch_size with fewer accumulation steps"), comm
+    larger = Seen({**base.params, "micro_batch_size": 128, "grad_accum_steps": 1}, {"samples_per_s": 6900.0})
+    out = _already_tried(comm, base.params, base.metrics, [base, larger]).next_step
+    assert "try a larger micro_batch_size" not in out and out.startswith("larger buckets"), out
+    assert "faster as measured: micro_batch_size 128 +82%" in out, out
+    smaller = Seen({**base.params, "micro_batch_size": 8, "grad_accum_steps": 16}, {"samples_per_s": 3000.0})
+    kept = _already_tried(comm, base.params, base.metrics, [base, smaller]).next_step
+    assert kept.startswith("try a larger micro_batch_size with fewer"), kept

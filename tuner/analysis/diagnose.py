@@ -153,7 +153,7 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         return None
     zero = f.params.get("zero_stage")
     more = remedies("communication-bound", f.params, f.device, said=("micro_batch_size",), here=f.here)
-    first = [("a larger micro-batch with fewer accumulation steps (fewer all-reduces per sample)"
+    first = [("a larger micro_batch_size with fewer accumulation steps (fewer all-reduces per sample)"
               if can_grow_micro(f.params) else ""), "a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "",
              more]
     tried = ", ".join(w for w in first if w)
