@@ -107,9 +107,13 @@ def test_a_data_bound_next_step_advises_only_what_the_configuration_does_not_run
     best = diagnose(waiting, {"num_workers": 8, "prefetch_factor": 4, "persistent_workers": True})[0]
     assert best.kind == "data-bound" and best.next_step.startswith(
         "try more loader workers than 8, a larger prefetch_factor than 4; if the workers"), best.next_step
+    # without workers, a prefetch depth and persistence mean nothing (the quick start's baseline
+    # was left "try persistent_workers" once the evidence took the workers out)
     baseline = diagnose(waiting, {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": False})[0]
-    assert baseline.next_step.startswith(
-        "try more loader workers than 0, a larger prefetch_factor, persistent_workers;"), baseline.next_step
+    assert baseline.next_step.startswith("try more loader workers than 0; if the workers"), baseline.next_step
+    two = diagnose(waiting, {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False})[0]
+    assert two.next_step.startswith(
+        "try more loader workers than 2, a larger prefetch_factor than 2, persistent_workers: true;"), two.next_step
 
 
 def test_gpu_host_bound_needs_an_idle_gpu():

@@ -121,12 +121,12 @@ def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     ceiling_text = f"; a perfect pipeline would reach {f.ceiling:,.0f} samples/s ({f.gap:.1f}x)" if f.gap else ""
     worker_cpu = f.get("worker_cpu_util")
     busy = f"; its {workers} workers use {worker_cpu:.1f} cores" if worker_cpu is not None and workers else ""
-    # What the configuration already runs is not advised: quickstart's best, with 8 persistent
-    # workers, was told "try ..., persistent_workers".
-    prefetch = f.params.get("prefetch_factor")
-    steps = [more, f"{deeper} than {prefetch}" if workers and prefetch else deeper]
-    if not f.params.get("persistent_workers"):
-        steps.append("persistent_workers")
+    # not what it runs (8 persistent workers were told "persistent_workers"), nor what needs workers
+    prefetch, steps = f.params.get("prefetch_factor"), [more]
+    if workers != 0:
+        steps.append(f"{deeper} than {prefetch}" if workers and prefetch else deeper)
+        if not f.params.get("persistent_workers"):
+            steps.append(levers.LEVERS["persistent_workers"].suggest[1])
     return Verdict(
         "data-bound", f.wait,
         f"the loop waits for data {f.wait:.0%} of the step{ceiling_text}{busy}",

@@ -95,9 +95,10 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     rate = metrics.get("samples_per_s") or 0.0
     family = FAMILY_FIRST.get(v.kind, ())
     flat, gained, next_step = [], [], v.next_step
+    named_moves: set[tuple[str, ...]] = set()  # a joint move is named once, under the first knob it moved
     for knob in family:
         alone: set[Any] = set()
-        together: dict[Any, str] = {}
+        together: dict[Any, tuple[str, tuple[str, ...]]] = {}
         best: Seen | None = None
         for t in trials:
             value, sps = t.params.get(knob), t.metrics.get("samples_per_s")
@@ -109,19 +110,24 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
             elif _alike(t.params, params, (knob,)):
                 alone.add(value)
             else:
-                together.setdefault(value, f"{value}{_with(t, params, family, knob)}")
+                together.setdefault(value, (f"{value}{_with(t, params, family, knob)}", _move_of(t, params, family)))
         s = compare(best.params, params) if best is not None and compare is not None else None
         if best is not None and s is not None and s.gains[0] < NO_GAIN - 1:  # the figure would not read a gain
-            together.setdefault(best.params[knob], f"{best.params[knob]}{_with(best, params, family, knob)}")
+            together.setdefault(best.params[knob], (f"{best.params[knob]}{_with(best, params, family, knob)}",
+                                                    _move_of(best, params, family)))
             best = None
-        named = {**{x: label for x, label in together.items() if x not in alone}, **{x: str(x) for x in alone}}
+        joint = {x: label for x, (label, move) in together.items() if x not in alone and move not in named_moves}
+        named = {**joint, **{x: str(x) for x in alone}}
+        named_moves.update(together[x][1] for x in joint)
         if named:
             flat.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
-        tried = set(named)
+        tried = set(named) | set(together)
         if best is not None:
-            figure = _effect(best, Seen(params, metrics), compare)[0]
-            gained.append(f"{knob} {best.params[knob]}{_with(best, params, family, knob)} {figure}")
             tried.add(best.params[knob])
+            if (move := _move_of(best, params, family)) not in named_moves:
+                named_moves.add(move)
+                figure = _effect(best, Seen(params, metrics), compare)[0]
+                gained.append(f"{knob} {best.params[knob]}{_with(best, params, family, knob)} {figure}")
         if tried:
             next_step = _without_tried(next_step, knob, tried, params)
     if not flat and not gained:
@@ -132,6 +138,11 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
         said.append(f"{'; ' if flat else ', '}faster as measured: {'; '.join(gained)}")
     measured = f"already measured from here{''.join(said)}"
     return replace(v, next_step=f"{next_step} ({measured})" if next_step else measured)
+
+
+def _move_of(t: Seen, params: Mapping[str, Any], family: Sequence[str]) -> tuple[str, ...]:
+    """The knobs of ``family`` that ``t`` moved from ``params``, with their values: one move."""
+    return tuple(f"{k}={t.params.get(k)}" for k in family if t.params.get(k) != params.get(k))
 
 
 def _with(t: Seen, params: Mapping[str, Any], family: Sequence[str], knob: str) -> str:

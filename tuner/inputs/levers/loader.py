@@ -45,7 +45,7 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"dataloader.json": "pin_memory", "hf_training_args.json": "dataloader_pin_memory"}),
           script=ScriptRoutes(ALL)),
     Lever("persistent_workers", bool, False, "keep workers alive between epochs", group="loader", needs=_workers,
-          label="persistent",
+          label="persistent", suggest=((True,), "persistent_workers: true"),
           risk="workers keep their state between epochs (a dataset that changes per epoch must allow it)",
           applied=Applied("loader", "tuner.trial.data:make_loader", loader_kwarg="persistent_workers"),
           exported=Exported({"dataloader.json": "persistent_workers",
