@@ -17,7 +17,7 @@ from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.harness.system.environment import environment
 from tuner.inputs import layout
 from tuner.inputs.errors import RecipeError
-from tuner.inputs.space import Config, Machine, lever_refusal, make_config
+from tuner.inputs.space import Config, Machine, lever_refusal
 from tuner.runner import runner_for
 from tuner.trial.trial_result import Instruments, State, TrialResult
 
@@ -96,7 +96,7 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     knobs = {name: values[0] for name, values in recipe.space.items() if len(values) == 1}
     knobs.update(recipe.baseline)
     knobs.update(recipe.knob_overrides)
-    config, notes = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+    config, notes = recipe.configs(machine).make(knobs)
     refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(recipe.world_size), None,
                              machine.cuda) or lever_refusal(config.params(), machine)
     if refused is not None:

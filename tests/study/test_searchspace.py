@@ -6,7 +6,7 @@ import pytest
 
 import tuner
 from tuner.analysis.diagnose import Verdict
-from tuner.inputs.space import Machine
+from tuner.inputs.space import Configs, Machine
 from tuner.study.searchspace import Space, baseline_knobs, build_space
 from tuner.tuning.proposing.guided import guided_next
 
@@ -69,7 +69,7 @@ def test_baseline_joins_searched_knobs_but_fixed_knobs_stay_fixed(toy):
 
 
 def test_space_enumerates_distinct_configurations():
-    configs = SPACE.configs(16, 1, CPU, "auto")
+    configs = SPACE.configs(Configs(16, 1, CPU))
     # workers 0: 2 amp x 3 micro; workers 1/2/4: x 2 prefetch x 2 persistent
     assert len(configs) == 6 + 3 * 2 * 2 * 2 * 3
     assert len(set(configs)) == len(configs)

@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 import tuner
-from tuner.inputs.space import Machine, conflict
+from tuner.inputs.space import Configs, Machine, conflict
 from tuner.study.searchspace import Space, suggest
 from tuner.study.study import Asked
 
@@ -107,7 +107,7 @@ def test_the_sampler_never_proposes_fsdp_with_zero_or_offload_without_sharding()
         seen.add((knobs["zero_stage"], knobs["fsdp"], knobs["offload_optimizer"]))
         study.tell(trial, 1.0)
     assert (0, "full_shard", "cpu") in seen and (2, "off", "cpu") in seen and (0, "off", "none") in seen
-    assert len(Space(space.choices).configs(16, 2, Machine(cuda=False, bf16=True, fp16=False), "auto")) == 2 * (
+    assert len(Space(space.choices).configs(Configs(16, 2, Machine(cuda=False, bf16=True, fp16=False)))) == 2 * (
         1 * 2 * 1          # DDP: buckets
         + 2 * 2 * 2        # ZeRO 1-2: offload x overlap
         + 2                # FSDP2: offload

@@ -124,6 +124,10 @@ class Recipe:
     track: tuple[str, ...] = ()
     """Experiment trackers the search logs to (:mod:`tuner.outputs.tracking`)."""
 
+    def configs(self, machine: space_mod.Machine) -> space_mod.Configs:
+        """How this recipe's configurations are made on ``machine`` (:class:`~tuner.inputs.space.Configs`)."""
+        return space_mod.Configs(self.global_batch_size, self.world_size, machine, self.engine)
+
 
 def load_recipe(
     path: str | os.PathLike[str],

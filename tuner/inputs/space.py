@@ -24,7 +24,7 @@ EngineName = Literal["auto", "torch", "deepspeed"]
 """The recipe's ``engine``: ``auto`` runs zero_stage 0 as DDP and stages 1-3 as DeepSpeed."""
 AMP_DTYPES: tuple[str, ...] = get_args(AmpDtype)
 ENGINES: tuple[str, ...] = get_args(EngineName)
-__all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "Config", "Machine", "applies", "conflict",
+__all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "Config", "Configs", "Machine", "applies", "conflict",
            "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
 
@@ -244,6 +244,32 @@ def make_config(
         raise RecipeError(why)
     accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
     return Config(grad_accum_steps=accum, engine=levers.engine_of(values, engine), **values), notes
+
+
+@dataclasses.dataclass(frozen=True)
+class Configs:
+    """How every configuration of one job on one machine is made: the recipe's global batch,
+    world size and engine, and the machine, bound once (:meth:`tuner.inputs.recipe.Recipe.configs`),
+    so a caller names only the knobs. Nine call sites over five packages each passed the same
+    four values to :func:`make_config`."""
+
+    global_batch_size: int
+    world_size: int
+    machine: Machine
+    engine: str = "auto"
+
+    def make(self, knobs: Mapping[str, Any], strict: bool = True) -> tuple[Config, list[str]]:
+        """:func:`make_config` of ``knobs``: the configuration, and notes on what changed."""
+        return make_config(knobs, self.global_batch_size, self.world_size, self.machine, self.engine, strict)
+
+    def __call__(self, knobs: Mapping[str, Any], strict: bool = True) -> Config:
+        return self.make(knobs, strict)[0]
+
+    def of_params(self, params: Mapping[str, Any]) -> Config:
+        """The configuration of a trial's recorded params (what is derived, the accumulation and
+        the engine, derived again; the sampler may pair a micro-batch with a layout it does not
+        fit, which the layout's refusal says, so the batch's divisibility is not checked)."""
+        return self({k: v for k, v in params.items() if k in LEVERS}, strict=False)
 
 
 def unsupported(machine: Machine, adapt: str | None = None) -> list[tuple[str, Any, str, Any]]:

@@ -26,7 +26,7 @@ from tuner.harness import distributed
 from tuner.inputs import levers
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.recipe import Steps
-from tuner.inputs.space import Config, Machine, conflict, make_config
+from tuner.inputs.space import Config, Machine, conflict
 from tuner.memory import model as memory
 from tuner.runner import InProcess
 from tuner.study import searchspace
@@ -111,7 +111,7 @@ class Profiler:
         if conflict(knobs) is not None:
             return None
         try:
-            config = make_config({**self.base, **knobs}, r.global_batch_size, r.world_size, self.machine, r.engine)[0]
+            config = r.configs(self.machine)({**self.base, **knobs})
         except RecipeError:
             return None
         return None if self.space.refusal(config.params(), r.world_size, r.global_batch_size) else config
@@ -248,7 +248,7 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
         knobs = distributed.broadcast(profiler.next() if profiler else None)
         if knobs is None:
             break
-        config, _ = make_config(knobs, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+        config = recipe.configs(machine)(knobs)
         result = runner.run(config)
         if profiler:
             profiler.observe(config.params(), result)

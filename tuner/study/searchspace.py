@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.inputs import layout
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config, Machine, applies, defaults, lever_refusal, make_config, restrict, unsupported
+from tuner.inputs.space import Config, Configs, Machine, applies, defaults, lever_refusal, restrict, unsupported
 from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
@@ -52,18 +52,17 @@ class Space:
         that do not apply make it fewer; :meth:`configs` counts them exactly, slowly)."""
         return math.prod(len(v) for v in self.choices.values())
 
-    def configs(self, global_batch_size: int, world_size: int, machine: Machine, engine: str) -> list[Config]:
+    def configs(self, make: Configs) -> list[Config]:
         """Every distinct configuration (a knob that does not apply collapses to its default;
         values that cannot go together, FSDP2 with ZeRO, are no configuration)."""
         keys = list(self.choices)
         out: dict[Config, None] = {}
         for values in itertools.product(*(self.choices[k] for k in keys)):
             try:
-                config, _ = make_config(dict(zip(keys, values)), global_batch_size, world_size, machine, engine,
-                                        strict=False)
+                config = make(dict(zip(keys, values)), strict=False)
             except RecipeError:  # values that are no configuration (FSDP2 with ZeRO, ...)
                 continue
-            if self.refusal(config.params(), world_size, global_batch_size) is None:  # nor is an impossible layout
+            if self.refusal(config.params(), make.world_size, make.global_batch_size) is None:  # nor a bad layout
                 out[config] = None
         return list(out)
 
@@ -78,7 +77,7 @@ def every_key(space: Space, recipe: "Recipe", machine: Machine) -> set[tuple] | 
     """Every configuration of the space, by :func:`config_key` (``None``: too many to count)."""
     if space.size() > COUNTED_UP_TO:
         return None
-    return {config_key(c) for c in space.configs(recipe.global_batch_size, recipe.world_size, machine, recipe.engine)}
+    return {config_key(c) for c in space.configs(recipe.configs(machine))}
 
 
 def build_space(recipe: "Recipe", machine: Machine) -> Space:

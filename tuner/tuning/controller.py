@@ -16,7 +16,7 @@ from tuner.harness.system import energy
 from tuner.inputs import levers
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config, Machine, make_config, reference_knobs
+from tuner.inputs.space import Config, Machine, reference_knobs
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
@@ -99,12 +99,11 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
             if order.get("repeat"):  # the baseline or the best again: the noise the prune and the stop read
                 pool.add(run(Config(**order["repeat"])), "repeat")
                 continue
-            config, _ = make_config(order["knobs"], recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+            config = recipe.configs(machine)(order["knobs"])
             # Every rank must take part in the pruning decision, which rank 0 makes.
             prune = ((decider.prune if decider else budget.never) if order["prune"] else None)
             if order.get("reference") and runner.curves:  # the guard needs an fp32 curve first
-                reference = run(make_config(reference_knobs(config.params()), recipe.global_batch_size,
-                                            recipe.world_size, machine, recipe.engine)[0])
+                reference = run(recipe.configs(machine)(reference_knobs(config.params())))
                 pool.add(reference, "search")
                 if decider:
                     decider.set_reference(reference)
@@ -144,8 +143,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     events = decider.events if decider else None
 
     def make(knobs: Any) -> dict[str, Any]:
-        return make_config({k: v for k, v in knobs.items() if k in LEVERS}, recipe.global_batch_size,
-                           recipe.world_size, machine, recipe.engine, strict=False)[0].params()
+        return recipe.configs(machine).of_params(knobs).params()
 
     def valid(knobs: Any) -> bool:
         """A layout the world and the global batch allow (a change toward the best may need
@@ -213,5 +211,4 @@ def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machi
     if True in c["compile"]:
         knobs.append({"compile": True})
     base = searchspace.baseline_knobs(recipe, space, machine)
-    return [make_config({**base, **k}, recipe.global_batch_size, recipe.world_size, machine, recipe.engine)[0]
-            for k in knobs]
+    return [recipe.configs(machine)({**base, **k}) for k in knobs]

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.analysis.diagnose import Here, Verdict
 from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
-from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config, Machine, make_config
+from tuner.inputs.space import Config, Machine
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.study import searchspace
@@ -298,9 +297,7 @@ class Decider:
     def config_of(self, knobs: Mapping[str, Any]) -> Config:
         """The configuration of ``knobs`` (a trial's full params too: what is derived, the
         accumulation and the engine, is derived again)."""
-        r = self.recipe
-        knobs = {k: v for k, v in knobs.items() if k in LEVERS}
-        return make_config(knobs, r.global_batch_size, r.world_size, self.machine, r.engine, strict=False)[0]
+        return self.recipe.configs(self.machine).of_params(knobs)
 
     def _known(self) -> dict[tuple, Record]:
         """Every configuration measured in the study (by any worker), by its key."""

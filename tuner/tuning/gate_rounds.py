@@ -126,7 +126,6 @@ def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], m
     recorded rates, checked against ``recipe`` and this environment (``here``); what makes
     the comparison meaningless is refused in one line."""
     from tuner.inputs import layout
-    from tuner.inputs.space import make_config
 
     differ = differences(best.get("environment") or {}, here)
     if differ:
@@ -142,8 +141,7 @@ def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], m
     if batch != recipe.global_batch_size:
         raise RecipeError(f"the recorded configuration trains {batch} samples per step, the recipe's "
                           f"global_batch_size is {recipe.global_batch_size}: they must match")
-    answer, baseline = (make_config(_knobs(p), recipe.global_batch_size, recipe.world_size, machine,
-                                    recipe.engine)[0] for p in (params, base))
+    answer, baseline = (recipe.configs(machine)(_knobs(p)) for p in (params, base))
     if answer == baseline and not absolute:
         raise RecipeError("nothing to gate: the recorded answer is its own baseline (speedup 1.00x), so no speedup "
                           "can shrink; gate its samples/s with --absolute (on a quiet, dedicated machine)")
