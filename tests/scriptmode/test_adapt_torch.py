@@ -230,3 +230,54 @@ def test_a_lever_reaches_a_script_by_its_words_or_by_its_adapter(tmp_path):
                                                   "activation_checkpointing": ["none", "selective"]}))
     assert by_adapter.space["compile"] == (False, True)
 
+
+
+HAND_SGD = '''
+import argparse
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--batch-size", type=int, default=16)
+parser.add_argument("--steps", type=int, default=40)
+parser.add_argument("--use-optimizer", action="store_true")
+args = parser.parse_args()
+model = torch.nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01) if args.use_optimizer else None
+for step in range(args.steps):
+    loss = model(torch.randn(args.batch_size, 8)).pow(2).mean()
+    loss.backward()
+    if opt is not None:
+        opt.step()
+        opt.zero_grad()
+    else:  # word_language_model/main.py's own update, without --use-optimizer
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.01)
+            p.grad = None
+'''
+
+
+def test_a_script_that_never_steps_an_optimizer_says_so_in_one_line(tmp_path):
+    """pytorch/examples' word_language_model updates its parameters by hand: under adapt:
+    torch it ran a 71 s epoch twice to end with "does it use tuner.Probe ...". The look at
+    its own configuration now counts its backward passes and stops the command there; a
+    script that steps too few times says how many it made."""
+    import subprocess
+    import sys
+
+    (tmp_path / "hand.py").write_text(HAND_SGD)
+    recipe = _recipe(tmp_path, script=str(tmp_path / "hand.py"), args=[], knobs={"micro_batch_size": "--batch-size {}"},
+                     space={"micro_batch_size": [16]}, steps={"warmup": 2, "measure": 8})
+    with pytest.raises(RecipeError, match=r"adapt: torch: the script ended without a measured window: it ran 40 "
+                                          r"backward pass\(es\) and no torch.optim optimizer step"):
+        tuner.measure(recipe)
+    proc = subprocess.run([sys.executable, "-m", "tuner.measure", str(recipe)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: adapt: torch: the script ended"), proc.stderr
+    short = _recipe(tmp_path, script=str(tmp_path / "hand.py"), args=["--use-optimizer", "--steps", "5"],
+                    knobs={"micro_batch_size": "--batch-size {}"}, space={"micro_batch_size": [16]},
+                    steps={"warmup": 2, "measure": 8}, out=str(tmp_path / "short"))
+    m = tuner.measure(short)
+    assert m.failures == 1 and m.reason.startswith(
+        "the script ended without a measured window: it ended after 5 optimizer step(s), and the window needs at "
+        "least 10"), m.reason

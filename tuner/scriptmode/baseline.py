@@ -21,6 +21,7 @@ from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.space import conflict, defaults
 from tuner.scriptmode import launcher
+from tuner.scriptmode.adapters.progress import never_stepped
 
 if TYPE_CHECKING:
     from tuner.inputs.recipe import Recipe
@@ -57,6 +58,8 @@ def own_baseline(recipe: "Recipe") -> tuple["Recipe", list[str]]:
     if script is None or not script.adapt:
         return recipe, []
     own, why = read_own(recipe)
+    if own is None and never_stepped(why):  # run as its user runs it, it never stepped: no trial would
+        raise RecipeError(f"adapt: {script.adapt}: {why}")
     if own is None:
         return recipe, [f"the script's own configuration was not read ({_short(why)}); the baseline is the "
                         "recipe's (baseline: and its defaults)"]

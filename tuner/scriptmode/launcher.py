@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
+from tuner.scriptmode.adapters.progress import MARK
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
 from tuner.stats.prune import checks as prune_checks
@@ -256,9 +257,26 @@ def _exited(code: int, log: Path) -> tuple[str, str]:
     if "out of memory" in said.lower():
         return State.OOM, f"out of memory: {said}"
     if code == 0:
+        seen = _progress_line(log)  # an adapted script's own count of what it did (adapters.progress)
+        if seen is not None:
+            return State.ERROR, f"{seen} ({where})"
         return State.ERROR, ("the script finished without reporting: does it use tuner.Probe (probe.loader and "
                              f"probe.step) for at least warm-up + measure steps? ({where}); output ends: {_tail(log)}")
     return State.ERROR, said
+
+
+def _progress_line(log: Path) -> str | None:
+    """The last :data:`~tuner.scriptmode.adapters.progress.MARK` line of the trial's output,
+    without its ``tuner:`` prefix (``[rankN]:`` taken off), or ``None``."""
+    try:
+        lines = log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = re.sub(r"^\[rank\d+\]:\s*", "", line.strip())
+        if line.startswith(MARK):
+            return line[len("tuner: "):]
+    return None
 
 
 def _tail(log: Path) -> str:

@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from tuner.inputs.script import ADAPT_MODES
 from tuner.scriptmode.adapters.common import AdaptError
+from tuner.scriptmode.adapters.progress import Progress
 from tuner.scriptmode.config import TrialConfig, config
 from tuner.scriptmode.trialfile import read_trial
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if mode not in ADAPT_MODES:
         print(f"tuner adapt: unknown mode {mode!r}; expected one of {', '.join(ADAPT_MODES)}", file=sys.stderr)
         return 2
+    progress = Progress().install() if mode == "torch" else None  # what adapt: torch counts a step by
     if trial.get("look"):  # the script's own configuration, read before the search (adapters.own)
         from tuner.scriptmode.adapters import own
 
@@ -76,9 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "-m" and len(argv) > 1:  # a module: python -m pkg.train
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        return 0
-    script = Path(argv[0]).resolve()
-    sys.argv = [str(script), *argv[1:]]
-    sys.path.insert(0, str(script.parent))
-    runpy.run_path(str(script), run_name="__main__")
+    else:
+        script = Path(argv[0]).resolve()
+        sys.argv = [str(script), *argv[1:]]
+        sys.path.insert(0, str(script.parent))
+        runpy.run_path(str(script), run_name="__main__")
+    if progress is not None:  # back here: the script returned, and nothing ended it after a report
+        progress.say(2 if trial.get("look") else int(trial.get("warmup") or 0) + int(trial.get("measure") or 0))
     return 0
