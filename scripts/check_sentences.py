@@ -60,7 +60,7 @@ def check(recipe: Path, folder: Path, minutes: float, show: bool) -> dict[str, o
     proc = subprocess.run(command(recipe, out, minutes), cwd=recipe.parent, capture_output=True, text=True,
                           timeout=60 * (minutes * 3 + 5))
     wall = time.monotonic() - began
-    row: dict[str, object] = {"recipe": str(recipe.relative_to(ROOT)), "wall_s": wall, "exit": proc.returncode}
+    row: dict[str, object] = {"recipe": _name(recipe), "wall_s": wall, "exit": proc.returncode}
     if not (out / "best.json").exists():
         row.update(sentences=0, checked=[], findings=[f"no best.json: {proc.stderr.strip()[-300:]}"])
         return row
@@ -72,6 +72,11 @@ def check(recipe: Path, folder: Path, minutes: float, show: bool) -> dict[str, o
         for line in lines + report:
             print(f"  {line}")
     return row
+
+
+def _name(recipe: Path) -> str:
+    """The recipe as the table names it: under the repository, its path there; else as given."""
+    return str(recipe.relative_to(ROOT)) if recipe.is_relative_to(ROOT) else str(recipe)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             if why:
                 print(f"{recipe.name}: skipped, {why}")
                 continue
-            print(f"== {recipe.relative_to(ROOT)}", flush=True)
+            print(f"== {_name(recipe)}", flush=True)
             row = check(recipe, Path(tmp), args.minutes, args.show)
             rows.append(row)
             for f in row["findings"]:  # type: ignore[union-attr]
