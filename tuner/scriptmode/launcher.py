@@ -165,7 +165,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
                     time.sleep(0.2)  # a report written just before exiting
                     if result_path.exists():
                         continue
-                    state, reason = _exited(code, log_path)
+                    state, reason = _exited(code, log_path, trial.get("adapt"))
                     break
                 if time.monotonic() - began > limit:
                     state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
@@ -244,7 +244,7 @@ def _error_block(log: Path) -> tuple[str | None, str]:
     return lines[end][:500], block[-TAIL_CHARS:]
 
 
-def _exited(code: int, log: Path) -> tuple[str, str]:
+def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
     """The trial's state and reason when the script exited without reporting: its own
     exception first (the stop line reads the reason's head), then its traceback, then where
     the whole output is."""
@@ -260,6 +260,10 @@ def _exited(code: int, log: Path) -> tuple[str, str]:
         seen = _progress_line(log)  # an adapted script's own count of what it did (adapters.progress)
         if seen is not None:
             return State.ERROR, f"{seen} ({where})"
+        if adapt:  # the adapter measures the library's steps: no tuner.Probe is the script's to add
+            return State.ERROR, (f"the script finished without reporting: adapt: {adapt} measures its library's "
+                                 "training steps; did it train for the warm-up and measured steps? "
+                                 f"({where}); output ends: {_tail(log)}")
         return State.ERROR, ("the script finished without reporting: does it use tuner.Probe (probe.loader and "
                              f"probe.step) for at least warm-up + measure steps? ({where}); output ends: {_tail(log)}")
     return State.ERROR, said
