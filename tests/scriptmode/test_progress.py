@@ -34,7 +34,10 @@ def test_the_installed_counter_sees_backward_passes_and_every_optimizers_steps()
         opt.step()
         assert (progress.backward, progress.steps) == (3, 1)
     finally:
-        torch.autograd.backward = original  # the script's process only, in the product
+        progress.uninstall()  # in the product it holds for the script's whole process
+    assert torch.autograd.backward is original
+    opt.step()
+    assert progress.steps == 1
 
 
 def test_the_launcher_gives_the_scripts_line_and_an_adapters_own_question(tmp_path):

@@ -35,6 +35,8 @@ class Progress:
     def __init__(self) -> None:
         self.backward = 0
         self.steps = 0
+        self.uninstall: Any = lambda: None
+        """What :meth:`install` changed, put back (the script's process never needs it; a test does)."""
 
     def install(self) -> "Progress":
         import torch
@@ -47,7 +49,13 @@ class Progress:
             return original(*args, **kwargs)
 
         torch.autograd.backward = backward  # type: ignore[assignment]
-        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self._stepped())
+        hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: self._stepped())
+
+        def uninstall() -> None:
+            torch.autograd.backward = original  # type: ignore[assignment]
+            hook.remove()
+
+        self.uninstall = uninstall
         return self
 
     def _stepped(self) -> None:
