@@ -171,3 +171,22 @@ def test_importance_shows_only_on_enough_trials_and_never_against_the_attributio
     # the attribution measured micro_batch_size as the gain; an importance ranking it last is not shown
     importance, note = _importance(many, trials, _with_attribution("micro_batch_size"))
     assert importance == {} and "ranks micro_batch_size 2 of 2" in note and "100% of the gain" in note
+
+
+def test_a_metric_not_measured_says_why_in_the_words_the_run_said_it():
+    """pytorch/examples' word_language_model under adapt: torch: its report read "data wait,
+    not measured: nothing in this run measures it here" beside the adapter's note that said
+    why, in words ("data wait is not measured"), not by the metric's key."""
+    from tuner.outputs.markdown import _comparison_table
+    from tuner.tuning.search_result import SearchResult
+
+    metrics = {"samples_per_s": 113.1, "data_wait_share": None, "comm_share": 0.0}
+    note = ("adapt: torch: the script iterated no torch DataLoader before its first optimizer step, so data wait "
+            "is not measured (null); samples/s counts the trial's global batch per step")
+    side = {"params": {}, "metrics": metrics}
+    result = SearchResult(out=None, best=side, baseline=dict(side), speedup=1.0, target_met=False, stopped="trials",
+                          trials=3, notes=[note])
+    lines = _comparison_table(result)
+    assert f"- data wait, not measured: {note}" in lines, lines
+    assert not any("comm, not measured" in line for line in lines)  # measured: 0% is a measurement
+    assert "- peak memory (GiB), not measured: nothing in this run measures it here" in lines  # said by no note
