@@ -7,6 +7,7 @@ Public API::
     tuner.compare(run_a, run_b, a="best", b="best") -> Comparison  # two run folders side by side
     tuner.plan(recipe) -> CapacityPlan  # the largest micro-batch predicted to fit, per sharding x AMP x ckpt
     tuner.Probe                     # the harness, for loops the tuner does not own
+    tuner.diagnose(probe, **knobs)  # its window's verdicts: the bottleneck and what to try next
     tuner.config(**defaults)        # a script's knobs: the trial's under the tuner, else the defaults
     tuner.load_recipe(path)         # a validated Recipe
 
@@ -35,11 +36,11 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
 
 
 if TYPE_CHECKING:
-    from tuner.api import CapacityPlan, Measurement, SearchResult, measure, plan, search
+    from tuner.api import CapacityPlan, Measurement, SearchResult, diagnose, measure, plan, search
     from tuner.outputs.comparison import compare
     from tuner.scriptmode.probe import Probe
 
-_LAZY = {"CapacityPlan": "tuner.api", "Measurement": "tuner.api", "SearchResult": "tuner.api",
+_LAZY = {"CapacityPlan": "tuner.api", "Measurement": "tuner.api", "SearchResult": "tuner.api", "diagnose": "tuner.api",
          "measure": "tuner.api", "plan": "tuner.api", "search": "tuner.api", "Probe": "tuner.scriptmode.probe",
          "compare": "tuner.outputs.comparison"}
 """Imported on first use. A script's ``import tuner`` (and each script-mode trial's adapter)
@@ -63,5 +64,5 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["CapacityPlan", "Measurement", "Probe", "compare", "Recipe", "RecipeError", "SearchResult", "TrialConfig",
-           "TrialError", "config", "load_recipe", "measure", "plan", "search"]
+           "TrialError", "config", "diagnose", "load_recipe", "measure", "plan", "search"]
 __version__ = "0.1.0"

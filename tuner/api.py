@@ -12,10 +12,11 @@ import functools
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from tuner import runner
 from tuner.analysis import gate
+from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.harness import distributed, interrupt
 from tuner.harness.caller_state import as_found
 from tuner.harness.system.environment import environment
@@ -27,6 +28,9 @@ from tuner.measurement import Measurement, measure_recipe
 from tuner.memory.capacity import CapacityPlan, plan_recipe
 from tuner.trial.trial_result import Instruments
 from tuner.tuning.search_result import SearchResult
+
+if TYPE_CHECKING:
+    from tuner.scriptmode.probe import Probe
 
 __all__ = ["CapacityPlan", "Measurement", "SearchResult", "check", "measure", "plan", "search"]
 
@@ -240,6 +244,26 @@ def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, s
     return dataclasses.replace(recipe, budget=budget), (
         f"budget: {gib:.1f} GiB per GPU, what was free at the start plus this process's own "
         "(no budget.memory_gib)")
+
+
+def diagnose(measured: "Probe | Mapping[str, Any]", **knobs: Any) -> list[Verdict]:
+    """The verdicts on a window a :class:`~tuner.scriptmode.probe.Probe` measured in a loop
+    the tuner does not own: the bottleneck, its numbers, what to try next (``print`` each).
+
+    Args:
+        measured: the probe (its :meth:`summary`, a collective under torchrun: call this on
+            every rank), or a summary already taken.
+        **knobs: what the loop runs that the probe cannot see (``amp_dtype="bf16"``,
+            ``micro_batch_size=8, grad_accum_steps=4``); the loader's own settings are read
+            from the DataLoader the probe watched. Unknown names are refused in one line.
+    """
+    if isinstance(measured, Mapping):
+        metrics, params = dict(measured), {}
+    else:
+        metrics, params = measured.summary(), dict(getattr(measured, "loader_settings", {}))
+    extra = {k: knobs.pop(k) for k in ("grad_accum_steps",) if k in knobs}  # derived, not a knob
+    params.update({**parse_knobs(knobs, "diagnose"), **extra})
+    return diagnose_run(metrics, params, None, environment(int(os.environ.get("WORLD_SIZE", "1"))))
 
 
 @_as_found

@@ -207,3 +207,36 @@ def test_the_profiled_tail_reads_comm_share_after_the_window_on_every_rank(tmp_p
     assert ranks[0]["summary"]["comm_share"] > 0.02  # the window's own figure is still the host timer's
     profiled = [r["profiled_comm_share"] for r in ranks]
     assert all(p is not None and 0.02 < p <= 1.0 for p in profiled), profiled
+
+
+def test_diagnose_reads_the_probes_window_and_its_loaders_own_settings():
+    """``tuner.diagnose``: what a user's own loop gets beside the numbers (where the step's
+    time goes, and what to try): each sample arrives 2 ms late and the step is a tiny
+    matmul, so the loop waits; the advice reads the DataLoader's own worker count."""
+    from tuner.inputs.errors import RecipeError
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 10_000
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            time.sleep(0.002)
+            return torch.ones(4)
+
+    probe = tuner.Probe(warmup=2, measure=10)
+    model = torch.nn.Linear(4, 1)
+    for batch in probe.loader(torch.utils.data.DataLoader(Slow(), batch_size=8)):
+        model(batch).sum().backward()
+        probe.step()
+        if probe.done:
+            break
+    verdicts = tuner.diagnose(probe)
+    assert verdicts[0].kind == "data-bound", verdicts
+    assert str(verdicts[0]).startswith("data-bound: the loop waits for data ")
+    assert "\n  next: try more loader workers than 0; " in str(verdicts[0])
+    summary = probe.summary()
+    more = tuner.diagnose(summary, num_workers=2, prefetch_factor=4)[0]  # a summary, and what the loop runs
+    assert more.next_step.startswith("try more loader workers than 2, a larger prefetch_factor than 4"), more
+    with pytest.raises(RecipeError, match=r"diagnose\.num_worker: unknown knob \(did you mean 'num_workers'\?\)"):
+        tuner.diagnose(summary, num_worker=2)
+    probe.close()

@@ -1,10 +1,8 @@
 """Why a configuration runs at the speed it does: a verdict from its measured metrics.
 
 The symptom table a performance engineer keeps in their head, written down: each verdict
-names the bottleneck, the evidence (the numbers that point at it) and the next thing to
-try. Every threshold lives in :data:`THRESHOLDS`, the one place to read or change them
-(the README lists them too). A configuration can have several verdicts; they are ordered
-by how much of the step they explain, the first one is the headline.
+names the bottleneck, its numbers and the next thing to try; every threshold is in
+:data:`THRESHOLDS`. Several verdicts are ordered by how much of the step they explain.
 """
 
 from __future__ import annotations
@@ -43,6 +41,9 @@ class Verdict:
     evidence: str
     next_step: str
 
+    def __str__(self) -> str:  # what tuner.diagnose's user prints
+        return f"{self.kind}: {self.evidence}\n  next: {self.next_step}"
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -55,9 +56,8 @@ class Verdict:
 class Here:
     """What a search can run, for the advice (without it: what a CPU rules out).
 
-    A verdict's suggestion passes the same refusal rules as the search's space before it is
-    shown: a CNN on a CPU was advised a fused attention kernel, a micro-batch larger than
-    the global batch allows was advised too."""
+    A verdict's suggestion passes the search space's refusal rules before it is shown: a CNN
+    on a CPU was advised a fused attention kernel, and a micro-batch the global batch forbids."""
 
     refusal: Callable[[str, Any], str | None]
     """Why this configuration with ``lever = value`` cannot run here (``None``: it can)."""

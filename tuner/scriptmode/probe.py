@@ -19,8 +19,9 @@ from torch.utils.data import DataLoader
 from tuner.harness.metrics import energy_note, live_figures, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
+from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import trialfile
-from tuner.scriptmode.adapters.common import kept_by_script
+from tuner.scriptmode.adapters.common import kept_by_script, own_value
 from tuner.stats.prune import PruneBar
 
 
@@ -87,6 +88,8 @@ class Probe(ProbeCore):
         self._server: Any = None
         self.ran: dict[str, Any] = {}
         """Levers the configuration leaves to the script's library, and what it ran (reported with the numbers)."""
+        self.loader_settings: dict[str, Any] = {}
+        """The watched DataLoader's own loader levers: what :func:`tuner.diagnose` advises from."""
         self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
         self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
 
@@ -129,6 +132,8 @@ class Probe(ProbeCore):
     def loader(self, iterable: Iterable[Any], transfer: Callable[[Any], Any] | None = None) -> Iterator[Any]:
         """As :meth:`ProbeCore.loader`; in a trial, a DataLoader's own loader settings that
         differ from the trial's are recorded as what ran (the script set them itself)."""
+        if isinstance(iterable, DataLoader):  # what the verdicts' advice reads (tuner.diagnose)
+            self.loader_settings = {n: own_value(iterable, n) for n in LOADER_KNOBS}
         if self._trial is not None and isinstance(iterable, DataLoader):
             kept = kept_by_script(iterable, self._trial.get("knobs") or {})
             self.ran.update(kept)

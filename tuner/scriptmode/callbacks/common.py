@@ -73,7 +73,8 @@ def print_summary(summary: dict[str, Any], where: str) -> None:
         return
     parts = [f"{summary['samples_per_s']:.1f} samples/s",
              f"step p50 {1000 * summary['step_time_p50_s']:.1f} ms / p99 {1000 * summary['step_time_p99_s']:.1f} ms",
-             f"data wait {100 * summary['data_wait_share']:.0f}%"]
+             "data wait not measured" if summary.get("data_wait_share") is None  # never a made-up 0, nor a crash
+             else f"data wait {100 * summary['data_wait_share']:.0f}%"]
     if summary.get("comm_share") is not None:
         parts.append(f"comm {100 * summary['comm_share']:.0f}%")
     if summary.get("mfu") is not None:
