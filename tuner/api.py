@@ -246,6 +246,7 @@ def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, s
         "(no budget.memory_gib)")
 
 
+@_as_found
 def diagnose(measured: "Probe | Mapping[str, Any]", **knobs: Any) -> list[Verdict]:
     """The verdicts on a window a :class:`~tuner.scriptmode.probe.Probe` measured in a loop
     the tuner does not own: the bottleneck, its numbers, what to try next (``print`` each).

@@ -101,6 +101,8 @@ USER = SNAPSHOT + textwrap.dedent('''
     shots["search"] = snapshot()
     tuner.api.check(recipe, out + "/best.json", rounds=1, absolute=True, process_noise=0.05)
     shots["check"] = snapshot()
+    assert tuner.diagnose({"samples_per_s": 100.0, "data_wait_share": 0.5}, num_workers=2)[0].kind == "data-bound"
+    shots["diagnose"] = snapshot()
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]
