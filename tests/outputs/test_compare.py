@@ -40,17 +40,20 @@ def _cli(*args):
 def test_the_best_against_the_baseline_is_beyond_the_tolerance(run, tmp_path):
     c = tuner.compare(run, run, a="baseline", b="best")
     rate = next(r for r in c.rows if r.metric == "samples_per_s")
-    assert rate.ratio > 1.3 and rate.verdict == "beyond" and rate.interval[0] > c.tolerance == 0.02, rate
+    # beyond where the interval shows it; beside two busy processes (CI, 2026-12-05) a 1.75x
+    # read (-21%, +352%) on 6 degrees of freedom, and "undecided" was the true verdict
+    assert rate.ratio > 1.3 and c.tolerance == 0.02 and rate.interval[1] > c.tolerance, rate
+    assert rate.verdict == ("beyond" if rate.interval[0] > c.tolerance else "undecided"), rate
     assert ("num_workers", 0, 2) in c.params
     record = json.loads((run / "best.json").read_text())
     assert len(record["runs"]["best"]) >= 2 and len(record["runs"]["baseline"]) >= 2  # what the verdict stands on
     assert record["noise"]["dof"] >= 2
     proc = _cli(run, run, "--a", "baseline", "--html", tmp_path / "c.html")
     assert proc.returncode == 0, proc.stderr
-    assert "knobs that differ: num_workers 0 -> 2" in proc.stdout and "beyond the 2% tolerance" in proc.stdout, \
-        proc.stdout
+    said = "beyond the 2% tolerance" if rate.verdict == "beyond" else "undecided"
+    assert "knobs that differ: num_workers 0 -> 2" in proc.stdout and said in proc.stdout, proc.stdout
     page = (tmp_path / "c.html").read_text()
-    assert "<tr class='beyond'><td>samples_per_s</td>" in page
+    assert f"<tr class='{rate.verdict}'><td>samples_per_s</td>" in page
 
 
 @pytest.mark.slow
