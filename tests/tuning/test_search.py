@@ -345,7 +345,9 @@ def test_a_search_that_has_converged_stops_before_its_budget(toy, tmp_path):
     recipe = toy(task_args={"read_ms": 0.5, "step_ms": 12}, steps={"warmup": 1, "measure": 12},
                  space={"num_workers": [0, 1], "micro_batch_size": [1, 2, 4, 8, 16]},
                  baseline={"num_workers": 0, "micro_batch_size": 16})
-    result = tuner.search(recipe, trials=30, out=tmp_path / "a", confirm=1, attribute=0, quiet=True)
+    # the finish at its defaults: with confirm=1 (one round a question) a finalist 2x slower by
+    # construction stayed the answer once in a quiet CI run (c6b9ef8), the rule undecided at its limit
+    result = tuner.search(recipe, trials=30, out=tmp_path / "a", attribute=0, quiet=True)
     assert result.stopped == "converged" and result.trials < 10, (result.stopped, result.trials)  # of 10
     log = (tmp_path / "a" / "search.log").read_text()
     assert "converged: the neighbourhood of the best is measured" in log
