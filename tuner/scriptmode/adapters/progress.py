@@ -64,11 +64,11 @@ class Progress:
     def why(self, needed: int) -> str:
         """Why a window of ``needed`` steps (warm-up and measured) never closed."""
         if self.steps == 0 and self.backward:
-            return (f"it ran {self.backward} backward pass(es) and no torch.optim optimizer step (adapt: torch "
+            return (f"it ran {self.backward} backward pass(es) and {NEVER_STEPPED[0]} (adapt: torch "
                     "counts steps at optimizer.step()): step a torch.optim optimizer (the script may have a flag "
                     "for one), or report each step through tuner.Probe")
         if self.steps == 0:
-            return ("it ran no backward pass and no optimizer step: check that args: make it train (not only "
+            return (f"it ran {NEVER_STEPPED[1]}: check that args: make it train (not only "
                     "evaluate, or stop at once)")
         return (f"it ended after {self.steps} optimizer step(s), and the window needs at least {needed} (warm-up "
                 "and measured): give it more to train in args: (more data, epochs or iterations), or fewer steps: in "
