@@ -205,7 +205,7 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     own error, and the search stops there, in one line that says where the output is, exit 1,
     nothing else run (the budget was 5 trials)."""
     script = tmp_path / "train.py"
-    script.write_text("raise RuntimeError('ProcessGroupNCCL is only supported with GPUs, no GPUs found!')\n")
+    script.write_text("import os\nraise RuntimeError('ProcessGroupNCCL is only supported with GPUs, no GPUs found!')\n")
     recipe = write_recipe(tmp_path, {"name": "broken", "script": str(script), "global_batch_size": 8,
                                      "space": {"num_workers": [0, 1, 2]}, "out": str(tmp_path / "run")})
     proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "5", "--quiet"])
@@ -215,14 +215,16 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     # the script's own error first, in one line of at most 200 characters, then where its output is
     assert said[0].startswith("error: RuntimeError: ProcessGroupNCCL is only supported with GPUs"), said[0]
     assert len(said[0]) <= 200 and said[0].endswith("output.log)"), said[0]
+    assert " at train.py line 2 (whole output: " in said[0]  # the line of the script's own code it came from
     assert "Traceback" not in proc.stderr.replace(said[0], "")
     with (tmp_path / "run" / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["state"] for r in rows] == ["error"]
     # the whole story stays in the record: the script's own traceback, not a launcher's banner
     assert "its traceback: Traceback (most recent call last):" in rows[0]["reason"]
-    assert 'train.py", line 1' in rows[0]["reason"] and "error_file" not in rows[0]["reason"]
+    assert 'train.py", line 2' in rows[0]["reason"] and "error_file" not in rows[0]["reason"]
     assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"
+    assert (tmp_path / "run" / "search.log").read_text().count("note: stopped: RuntimeError") == 1  # said once
 
 
 @pytest.mark.slow

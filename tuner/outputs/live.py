@@ -85,7 +85,8 @@ class Live(SearchEvents):
         row = (f"{trial.number:>5}  {title_words(p):<38} {levers(p):<22} "
                f"{_f(rate, '.1f'):>10} {_f(wait, '.2f'):>5} {_f(peak, '.2f'):>8}  ")
         style = STYLE.get(outcome, "red")
-        self.console.print(f"{escape(row)}[{style}]{outcome}[/]{mark} {escape(reason)}".rstrip())
+        said = reason.split("; its traceback: ")[0]  # the row names the error and its line; the log keeps the rest
+        self.console.print(f"{escape(row)}[{style}]{outcome}[/]{mark} {escape(said)}".rstrip())
         self.log.info("%s%s%s %s", row, outcome, mark, reason)
         if self._task is not None:
             self.progress.advance(self._task)

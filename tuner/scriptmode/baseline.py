@@ -117,7 +117,7 @@ def merge(recipe: "Recipe", own: Mapping[str, Any]) -> tuple["Recipe", list[str]
 
 
 def _short(why: str | None) -> str:
-    text = (why or "no reason given").strip()
+    text = (why or "no reason given").split("; its traceback: ")[0].strip()  # the error, its line, the output
     return text if len(text) <= 300 else text[:300] + "..."
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
-from tuner.scriptmode.adapters.progress import MARK
+from tuner.scriptmode.output_log import error_block, own_frame, progress_line, tail
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
 from tuner.stats.prune import checks as prune_checks
@@ -38,8 +37,6 @@ if TYPE_CHECKING:
     from tuner.inputs.script import Script
     from tuner.inputs.space import Config
 
-TAIL_CHARS = 1500
-"""How much of a failed trial's output its reason carries."""
 POLL_S = 0.01
 """How often the launcher looks for a trial's report: a file's stat, so 10 ms costs nothing
 and the trial ends 20 ms sooner on average than at 50 ms (a 1-rank trial's report was seen
@@ -169,7 +166,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
                     break
                 if time.monotonic() - began > limit:
                     state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
-                                                  f"recipe timeout_s); output ends: {_tail(log_path)}")
+                                                  f"recipe timeout_s); output ends: {tail(log_path)}")
                     break
                 time.sleep(POLL_S)
         finally:
@@ -221,74 +218,30 @@ def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subp
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
 
 
-_ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
-_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
-
-
-def _error_block(log: Path) -> tuple[str | None, str]:
-    """The script's own exception (the last one a rank printed, not torchrun's summary) and
-    its traceback: the lines from the ``Traceback`` header before it to it, each rank's prefix
-    taken off (the launcher's failure banner after it is not the script's)."""
-    try:
-        lines = [_RANK_PREFIX.sub("", line.strip())
-                 for line in log.read_text(encoding="utf-8", errors="replace").splitlines()]
-    except OSError:
-        return None, ""
-    found = [i for i, line in enumerate(lines) if _ERROR_LINE.match(line)
-             and "ChildFailedError" not in line and "elastic" not in line]
-    if not found:
-        return None, ""
-    end = found[-1]
-    start = next((i for i in range(end, -1, -1) if lines[i].startswith("Traceback (most recent call last)")), end)
-    block = " | ".join(line for line in lines[start:end + 1] if line)
-    return lines[end][:500], block[-TAIL_CHARS:]
-
-
 def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
     """The trial's state and reason when the script exited without reporting: its own
-    exception first (the stop line reads the reason's head), then its traceback, then where
-    the whole output is."""
-    error, block = _error_block(log)
+    exception first (the stop line reads the reason's head), the line of the script's own code
+    it came from, where the whole output is, then its traceback."""
+    error, block = error_block(log)
     where = f"whole output: {log}"
     if error is not None:
-        said = f"{error} (the script exited with status {code} before reporting; {where}); its traceback: {block}"
+        at = f" at {frame}" if (frame := own_frame(block)) else ""
+        said = f"{error} (the script exited with status {code}{at} before reporting; {where}); its traceback: {block}"
     else:
-        said = f"the script exited with status {code} before reporting ({where}); output ends: {_tail(log)}"
+        said = f"the script exited with status {code} before reporting ({where}); output ends: {tail(log)}"
     if "out of memory" in said.lower():
         return State.OOM, f"out of memory: {said}"
     if code == 0:
-        seen = _progress_line(log)  # an adapted script's own count of what it did (adapters.progress)
+        seen = progress_line(log)  # an adapted script's own count of what it did (adapters.progress)
         if seen is not None:
             return State.ERROR, f"{seen} ({where})"
         if adapt:  # the adapter measures the library's steps: no tuner.Probe is the script's to add
             return State.ERROR, (f"the script finished without reporting: adapt: {adapt} measures its library's "
                                  "training steps; did it train for the warm-up and measured steps? "
-                                 f"({where}); output ends: {_tail(log)}")
+                                 f"({where}); output ends: {tail(log)}")
         return State.ERROR, ("the script finished without reporting: does it use tuner.Probe (probe.loader and "
-                             f"probe.step) for at least warm-up + measure steps? ({where}); output ends: {_tail(log)}")
+                             f"probe.step) for at least warm-up + measure steps? ({where}); output ends: {tail(log)}")
     return State.ERROR, said
-
-
-def _progress_line(log: Path) -> str | None:
-    """The last :data:`~tuner.scriptmode.adapters.progress.MARK` line of the trial's output,
-    without its ``tuner:`` prefix (``[rankN]:`` taken off), or ``None``."""
-    try:
-        lines = log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        line = re.sub(r"^\[rank\d+\]:\s*", "", line.strip())
-        if line.startswith(MARK):
-            return line[len("tuner: "):]
-    return None
-
-
-def _tail(log: Path) -> str:
-    try:
-        text = log.read_bytes()[-TAIL_CHARS:].decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())[-TAIL_CHARS:]
 
 
 def end_tree(proc: Any) -> None:

@@ -140,7 +140,7 @@ class Decider:
             self._once(said)  # asked again after the other workers' trials
         if stop is None and (broken := why_broken(study_mod.measured(self.study))):
             self.broken = broken
-            self.events.note(f"stopped: {broken}")
+            self._once(f"stopped: {broken}")  # asked again by each worker's next turn
             return {"stop": "broken"}
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}

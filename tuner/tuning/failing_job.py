@@ -33,13 +33,17 @@ def signature(reason: str | None) -> str:
 
 def headline(reason: str | None, why: str) -> str:
     """One line of at most :data:`STOP_CHARS` (with ``stopped: ``): the failure's own words (a
-    script's exception line) first, then where its whole output is, then ``why`` where it fits."""
+    script's exception line, and the line of its code it came from) first, then where its whole
+    output is, then ``why`` where it fits."""
     text = reason or "no reason recorded"
     found = re.search(r"whole output: (\S+?)[);]", text + ";")
     own = text.split(" (the script exited")[0].split("; output ends")[0].split("; its traceback")[0]
+    at = re.search(r"\(the script exited with status -?\d+ at ([^;)]+?) before reporting", text)
+    frame = f" at {at.group(1)}" if at else ""  # kept whole: the error's words give way first
     where = f"whole output: {_short(found.group(1))}" if found else ""
     room = STOP_CHARS - len("stopped: ")
-    for tail in (f" ({why}; {where})" if where else f" ({why})", f" ({where})" if where else ""):
+    tails = (f"{frame} ({why}; {where})" if where else f"{frame} ({why})", f"{frame} ({where})" if where else frame)
+    for tail in tails:
         if len(own) + len(tail) <= room:
             return own + tail
     return own[:max(0, room - len(tail) - 3)] + "..." + tail
