@@ -32,6 +32,7 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
 - ``finish: N question(s) left open after R round(s)`` and ``pruning cut N trial(s) short,
   saving ~S s``: best.json's ``decision`` (its open questions, its rounds) and ``pruning``;
 - ``warning: this run's noise was N% a run``: best.json's ``noise``;
+- each note is printed once (``finish: `` said live is the same sentence as at the end);
 - every ``X% slower|faster (99% interval L to H`` (the finish's notes, the gate's) and ``X%
   faster than without it, 99% interval L to H``, console and report: the interval read as the
   word reads holds the estimate; ``... of the answer's Zx rests on`` names no part larger than
@@ -156,7 +157,17 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
     found += _verdicts(best, metrics, checked)
     found += _advice_this_job_can_take(best, checked)
     found += _one_at_a_time(lines, best, checked)
+    found += _said_twice(lines, checked)
     return found, checked
+
+
+def _said_twice(lines: list[str], checked: set[str]) -> list[str]:
+    """A note the console printed twice (a finish's move said live and again at the end, a
+    stop said by each worker's turn): the second adds nothing and reads as a second event."""
+    notes = [re.sub(r"^note: (finish: )?", "", line) for line in lines if line.startswith("note: ")]
+    if notes:
+        checked.add("each note once")
+    return [f"{note!r}: printed {notes.count(note)} times" for note in dict.fromkeys(notes) if notes.count(note) > 1]
 
 
 PCT = r"(-?\d+(?:\.\d+)?)%"

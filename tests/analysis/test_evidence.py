@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -84,6 +85,11 @@ def test_workers_that_removed_the_wait_but_not_the_time_mean_saturated_cores():
     assert [v.kind for v in out] == ["data-bound"]
     assert out[0].next_step == ("already measured from here, faster as measured: num_workers 1 +80% "
                                 "(no interval: no noise measured yet)")
+    # the verdict as diagnose words it at 0 workers: what stays once the workers were measured
+    worded = replace(DATA_BOUND, next_step=DATA_BOUND.next_step + "; or make the per-sample work cheaper (decode)")
+    out = revise([worded], base.params, base.metrics, [base, faster], cores=2)
+    assert out[0].next_step.startswith("make the per-sample work cheaper (decode) (already measured from here, "
+                                       "faster as measured: num_workers 1 +80%"), out[0].next_step
 
 
 def test_workers_the_answer_has_that_bought_nothing_mean_saturated_cores():

@@ -127,11 +127,9 @@ def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
         steps.append(f"{deeper} than {prefetch}" if workers and prefetch else deeper)
         if not f.params.get("persistent_workers"):
             steps.append(levers.LEVERS["persistent_workers"].suggest[1])
-    return Verdict(
-        "data-bound", f.wait,
-        f"the loop waits for data {f.wait:.0%} of the step{ceiling_text}{busy}",
-        f"try {', '.join(steps)}; if the workers are CPU-bound, make the per-sample work cheaper (decode once, cache)",
-    )
+    cheaper = "or make" if workers == 0 else "if the workers are CPU-bound, make"  # without any, the loop loads
+    return Verdict("data-bound", f.wait, f"the loop waits for data {f.wait:.0%} of the step{ceiling_text}{busy}",
+                   f"try {', '.join(steps)}; {cheaper} the per-sample work cheaper (decode once, cache)")
 
 
 def _input_transfer_bound(f: Facts, found: list[Verdict]) -> Verdict | None:

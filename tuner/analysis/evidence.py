@@ -178,7 +178,8 @@ def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, A
     for cut in (", " + span, span + ", ", span):
         if cut in text:
             # the last "try ..." item gone: no "try" left before the rest ("try ; if the workers ...")
-            return re.sub(r"^try\s*(;\s*|$)", "", text.replace(cut, "", 1)).strip()
+            rest = re.sub(r"^try\s*(;\s*|$)", "", text.replace(cut, "", 1)).strip()
+            return rest[len("or "):] if rest.startswith("or ") else rest  # "or make ...": its "try" gone
     return text
 
 

@@ -85,9 +85,10 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         decision = recommend.record(best_params, finished, attribution, pool, d.baseline_config.params(),
                                     d.recipe.tolerance, lambda k: make(k).params(), d.valid, speedup,
                                     d.ruled_out)
+        said = set(finished.moves) if finished is not None else set()  # the finish said its moves as they came
         for note in decision.notes:
             notes.append(note)
-            if not recommend.in_summary(note):  # the summary says it once, right below
+            if not recommend.in_summary(note) and note not in said:  # the summary says it once, right below
                 d.events.note(note)
     r = d.recipe
     notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
