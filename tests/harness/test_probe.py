@@ -39,9 +39,14 @@ def test_probe_data_wait_matches_the_recorded_truth():
             break
     assert steps == 12 and probe.done
     summary = probe.summary()
-    truth_share = sum(blocked[2:]) / probe.window.wall_s  # the fetches of the 10 measured steps
+    w, k = probe.window, summary.get("warmup_set_aside") or 0  # a first-use plateau load made: set aside
+    # each step's wait lies inside the loop's own clock around that step's next(), never more
+    assert all(wait <= seen + 1e-4 for wait, seen in zip(w.data_waits, blocked[2:], strict=True))
+    # the share over the same steps and the same step times (CI beside two busy processes,
+    # 2026-12-05: 0.656 against 0.649 when the truth was taken over the window's wall clock)
+    truth_share = sum(blocked[2 + k:]) / sum(w.step_times[k:])
     assert summary["data_wait_share"] == pytest.approx(truth_share, abs=0.05)
-    assert summary["data_wait_share"] <= truth_share + 1e-3  # inside the loop's own wait, never more
+    assert summary["data_wait_share"] <= truth_share + 1e-3
     assert 0.4 < summary["data_wait_share"] < 0.9
     assert probe.window.samples == [4] * 10  # inferred from the leading dimension
     assert summary["samples_per_s"] == pytest.approx(4 / (probe.window.wall_s / 10), rel=0.05)
