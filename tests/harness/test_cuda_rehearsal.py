@@ -4,6 +4,7 @@ from every other CPU test. Nothing measured under the autospec is a measurement.
 
 from __future__ import annotations
 
+import json
 from unittest import mock
 
 import torch
@@ -264,3 +265,31 @@ def test_a_plan_without_a_memory_budget_reads_the_devices_room(monkeypatch):
     monkeypatch.setattr(devices, "room", lambda device=None: 40 * 2**30)
     gib, why = capacity._budget(Budget(), 1, Machine(cuda=True, bf16=True, fp16=True))
     assert gib == 40.0 and why.startswith("the GPU's free memory at start")
+
+
+def test_a_traced_window_on_a_gpu_asks_the_profiler_for_the_cuda_activity(tmp_path):
+    """``tuner.Probe(trace=DIR)`` on a CUDA device: the profiler records the CPU and CUDA
+    activities over the window (kineto accepts both on this CPU build; the CUDA side records
+    nothing here), and the file is written when the window closes."""
+    import torch._dynamo.device_interface  # imported before the autospec, as in any process
+    from torch.profiler import ProfilerActivity
+
+    import tuner
+
+    cuda = mock.create_autospec(torch.cuda, instance=False)
+    _events(cuda, 3.0)
+    real = torch.profiler.profile
+    asked: list[list[ProfilerActivity]] = []
+
+    def profile(activities):
+        asked.append(list(activities))
+        return real(activities=activities)
+
+    with mock.patch.object(torch, "cuda", cuda), mock.patch("torch.profiler.profile", profile):
+        probe = tuner.Probe(warmup=1, measure=3, device="cuda:0", monitors=False, comm_profile=False,
+                            trace=tmp_path)
+        for _ in range(4):
+            probe.step(samples=2)
+        assert probe.done
+    assert asked == [[ProfilerActivity.CPU, ProfilerActivity.CUDA]]
+    assert "traceEvents" in json.loads((tmp_path / "trace_rank0.json").read_text())

@@ -247,3 +247,23 @@ def test_diagnose_reads_the_probes_window_and_its_loaders_own_settings():
     with pytest.raises(RecipeError, match=r"diagnose\.num_worker: unknown knob \(did you mean 'num_workers'\?\)"):
         tuner.diagnose(summary, num_worker=2)
     probe.close()
+
+
+def test_a_probe_traces_exactly_its_measured_window(tmp_path):
+    """``tuner.Probe(trace=DIR)``, what the unstable verdict advises in a user's own loop:
+    the trace holds the measured steps' optimizer steps and none of the warm-up's."""
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    probe = tuner.Probe(warmup=3, measure=5, trace=tmp_path / "trace")
+    for x in probe.loader(torch.randn(4, 8) for _ in range(100)):
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        probe.step()
+        if probe.done:
+            break
+    events = json.loads((tmp_path / "trace" / "trace_rank0.json").read_text())["traceEvents"]
+    names = [e.get("name", "") for e in events]
+    assert sum(n.startswith("Optimizer.step#SGD.step") for n in names) == 5, sorted(set(names))[:40]
+    assert any(n in ("aten::addmm", "aten::linear") for n in names)
+    assert probe.summary()["samples_per_s"] > 0

@@ -55,6 +55,17 @@ def test_a_crash_a_silent_script_and_a_hang_are_recorded_with_their_reasons(tmp_
 
 
 @pytest.mark.slow
+def test_measure_traces_a_script_trials_window(tmp_path):
+    """``tuner.measure --trace DIR`` on a script recipe: the script's probe traces its own
+    measured window (5 steps, after 2 of warm-up) there. It wrote nothing before, silently,
+    while the unstable verdict advised that very command."""
+    m = tuner.measure(_modes_recipe(tmp_path), trace=tmp_path / "trace", repeats=1)
+    assert m.state == "ok", m.reason
+    events = json.loads((tmp_path / "trace" / "trace_rank0.json").read_text())["traceEvents"]
+    assert sum(e.get("name", "").startswith("Optimizer.step#SGD.step") for e in events) == 5
+
+
+@pytest.mark.slow
 def test_the_search_goes_on_past_a_crashing_configuration(tmp_path):
     recipe = _modes_recipe(tmp_path, space={"micro_batch_size": [8, 4]}, baseline={"micro_batch_size": 8})
     proc = run([sys.executable, "-m", "tuner.search", str(recipe), "--trials", "2", "--confirm", "0", "--quiet"])

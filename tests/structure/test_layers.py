@@ -83,7 +83,7 @@ def test_small_modules_and_functions_few_top_level_modules() -> None:
 
 
 def test_no_private_member_of_another_object_without_a_reason() -> None:
-    """``x._name`` only on ``self``/``cls``, or with ``# noqa: SLF001`` and why on the line
+    """``x._name`` only on ``self``/``cls``/``super()``, or with ``# noqa: SLF001`` and why on the line
     (a private of Optuna's only in ``tuner/study/backend.py``)."""
     found = []
     for name, path in _modules().items():
@@ -93,6 +93,9 @@ def test_no_private_member_of_another_object_without_a_reason() -> None:
                 continue
             if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
                 continue
+            if (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                    and node.value.func.id == "super"):
+                continue  # a subclass extending its own base's method (ruff's SLF001 agrees)
             if isinstance(node.value, ast.Name) and node.value.id == "os" and node.attr == "_exit":
                 continue  # documented: exit without cleanup
             line = lines[node.end_lineno - 1]

@@ -333,7 +333,7 @@ def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:
         "unstable", 0.0,
         f"p99 step time {1000 * p99:.1f} ms is {p99 / p50:.1f}x the p50 ({1000 * p50:.1f} ms)",
         "a periodic stall (loader refill, garbage collection, logging, another process): "
-        "look at a trace of the window (tuner.measure --trace DIR)",
+        "look at a trace of the window (tuner.measure --trace DIR, or tuner.Probe(trace=DIR) in your loop)",
     )
 
 

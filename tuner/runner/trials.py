@@ -88,7 +88,7 @@ class Scripted(Runner):
 
     def run(self, config: "Config", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
-        return self.trials.run(config, prune if isinstance(prune, PruneBar) else None)
+        return self.trials.run(config, prune if isinstance(prune, PruneBar) else None, instruments)
 
     def close(self) -> None:
         self.trials.close()

@@ -30,7 +30,7 @@ from tuner.stats.prune import PruneBar
 from tuner.stats.prune import checks as prune_checks
 from tuner.trial.data import warmup_steps
 from tuner.trial.limits import Limits
-from tuner.trial.trial_result import State, TrialResult
+from tuner.trial.trial_result import Instruments, State, TrialResult
 
 if TYPE_CHECKING:
     from tuner.inputs.recipe import Recipe
@@ -95,11 +95,12 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
 
 def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits,
                      devices: dict[str, str] | None = None, prune: PruneBar | None = None,
-                     start: "Start | None" = None) -> TrialResult:
+                     start: "Start | None" = None, instruments: Instruments = Instruments()) -> TrialResult:
     """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``.
     ``devices``: the GPUs it may use (``CUDA_VISIBLE_DEVICES``); ``prune``: the search's
     rule, which the script's probe asks at the points the tuner's own loop would; ``start``:
-    how the trial's process starts (default: a fresh process, :func:`start_tree`)."""
+    how the trial's process starts (default: a fresh process, :func:`start_tree`);
+    ``instruments``: a trace of the window and NVTX ranges, which the script's probe takes."""
     script = recipe.script
     assert script is not None
     folder, result_path = _trial_folder(folder)
@@ -111,7 +112,9 @@ def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: L
              "given": sorted({*recipe.space, *recipe.baseline, *recipe.knob_overrides}),
              "warmup": warmup, "measure": recipe.steps.measure, "result": str(result_path),
              "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}",
-             "prune": {**prune.to_json(), "checks": sorted(prune_checks(recipe.steps.most))} if prune else None}
+             "prune": {**prune.to_json(), "checks": sorted(prune_checks(recipe.steps.most))} if prune else None,
+             "trace": str(instruments.trace_dir.resolve()) if instruments.trace_dir is not None else None,
+             "nvtx": instruments.nvtx}
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     began = time.monotonic()
@@ -295,7 +298,8 @@ class ScriptTrials:
         """The pre-warmed process trials fork from (``launcher: python``), once one started."""
         self.prewarm_note: str | None = None
 
-    def run(self, config: "Config", prune: PruneBar | None = None) -> TrialResult:
+    def run(self, config: "Config", prune: PruneBar | None = None,
+            instruments: Instruments = Instruments()) -> TrialResult:
         self.count += 1
         held = self.gpus.wait_free() if self.gpus is not None else None
         if held:
@@ -304,7 +308,7 @@ class ScriptTrials:
         assert script is not None
         start = self._start if script.launcher == "python" and script.prewarm and not script.trial_varies() else None
         result = run_script_trial(self.recipe, config, self.out / "trials" / f"{self.count:03d}", self.limits,
-                                  self.gpus.env() if self.gpus is not None else None, prune, start)
+                                  self.gpus.env() if self.gpus is not None else None, prune, start, instruments)
         if held:
             result.notes.append(held)
         if self.prewarm_note and self.count == 1:

@@ -11,6 +11,8 @@ says, for the search to read. The core
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -57,6 +59,10 @@ class Probe(ProbeCore):
         comm_profile: after the window, profile a few steps for ``comm_share``
             (:mod:`tuner.harness.comm_tail`): by default under NCCL with several ranks, where
             the host clock cannot see the collectives (``done`` becomes true after them).
+        trace: a folder for a ``torch.profiler`` trace of the measured window,
+            ``trace_rank<N>.json`` (Perfetto, ``chrome://tracing``, TensorBoard), written when
+            the window closes; what a long step waited on. Under ``tuner.measure --trace DIR``
+            a script trial's probe traces its window there without it.
     """
 
     def __init__(
@@ -71,10 +77,12 @@ class Probe(ProbeCore):
         nvtx: bool = False,
         monitors: bool = True,
         comm_profile: bool | None = None,
+        trace: str | os.PathLike[str] | None = None,
     ) -> None:
         trial = trialfile.read_trial()
-        if trial is not None:  # a script-mode trial: the tuner sets the window
+        if trial is not None:  # a script-mode trial: the tuner sets the window and its instruments
             warmup, measure = int(trial["warmup"]), trial["measure"]
+            nvtx, trace = nvtx or bool(trial.get("nvtx")), trial.get("trace") or trace
         super().__init__(warmup, measure, device if device is not None else default_device(), tokens_per_sample,
                          flops_per_sample=flops_per_sample, amp_dtype=amp_dtype, nvtx=nvtx, monitors=monitors,
                          comm_profile=comm_profile,
@@ -90,6 +98,8 @@ class Probe(ProbeCore):
         """Levers the configuration leaves to the script's library, and what it ran (reported with the numbers)."""
         self.loader_settings: dict[str, Any] = {}
         """The watched DataLoader's own loader levers: what :func:`tuner.diagnose` advises from."""
+        self._trace_to = Path(trace) if trace is not None else None
+        self._profiler: Any = None
         self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
         self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
 
@@ -107,7 +117,11 @@ class Probe(ProbeCore):
         return bound
 
     def close(self) -> None:
-        """Stop the live endpoint, the samplers and the collective timing, whichever run."""
+        """Stop the live endpoint, the samplers, the collective timing and a trace whose
+        window never closed (nothing written: it would not be the window), whichever run."""
+        if self._profiler is not None:
+            profiler, self._profiler = self._profiler, None
+            profiler.stop()
         super().close()
         if self._server is not None:
             self._server.shutdown()
@@ -128,6 +142,27 @@ class Probe(ProbeCore):
         assert self._trial is not None
         self._prune = None
         trialfile.report_pruned(self.measured, window_rate(window, rule.world_size), self._trial)
+
+    def _open_window(self) -> Any:
+        """The trace's profiler starts before the window's clock: its start-up is not a step's."""
+        if self._trace_to is not None and self._profiler is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            cuda = [ProfilerActivity.CUDA] if self._cuda else []
+            self._profiler = profile(activities=[ProfilerActivity.CPU, *cuda])
+            self._profiler.start()
+        return super()._open_window()
+
+    def _close_window(self, now: float) -> None:
+        """The trace stops after the window's last mark (``now``) and is written before the
+        summary is reported, so the trial ends after the file is whole."""
+        if self._profiler is not None:
+            profiler, self._profiler = self._profiler, None
+            profiler.stop()
+            assert self._trace_to is not None
+            self._trace_to.mkdir(parents=True, exist_ok=True)
+            profiler.export_chrome_trace(str(self._trace_to / f"trace_rank{os.environ.get('RANK', '0')}.json"))
+        super()._close_window(now)
 
     def loader(self, iterable: Iterable[Any], transfer: Callable[[Any], Any] | None = None) -> Iterator[Any]:
         """As :meth:`ProbeCore.loader`; in a trial, a DataLoader's own loader settings that
