@@ -81,6 +81,11 @@ def test_a_gain_beside_a_lucky_best_stays_where_the_rule_cannot_decide():
     done = finish_mod.finish([c["w4"], c["w4bf16"], c["base"]], c["base"], world.run, pool, rules(), budget)
     assert done is not None and done.reference == c["w4bf16"] and done.answer["amp_dtype"] == "bf16"
     assert done.out_of_budget and done.open and world.clock <= 3.0  # the budget, checked before every run
+    # an open finalist question says which finalist (a run left three, each "a finalist against the reference")
+    finalist = [t for t in done.open if t.startswith("a finalist")]
+    assert finalist and all(t.startswith(("a finalist against the reference (amp_dtype fp32 rather than bf16): ",
+                                          "a finalist against the reference (num_workers 0 rather than 4, amp_dtype "
+                                          "fp32 rather than bf16): ")) for t in finalist), done.open
 
 
 def test_a_loss_in_the_reference_goes_once_the_interval_shows_it():

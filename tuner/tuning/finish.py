@@ -8,9 +8,8 @@ docs/search.md and above every report are its output at its defaults.
 - **The reference** is the search's best finalist, or the finalist that holds every change of it
   and more (:func:`reference_of`). A change the search measured on top of its best leaves the
   answer only when the rule shows that the answer without it costs less than the tolerance
-  *against the reference*, so drops never add up past it. Before, the confirmation re-sorted the
-  finalists by their geometric mean and "the fastest stayed": a point estimate that dropped a
-  real +10% gain 25.5% of the time at 22% noise a run (543 of 549 drops undecided by the rule).
+  *against the reference*, so drops never add up past it. A re-sort by geometric mean ("the
+  fastest stays") dropped a real +10% gain 25.5% of the time at 22% noise a run.
 - **The questions**: each other finalist against the reference (a simpler one may replace the
   answer when shown within the tolerance, any one the reference when shown faster beyond it),
   each change of the answer (the answer with that change put back, the attribution's
@@ -54,10 +53,8 @@ ANSWER_PAIRS = 2
 """Rounds a configuration must share with the reference before a drop makes it the answer:
 the pooled noise can decide from one (the method verifies an answer with repeated runs)."""
 BASELINE_PAIRS = 2
-"""Interleaved rounds of the reference and the baseline before the finish ends: the speedup a
-user pastes rests on repeated runs, paired (a 2x gain was once reported on "1 run (1 search
-trial)")."""
-
+"""Interleaved rounds of the reference and the baseline before the finish ends: the speedup a user
+pastes rests on repeated runs, paired (a 2x gain was once reported on "1 run (1 search trial)")."""
 MAX_MOVES = 20
 """Moves of the reference or the answer one finish may make: intervals need not be transitive."""
 
@@ -389,8 +386,10 @@ def _width(pool: Pool, q: Question) -> float:
 def _open_text(q: Question, pool: Pool, answer: Mapping[str, Any]) -> str:
     s = pool.slowdown(q.richer, q.simpler)
     side = "the answer" if q.richer == answer else "the reference"  # after a drop, two sides
+    differs = ", ".join(f"{k} {q.simpler.get(k)} rather than {v}" for k, v in q.richer.items()
+                        if k in LEVERS and q.simpler.get(k) != v)  # which finalist: a run left three unnamed
     what = {"change": f"{q.step} in {side}: without it, {side}",
-            "finalist": "a finalist against the reference: the one with fewer changes",
+            "finalist": f"a finalist against the reference ({differs}): the one with fewer changes",
             "baseline": "the answer against the baseline: the baseline"}[q.kind]
     return f"{what} {'is ' + s.text() if s is not None else 'has no interval yet'}"
 
