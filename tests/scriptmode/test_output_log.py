@@ -37,3 +37,21 @@ def test_a_traceback_through_the_tuners_own_frames_names_the_script(tmp_path):
     assert error == "ValueError: shapes do not match"
     assert own_frame(block) == "loop.py line 12"
     assert own_frame("ValueError: no traceback") is None
+
+
+def test_the_stop_line_keeps_the_errors_words_before_its_line():
+    """The stop line has 200 characters: the script's error, its own line, the output's path
+    where all fit; a long path (a CI temporary folder) costs the line before the words."""
+    from tuner.tuning.failing_job import headline
+
+    def reason(path: str) -> str:
+        return (f"RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found! (the script exited "
+                f"with status 1 at train.py line 2 before reporting; whole output: {path}); its traceback: ...")
+
+    short = headline(reason("/tmp/r/001/output.log"), "the baseline failed")
+    assert short == ("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found! at train.py line 2 "
+                     "(the baseline failed; whole output: /tmp/r/001/output.log)")
+    long = headline(reason("/tmp/pytest-of-root/pytest-217/popen-gw1/test_a_script_that_fails_at_it0/run/trials/001/"
+                           "output.log"), "the baseline failed")
+    assert long.startswith("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found! (whole output: ")
+    assert len("stopped: " + long) <= 200

@@ -226,13 +226,13 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     # the script's own error first, in one line of at most 200 characters, then where its output is
     assert said[0].startswith("error: RuntimeError: ProcessGroupNCCL is only supported with GPUs"), said[0]
     assert len(said[0]) <= 200 and said[0].endswith("output.log)"), said[0]
-    assert " at train.py line 2 (whole output: " in said[0]  # the line of the script's own code it came from
     assert "Traceback" not in proc.stderr.replace(said[0], "")
     with (tmp_path / "run" / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["state"] for r in rows] == ["error"]
     # the whole story stays in the record: the script's own traceback, not a launcher's banner
     assert "its traceback: Traceback (most recent call last):" in rows[0]["reason"]
+    assert "(the script exited with status 1 at train.py line 2 before reporting; " in rows[0]["reason"]
     assert 'train.py", line 2' in rows[0]["reason"] and "error_file" not in rows[0]["reason"]
     assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"
     assert (tmp_path / "run" / "search.log").read_text().count("note: stopped: RuntimeError") == 1  # said once

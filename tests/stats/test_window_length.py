@@ -42,7 +42,11 @@ def test_the_rule_waits_for_its_minimums_and_stops_at_its_caps():
 def test_a_slow_step_is_not_over_measured_and_a_fast_one_gets_enough_steps(toy):
     slow = tuner.measure(toy(task_args={"step_ms": 250}, steps={"warmup": 1, "measure": "auto"}))
     m = slow.metrics
-    assert slow.state == "ok" and AUTO.min_steps <= m["measured_steps"] < 20  # a steady 0.25 s step: not 20
+    assert slow.state == "ok" and AUTO.min_steps <= m["measured_steps"]
+    # a steady 0.25 s step is not measured 20 times; a sleep that load made jitter (22 steps
+    # beside a busy machine, CI 2026-12-05) needs what the rule asks, and its spread shows it
+    steady = m["step_time_p90_s"] / m["step_time_p50_s"] < 1.02
+    assert m["measured_steps"] < 20 or not steady, m
     assert m["samples_per_s_ci"] <= AUTO.half_width
     fast = tuner.measure(toy(task_args={"cached": True}, steps={"warmup": 2, "measure": "auto"}))
     m = fast.metrics

@@ -42,7 +42,8 @@ def headline(reason: str | None, why: str) -> str:
     frame = f" at {at.group(1)}" if at else ""  # kept whole: the error's words give way first
     where = f"whole output: {_short(found.group(1))}" if found else ""
     room = STOP_CHARS - len("stopped: ")
-    tails = (f"{frame} ({why}; {where})" if where else f"{frame} ({why})", f"{frame} ({where})" if where else frame)
+    tails = (f"{frame} ({why}; {where})" if where else f"{frame} ({why})", f"{frame} ({where})" if where else frame,
+             f" ({where})" if where else "")  # the error's own words before its line, where both do not fit
     for tail in tails:
         if len(own) + len(tail) <= room:
             return own + tail
