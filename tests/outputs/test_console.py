@@ -47,3 +47,28 @@ def test_a_run_noisier_than_the_table_says_so_on_the_console(tmp_path):
         log = (recipe.out / "search.log").read_text()
         assert ("warning: this run's noise was 69% a run, above the 22%" in log) == warned, log
         (recipe.out / "search.log").unlink()
+
+
+def test_an_answer_that_is_the_baseline_is_not_diagnosed_twice(tmp_path):
+    """A BERT Trainer search kept its baseline and printed the same verdict and advice twice,
+    once as ``baseline:`` and again as ``best:``; the second is now one line saying so. An
+    answer that differs keeps its own verdict."""
+    from tuner.inputs.recipe import load_recipe
+    from tuner.tuning.search_result import SearchResult
+
+    from conftest import toy_recipe
+
+    recipe = load_recipe(toy_recipe(tmp_path))
+    recipe.out.mkdir(parents=True, exist_ok=True)
+    verdict = {"kind": "compute-bound", "weight": 0.9, "evidence": "49 samples/s with 0% data wait",
+               "next_step": "compile: true"}
+    base = {"num_workers": 0, "micro_batch_size": 16}
+    for best, twice in ((base, False), ({**base, "num_workers": 2}, True)):
+        data = {"params": best, "metrics": {"samples_per_s": 100.0}, "speedup": 1.0, "trials": 2,
+                "baseline": {"params": base, "metrics": {"samples_per_s": 100.0}}, "stopped": "trials",
+                "diagnosis": {"baseline": [verdict], "best": [verdict]}}
+        Live(recipe, quiet=True).summary(SearchResult.from_json(data, recipe.out))
+        log = (recipe.out / "search.log").read_text()
+        assert log.count("compute-bound: 49 samples/s") == (2 if twice else 1), log
+        assert ("best: the baseline itself (its verdict above)" in log) != twice, log
+        (recipe.out / "search.log").unlink()

@@ -115,9 +115,12 @@ class Live(SearchEvents):
                 lines.append(note)
         if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
             lines.append(f"target {'met' if result.target_met else 'not met'}")
+        same = bool(best.get("params")) and best.get("params") == base.get("params")
         for name in ("baseline", "best"):
             verdicts = result.diagnosis.get(name)
-            if verdicts is not None and result.__dict__[name].get("metrics"):
+            if name == "best" and same and result.diagnosis.get("baseline") is not None and base.get("metrics"):
+                lines.append("best: the baseline itself (its verdict above)")  # not the same two lines again
+            elif verdicts is not None and result.__dict__[name].get("metrics"):
                 lines.append(f"{name}: {headline(verdicts, result.__dict__[name].get('metrics'))}")
                 if verdicts:
                     lines.append(f"  next: {verdicts[0].next_step}")
