@@ -124,3 +124,25 @@ def test_bad_input_is_one_line(run, tmp_path, which, message):
     proc = _cli(tmp_path / "nope", run)
     assert proc.returncode == 2 and proc.stderr.strip().endswith("is not a folder; give a search's run folder "
                                                                  "(runs/NAME)"), proc.stderr
+
+
+def test_no_interval_of_a_ratio_runs_below_minus_100_percent_and_the_window_is_not_judged():
+    """BERT's baseline (step times 0.4-1.6 s, five runs) against a trial at 0.077 s read
+    "0.126, undecided (-710.1% to +468.2%)": a difference of means, a ratio below -100%. A
+    metric positive in every run is read on a log scale; one that can be 0 keeps its
+    difference of means, its low end at -100%; the window's own length is not judged."""
+    from tuner.analysis.run_verdicts import Side, compare
+
+    slow = [{"step_time_p50_s": t, "data_wait_share": w, "measured_steps": 22}
+            for t, w in ((0.40, 0.0), (0.61, 0.01), (1.60, 0.0), (0.45, 0.002), (0.90, 0.0))]
+    fast = [{"step_time_p50_s": t, "data_wait_share": w, "measured_steps": 14}
+            for t, w in ((0.077, 0.004), (0.080, 0.0))]
+    a = Side("run", "baseline", {}, {"step_time_p50_s": 0.61, "data_wait_share": 0.002, "measured_steps": 22}, slow)
+    b = Side("run", "trial 2", {}, {"step_time_p50_s": 0.078, "data_wait_share": 0.002, "measured_steps": 14}, fast)
+    rows = {r.metric: r for r in compare(a, b, tolerance=0.02).rows}
+    step = rows["step_time_p50_s"]
+    assert step.interval is not None and -1.0 < step.interval[0] < step.ratio - 1 < step.interval[1], step
+    assert step.verdict == "beyond" or step.interval[1] >= -0.02  # read the way the interval reads
+    wait = rows["data_wait_share"]
+    assert wait.interval is not None and wait.interval[0] >= -1.0, wait
+    assert rows["measured_steps"].verdict == "window" and rows["measured_steps"].interval is None

@@ -67,8 +67,9 @@ class Row:
     """b / a."""
     verdict: str | None
     """``beyond`` / ``within`` the tolerance as the interval shows it, ``undecided``
-    (neither), ``processes`` (two runs' rates and no between-process noise given), ``None``:
-    no interval to tell."""
+    (neither), ``processes`` (two runs' rates and no between-process noise given),
+    ``window`` (the measured window's own figure, :data:`WINDOW`: not judged), ``None``: no
+    interval to tell."""
     interval: tuple[float, float] | None = None
     """The interval of b / a - 1."""
     dof: int | None = None
@@ -156,6 +157,10 @@ def against(interval: tuple[float, float], tolerance: float) -> str:
     return "undecided"
 
 
+WINDOW = ("measured_steps", "measured_s", "samples_per_s_ci", "warmup_set_aside")
+"""The measured window's own figures (how long it ran, how well it pinned the rate down):
+shown with their ratio, not judged against the tolerance (``measured_steps undecided at 2%``
+read as a difference between the configurations)."""
 RATES = ("samples_per_s", "tokens_per_s", "stall_free_samples_per_s")
 """Metrics that are throughputs: what a process carries as a whole, judged across two runs
 only with a between-process noise."""
@@ -170,6 +175,8 @@ def _row(name: str, a: Side, b: Side, wide: tuple[float, int], tolerance: float,
     ratio = vb / va if numeric and va else None
     if not numeric:
         return Row(name, va, vb, None, None)
+    if name in WINDOW:
+        return Row(name, va, vb, ratio, "window")
     ra, rb = _values(a.runs, name, va), _values(b.runs, name, vb)
     if name in RATES and across is not None and math.isnan(across):
         return Row(name, va, vb, ratio, "processes")
@@ -191,13 +198,22 @@ def _values(runs: Sequence[Mapping[str, Any]], name: str, median: Any) -> list[f
 
 def _t_row(name: str, va: float, vb: float, ratio: float | None, ra: list[float], rb: list[float],
            tolerance: float) -> Row:
-    """Any other metric: a t-interval on the difference of means from the two sides' own
-    repeats (its noise is its own: a share's spread is not the rate's), relative to A."""
+    """Any other metric: a t-interval from the two sides' own repeats (its noise is its own: a
+    share's spread is not the rate's). A metric positive in every run (a step time, a peak)
+    is read on a log scale, as the rates are: its ratio's interval, which a time's spread
+    cannot push below 0 (BERT's step time read "0.126, -710.1% to +468.2%" as a difference of
+    means). One that can be 0 (a share) is a difference of means relative to A, its low end
+    at -100% (no metric here is negative)."""
     dof = len(ra) + len(rb) - 2
     if dof < 1 or not va or (len(ra) < 2 and len(rb) < 2):
         return Row(name, va, vb, ratio, None)
-    ss = sum((x - statistics.fmean(ra)) ** 2 for x in ra) + sum((x - statistics.fmean(rb)) ** 2 for x in rb)
-    half = t_quantile(dof) * math.sqrt(ss / dof) * math.sqrt(1 / len(ra) + 1 / len(rb))
-    diff = statistics.fmean(rb) - statistics.fmean(ra)
-    interval = ((diff - half) / abs(va), (diff + half) / abs(va))
+    logs = all(x > 0 for x in (*ra, *rb))
+    xa, xb = ([math.log(x) for x in ra], [math.log(x) for x in rb]) if logs else (ra, rb)
+    ss = sum((x - statistics.fmean(xa)) ** 2 for x in xa) + sum((x - statistics.fmean(xb)) ** 2 for x in xb)
+    half = t_quantile(dof) * math.sqrt(ss / dof) * math.sqrt(1 / len(xa) + 1 / len(xb))
+    diff = statistics.fmean(xb) - statistics.fmean(xa)
+    if logs:
+        interval = (math.exp(diff - half) - 1, math.exp(diff + half) - 1)
+    else:
+        interval = (max(-1.0, (diff - half) / abs(va)), max(-1.0, (diff + half) / abs(va)))
     return Row(name, va, vb, ratio, against(interval, tolerance), interval, dof)

@@ -107,6 +107,8 @@ def _fmt(value: Any) -> str:
 def _verdict(verdict: str | None, interval: tuple[float, float] | None, tolerance: float) -> str:
     if verdict is None:
         return "unknown (no repeats)"
+    if verdict == "window":
+        return "the measured window's own figure: not judged"
     if verdict == "processes":
         return ("not judged: two processes' rates, and no between-process noise given (--process-noise: one "
                 "run's relative noise between two processes of this machine)")
