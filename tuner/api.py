@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
@@ -136,6 +137,7 @@ def search(
     from tuner.scriptmode.baseline import own_baseline
     from tuner.tuning.controller import run_search
 
+    began = time.monotonic()  # budget.minutes bounds the command: the look at a script's own settings too
     ctx = distributed.context()
     recipe = _load(recipe, overrides, ctx.world_size, knobs)
     recipe = _for_search(recipe, trials, minutes, full_budget, no_skip, out, storage, tolerance, track)
@@ -161,7 +163,7 @@ def search(
     helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
     try:
         with interrupt.catching():
-            return run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write)
+            return run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write, began)
     finally:
         _wait_for(helpers)
 

@@ -118,3 +118,25 @@ def test_an_override_is_never_replaced(tmp_path):
         "global_batch_size": 16, "out": str(tmp_path / "run")}), overrides=["num_workers=1"])
     merged, _ = merge(recipe, {"values": {"num_workers": 3}, "where": {}})
     assert "num_workers" not in merged.baseline and merged.knob_overrides == {"num_workers": 1}
+
+
+def test_the_minutes_count_the_look_at_the_scripts_own_configuration(tmp_path):
+    """``budget.minutes`` bounds the whole command: the look run before the first trial
+    counts (word_language_model's look ran 71 s outside a 2-minute budget). Here the look
+    sleeps 5 s; the search's recorded wall time holds it and the trial both."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json, os, time\nimport torch\n"
+        "if json.load(open(os.environ['TUNER_TRIAL'])).get('look'):\n    time.sleep(5)\n"
+        "model = torch.nn.Linear(4, 1)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "data = torch.utils.data.TensorDataset(torch.randn(8192, 4))\n"
+        "for (x,) in torch.utils.data.DataLoader(data, batch_size=16):\n"
+        "    model(x).sum().backward()\n    opt.step()\n    opt.zero_grad()\n")
+    recipe = write_recipe(tmp_path, {"name": "look", "script": str(script), "adapt": "torch",
+                                     "global_batch_size": 16, "steps": {"warmup": 2, "measure": 10},
+                                     "out": str(tmp_path / "run")})
+    tuner.search(recipe, trials=1, confirm=0, attribute=0, quiet=True)
+    wall = json.loads((tmp_path / "run" / "best.json").read_text())["wall_s"]
+    with (tmp_path / "run" / "trials.csv").open() as f:
+        trial = sum(float(r["duration_s"]) for r in csv.DictReader(f))
+    assert wall >= 5.0 + trial, (wall, trial)

@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 
 def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int | None,
                events: SearchEvents | None, finish_minutes: float | None = None,
-               on_result: "Callable[[SearchResult], None] | None" = None) -> "SearchResult | None":
+               on_result: "Callable[[SearchResult], None] | None" = None,
+               began: float | None = None) -> "SearchResult | None":
     """Search ``recipe`` on every rank; rank 0 returns the result, after ``on_result`` (the
-    caller writing it out) has run with Ctrl-C deferred: what was measured is never lost."""
+    caller writing it out) has run with Ctrl-C deferred: what was measured is never lost.
+    ``began``: when the command began (``time.monotonic``), which ``budget.minutes`` counts from."""
     machine = Machine.detect()
     space = searchspace.build_space(recipe, machine)
     if recipe.objective == "samples_per_joule":
@@ -50,7 +52,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     runner = runner_for(recipe, ctx)
     runner.prepare(_prepared_kinds(space, recipe, machine))  # one-time costs before the first trial
     pool = Pool(recipe.objective)
-    decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner) if ctx.is_main else None
+    decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner, began) if ctx.is_main else None
     runner.on_hang = decider.record_hung if decider else None
     if decider is not None:  # what the search leaves of budget.minutes for its finish
         decider.finish_after = (0.0, 0.0) if confirm < 1 else (
