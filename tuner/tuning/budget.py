@@ -52,11 +52,13 @@ def meets(metrics: Mapping[str, Any] | None, target: "Target") -> bool:
 
 
 def stop_reason(study: "Study", budget: "Budget", target: "Target", elapsed_s: float,
-                running: int = 0, finish: tuple[float, float] = (0.0, 0.0)) -> str | None:
+                running: int = 0, finish: tuple[float, float] = (0.0, 0.0),
+                searched_s: float | None = None) -> str | None:
     """``target``, ``trials`` or ``minutes`` when the search must stop before another trial;
     ``running``: other workers' trials in flight, which count against the trial budget;
     ``finish``: (share of the search's time, fixed seconds) the finish takes after it, kept
-    inside ``budget.minutes`` (the minutes bound the whole command)."""
+    inside ``budget.minutes`` (the minutes bound the whole command, ``elapsed_s`` so far; the
+    share is of ``searched_s``, the trials' part of it, by default all of it)."""
     best = study_mod.best_feasible(study)
     if best is not None and meets(best.metrics, target):
         return "target"
@@ -67,7 +69,8 @@ def stop_reason(study: "Study", budget: "Budget", target: "Target", elapsed_s: f
         durations = [t.duration_s for t in done if t.duration_s]
         expected = statistics.median(durations) if durations else 0.0
         share, fixed = finish
-        if elapsed_s + expected > (budget.minutes * 60 - fixed) / (1 + share):
+        searched = elapsed_s if searched_s is None else searched_s
+        if elapsed_s + expected + share * (searched + expected) > budget.minutes * 60 - fixed:
             return "minutes"
     return None
 

@@ -67,10 +67,13 @@ class Decider:
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
         self.points = searchspace.every_key(space, recipe, machine)
         self.baseline_config = self.config_of(self.baseline)
-        self.started = started if started is not None else time.monotonic()
+        self.searching = time.monotonic()
+        """When the search's trials began: the finish's share (:data:`TIME_SHARE`) is of their time."""
+        self.started = started if started is not None else self.searching
         """When the command began (``time.monotonic``): ``budget.minutes`` bounds it whole, the
         look at a script's own configuration and the one-time preparations before the first
-        trial included (word_language_model's look ran 71 s outside a 2-minute budget)."""
+        trial included (word_language_model's look ran 71 s outside a 2-minute budget), but
+        the finish's share is not of them (a DeepSpeed op's build would lengthen the finish)."""
         self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
         self.finish_after: tuple[float, float] = (TIME_SHARE, 0.0)
         """(share of the search's time, fixed seconds) the finish will take: what the search
@@ -137,7 +140,8 @@ class Decider:
         self.workers.reap()
         self.known, flying = self._known(), self.workers.elsewhere()
         stop = "interrupted" if interrupted else budget.stop_reason(
-            self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying), self.finish_after)
+            self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying), self.finish_after,
+            self._searched_s())
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
             stop, said = "exhausted", f"exhausted: all {len(self.points)} configurations of the space are measured"
             self._once(said)  # asked again after the other workers' trials
@@ -310,13 +314,18 @@ class Decider:
         return len(study_mod.measured(self.study))
 
     def _elapsed_s(self) -> float:
+        """The command's seconds so far (and earlier runs' trials, on a resumed study)."""
         return self.earlier_s + time.monotonic() - self.started
+
+    def _searched_s(self) -> float:
+        """The search's trials' seconds so far (and earlier runs' trials, on a resumed study)."""
+        return self.earlier_s + time.monotonic() - self.searching
 
     def finish_seconds(self, minutes: float | None = None) -> float:
         """How long the finish may measure: ``minutes`` (``--finish-minutes``), else its share
         of the search's own time (:data:`tuner.tuning.finish.TIME_SHARE`), and never past
         ``budget.minutes`` for the whole command."""
-        seconds = minutes * 60 if minutes is not None else TIME_SHARE * self._elapsed_s()
+        seconds = minutes * 60 if minutes is not None else TIME_SHARE * self._searched_s()
         if self.recipe.budget.minutes is not None:
             seconds = min(seconds, max(0.0, self.recipe.budget.minutes * 60 - self._elapsed_s()))
         return seconds
