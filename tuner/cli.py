@@ -69,6 +69,7 @@ def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], 
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
+        distributed.leave_after_rank_0("tuner/error/said")  # rank 0's line is said before any rank exits
         return exc.exit_code
     if distributed.is_main_process():
         if as_json:
@@ -165,6 +166,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
     except RecipeError as exc:
         if distributed.is_main_process():
             print(f"error: {exc}", file=sys.stderr)
+        distributed.leave_after_rank_0("tuner/error/said")  # rank 0's line is said before any rank exits
         return exc.exit_code
     except ProcessPoisoned as exc:  # the trial is recorded on rank 0 before any rank goes
         if distributed.is_main_process():

@@ -64,3 +64,18 @@ def test_zero_stages_fp32_bf16_and_isolation(toy, tmp_path):
     ratio = again["samples_per_s"] / first["samples_per_s"]
     assert 0.5 < ratio < 2.0, ratio
     assert again["peak_mem_gib"] <= first["peak_mem_gib"] * 1.10, (first["peak_mem_gib"], again["peak_mem_gib"])
+
+
+@pytest.mark.slow
+def test_rank_0_says_its_refusal_before_any_rank_exits(tmp_path):
+    """The first rank to exit has torchrun end the others: a loaded CI run lost a refusal's
+    one line when rank 1 exited before rank 0 printed it. Here rank 0 is 3 s late on purpose,
+    before any process group exists, and its line is still said."""
+    script = tmp_path / "refuse.py"
+    script.write_text(
+        "import os, sys, time\nfrom tuner.harness import distributed\n"
+        "if os.environ['RANK'] == '0':\n    time.sleep(3)\n    print('error: refused', file=sys.stderr, flush=True)\n"
+        "distributed.leave_after_rank_0('tuner/error/said')\nsys.exit(2)\n")
+    proc = torchrun(2, str(script))
+    assert proc.returncode != 0
+    assert proc.stderr.count("error: refused") == 1, proc.stderr[-2000:]

@@ -229,17 +229,35 @@ def leave_after_rank_0(key: str, wait_s: float = 60.0) -> None:
     """Before this process exits without the group: rank 0 says through the store that it
     is done (its record written, its output printed); the other ranks wait for that, since
     the first rank to exit has torchrun end the others, rank 0 included, mid-write. The
-    store, not a collective: the group may be what is broken."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+    store, not a collective: the group may be what is broken, or not yet made (a recipe
+    refused before it: torchrun's agent store then; a loaded CI run once lost the refusal's
+    one line when rank 1 exited first and torchrun ended rank 0 before it printed)."""
+    world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
         return
     try:
-        store = dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's store: no public getter
-        if dist.get_rank() == 0:
+        store = _store()
+        if store is None:
+            return
+        key = f"{key}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        if (dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))) == 0:
             store.set(key, "1")
         else:
             store.wait([key], timedelta(seconds=wait_s))
     except Exception:  # noqa: BLE001 - the store's host is gone, or rank 0 never came: exit anyway
         pass
+
+
+def _store() -> dist.Store | None:
+    """The group's store, or before a group torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``:
+    the agent hosts it at ``MASTER_ADDR:MASTER_PORT``, every rank a client, as ``env://`` does)."""
+    if dist.is_initialized():
+        return dist.distributed_c10d._get_default_store()  # noqa: SLF001 - the group's store: no public getter
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+        return None
+    return dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), is_master=False,
+                         timeout=timedelta(seconds=30))
 
 
 def shutdown_quietly() -> None:
