@@ -172,7 +172,8 @@ def _said_twice(lines: list[str], checked: set[str]) -> list[str]:
 
 PCT = r"(-?\d+(?:\.\d+)?)%"
 NUM = r"([\d,]+(?:\.\d+)?)"
-EFFECT = re.compile(r"samples/s ([+-]\d+)% \(99% interval ([+-]\d+)% to ([+-]\d+)%, (?:\d+\+\d+ runs|\d+ pairs?)\)"
+EFFECT = re.compile(r"samples/s ([+-]\d+(?:\.\d)?)% \(99% interval ([+-]\d+(?:\.\d)?)% to ([+-]\d+(?:\.\d)?)%, "
+                    r"(?:\d+\+\d+ runs|\d+ pairs?)\)"
                     r"|samples/s ([+-]\d+)% \(no interval: no noise measured yet\)")
 VERDICTS: dict[str, list[tuple[re.Pattern[str], tuple[tuple[str, str], ...]]]] = {
     # kind: [(the evidence's whole sentence, ((group, what the group must equal), ...))]
@@ -267,12 +268,12 @@ def _effect(sentence: str, text: str, next_step: str) -> list[str]:
     if m.group(4) is not None:
         return [f"{sentence!r}: says more workers will not gain, with no interval"] \
             if "will not gain" in next_step else []
-    est, low, high = (int(x) for x in m.group(1, 2, 3))
+    est, low, high = (float(x) for x in m.group(1, 2, 3))
     out = []
     if not low - 1 <= est <= high + 1:
-        out.append(f"{sentence!r}: the estimate {est:+d}% lies outside its interval")
+        out.append(f"{sentence!r}: the estimate {est:+g}% lies outside its interval")
     if "will not gain 10%" in next_step and high >= 10:
-        out.append(f"{sentence!r}: says more workers will not gain 10%, but its interval reaches {high:+d}%")
+        out.append(f"{sentence!r}: says more workers will not gain 10%, but its interval reaches {high:+g}%")
     return out
 
 

@@ -361,3 +361,10 @@ def test_a_larger_micro_batch_that_gained_is_not_advised_again_for_communication
     smaller = Seen({**base.params, "micro_batch_size": 8, "grad_accum_steps": 16}, {"samples_per_s": 3000.0})
     kept = _already_tried(comm, base.params, base.metrics, [base, smaller]).next_step
     assert kept.startswith("try a larger micro_batch_size with fewer"), kept
+
+
+def test_a_figure_that_rounds_to_zero_keeps_its_tenth():
+    """A charlm run's interval read "-0% to +16%": a sign without its figure."""
+    from tuner.analysis.evidence import _pct
+
+    assert [_pct(x) for x in (-0.003, 0.004, 0.0, 0.16, -0.09)] == ["-0.3%", "+0.4%", "+0%", "+16%", "-9%"]

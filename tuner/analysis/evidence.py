@@ -301,8 +301,14 @@ def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool
     if s is None:
         return f"{point:+.0%} (no interval: no noise measured yet)", False
     gain, low, high = s.gains
-    return (f"{gain:+.0%} ({LEVEL:.0%} interval {low:+.0%} to {high:+.0%}, {s.counted})",
+    return (f"{_pct(gain)} ({LEVEL:.0%} interval {_pct(low)} to {_pct(high)}, {s.counted})",
             s.within(1 - 1 / NO_GAIN))
+
+
+def _pct(x: float) -> str:
+    """A signed whole percent, or a tenth where that would read 0: a charlm run's interval
+    read "-0% to +16%", a sign that says nothing without its figure."""
+    return f"{x:+.1%}" if round(x * 100) == 0 and round(x * 1000) != 0 else f"{x:+.0%}"
 
 
 def memory_per_worker(trials: Sequence[Seen]) -> float | None:
