@@ -88,7 +88,10 @@ def test_an_absolute_rate_is_printed_and_gated_only_when_asked(recorded, tmp_pat
                 r["samples_per_s"] *= 3
 
     path = _altered(run_dir, tmp_path, inflate)
-    assert tuner.api.check(recipe, path, rounds=1).verdict in ("pass", "undecided")
+    plain = tuner.api.check(recipe, path, rounds=1)  # its verdict is one round's: load can flip it
+    recorded_speedup = json.loads((run_dir / "best.json").read_text())["speedup"]
+    assert plain.gated == "speedup" and plain.to_json()["recorded_speedup"] == pytest.approx(recorded_speedup)
+    assert "samples/s is" not in (plain.reason or "")  # the 3x rates are not what it judges
     from tuner.inputs.errors import RecipeError
 
     with pytest.raises(RecipeError, match="--absolute needs --process-noise"):
