@@ -47,6 +47,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+PAIRED = re.compile(r"paired with the baseline in (\d+) round\(s\): ([\d.]+)x \(99% interval ([\d.]+)x to ([\d.]+)x\)")
 SUMMARY = re.compile(r"baseline ([\d,.]+) samples/s -> best ([\d,.]+) samples/s: ([\d.]+)x")
 WAIT = re.compile(r"^(baseline|best): [\w-]+: the loop waits for data (\d+)% of the step")
 COMPUTE = re.compile(r"^(baseline|best): compute-bound: ([\d,]+) samples/s with (\d+)% data wait")
@@ -90,6 +91,15 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
                              f"{metrics['best']['samples_per_s']:.1f}")
             if abs(z - best["speedup"]) > 0.006:
                 found.append(f"{line!r}: best.json's speedup is {best['speedup']:.3f}")
+        if m := PAIRED.search(line):
+            checked.add("paired speedup")
+            paired = best.get("speedup_paired") or {}
+            n, z, low, high = int(m.group(1)), *(float(x) for x in m.group(2, 3, 4))
+            if n != paired.get("pairs") or any(abs(x - paired.get(k, -9)) > 0.006 for x, k in
+                                               ((z, "speedup"), (low, "low"), (high, "high"))):
+                found.append(f"{line!r}: best.json's speedup_paired is {paired}")
+            if not low <= z <= high:
+                found.append(f"{line!r}: the paired speedup lies outside its interval")
         if m := WAIT.search(line):
             checked.add("data wait")
             which, pct = m.group(1), int(m.group(2))

@@ -54,6 +54,9 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
     assert found == [] and "summary" in checked, (found, checked)
     ratio = best["metrics"]["samples_per_s"] / best["baseline"]["metrics"]["samples_per_s"]
     assert ratio == pytest.approx(best["speedup"])
+    paired = best["speedup_paired"]  # the finish's rounds of the answer and the baseline, paired
+    assert paired["pairs"] >= 2 and paired["low"] <= paired["speedup"] <= paired["high"], paired
+    assert "paired speedup" in checked  # said on the console's summary line and in report.md
     assert "tuner.measure" in best["command"] and "--set num_workers=" in best["command"]
     loader = json.loads((out / "dataloader.json").read_text())
     assert loader["num_workers"] == best["params"]["num_workers"]

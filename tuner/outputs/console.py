@@ -17,6 +17,7 @@ from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs import layout
 from tuner.inputs.levers import LEVERS, recomputing
 from tuner.inputs.levers.orders import TITLE
+from tuner.stats.interval import LEVEL
 
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult, RevResult
@@ -185,3 +186,11 @@ def print_plan(plan: "CapacityPlan") -> None:
     out.print(table)
     out.print(f"{len(plan.profiled)} profiled trials, {plan.parameters:,} parameters, {plan.world_size} rank(s), "
               f"{plan.wall_s:.0f} s", highlight=False)
+
+
+def paired_text(paired: dict[str, Any] | None) -> str:
+    """``; paired with the baseline in 5 rounds: 1.06x (99% interval 0.99x to 1.13x)``, or nothing."""
+    if not paired:
+        return ""
+    return (f"; paired with the baseline in {paired['pairs']} round(s): {paired['speedup']:.2f}x "
+            f"({LEVEL:.0%} interval {paired['low']:.2f}x to {paired['high']:.2f}x)")

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.analysis.attribution import share_text
 from tuner.analysis.diagnose import headline
-from tuner.outputs.console import levers, title_words
+from tuner.outputs.console import levers, paired_text, title_words
 from tuner.trial.trial_result import State
 from tuner.tuning import promises, recommend
 from tuner.tuning.events import SearchEvents
@@ -100,7 +100,7 @@ class Live(SearchEvents):
         if best["metrics"] and base["metrics"]:
             lines.append(f"baseline {base['metrics']['samples_per_s']:.1f} samples/s -> best "
                          f"{best['metrics']['samples_per_s']:.1f} samples/s: {result.speedup:.2f}x "
-                         f"({best['source']})")
+                         f"({best['source']}){paired_text(result.paired)}")
         elif best["metrics"]:
             lines.append(f"best {best['metrics']['samples_per_s']:.1f} samples/s (the baseline did not run)")
         else:
@@ -149,3 +149,4 @@ class Live(SearchEvents):
 
 def _f(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
+

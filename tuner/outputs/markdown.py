@@ -14,6 +14,7 @@ from tuner.analysis.diagnose import headline
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
+from tuner.outputs.console import paired_text
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
 from tuner.tuning.search_result import SearchResult
@@ -87,7 +88,8 @@ def render_markdown(data: ReportData) -> str:
 def _verdict_lines(r: SearchResult) -> list[str]:
     lines = []
     if r.speedup:
-        lines.append(f"**{r.speedup:.2f}x** the baseline's throughput ({r.best.get('source') or 'search trial'}).")
+        lines.append(f"**{r.speedup:.2f}x** the baseline's throughput ({r.best.get('source') or 'search trial'})"
+                     f"{paired_text(r.paired)}.")
     for name in ("baseline", "best"):
         verdicts = r.diagnosis.get(name)
         if verdicts is None:

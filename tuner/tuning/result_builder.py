@@ -109,8 +109,20 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         wall_s=time.monotonic() - d.started, study=d.study,
         memory_prediction=d.memory.error(memory.SETTLED_AFTER) if d.memory is not None else None,
         decision=decision.to_json() if decision is not None else None, broken=d.broken, price=r.price.gpu_hour,
-        noise=dict(zip(("ss", "dof"), pool.spread())),
+        noise=dict(zip(("ss", "dof"), pool.spread())), paired=_paired(pool, best["params"], base["params"]),
     )
+
+
+def _paired(pool: "Pool", answer: dict[str, Any] | None, baseline: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The answer's speedup over the baseline from the rounds both ran in (the finish's
+    pairs), with its interval; ``None`` where they never shared a round."""
+    if not answer or not baseline or answer == baseline:
+        return None
+    s = pool.slowdown(answer, baseline)
+    if s is None or not s.pairs:
+        return None
+    gain, low, high = s.gains
+    return {"speedup": 1 + gain, "low": 1 + low, "high": 1 + high, "pairs": s.pairs}
 
 
 def _objective_note(objective: str, best: Mapping[str, Any] | None, base: Mapping[str, Any] | None) -> str:

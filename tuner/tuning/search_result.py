@@ -64,6 +64,10 @@ class SearchResult:
     """How noisy one run is here: ``{"ss", "dof"}``, the pooled spread of the log-rates of every
     configuration measured more than once (:func:`tuner.stats.interval.spread`), so that
     ``tuner compare`` judges two runs' difference against both runs' noise."""
+    paired: dict[str, Any] | None = None
+    """The answer against the baseline over the rounds both ran in, paired: ``{"speedup",
+    "low", "high", "pairs"}`` (the ratio and its 99% interval). The speedup above is a ratio of
+    medians; a char-LM search printed 1.08x there while the finish's own pairs read 1.06x."""
     price: float | None = None
     """The recipe's price of a device-hour (``price.gpu_hour``), for the cost per million samples."""
     study: "Study | None" = field(default=None, repr=False, compare=False)
@@ -84,6 +88,7 @@ class SearchResult:
             "baseline_trial": self.baseline.get("trial"),
             "noise": self.noise,
             "speedup": self.speedup,
+            "speedup_paired": self.paired,
             "target_met": self.target_met,
             "environment": self.environment,
             "source": self.best.get("source"),
@@ -125,7 +130,7 @@ class SearchResult:
             baseline={"params": base.get("params"), "metrics": base.get("metrics"),
                       "failures": failures.get("baseline", 0), "runs": runs.get("baseline"),
                       "trial": data.get("baseline_trial")},
-            speedup=data.get("speedup"), target_met=bool(data.get("target_met")),
+            speedup=data.get("speedup"), paired=data.get("speedup_paired"), target_met=bool(data.get("target_met")),
             stopped=data.get("stopped") or "unknown", broken=data.get("broken"), trials=int(data.get("trials") or 0),
             environment=dict(data.get("environment") or {}),
             diagnosis={name: [Verdict.from_json(v) for v in verdicts]
