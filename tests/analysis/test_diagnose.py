@@ -180,7 +180,7 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     only what the search could run here (what the machine rules out, the space's refusal
     rules), and the levers outside the recipe's space end it with how to add them. Without
     the search's rules (``tuner measure``) a CPU's own refusals still apply."""
-    from tuner.analysis.diagnose import remedies
+    from tuner.analysis.remedies import remedies
     from tuner.inputs.recipe import load_recipe
     from tuner.inputs.space import Machine, make_config
     from tuner.study.searchspace import build_space
@@ -214,6 +214,17 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     images = remedies("compute-bound", {**params, "model": {"convolutions": True, "attention": False}}, "cpu",
                       here=here)
     assert "channels_last: true" in images and "attention_backend" not in images, images
+    # a script under adapt: torch takes loader and process knobs only: "add space: {compile: ...}"
+    # would be refused ("reaches the script by no route"); it is told how they reach it instead
+    from tuner.inputs.script import ADAPTER_ROUTES
+
+    script = config_view.here(space, machine, make, params, 1, 16, set(ADAPTER_ROUTES["torch"]))
+    routed = remedies("compute-bound", {**params, "model": {"convolutions": False, "attention": True}}, "cpu",
+                      here=script)
+    assert "add space" not in routed and "compile: true (fused kernels)" in routed, routed
+    assert routed.endswith("compile, optimizer_impl and attention_backend reach this script only through a "
+                           "flag or variable it reads: set them in the script, or map them (knobs: "
+                           "{compile: \"--compile {}\"}) to search them"), routed
 
 
 def test_no_clear_bottleneck_claims_no_wait_only_where_one_was_measured():

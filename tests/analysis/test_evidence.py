@@ -146,7 +146,7 @@ def test_advice_the_trials_already_took_without_a_gain_is_not_given():
     """run_classification.py's BERT: the answer's compute-bound verdict advised "amp_dtype:
     bf16, a larger micro_batch_size" and then said both were measured from there without a
     gain; what the trials took is named, what is left is advised."""
-    from tuner.analysis.diagnose import remedies
+    from tuner.analysis.remedies import remedies
 
     best = Seen({"micro_batch_size": 16, "grad_accum_steps": 2, "amp_dtype": "fp32"}, {"samples_per_s": 634.0})
     tried = [Seen({"micro_batch_size": 16, "grad_accum_steps": 2, "amp_dtype": "bf16"}, {"samples_per_s": 534.0}),

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from tuner.analysis.diagnose import Here, Verdict, diagnose_run
+from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Compare, Seen, revise
+from tuner.analysis.remedies import Here
 from tuner.harness.system.environment import cores
 from tuner.inputs.space import Config, Machine, unsupported
 from tuner.study import records
@@ -46,18 +47,20 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
 
 
 def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], dict[str, Any]],
-         params: Mapping[str, Any], world_size: int, global_batch: int) -> Here:
+         params: Mapping[str, Any], world_size: int, global_batch: int,
+         routes: set[str] | None = None) -> Here:
     """What a search over ``space`` can run from ``params``, for the advice: one lever changed,
     through what the machine rules out (fused attention kernels, TF32, fp8 matmuls on a CPU) and
     the space's refusal rules (the layout, the global batch, the libraries); ``make``: full
-    params from knobs."""
+    params from knobs; ``routes``: the knobs that reach a script (``None``: a task, all)."""
 
     ruled_out = {(name, value): why for name, value, why, _ in unsupported(machine)}
 
     def refusal(name: str, value: Any) -> str | None:
         return ruled_out.get((name, value)) or space.refusal(make({**params, name: value}), world_size, global_batch)
 
-    return Here(refusal, {k: tuple(v) for k, v in space.choices.items()})
+    return Here(refusal, {k: tuple(v) for k, v in space.choices.items()},
+                frozenset(routes) if routes is not None else None)
 
 
 def ran(params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]:

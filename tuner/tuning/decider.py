@@ -14,7 +14,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.analysis.diagnose import Here, Verdict
+from tuner.analysis.diagnose import Verdict
+from tuner.analysis.remedies import Here
 from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
 from tuner.inputs.space import Config, Machine
@@ -70,10 +71,9 @@ class Decider:
         self.searching = time.monotonic()
         """When the search's trials began: the finish's share (:data:`TIME_SHARE`) is of their time."""
         self.started = started if started is not None else self.searching
-        """When the command began (``time.monotonic``): ``budget.minutes`` bounds it whole, the
-        look at a script's own configuration and the one-time preparations before the first
-        trial included (word_language_model's look ran 71 s outside a 2-minute budget), but
-        the finish's share is not of them (a DeepSpeed op's build would lengthen the finish)."""
+        """When the command began (``time.monotonic``): ``budget.minutes`` bounds it whole, the look
+        at a script's own settings and the one-time preparations included (word_language_model's
+        look ran 71 s outside a 2-minute budget), the finish's share not (a DeepSpeed op's build)."""
         self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
         self.finish_after: tuple[float, float] = (TIME_SHARE, 0.0)
         """(share of the search's time, fixed seconds) the finish will take: what the search
@@ -388,7 +388,7 @@ class Decider:
         """What this search can run from ``params``, for the advice."""
         r = self.recipe
         return config_view.here(self.space, self.machine, lambda k: self.config_of(k).params(), params, r.world_size,
-                            r.global_batch_size)
+                                r.global_batch_size, r.script.routes() if r.script is not None else None)
 
     def summary_of(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
         return config_view.of(params, pool, self.known)
