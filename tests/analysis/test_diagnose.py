@@ -234,3 +234,21 @@ def test_no_clear_bottleneck_claims_no_wait_only_where_one_was_measured():
     unmeasured = headline([], {"data_wait_share": None, "samples_per_s": 35.4})
     assert "no wait" not in unmeasured and "data wait is not measured" in unmeasured
     assert "no wait" in headline([], {"data_wait_share": 0.01, "samples_per_s": 35.4})
+
+
+def test_communication_advice_names_the_buckets_of_the_engine_it_runs():
+    """The DeepSpeed job was told "larger buckets (ddp_bucket_cap_mb; ...)", a DDP lever, and,
+    on a CPU, "on GPUs, check the interconnect (NCCL_DEBUG=INFO)"."""
+    metrics = {"samples_per_s": 5000.0, "data_wait_share": 0.0, "comm_share": 0.31, "step_time_p50_s": 0.05,
+               "step_time_p99_s": 0.06}
+
+    def advice(**params):
+        knobs = {"micro_batch_size": 128, "grad_accum_steps": 1, "zero_stage": 0, **params}
+        return next(v for v in diagnose(metrics, knobs) if v.kind == "communication-bound").next_step
+
+    ds = advice(engine="deepspeed")
+    assert "reduce_bucket_size" in ds and "overlap_comm: true" in ds and "ddp_bucket_cap_mb" not in ds, ds
+    ddp = advice(engine="torch")
+    assert "ddp_bucket_cap_mb" in ddp and "overlap_comm" not in ddp and "reduce_bucket_size" not in ddp, ddp
+    assert "fsdp: shard_grad_op" in advice(engine="torch", fsdp="full_shard")
+    assert "NCCL" not in ds + ddp  # a CPU run: no interconnect to check

@@ -144,10 +144,21 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     return Verdict(
         "communication-bound", comm,
         f"collectives not hidden behind compute take {comm:.0%} of the step",
-        (f"try {tried}; " if tried else "")
-        + "larger buckets (ddp_bucket_cap_mb; DeepSpeed's reduce_bucket_size) and overlap_comm hide more of it"
-        + "; on GPUs, check the interconnect (NCCL_DEBUG=INFO) and bucket sizes",
+        "; ".join(filter(None, (f"try {tried}" if tried else "", _buckets(f.params),
+                                "check the interconnect (NCCL_DEBUG=INFO)" if f.device == "cuda" else ""))),
     )
+
+
+def _buckets(params: Mapping[str, Any]) -> str:
+    """The bucket levers of the engine this configuration runs: the DeepSpeed job was told
+    "ddp_bucket_cap_mb", a DDP lever, and a CPU run "on GPUs, check the interconnect"."""
+    if params.get("engine") == "deepspeed" or (params.get("zero_stage") or 0) > 0:
+        return ("larger buckets (reduce_bucket_size, allgather_bucket_size) and overlap_comm: true hide more of it")
+    if params.get("fsdp", "off") == "full_shard":
+        return "fsdp: shard_grad_op (the parameters stay gathered from the forward to the backward) gathers less"
+    if params.get("fsdp", "off") != "off":
+        return ""
+    return "larger buckets (ddp_bucket_cap_mb) hide more of it"
 
 
 def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
