@@ -12,6 +12,7 @@ when its peak grew ~0.26 GiB per worker across the trials: host memory held by w
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from dataclasses import dataclass, replace
@@ -308,6 +309,8 @@ def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool
 def _pct(x: float) -> str:
     """A signed whole percent, or a tenth where that would read 0: a charlm run's interval
     read "-0% to +16%", a sign that says nothing without its figure."""
+    if not math.isfinite(x):  # a gain over a configuration that may not run at all
+        return f"{x:+.0%}"
     return f"{x:+.1%}" if round(x * 100) == 0 and round(x * 1000) != 0 else f"{x:+.0%}"
 
 
