@@ -238,7 +238,7 @@ def test_no_clear_bottleneck_claims_no_wait_only_where_one_was_measured():
 
 def test_communication_advice_names_the_buckets_of_the_engine_it_runs():
     """The DeepSpeed job was told "larger buckets (ddp_bucket_cap_mb; ...)", a DDP lever, and,
-    on a CPU, "on GPUs, check the interconnect (NCCL_DEBUG=INFO)"."""
+    on a CPU, "on GPUs, check the interconnect (NCCL_DEBUG=INFO)"; FSDP2 has no bucket knob."""
     metrics = {"samples_per_s": 5000.0, "data_wait_share": 0.0, "comm_share": 0.31, "step_time_p50_s": 0.05,
                "step_time_p99_s": 0.06}
 
@@ -250,5 +250,6 @@ def test_communication_advice_names_the_buckets_of_the_engine_it_runs():
     assert "reduce_bucket_size" in ds and "overlap_comm: true" in ds and "ddp_bucket_cap_mb" not in ds, ds
     ddp = advice(engine="torch")
     assert "ddp_bucket_cap_mb" in ddp and "overlap_comm" not in ddp and "reduce_bucket_size" not in ddp, ddp
-    assert "fsdp: shard_grad_op" in advice(engine="torch", fsdp="full_shard")
+    sharded = advice(engine="torch", fsdp="full_shard")
+    assert "ddp_bucket_cap_mb" not in sharded and "reduce_bucket_size" not in sharded, sharded  # no bucket knob
     assert "NCCL" not in ds + ddp  # a CPU run: no interconnect to check

@@ -151,12 +151,11 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
 
 def _buckets(params: Mapping[str, Any]) -> str:
     """The bucket levers of the engine this configuration runs: the DeepSpeed job was told
-    "ddp_bucket_cap_mb", a DDP lever, and a CPU run "on GPUs, check the interconnect"."""
+    "ddp_bucket_cap_mb", a DDP lever, and a CPU run "on GPUs, check the interconnect"; none
+    under FSDP2, which has no bucket knob."""
     if params.get("engine") == "deepspeed" or (params.get("zero_stage") or 0) > 0:
         return ("larger buckets (reduce_bucket_size, allgather_bucket_size) and overlap_comm: true hide more of it")
-    if params.get("fsdp", "off") == "full_shard":
-        return "fsdp: shard_grad_op (the parameters stay gathered from the forward to the backward) gathers less"
-    if params.get("fsdp", "off") != "off":
+    if layout.of(params).shard:  # FSDP2: no bucket knob; its resharding is the sharding levers' own advice
         return ""
     return "larger buckets (ddp_bucket_cap_mb) hide more of it"
 
