@@ -240,7 +240,7 @@ def leave_after_rank_0(key: str, wait_s: float = 60.0) -> None:
         if store is None:
             return
         key = f"{key}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        if (dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))) == 0:
+        if is_main_process():
             store.set(key, "1")
         else:
             store.wait([key], timedelta(seconds=wait_s))

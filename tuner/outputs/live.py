@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from tuner.analysis.attribution import share_text
 from tuner.analysis.diagnose import headline
 from tuner.outputs.console import levers, paired_text, title_words
+from tuner.scriptmode.output_log import without_traceback
 from tuner.trial.trial_result import State
 from tuner.tuning import promises, recommend
 from tuner.tuning.events import SearchEvents
@@ -85,7 +86,7 @@ class Live(SearchEvents):
         row = (f"{trial.number:>5}  {title_words(p):<38} {levers(p):<22} "
                f"{_f(rate, '.1f'):>10} {_f(wait, '.2f'):>5} {_f(peak, '.2f'):>8}  ")
         style = STYLE.get(outcome, "red")
-        said = reason.split("; its traceback: ")[0]  # the row names the error and its line; the log keeps the rest
+        said = without_traceback(reason)  # the row names the error and its line; the log keeps the rest
         self.console.print(f"{escape(row)}[{style}]{outcome}[/]{mark} {escape(said)}".rstrip())
         self.log.info("%s%s%s %s", row, outcome, mark, reason)
         if self._task is not None:

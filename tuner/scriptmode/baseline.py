@@ -22,6 +22,7 @@ from tuner.inputs.levers import LEVERS
 from tuner.inputs.space import conflict, defaults
 from tuner.scriptmode import launcher
 from tuner.scriptmode.adapters.progress import never_stepped
+from tuner.scriptmode.output_log import without_traceback
 
 if TYPE_CHECKING:
     from tuner.inputs.recipe import Recipe
@@ -117,7 +118,7 @@ def merge(recipe: "Recipe", own: Mapping[str, Any]) -> tuple["Recipe", list[str]
 
 
 def _short(why: str | None) -> str:
-    text = (why or "no reason given").split("; its traceback: ")[0].strip()  # the error, its line, the output
+    text = without_traceback(why or "no reason given").strip()  # the error, its line, the output
     return text if len(text) <= 300 else text[:300] + "..."
 
 

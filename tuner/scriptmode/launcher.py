@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
-from tuner.scriptmode.output_log import error_block, own_frame, progress_line, tail
+from tuner.scriptmode.output_log import TRACEBACK, error_block, own_frame, progress_line, tail
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
 from tuner.stats.prune import checks as prune_checks
@@ -229,7 +229,7 @@ def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
     where = f"whole output: {log}"
     if error is not None:
         at = f" at {frame}" if (frame := own_frame(block)) else ""
-        said = f"{error} (the script exited with status {code}{at} before reporting; {where}); its traceback: {block}"
+        said = f"{error} (the script exited with status {code}{at} before reporting; {where}){TRACEBACK}{block}"
     else:
         said = f"the script exited with status {code} before reporting ({where}); output ends: {tail(log)}"
     if "out of memory" in said.lower():

@@ -13,6 +13,8 @@ from tuner.scriptmode.adapters.progress import MARK
 
 TAIL_CHARS = 1500
 """How much of a failed trial's output its reason carries."""
+TRACEBACK = "; its traceback: "
+"""Where a failed trial's reason goes on to the script's traceback (:func:`without_traceback`)."""
 
 _ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
@@ -86,3 +88,9 @@ def tail(log: Path) -> str:
 
 
 __all__ = ["TAIL_CHARS", "error_block", "own_frame", "progress_line", "tail"]
+
+
+def without_traceback(reason: str) -> str:
+    """A failed trial's reason up to its traceback: the error, its line and where the output is
+    (what a console row or a one-line stop says; the log and ``trials.csv`` keep the rest)."""
+    return reason.split(TRACEBACK)[0]
