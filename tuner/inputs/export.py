@@ -10,14 +10,13 @@ from __future__ import annotations
 from tuner.inputs.exports.engines import dataloader_kwargs, ds_config, torch_settings
 from tuner.inputs.exports.titan import TITAN_SCHEDULES, torchtitan_toml
 from tuner.inputs.exports.trainers import (
-                                           ACCELERATE_MIXED_PRECISION,
                                            HF_LEVER_FIELDS,
                                            HF_LEVER_OFF,
-                                           LIGHTNING_PRECISION,
                                            accelerate_config,
                                            hf_training_args,
                                            lightning_trainer,
 )
+from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION, LIGHTNING_PRECISION
 
 __all__ = ["ACCELERATE_MIXED_PRECISION", "HF_LEVER_FIELDS", "HF_LEVER_OFF", "LIGHTNING_PRECISION", "TITAN_SCHEDULES",
            "accelerate_config", "dataloader_kwargs", "ds_config", "hf_training_args", "lightning_trainer",

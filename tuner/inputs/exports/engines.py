@@ -37,8 +37,8 @@ def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
         "zero_optimization": zero,
-        "bf16": {"enabled": config.amp_dtype == "bf16"},
-        "fp16": {"enabled": config.amp_dtype == "fp16"},
+        "bf16": {"enabled": False},  # the precision lever's export enables its own
+        "fp16": {"enabled": False},
     }
     if "offload_optimizer" in zero:
         out["zero_force_ds_cpu_optimizer"] = False

@@ -25,7 +25,7 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
         f"local_batch_size = {config.micro_batch_size}",
         f"global_batch_size = {config.micro_batch_size * config.grad_accum_steps * lay.dp}"
         f"  # {config.grad_accum_steps} gradient accumulation step(s) x {lay.dp} data-parallel rank(s)",
-        f'mixed_precision_param = "{"bfloat16" if config.amp_dtype == "bf16" else "float32"}"',
+        'mixed_precision_param = "float32"',  # the precision lever's export sets its own
         'mixed_precision_reduce = "float32"',
         f"compile = {_toml_bool(config.compile)}",
         f"enable_cpu_offload = {_toml_bool(lay.shard and config.offload_optimizer == 'cpu')}",
@@ -51,8 +51,6 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
     lines += ["", "[activation_checkpoint]", 'mode = "none"']  # the checkpointing lever's export sets it
     implementation = {"default": "for-loop", "foreach": "foreach", "fused": "fused"}[config.optimizer_impl]
     lines += ["", "[optimizer]", f'implementation = "{implementation}"']
-    if config.amp_dtype == "fp16":
-        lines.insert(1, "# fp16: torchtitan trains in bf16 or fp32 (no loss scaling); bf16 is the nearest")
     for fragment in lever_fragments(config, "torchtitan.toml", world_size):
         lines = merge_toml_lines(lines, fragment)
     return "\n".join(lines) + "\n"

@@ -12,17 +12,12 @@ from tuner.inputs.levers import LEVERS
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
 
-ACCELERATE_MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
-"""Accelerate's ``mixed_precision`` for each ``amp_dtype`` (config file, kwargs, environment)."""
-
-
 def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
     """An ``accelerate launch --config_file`` YAML (comments say what Accelerate cannot hold).
 
     FSDP2 goes in Accelerate's FSDP plugin, version 2 (``fsdp_reshard_after_forward`` for
     full_shard vs shard_grad_op, checkpointing, offload); compile in its dynamo section.
     """
-    mixed = ACCELERATE_MIXED_PRECISION[config.amp_dtype]
     lay = config.layout(world_size)
     if config.engine == "deepspeed":
         kind = "DEEPSPEED"
@@ -38,7 +33,7 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
         f"DataLoader kwargs: see dataloader.json (batch_size={config.micro_batch_size} per process)",
         "compute_environment: LOCAL_MACHINE",
         f"distributed_type: {kind}",
-        f"mixed_precision: {mixed}",
+        "mixed_precision: no",  # the precision lever's export sets its own
         f"num_processes: {world_size}",
         "num_machines: 1",
         f"use_cpu: {'false' if cuda else 'true'}",
@@ -88,8 +83,8 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
         "gradient_accumulation_steps": config.grad_accum_steps,
         "dataloader_num_workers": config.num_workers,
         "dataloader_pin_memory": config.pin_memory,
-        "bf16": config.amp_dtype == "bf16",
-        "fp16": config.amp_dtype == "fp16",
+        "bf16": False,  # the precision lever's export sets its own
+        "fp16": False,
         "torch_compile": config.compile,
     }
     # optimizer_impl default is the job's own optimizer as it builds it (an HF script's Trainer
@@ -109,10 +104,6 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
     for fragment in lever_fragments(config, "hf_training_args.json", 1):
         merge_dict(args, fragment)
     return args
-
-
-LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
-"""Lightning's ``Trainer(precision=...)`` for each ``amp_dtype``."""
 
 
 def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
@@ -138,7 +129,7 @@ def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
              "trainer:",
              f"  accelerator: {'gpu' if cuda else 'cpu'}",
              f"  devices: {world_size}",
-             f"  precision: {LIGHTNING_PRECISION[config.amp_dtype]}",
+             "  precision: 32-true",  # the precision lever's export sets its own
              f"  accumulate_grad_batches: {config.grad_accum_steps}"]
     if isinstance(strategy, str):
         lines.append(f"  strategy: {strategy}")

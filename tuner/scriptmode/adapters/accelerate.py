@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.inputs.export import ACCELERATE_MIXED_PRECISION
+from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
 from tuner.scriptmode.adapters.common import AdaptError, patch_method, rebuild_loader, watch_ddp
 from tuner.scriptmode.config import TrialConfig
 

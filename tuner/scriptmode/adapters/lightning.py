@@ -21,13 +21,13 @@ import importlib
 import importlib.util
 from typing import Any
 
-from tuner.inputs import export
+from tuner.inputs.levers.precision import LIGHTNING_PRECISION
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode.adapters import torch as torch_adapter
 from tuner.scriptmode.adapters.common import AdaptError
 from tuner.scriptmode.config import TrialConfig
 
-PRECISION = export.LIGHTNING_PRECISION
+PRECISION = LIGHTNING_PRECISION
 """Lightning's ``precision`` for each ``amp_dtype``."""
 
 
