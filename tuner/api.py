@@ -329,8 +329,8 @@ def check(
 
     if not 0 <= tolerance < 1:
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
-    if rounds < 1:
-        raise RecipeError(f"--rounds must be >= 1, got {rounds}")
+    if rounds < 3:
+        raise RecipeError(f"--rounds must be >= 3 (the gate reads this run's noise from its own rounds), got {rounds}")
     if absolute and (process_noise is None or process_noise <= 0):
         raise RecipeError("--absolute needs --process-noise: one run's relative noise between two processes of this "
                           "machine (e.g. 0.05 for 5%), which the record's process and this one each add; without it "

@@ -99,7 +99,7 @@ USER = SNAPSHOT + textwrap.dedent('''
     shots["plan"] = snapshot()
     tuner.search(recipe, trials=2, confirm=1, attribute=0, quiet=True, out=out)
     shots["search"] = snapshot()
-    tuner.api.check(recipe, out + "/best.json", rounds=1, absolute=True, process_noise=0.05)
+    tuner.api.check(recipe, out + "/best.json", rounds=3, absolute=True, process_noise=0.05)
     shots["check"] = snapshot()
     assert tuner.diagnose({"samples_per_s": 100.0, "data_wait_share": 0.5}, num_workers=2)[0].kind == "data-bound"
     shots["diagnose"] = snapshot()

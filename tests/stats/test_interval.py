@@ -75,16 +75,46 @@ def test_a_noisy_machine_widens_the_interval_instead_of_calling_a_gain_noise():
     assert s is not None and not s.within(0.02)
 
 
-def test_the_contrast_of_two_ratios_covers_the_true_change_at_its_level():
-    """The gate's interval: a speedup of 2.0 recorded, 1.8 now (10% smaller), each group's
-    noise 5% a run, counted once."""
-    rng = random.Random(11)
+def _rounds(rng: random.Random, a: float, b: float, noise: float, n: int, drift: float = 0.0) -> list[float]:
+    """``log(rate_a / rate_b)`` of ``n`` interleaved rounds, each round's machine speed a
+    random walk of ``drift`` a round that both of its runs share."""
+    out, speed = [], 0.0
+    for _ in range(n):
+        speed += rng.gauss(0.0, drift)
+        out.append(math.log(a * math.exp(speed + rng.gauss(0.0, noise))) -
+                   math.log(b * math.exp(speed + rng.gauss(0.0, noise))))
+    return out
+
+
+@pytest.mark.parametrize("now_noise, then_noise, rounds", [(0.05, 0.05, 5), (0.20, 0.02, 3), (0.02, 0.10, 8)])
+def test_the_contrast_of_two_ratios_covers_the_true_change_at_its_level(now_noise, then_noise, rounds):
+    """The gate's interval: a speedup of 2.0 recorded, 1.8 now (10% smaller), each side's
+    noise its own: this run's rounds as pairs, the record's two groups unpaired."""
+    rng = random.Random(f"{now_noise}/{then_noise}/{rounds}")
     covered = 0
     trials = 3000
     for _ in range(trials):
-        now = (LogStats.of(draw(rng, 180, 0.05, 5)), LogStats.of(draw(rng, 100, 0.05, 5)))
-        then = (LogStats.of(draw(rng, 200, 0.05, 3)), LogStats.of(draw(rng, 100, 0.05, 3)))
+        now = _rounds(rng, 180, 100, now_noise, rounds)
+        then = (LogStats.of(draw(rng, 200, then_noise, 3)), LogStats.of(draw(rng, 100, then_noise, 3)))
         s = contrast(now, then)
-        assert s is not None
+        assert s is not None and s.pairs == rounds
         covered += s.low <= 0.1 <= s.high
-    assert LEVEL - 0.01 <= covered / trials <= LEVEL + 0.01
+    assert LEVEL - 0.012 <= covered / trials <= LEVEL + 0.01
+
+
+def test_a_busy_runs_rounds_are_not_judged_with_the_records_quiet_noise():
+    """The speedup unchanged, recorded on a quiet machine (2% a run, its pooled noise from 30
+    degrees of freedom), measured now beside busy processes (20% a run, a 5% drift a round):
+    called smaller beyond the 5% tolerance at most as often as the interval's one side allows
+    (0.5%). One noise pooled over both, the record's, read one busy round as a regression; two
+    rounds alone now give no interval at all (one degree of freedom of their own)."""
+    rng = random.Random(3)
+    record = (30 * 0.02**2, 30)
+    called = 0
+    gates = 2000
+    for _ in range(gates):
+        then = (LogStats.of(draw(rng, 200, 0.02, 4)), LogStats.of(draw(rng, 100, 0.02, 4)))
+        s = contrast(_rounds(rng, 200, 100, 0.20, 3, drift=0.05), then, record)
+        called += s is not None and s.beyond(0.05)
+    assert called / gates <= 0.005
+    assert contrast(_rounds(rng, 200, 100, 0.2, 2), then, record) is None

@@ -135,7 +135,8 @@ def intervals(recorded: Recorded, answer: Sequence[float], baseline: Sequence[fl
     now = (LogStats.of(answer), LogStats.of(baseline))
     then = (LogStats.of(recorded.answer), LogStats.of(recorded.baseline))
     wide = (recorded.noise[0] + sum(g.ss for g in now), recorded.noise[1] + sum(max(0, g.n - 1) for g in now))
-    return contrast(now, then, wide), across_processes(then[0], now[0], wide, process_noise)
+    return (contrast(log_ratios(answer, baseline), then, recorded.noise),
+            across_processes(then[0], now[0], wide, process_noise))
 
 
 def across_processes(then: LogStats, now: LogStats, wide: tuple[float, int],
@@ -190,7 +191,7 @@ def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[floa
     else:
         out.verdict, out.passed = "undecided", False
         out.reason = (f"undecided after {rounds} round(s): " + "; ".join(
-            f"{what} is {_smaller(s) if s else 'not measured to any interval'} than recorded"
+            (f"{what} is {_smaller(s)} than recorded" if s else f"{what} has no interval yet")
             for what, s, _ in judged) + f"; shown neither within nor beyond the {tolerance:.0%} tolerance "
             "(exit 4; more rounds: --rounds)")
     return out
