@@ -17,3 +17,23 @@ def test_the_verdict_is_a_pure_function_of_the_rates():
     assert not noisy.passed and noisy.verdict == "undecided" and noisy.exit_code == 4
     gone = verdict(recorded, [], [], 0.05, failure="answer: error: boom")
     assert not gone.passed and gone.reason == "the configuration no longer runs: answer: error: boom"
+
+
+def test_the_rounds_go_on_while_the_gate_is_undecided_however_precise():
+    """An interval precise but across the tolerance (the unchanged toy read "3.5% smaller, 99%
+    interval +1.5% to +5.4%, 5 pairs" and stopped at exit 4 with 15 rounds unused) is no stop;
+    a regression is, and so is a pass; one or two rounds now show no noise of their own."""
+    from tuner.analysis.gate import Recorded, intervals, settled, verdict
+    from tuner.stats import decision
+
+    recorded = Recorded([400.0, 404.0, 398.0, 401.0], [100.0, 101.0, 99.5, 100.2], noise=(30 * 0.005**2, 30))
+    near = ([385.0, 387.0, 386.5, 385.5, 386.0], [100.0, 100.3, 100.1, 99.9, 100.0])
+    judged = verdict(recorded, *near, 0.05)
+    assert judged.verdict == "undecided" and judged.slowdown["low"] < 0.05 < judged.slowdown["high"]
+    assert decision.precise(intervals(recorded, *near)[0], 0.05)  # what stopped it before
+    assert not settled(recorded, *near, 0.05, absolute=False)
+    assert settled(recorded, [330.0, 332.0, 329.0], [100.0, 99.8, 100.4], 0.05, absolute=False)
+    assert settled(recorded, [401.0, 399.0, 402.0], [100.0, 99.8, 100.4], 0.05, absolute=False)
+    assert not settled(recorded, [300.0, 301.0], [100.0, 100.0], 0.05, absolute=False)
+    assert verdict(recorded, [300.0, 301.0], [100.0, 100.0], 0.05).reason.startswith(
+        "undecided after 0 round(s): the speedup has no interval yet")
