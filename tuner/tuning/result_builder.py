@@ -75,7 +75,8 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
     best = d.summary_of(best_params, pool)
     base = d.summary_of(baseline_trial.params if baseline_trial else None, pool)
     if best["params"]:
-        best["command"] = measure_command(d.recipe.path, d.recipe.world_size, best["params"], d.runner)
+        best["command"] = measure_command(d.recipe.path, d.recipe.world_size, best["params"], d.runner,
+                                          base["params"])
     speedup = None
     if best["metrics"] and base["metrics"]:
         speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]

@@ -146,13 +146,21 @@ class SearchResult:
 
 
 def measure_command(recipe: Path, world_size: int, params: Mapping[str, Any],
-                    runner: "Runner | None" = None) -> str:
+                    runner: "Runner | None" = None, baseline: Mapping[str, Any] | None = None) -> str:
     """The command that measures ``params`` of the ``recipe`` file again with the harness
     alone (as ``runner``'s trials launch: a script's trial starts its own torchrun; default
-    a trial in this process)."""
+    a trial in this process).
+
+    A knob at its lever's default where the ``baseline`` had it too is left out: without a
+    ``--set`` the recipe's baseline is what ``tuner.measure`` runs, so it runs that value
+    anyway. The DeepSpeed job's line set all 30 knobs, 1,200 characters of which 1 was the
+    answer's; a knob away from its default is always set, even at the baseline's value (a
+    script's own setting, which a later edit of the script could change)."""
     launch = runner.launch(world_size) if runner is not None else launch_words(world_size)
     sets: list[str] = []
-    for name in LEVERS:
+    for name, lever in LEVERS.items():
         value = params[name]
+        if baseline is not None and value == lever.default and baseline.get(name, lever.default) == value:
+            continue
         sets += ["--set", f"{name}={str(value).lower() if isinstance(value, bool) else value}"]
     return " ".join(shlex.quote(x) for x in [*launch, "-m", "tuner.measure", str(recipe), *sets])
