@@ -26,6 +26,20 @@ def test_notes_and_advice_keep_their_brackets(tmp_path, capsys):
     assert "a [red]step[/]" in out.getvalue() and f"next: {ADVICE}" in out.getvalue()
 
 
+def test_a_console_that_is_no_terminal_gets_no_progress_bar_and_no_empty_line(tmp_path, capsys):
+    """The progress bar is a terminal's: redirected to a file, its stop printed an empty line
+    in the middle of the search's lines (the quickstart's, under the finish's notes)."""
+    live = Live(SimpleNamespace(name="log", out=tmp_path, budget=SimpleNamespace(trials=4, minutes=None),
+                                storage="sqlite:///x.db"), quiet=False)
+    live.start(0, 0)
+    live.note("finishing")
+    live.stop()
+    live.log.removeHandler(live._handler)
+    live._handler.close()
+    err = capsys.readouterr().err
+    assert "note: finishing" in err and "" not in err.splitlines() and "trials" not in err.splitlines()[-1]
+
+
 def test_a_run_noisier_than_the_table_says_so_on_the_console(tmp_path):
     """A timm run beside a busy machine measured 69.4% noise a run: report.md said so, the
     console did not. Above the table's noisiest row the console's summary warns, below it

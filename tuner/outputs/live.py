@@ -44,6 +44,7 @@ class Live(SearchEvents):
         self.progress = Progress(
             TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} trials"),
             TimeElapsedColumn(), console=self.console, transient=True,
+            disable=not self.console.is_terminal,  # elsewhere (a log, CI) its stop printed an empty line
         )
         self._task: Any = None
         self._started = 0.0
