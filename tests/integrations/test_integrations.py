@@ -128,4 +128,8 @@ def test_lightning_callback():
     assert probe.ran["model"] == {"convolutions": False, "attention": False}  # what advice reads
     truth = _recorded_share(data.batches, probe)
     assert 0.3 < truth < 0.9
-    assert summary["data_wait_share"] == pytest.approx(truth, abs=0.05), (summary["data_wait_share"], truth)
+    # every read is inside the gap the callback times, and so is Lightning's own work between
+    # batches (the callback's documented share): at least the reads, and not far above them
+    # (a quiet CI run beside another test file read 0.700 against reads of 0.647)
+    wait = summary["data_wait_share"]
+    assert truth - 0.03 <= wait <= truth + 0.10, (wait, truth)
