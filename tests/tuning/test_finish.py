@@ -405,3 +405,30 @@ def test_a_drop_that_would_not_change_the_answer_needs_no_rounds_of_its_own():
     s = pool.slowdown(change.richer, change.simpler)
     assert s is not None and s.pairs == 1 and decision.judge(s, 0.02) == decision.DROP
     assert not finish_mod._settled(change, pool, rules(), budget, c["base"], w4bf16)
+
+
+def test_a_change_shown_cheap_in_the_answer_but_kept_says_why_on_the_console():
+    """The quickstart at --minutes 1: persistent_workers read "kept: 2.0% slower than without
+    it" with the label ``dropped`` in best.json, and the console said nothing of it. In the
+    answer (prefetch dropped) it was within the tolerance; against the reference (prefetch 4)
+    the answer without it was not, and a drop needs both. It is undecided, and says so."""
+    from tuner.tuning import recommend
+
+    c = {"base": make(BASE), "w4": make(W4), "w4bf16": make(W4BF16), "ref": make({**W4BF16, "micro_batch_size": 4})}
+    pool = Pool()
+    rates = {"base": 100.0, "w4": 200.0, "w4bf16": 199.0, "ref": 204.2}  # the answer without bf16 is w4
+    rng = random.Random(1)
+    for r in range(6):
+        for name, rate in rates.items():
+            pool.add(TrialResult(c[name], State.OK, None, {"samples_per_s": rate * math.exp(rng.gauss(0, 0.003))}),
+                     "finish", round_=r)
+    done = finish_mod.Finished(answer=c["w4bf16"], reference=c["ref"], rounds=6)
+    assert decision.judge(pool.slowdown(c["w4bf16"], c["w4"]), 0.02) == decision.DROP
+    assert decision.judge(pool.slowdown(c["ref"], c["w4"]), 0.02) == decision.UNDECIDED
+    out = recommend.record(dict(done.answer), done, None, pool, c["base"], 0.02, make)
+    bf16 = next(k for k in out.knobs if k["knob"] == "amp_dtype")
+    assert bf16["kept"] and bf16["label"] == "undecided", bf16
+    assert bf16["text"].startswith("amp_dtype=bf16 kept, undecided: 0.7% slower than without it")
+    assert "within the 2% tolerance; a drop needs the answer without it within the tolerance of the reference " \
+           "too, where it is" in bf16["text"]
+    assert bf16["text"] in out.notes  # what the console prints
