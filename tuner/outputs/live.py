@@ -151,4 +151,3 @@ class Live(SearchEvents):
 
 def _f(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
-

@@ -87,10 +87,10 @@ def tail(log: Path) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())[-TAIL_CHARS:]
 
 
-__all__ = ["TAIL_CHARS", "error_block", "own_frame", "progress_line", "tail"]
-
-
 def without_traceback(reason: str) -> str:
     """A failed trial's reason up to its traceback: the error, its line and where the output is
     (what a console row or a one-line stop says; the log and ``trials.csv`` keep the rest)."""
     return reason.split(TRACEBACK)[0]
+
+
+__all__ = ["TAIL_CHARS", "TRACEBACK", "error_block", "own_frame", "progress_line", "tail", "without_traceback"]

@@ -26,6 +26,7 @@ from tuner.analysis.guard import divergence
 from tuner.inputs.space import numerics
 from tuner.stats import decision
 from tuner.study import records as study_mod
+from tuner.tuning.finish import ANSWER_PAIRS
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution, Row
@@ -223,8 +224,6 @@ def _not_dropped(s: "Slowdown", pool: "Pool", reference: dict[str, Any], answer:
     quickstart at ``--minutes 1`` printed nothing for ``persistent_workers`` and best.json read
     "kept: 2.0% slower than without it" with the label ``dropped``: in the answer it was shown
     cheap (-4.4% to +0.6%, 3 pairs), against the reference (with ``prefetch_factor`` 4) not."""
-    from tuner.tuning.finish import ANSWER_PAIRS
-
     if reference != answer:
         against = pool.slowdown(reference, without)
         shown = against.text() if against is not None else "no interval"

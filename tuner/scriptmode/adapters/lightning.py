@@ -27,13 +27,10 @@ from tuner.scriptmode.adapters import torch as torch_adapter
 from tuner.scriptmode.adapters.common import AdaptError
 from tuner.scriptmode.config import TrialConfig
 
-PRECISION = LIGHTNING_PRECISION
-"""Lightning's ``precision`` for each ``amp_dtype``."""
-
 
 def trainer_arguments(cfg: TrialConfig, kwargs: dict[str, Any], zero_searched: bool) -> dict[str, Any]:
     """The script's ``Trainer`` keyword arguments with the trial's set."""
-    out = {**kwargs, "precision": PRECISION[cfg.amp_dtype], "accumulate_grad_batches": cfg.grad_accum_steps}
+    out = {**kwargs, "precision": LIGHTNING_PRECISION[cfg.amp_dtype], "accumulate_grad_batches": cfg.grad_accum_steps}
     if zero_searched or cfg.zero_stage > 0:
         strategy = kwargs.get("strategy", "auto")
         if not isinstance(strategy, str):
