@@ -71,3 +71,34 @@ def test_the_optimizer_stage_gives_the_tasks_own_optimizer_its_implementation():
                           torch.device("cpu"), 1)
     assert isinstance(engine.optimizer, torch.optim.AdamW) and engine.optimizer.param_groups[0]["foreach"] is True
     engine.close()
+
+
+def test_amp_dtype_is_a_forward_lever_the_loop_and_the_engine_enter_alike():
+    """``amp_dtype``'s autocast is entered by the ``forward`` stage's pass
+    (:func:`tuner.trial.engines.stages.forward`), the one place the torch engine, its
+    pipeline schedule and :meth:`Engine.forward_backward` get it; not under DeepSpeed,
+    whose own bf16 engine casts the inputs."""
+    import types
+
+    from tuner.inputs.levers import LEVERS
+    from tuner.inputs.task import Task
+    from tuner.trial.engines import build_engine, stages
+
+    assert LEVERS["amp_dtype"].applied.stage == "forward"
+    seen: list[torch.dtype | None] = []
+
+    def loss(model, batch):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return model(batch[0]).float().sum()
+
+    task = Task(types.ModuleType("job"), lambda a: torch.nn.Linear(4, 1), lambda a: [], loss)
+    cpu = torch.device("cpu")
+    for amp, expected in (("fp32", None), ("bf16", torch.bfloat16)):
+        engine = build_engine(task, {}, Config(micro_batch_size=4, grad_accum_steps=1, amp_dtype=amp), cpu, 1)
+        engine.forward_backward((torch.randn(4, 4),), last=True)
+        engine.close()
+        assert seen.pop() == expected
+    with stages.forward(Config(micro_batch_size=4, grad_accum_steps=1, amp_dtype="bf16", engine="deepspeed"), cpu):
+        assert not torch.is_autocast_enabled("cpu")
+    with stages.forward(Config(micro_batch_size=4, grad_accum_steps=1, amp_dtype="bf16"), cpu):
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")

@@ -26,6 +26,7 @@ from tuner.trial.engines.gpu_levers import GraphShapes, attention_kernel, float8
 from conftest import ROOT, run, write_recipe
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
+CPU_DEVICE = torch.device("cpu")
 H100 = Machine(cuda=True, bf16=True, fp16=True, cudnn=True, capability=(9, 0),
                packages=frozenset({"torchao", "liger_kernel"}))
 A100 = Machine(cuda=True, bf16=True, fp16=True, cudnn=True, capability=(8, 0), packages=frozenset({"torchao"}))
@@ -200,7 +201,7 @@ def test_the_attention_backend_picks_the_kernel_llama_runs(backend, kernel):
     config, _ = make_config({"attention_backend": backend}, 8, 1, CPU)
     ids = torch.randint(0, 256, (2, 32))
     ops = _Ops(("_safe_softmax", "_scaled_dot_product_flash_attention_for_cpu"))
-    with attention_kernel(config), ops:
+    with attention_kernel(config, CPU_DEVICE), ops:
         model(input_ids=ids, labels=ids).loss.backward()
     assert set(ops.seen) == {kernel} and len(ops.seen) == 2  # one per layer
 
@@ -215,9 +216,9 @@ def test_a_checkpointed_block_recomputes_under_its_forwards_attention_kernel(mod
     checked.load_state_dict(plain.state_dict())
     levers.without_kv_cache(checked, mode)  # as a trial does: the cache grows between forward and recompute
     levers.checkpoint_blocks(list(checked.model.layers), mode, levers.Recompute(False),
-                             lambda: stages.forward(config))
+                             lambda: stages.forward(config, CPU_DEVICE))
     for model in (plain, checked):
-        with attention_kernel(config):
+        with attention_kernel(config, CPU_DEVICE):
             loss = model(input_ids=ids, labels=ids).loss
         ops = _Ops(("_scaled_dot_product_flash_attention_for_cpu",))
         with ops:

@@ -28,7 +28,7 @@ micro-batch itself), ``workers`` (what each loader worker holds), ``none``."""
 Stage = Literal["loader", "process", "model", "engine", "optimizer", "batch", "forward", "convert"]
 """Where a trial applies it: DataLoader keyword, process-wide setting held for the trial
 (then restored), the model before the engine wraps it, the engine, the optimizer, the
-training loop's batch arithmetic, a context around each forward (the attention kernel),
+training loop's batch arithmetic, a context around each forward (autocast, the attention kernel),
 a converter of the model's layers before anything else touches it (low-precision layers,
 a fused loss: :mod:`tuner.trial.engines.stages`)."""
 ADAPTERS = ("torch", "hf", "lightning", "accelerate", "deepspeed")

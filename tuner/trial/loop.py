@@ -177,7 +177,7 @@ class TrialLoop:
         try:
             if self.graph_shapes is not None:
                 self.graph_shapes.see(batch)
-            with stages.forward(self.config):
+            with stages.forward(self.config, self.ctx.device):
                 loss = self.engine.forward(batch, last)
         except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as TrialStop
             failure = classify(exc)

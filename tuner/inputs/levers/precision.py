@@ -111,7 +111,7 @@ DECLARED: tuple[Lever, ...] = (
           reference="fp32", refused=_amp_refused,
           suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"),
           risk="numerics: checked by the precision guard against the fp32 loss",
-          applied=Applied("engine", f"{ENGINES}.base:autocast"),
+          applied=Applied("forward", f"{ENGINES}.base:autocast"),
           exported=Exported({"ds_config.json": "bf16.enabled / fp16.enabled",
                              "accelerate_config.yaml": "mixed_precision", "hf_training_args.json": "bf16 / fp16",
                              "torchtitan.toml": "mixed_precision_param",

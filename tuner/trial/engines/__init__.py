@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tuner.trial.engines import model_levers, stages
-from tuner.trial.engines.base import Engine, autocast
+from tuner.trial.engines.base import Engine
 from tuner.trial.engines.parallelize import parallelize
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
     from tuner.inputs.task import Task
 
-__all__ = ["Engine", "autocast", "build_engine", "prepare"]
+__all__ = ["Engine", "build_engine", "prepare"]
 
 
 def prepare(config: "Config", device: torch.device) -> None:

@@ -24,11 +24,15 @@ if TYPE_CHECKING:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast(device: torch.device, amp_dtype: str) -> ContextManager[Any]:
-    """Autocast for the forward pass; a no-op for fp32."""
-    if amp_dtype == "fp32":
+def autocast(config: "Config", device: torch.device) -> ContextManager[Any]:
+    """``amp_dtype``, a ``forward`` lever (:func:`tuner.trial.engines.stages.forward`):
+    autocast around each forward; nothing for fp32, and nothing under DeepSpeed, whose
+    bf16 / fp16 engine holds half-precision weights itself (its config's ``bf16`` /
+    ``fp16`` block) and turns an outer autocast off on CUDA (0.19): the inputs are cast
+    instead (:meth:`.deepspeed_engine.DeepSpeedEngine.forward`)."""
+    if config.amp_dtype == "fp32" or config.engine == "deepspeed":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[amp_dtype])
+    return torch.autocast(device_type=device.type, dtype=DTYPES[config.amp_dtype])
 
 
 class Engine(ABC):
@@ -71,8 +75,12 @@ class Engine(ABC):
         """Gradients of ``loss``, accumulated; synchronised across ranks when ``last``."""
 
     def forward_backward(self, batch: Any, last: bool) -> torch.Tensor:
-        """Both halves, for a caller with nothing to agree on in between."""
-        loss = self.forward(batch, last)
+        """Both halves, for a caller with nothing to agree on in between; the forward under
+        the ``forward`` levers' contexts, as the trial's loop runs it."""
+        from tuner.trial.engines import stages
+
+        with stages.forward(self.config, self.device):
+            loss = self.forward(batch, last)
         self.backward(loss, last)
         return loss.detach()
 

@@ -41,7 +41,7 @@ def compile_kwargs(config: "Config") -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def attention_kernel(config: "Config") -> Iterator[None]:
+def attention_kernel(config: "Config", device: torch.device) -> Iterator[None]:
     """The forward under ``torch.nn.attention.sdpa_kernel`` with the one backend asked for
     (its backward is the same kernel's). A backend that cannot take the inputs raises in
     the forward ("No available kernel"), and the trial records that in one line."""

@@ -92,7 +92,7 @@ class Parallelized:
 def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch.device,
                 world_size: int) -> Parallelized:
     """Prepare ``module`` for ``config`` on this rank, in the order of the module's docstring."""
-    lay = layouts.of(config.params(), world_size)
+    lay = config.layout(world_size)
     mesh = None
     if lay.model_parallel or lay.shard:
         ensure_process_group(device)  # one rank still shards, over a world of one
@@ -119,7 +119,7 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
             model_levers.find_blocks(part, task if lay.pp == 1 else None)
         if not lay.model_parallel and (lay.shard or checkpointing != "none" or config.compile):
             notes.append(found)  # which blocks the levers used, and how they were found
-        notes += stages.model(stages.Part(part, blocks, config, recompute))
+        notes += stages.model(stages.Part(part, blocks, config, recompute, device))
         if lay.shard:
             # Pipeline stages run each block's backward per micro-batch: resharding after the
             # forward would all-gather again for every one (torchtitan keeps them gathered too).

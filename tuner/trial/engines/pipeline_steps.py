@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from tuner.inputs import layout as layouts
 from tuner.trial import pipeline_stages
-from tuner.trial.engines.base import autocast
 from tuner.trial.engines.pipeline_clock import PipelineClock
 
 if TYPE_CHECKING:
@@ -98,11 +97,10 @@ class PipelineSteps:
         self.pending = []
         losses: list[torch.Tensor] = []
         stage = self.layout.coordinates(dist.get_rank())[0]
-        with autocast(self.device, self.config.amp_dtype):
-            if stage == 0:
-                self.clock.step(self.schedule.step, inputs, target=target, losses=losses)
-            else:
-                self.clock.step(self.schedule.step, target=target, losses=losses)
+        if stage == 0:
+            self.clock.step(self.schedule.step, inputs, target=target, losses=losses)
+        else:
+            self.clock.step(self.schedule.step, target=target, losses=losses)
         total = torch.stack([x.detach().float() for x in losses]).sum() if losses \
             else torch.zeros((), device=self.device)
         dist.broadcast(total, group=self.mesh["pp"].get_group(), group_src=self.layout.pp - 1)

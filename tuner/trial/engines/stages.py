@@ -1,6 +1,6 @@
 """The levers a trial applies at a stage, in one pass over the registry each (the stages of
 :class:`tuner.inputs.lever.Stage` that no engine names a lever for): the contexts around
-each forward (``forward``: the attention kernel), the model converters run before the
+each forward (``forward``: autocast, the attention kernel), the model converters run before the
 engine wraps the model (``convert``: low-precision layers, a fused loss), which may hand back what
 must run after each optimizer step, what each part of the model this rank keeps gets on
 its blocks (``model``: checkpointing, compile, the memory format), and what the optimizer
@@ -24,14 +24,15 @@ if TYPE_CHECKING:
 
 
 @contextlib.contextmanager
-def forward(config: "Config") -> Iterator[None]:
-    """Every ``forward`` lever's context, entered in declaration order when this is (not
-    when it is made: the recompute of a checkpointed block makes it in the forward and
-    enters it in the backward)."""
+def forward(config: "Config", device: torch.device) -> Iterator[None]:
+    """Every ``forward`` lever's context (``(config, device)`` -> a context manager: autocast,
+    the attention kernel), entered in declaration order when this is (not when it is made:
+    the recompute of a checkpointed block makes it in the forward and enters it in the
+    backward). A pipeline schedule runs its stages' backward inside it too."""
     with contextlib.ExitStack() as stack:
         for lever in LEVERS.values():
             if lever.applied.stage == "forward":
-                stack.enter_context(resolve(lever.applied.function)(config))
+                stack.enter_context(resolve(lever.applied.function)(config, device))
         yield
 
 
@@ -50,16 +51,17 @@ def convert(module: torch.nn.Module, config: "Config") -> list[Callable[[], None
 class Part:
     """What a ``model`` lever's function gets: one part of the model this rank keeps (the
     whole model, or a pipeline stage), its repeated blocks, the configuration, the timer of
-    checkpointed blocks' recompute (:class:`.model_levers.Recompute`)."""
+    checkpointed blocks' recompute (:class:`.model_levers.Recompute`), the device."""
 
     module: torch.nn.Module
     blocks: list[torch.nn.Module]
     config: "Config"
     recompute: Any
+    device: torch.device
 
     def forward(self) -> ContextManager[None]:
         """The forward levers' contexts (entered again around a checkpointed block's recompute)."""
-        return forward(self.config)
+        return forward(self.config, self.device)
 
 
 def optimizer(opt: torch.optim.Optimizer, config: "Config") -> torch.optim.Optimizer:

@@ -6,7 +6,8 @@ layout (tensor parallelism, pipeline stages, FSDP2 or ``replicate`` over the dat
 dimension). This engine runs its steps the same way for all of them (issue 35: one path for
 what were the torch, FSDP and layout engines):
 
-- Each micro-batch is the task's ``compute_loss`` under autocast, its loss divided by the
+- Each micro-batch is the task's ``compute_loss`` (under the forward levers' autocast, entered by
+  the loop: :func:`.stages.forward`), its loss divided by the
   accumulation; gradients are communicated only on the micro-batch that closes it (DDP's
   ``require_backward_grad_sync``, FSDP2's ``set_requires_gradient_sync``).
 - With pipeline stages the step's micro-batches go through the schedule together
@@ -28,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from tuner.trial.engines import data_parallel
-from tuner.trial.engines.base import OwnLoopEngine, autocast
+from tuner.trial.engines.base import OwnLoopEngine
 
 if TYPE_CHECKING:
     from tuner.harness.comm import CommTimer
@@ -80,10 +81,9 @@ class TorchEngine(OwnLoopEngine):
         (once, for the rest of the trial) where the task's code cannot take them."""
         lp = self.loss_parallel
         if lp is None or not lp.on:
-            with autocast(self.device, self.config.amp_dtype):
-                return self.compute_loss(self.model, batch)
+            return self.compute_loss(self.model, batch)
         try:
-            with lp.context(), autocast(self.device, self.config.amp_dtype):
+            with lp.context():
                 return lp.local(self.compute_loss(self.model, batch))
         except torch.OutOfMemoryError:
             raise
