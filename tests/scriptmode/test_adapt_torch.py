@@ -281,3 +281,27 @@ def test_a_script_that_never_steps_an_optimizer_says_so_in_one_line(tmp_path):
     assert m.failures == 1 and m.reason.startswith(
         "the script ended without a measured window: it ended after 5 optimizer step(s), and the window needs at "
         "least 10"), m.reason
+
+
+GPU_ONLY = '''
+import torch
+
+if not torch.accelerator.is_available():
+    print("Unable to locate sufficient 2 gpus to run this example. Exiting.")
+    exit()
+torch.nn.Linear(8, 1)(torch.randn(4, 8)).sum().backward()
+'''
+
+
+def test_a_script_that_exits_before_training_is_stopped_with_its_own_words_first(tmp_path):
+    """pytorch/examples' FSDP2 example prints that it lacks GPUs and calls ``exit()``: the
+    SystemExit went past the adapter's count, the look said "did it train for the warm-up and
+    measured steps?", and a trial ran to say the same with the script's line cut off. The
+    count now runs at ``exit()`` too, and the one line leads with what the script printed."""
+    (tmp_path / "gpu_only.py").write_text(GPU_ONLY)
+    recipe = _recipe(tmp_path, script=str(tmp_path / "gpu_only.py"), args=[], knobs={},
+                     space={"micro_batch_size": [16]})
+    with pytest.raises(RecipeError, match=r'^adapt: torch: the script printed "Unable to locate sufficient 2 gpus to '
+                                          r'run this example. Exiting." and ended without a measured window: it ran '
+                                          r"no backward pass and no optimizer step"):
+        tuner.measure(recipe)

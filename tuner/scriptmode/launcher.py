@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
-from tuner.scriptmode.output_log import TRACEBACK, error_block, own_frame, progress_line, tail
+from tuner.scriptmode.adapters.progress import NEVER_STEPPED
+from tuner.scriptmode.output_log import TRACEBACK, error_block, last_line, own_frame, progress_line, tail
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
 from tuner.stats.prune import checks as prune_checks
@@ -236,14 +237,17 @@ def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
         return State.OOM, f"out of memory: {said}"
     if code == 0:
         seen = progress_line(log)  # an adapted script's own count of what it did (adapters.progress)
+        said_last = last_line(log)
+        if seen is not None and NEVER_STEPPED[1] in seen and said_last:  # it stopped before training: its words first
+            return State.ERROR, f"the script printed \"{said_last}\" and {seen.removeprefix('the script ')} ({where})"
         if seen is not None:
             return State.ERROR, f"{seen} ({where})"
+        finished = "the script finished without reporting" + (f' (its last line: "{said_last}")' if said_last else "")
         if adapt:  # the adapter measures the library's steps: no tuner.Probe is the script's to add
-            return State.ERROR, (f"the script finished without reporting: adapt: {adapt} measures its library's "
-                                 "training steps; did it train for the warm-up and measured steps? "
-                                 f"({where}); output ends: {tail(log)}")
-        return State.ERROR, ("the script finished without reporting: does it use tuner.Probe (probe.loader and "
-                             f"probe.step) for at least warm-up + measure steps? ({where}); output ends: {tail(log)}")
+            return State.ERROR, (f"{finished}: adapt: {adapt} measures its library's training steps; did it train "
+                                 f"for the warm-up and measured steps? ({where}); output ends: {tail(log)}")
+        return State.ERROR, (f"{finished}: does it use tuner.Probe (probe.loader and probe.step) for at least warm-up "
+                             f"+ measure steps? ({where}); output ends: {tail(log)}")
     return State.ERROR, said
 
 

@@ -78,6 +78,26 @@ def progress_line(log: Path) -> str | None:
     return None
 
 
+_NOT_THE_SCRIPTS_LINES = re.compile(r"^(?:tuner:|\*+$|Setting OMP_NUM_THREADS|[IWEF]\d{4} \d\d:\d\d:\d\d)")
+"""The launcher's command line and the tuner's own, torchrun's banner and its log lines."""
+
+
+def last_line(log: Path) -> str | None:
+    """The last line the script printed (a rank's prefix taken off; not the launcher's, the
+    tuner's or torchrun's), or ``None``: what a script that stopped before training says of why
+    (pytorch/examples' FSDP2 example: "Unable to locate sufficient 2 gpus to run this example.
+    Exiting.", then ``exit()``)."""
+    try:
+        lines = log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        line = _RANK_PREFIX.sub("", line.strip()).strip()
+        if line and not _NOT_THE_SCRIPTS_LINES.match(line):
+            return line[:300]
+    return None
+
+
 def tail(log: Path) -> str:
     """The output's last :data:`TAIL_CHARS`, its lines joined by `` | ``."""
     try:
@@ -93,4 +113,5 @@ def without_traceback(reason: str) -> str:
     return reason.split(TRACEBACK)[0]
 
 
-__all__ = ["TAIL_CHARS", "TRACEBACK", "error_block", "own_frame", "progress_line", "tail", "without_traceback"]
+__all__ = ["TAIL_CHARS", "TRACEBACK", "error_block", "last_line", "own_frame", "progress_line", "tail",
+           "without_traceback"]

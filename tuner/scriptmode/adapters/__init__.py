@@ -75,14 +75,20 @@ def main(argv: list[str] | None = None) -> int:
         own.install(mode, trial)
     else:
         _installer(mode)(config(), trial)
-    if argv[0] == "-m" and len(argv) > 1:  # a module: python -m pkg.train
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        script = Path(argv[0]).resolve()
-        sys.argv = [str(script), *argv[1:]]
-        sys.path.insert(0, str(script.parent))
-        runpy.run_path(str(script), run_name="__main__")
+    needed = 2 if trial.get("look") else int(trial.get("warmup") or 0) + int(trial.get("measure") or 0)
+    try:
+        if argv[0] == "-m" and len(argv) > 1:  # a module: python -m pkg.train
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = Path(argv[0]).resolve()
+            sys.argv = [str(script), *argv[1:]]
+            sys.path.insert(0, str(script.parent))
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:  # exit() / sys.exit(0) ends a script as its return does
+        if progress is not None and exc.code in (None, 0):
+            progress.say(needed)
+        raise
     if progress is not None:  # back here: the script returned, and nothing ended it after a report
-        progress.say(2 if trial.get("look") else int(trial.get("warmup") or 0) + int(trial.get("measure") or 0))
+        progress.say(needed)
     return 0

@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-MARK = "tuner: the script ended without a measured window: "
+ENDED = "ended without a measured window: "
+MARK = f"tuner: the script {ENDED}"
 """How the line starts in the trial's output (:func:`tuner.scriptmode.launcher` reads it)."""
 
 
@@ -26,7 +27,7 @@ NEVER_STEPPED = ("no torch.optim optimizer step", "no backward pass and no optim
 
 def never_stepped(reason: str | None) -> bool:
     """Whether a run's reason is a script that made no optimizer step (:meth:`Progress.why`)."""
-    return bool(reason) and MARK[len("tuner: "):] in str(reason) and any(s in str(reason) for s in NEVER_STEPPED)
+    return bool(reason) and ENDED in str(reason) and any(s in str(reason) for s in NEVER_STEPPED)
 
 
 class Progress:
