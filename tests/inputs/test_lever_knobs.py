@@ -11,6 +11,7 @@ import tomllib
 
 from tuner.inputs import export
 from tuner.inputs.errors import RecipeError
+from tuner.inputs.levers.precision import LIGHTNING_PRECISION
 from tuner.inputs.space import Machine, conflict, make_config, numerics, parse_space, reference_knobs, restrict
 
 from conftest import parsed_by_lightning_cli, run
@@ -124,7 +125,7 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
 def _read_back_by_lightning_cli(config, tmp_path):
     """lightning_trainer.yaml through LightningCLI's own parser."""
     parsed = parsed_by_lightning_cli(export.lightning_trainer(config, 2, cuda=False), tmp_path)
-    assert parsed.trainer.precision == export.LIGHTNING_PRECISION[config.amp_dtype]
+    assert parsed.trainer.precision == LIGHTNING_PRECISION[config.amp_dtype]
     assert parsed.trainer.accumulate_grad_batches == config.grad_accum_steps and parsed.trainer.devices == 2
     assert parsed.data.batch_size == config.micro_batch_size and parsed.data.num_workers == config.num_workers
     strategy = parsed.trainer.strategy

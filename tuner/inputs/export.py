@@ -16,8 +16,6 @@ from tuner.inputs.exports.trainers import (
                                            hf_training_args,
                                            lightning_trainer,
 )
-from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION, LIGHTNING_PRECISION
 
-__all__ = ["ACCELERATE_MIXED_PRECISION", "HF_LEVER_FIELDS", "HF_LEVER_OFF", "LIGHTNING_PRECISION", "TITAN_SCHEDULES",
-           "accelerate_config", "dataloader_kwargs", "ds_config", "hf_training_args", "lightning_trainer",
-           "torch_settings", "torchtitan_toml"]
+__all__ = ["HF_LEVER_FIELDS", "HF_LEVER_OFF", "TITAN_SCHEDULES", "accelerate_config", "dataloader_kwargs", "ds_config",
+           "hf_training_args", "lightning_trainer", "torch_settings", "torchtitan_toml"]

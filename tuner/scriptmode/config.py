@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from tuner.inputs import export, levers
 from tuner.inputs.levers import LEVERS
+from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
 from tuner.inputs.space import Config
 from tuner.scriptmode.trialfile import read_trial
 
@@ -86,7 +87,7 @@ class _TrialFields:
 
     def accelerate_kwargs(self) -> dict[str, Any]:
         """``Accelerator(**cfg.accelerate_kwargs())``."""
-        return {"mixed_precision": export.ACCELERATE_MIXED_PRECISION[self.amp_dtype],
+        return {"mixed_precision": ACCELERATE_MIXED_PRECISION[self.amp_dtype],
                 "gradient_accumulation_steps": self.grad_accum_steps}
 
     def hf_training_args(self) -> dict[str, Any]:
