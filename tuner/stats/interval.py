@@ -204,8 +204,8 @@ def paired(diffs: Sequence[float], run_wide: tuple[float, int] = (0.0, 0)) -> Sl
     n = len(diffs)
     if n == 0:
         return None
-    mean = math.fsum(diffs) / n
-    own_ss, own_dof = math.fsum((d - mean) ** 2 for d in diffs), n - 1
+    mean, own_ss = _moments(diffs)
+    own_dof = n - 1
     if run_wide[1] > own_dof:
         var, dof = 2 * run_wide[0] / run_wide[1], run_wide[1]
     elif own_dof >= 1:
@@ -282,8 +282,8 @@ def contrast(now: Sequence[float], then: tuple[LogStats, LogStats],
     n = len(now)
     if n - 1 < MIN_DOF or then[0].n == 0 or then[1].n == 0:
         return None
-    now_mean = math.fsum(now) / n
-    now_var = math.fsum((d - now_mean) ** 2 for d in now) / (n - 1) / n
+    now_mean, now_ss = _moments(now)
+    now_var = now_ss / (n - 1) / n
     ss, dof = spread(then)
     if dof < MIN_DOF and then_wide[1] > dof:
         ss, dof = then_wide
@@ -299,6 +299,13 @@ def contrast(now: Sequence[float], then: tuple[LogStats, LogStats],
     half = t_quantile(welch) * math.sqrt(total)
     return Slowdown(_slower(diff), _slower(diff - half), _slower(diff + half), (n, min(then[0].n, then[1].n)),
                     welch, pairs=n)
+
+
+def _moments(diffs: Sequence[float]) -> tuple[float, float]:
+    """The mean of a run's per-round differences and their sum of squared deviations (what
+    :func:`paired` and :func:`contrast` read of the rounds measured now)."""
+    mean = math.fsum(diffs) / len(diffs)
+    return mean, math.fsum((d - mean) ** 2 for d in diffs)
 
 
 def _slower(log_ratio: float) -> float:
