@@ -25,7 +25,7 @@ from tuner.inputs.levers import LEVERS
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode import adapters, gpus, prewarm, slurm
 from tuner.scriptmode.adapters.progress import NEVER_STEPPED
-from tuner.scriptmode.output_log import TRACEBACK, error_block, last_line, own_frame, progress_line, tail
+from tuner.scriptmode.output_log import OUTPUT_ENDS, TRACEBACK, error_block, last_line, own_frame, progress_line, tail
 from tuner.scriptmode.trialfile import Report, read_result
 from tuner.stats.prune import PruneBar
 from tuner.stats.prune import checks as prune_checks
@@ -170,7 +170,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
                     break
                 if time.monotonic() - began > limit:
                     state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
-                                                  f"recipe timeout_s); output ends: {tail(log_path)}")
+                                                  f"recipe timeout_s){OUTPUT_ENDS}{tail(log_path)}")
                     break
                 time.sleep(POLL_S)
         finally:
@@ -232,7 +232,7 @@ def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
         at = f" at {frame}" if (frame := own_frame(block)) else ""
         said = f"{error} (the script exited with status {code}{at} before reporting; {where}){TRACEBACK}{block}"
     else:
-        said = f"the script exited with status {code} before reporting ({where}); output ends: {tail(log)}"
+        said = f"the script exited with status {code} before reporting ({where}){OUTPUT_ENDS}{tail(log)}"
     if "out of memory" in said.lower():
         return State.OOM, f"out of memory: {said}"
     if code == 0:
@@ -245,9 +245,9 @@ def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
         finished = "the script finished without reporting" + (f' (its last line: "{said_last}")' if said_last else "")
         if adapt:  # the adapter measures the library's steps: no tuner.Probe is the script's to add
             return State.ERROR, (f"{finished}: adapt: {adapt} measures its library's training steps; did it train "
-                                 f"for the warm-up and measured steps? ({where}); output ends: {tail(log)}")
+                                 f"for the warm-up and measured steps? ({where}){OUTPUT_ENDS}{tail(log)}")
         return State.ERROR, (f"{finished}: does it use tuner.Probe (probe.loader and probe.step) for at least warm-up "
-                             f"+ measure steps? ({where}); output ends: {tail(log)}")
+                             f"+ measure steps? ({where}){OUTPUT_ENDS}{tail(log)}")
     return State.ERROR, said
 
 

@@ -15,6 +15,8 @@ TAIL_CHARS = 1500
 """How much of a failed trial's output its reason carries."""
 TRACEBACK = "; its traceback: "
 """Where a failed trial's reason goes on to the script's traceback (:func:`without_traceback`)."""
+OUTPUT_ENDS = "; output ends: "
+"""Where a failed trial's reason goes on to its output's tail (:func:`tail`, :func:`without_tail`)."""
 
 _ERROR_LINE = re.compile(r"^(?:\[(?:rank|default)\d+\]:\s*)?([\w.]*(?:Error|Exception|Interrupt)\b.*)$")
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
@@ -107,11 +109,16 @@ def tail(log: Path) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines() if line.strip())[-TAIL_CHARS:]
 
 
+def without_tail(reason: str) -> str:
+    """A failed trial's reason up to its output's tail (:data:`OUTPUT_ENDS`)."""
+    return reason.split(OUTPUT_ENDS)[0]
+
+
 def without_traceback(reason: str) -> str:
     """A failed trial's reason up to its traceback: the error, its line and where the output is
     (what a console row or a one-line stop says; the log and ``trials.csv`` keep the rest)."""
     return reason.split(TRACEBACK)[0]
 
 
-__all__ = ["TAIL_CHARS", "TRACEBACK", "error_block", "last_line", "own_frame", "progress_line", "tail",
-           "without_traceback"]
+__all__ = ["OUTPUT_ENDS", "TAIL_CHARS", "TRACEBACK", "error_block", "last_line", "own_frame", "progress_line",
+           "tail", "without_tail", "without_traceback"]

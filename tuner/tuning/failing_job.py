@@ -12,7 +12,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Sequence
 
-from tuner.scriptmode.output_log import without_traceback
+from tuner.scriptmode.output_log import without_tail, without_traceback
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ STOP_CHARS = 200
 
 def signature(reason: str | None) -> str:
     """A failure's reason without its details (the output's tail, a trial's own paths)."""
-    text = without_traceback((reason or "").split("; output ends")[0])
+    text = without_traceback(without_tail(reason or ""))
     return re.sub(r"\(the script exited[^)]*\)|\(whole output: [^)]*\)|whole output: \S+", "", text).split(" at /")[0]
 
 
@@ -38,7 +38,7 @@ def headline(reason: str | None, why: str) -> str:
     output is, then ``why`` where it fits."""
     text = reason or "no reason recorded"
     found = re.search(r"whole output: (\S+?)[);]", text + ";")
-    own = without_traceback(text.split(" (the script exited")[0].split("; output ends")[0])
+    own = without_traceback(without_tail(text.split(" (the script exited")[0]))
     at = re.search(r"\(the script exited with status -?\d+ at ([^;)]+?) before reporting", text)
     frame = f" at {at.group(1)}" if at else ""  # kept whole: the error's words give way first
     where = f"whole output: {_short(found.group(1))}" if found else ""
