@@ -14,36 +14,26 @@ if TYPE_CHECKING:
     from tuner.inputs.space import Config
 
 def ds_config(config: "Config", world_size: int, cuda: bool = False) -> dict[str, Any]:
-    """A DeepSpeed config: batch sizes, ZeRO stage and its communication and offload
-    settings, precision.
+    """A DeepSpeed config: batch sizes, then what each lever writes (the ZeRO block's keys:
+    :mod:`tuner.inputs.levers.sharding`; precision: :mod:`tuner.inputs.levers.precision`).
 
-    ``train_batch_size`` = micro x accumulation x world size, as DeepSpeed checks. The
-    ZeRO keys are written only for the stages that read them, and always explicitly:
-    DeepSpeed's own default for ``overlap_comm`` differs by stage (on for ZeRO-3).
-    Offload pins its host buffers on CUDA (a pageable copy is a synchronous one), and keeps
-    the job's own optimizer, the one the trial stepped on the host partitions (DeepSpeed
-    otherwise refuses any optimizer but its CPU Adam under offload).
+    ``train_batch_size`` = micro x accumulation x world size, as DeepSpeed checks. Offload
+    pins its host buffers on CUDA (a pageable copy is a synchronous one): the machine's, not
+    a lever's.
     """
-    zero: dict[str, Any] = {"stage": config.zero_stage}
-    if config.zero_stage >= 1:
-        zero["overlap_comm"] = config.overlap_comm
-        zero["reduce_bucket_size"] = config.reduce_bucket_size
-    if config.zero_stage in (1, 2):
-        zero["allgather_bucket_size"] = config.allgather_bucket_size
-    if config.zero_stage >= 1 and config.offload_optimizer != "none":
-        zero["offload_optimizer"] = {"device": config.offload_optimizer, "pin_memory": cuda}
     out: dict[str, Any] = {
         "train_batch_size": config.micro_batch_size * config.grad_accum_steps * _dp(config, world_size),
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
-        "zero_optimization": zero,
+        "zero_optimization": {},
         "bf16": {"enabled": False},  # the precision lever's export enables its own
         "fp16": {"enabled": False},
     }
-    if "offload_optimizer" in zero:
-        out["zero_force_ds_cpu_optimizer"] = False
     for fragment in lever_fragments(config, "ds_config.json", world_size):
         merge_dict(out, fragment)
+    offload = out["zero_optimization"].get("offload_optimizer")
+    if offload is not None:
+        offload["pin_memory"] = cuda
     return out
 
 
