@@ -171,7 +171,7 @@ NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segment
 def test_a_lever_added_through_the_registry_is_named_in_at_most_three_modules(name: str) -> None:
     """Its declaration, its functions, and at most one more: every layer reads the rest from
     the registry (the stages, the exports, the memory model, the diagnosis, the routes)."""
-    assert len(_naming(name)) <= 3, _naming(name)
+    assert len(_naming(name, imports=True)) <= 3, _naming(name, imports=True)
 
 
 OLD_LEVERS = ("fsdp", "pipeline_parallel", "activation_checkpointing", "tensor_parallel")
@@ -187,9 +187,12 @@ def test_the_layout_and_checkpointing_levers_are_named_in_at_most_six_modules(na
     assert len(_naming(name)) <= 6, _naming(name)
 
 
-def _naming(name: str) -> list[str]:
+def _naming(name: str, imports: bool = False) -> list[str]:
     """The modules of ``tuner/`` whose text holds ``name`` as a whole word (code, docstrings,
-    messages; a PyTorch module path such as ``torch.distributed.fsdp`` included). The
+    messages; a PyTorch module path such as ``torch.distributed.fsdp`` included), and with
+    ``imports`` those that import from the trial's module of the lever's functions a name
+    whose definition holds it (loop.py once imported ``compile_mode``'s ``GraphShapes`` and
+    escaped a count of words; :func:`_importing`). The
     registry package counts once: a lever's family module and :mod:`~tuner.inputs.levers.orders`
     (the index of where every lever stands) are its one declaration."""
     import re
@@ -198,5 +201,43 @@ def _naming(name: str) -> list[str]:
     registry = Path(levers.__file__).resolve().parent
     root = registry.parents[1]
     named = {str(p.relative_to(root)) for p in root.rglob("*.py") if word.search(p.read_text())}
+    if imports:  # the lever's own trial modules import each other's functions: its functions, not a coupling
+        coupled = _coupled(name, word, root)
+        named |= {str(p.relative_to(root)) for p in root.rglob("*.py")
+                  if ".".join(p.relative_to(root.parent).with_suffix("").parts) not in coupled
+                  and _importing(p.read_text(), coupled)}
     here = {m for m in named if m.startswith(str(registry.relative_to(root)))}
     return sorted((named - here) | ({"inputs/levers/"} if here else set()))
+
+
+def _coupled(name: str, word: Any, root: Path) -> dict[str, set[str]]:
+    """The trial's modules of the lever's functions (its ``applied`` ones; the registry is
+    every layer's to read), each with the names defined there whose definition names it."""
+    lever = LEVERS[name]
+    coupled: dict[str, set[str]] = {}
+    for ref in (lever.applied.function, lever.applied.each_batch):
+        module = ref.partition(":")[0]
+        if not module.startswith("tuner.trial."):
+            continue
+        source = (root.parent / (module.replace(".", "/") + ".py")).read_text()
+        coupled[module] = {node.name for node in ast.parse(source).body
+                           if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+                           and word.search(ast.get_source_segment(source, node) or "")}
+    return coupled
+
+
+def _importing(source: str, coupled: dict[str, set[str]]) -> bool:
+    """Whether a module's ``source`` imports one of ``coupled``'s names from its module."""
+    return any(isinstance(node, ast.ImportFrom) and node.module in coupled
+               and any(alias.name in coupled[node.module] for alias in node.names)
+               for node in ast.walk(ast.parse(source)))
+
+
+def test_the_count_of_modules_naming_a_lever_sees_an_import_of_its_functions() -> None:
+    """The three-module count can fail on coupling through an import, not only on a word."""
+    import re
+
+    root = Path(levers.__file__).resolve().parents[2]
+    coupled = _coupled("compile_mode", re.compile(r"\bcompile_mode\b"), root)
+    assert _importing("from tuner.trial.engines.gpu_levers import GraphShapes\n", coupled)
+    assert not _importing("from tuner.trial.engines.gpu_levers import attention_kernel\n", coupled)

@@ -131,13 +131,15 @@ def test_the_exports_carry_every_lever_as_measured():
 
 
 def test_a_change_of_batch_shape_stops_a_graphed_trial():
+    """``compile_mode``'s check of each micro-batch, as the loop gets it: from the stage's pass
+    over the levers that declare one (``Applied.each_batch``), only where CUDA graphs record."""
     config, _ = make_config({"compile": True, "compile_mode": "reduce-overhead"}, 8, 1, H100)
-    watch = GraphShapes.of(config)
-    assert watch is not None
-    watch.see({"input_ids": torch.zeros(8, 128), "labels": torch.zeros(8, 128)})
-    watch.see({"labels": torch.zeros(8, 128), "input_ids": torch.zeros(8, 128)})
+    assert stages.batch_checks(make_config({"compile": True}, 8, 1, H100)[0]) == []
+    [check] = stages.batch_checks(config)
+    check({"input_ids": torch.zeros(8, 128), "labels": torch.zeros(8, 128)})
+    check({"labels": torch.zeros(8, 128), "input_ids": torch.zeros(8, 128)})
     with pytest.raises(tuner.TrialError, match="the batches change shape"):
-        watch.see({"input_ids": torch.zeros(8, 97), "labels": torch.zeros(8, 97)})
+        check({"input_ids": torch.zeros(8, 97), "labels": torch.zeros(8, 97)})
 
 
 class _Ops(TorchDispatchMode):

@@ -59,6 +59,10 @@ class Applied:
     kwarg_at_default: bool = True
     """Whether the keyword is passed at its default too (``False`` for one only recent
     DataLoaders take: a pasted ``dataloader.json`` then runs on an older PyTorch)."""
+    each_batch: str = ""
+    """``module:function``, ``(config)`` -> a check the trial's loop runs on each micro-batch
+    before its forward, or ``None`` where the configuration needs none (CUDA graphs record
+    again for every new input shape: the trial stops at the first)."""
     env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
     """For a lever a process reads from its environment at start (the CUDA allocator's
     settings): ``(value, the environment so far)`` -> the variables a script trial's process

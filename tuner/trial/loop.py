@@ -20,11 +20,9 @@ from tuner.harness.comm import CommTimer
 from tuner.harness.metrics import Window, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.flops import holds_convolutions
-from tuner.inputs import layout
 from tuner.stats.prune import checks as prune_checks
 from tuner.trial.data import cycle, make_loader, shutdown, to_device, warmup_steps
 from tuner.trial.engines import build_engine, stages
-from tuner.trial.engines.gpu_levers import GraphShapes
 from tuner.trial.failures import TrialStop, classify
 from tuner.trial.trial_result import Instruments, PruneRule, State
 
@@ -71,7 +69,8 @@ class TrialLoop:
         self.measured_steps = 0
         self.first_step_s: float | None = None
         self.compiled_before: float | None = None
-        self.graph_shapes = GraphShapes.of(config)
+        self.batch_checks = stages.batch_checks(config)
+        """The levers' checks of each micro-batch before its forward (CUDA graphs' shapes)."""
 
     def build(self) -> None:
         recipe, config, ctx = self.recipe, self.config, self.ctx
@@ -101,8 +100,8 @@ class TrialLoop:
         batches = probe.loader(self.batches, transfer=self._transfer())
         # this rank's share of the global batch: the ranks of one model copy (tensor and
         # pipeline parallel) train the same samples, so together they count them once
-        samples = config.micro_batch_size * config.grad_accum_steps * layout.data_parallel(
-            config.params(), self.ctx.world_size) / self.ctx.world_size
+        samples = config.micro_batch_size * config.grad_accum_steps * config.layout(self.ctx.world_size).dp \
+            / self.ctx.world_size
         checks = prune_checks(steps.most) if self.prune is not None else frozenset()
         step_loss = torch.zeros((), device=self.ctx.device)
         with contextlib.ExitStack() as stack:
@@ -175,8 +174,8 @@ class TrialLoop:
         and the others meet it there (one agreement each: the collectives pair up)."""
         loss, failure = None, None
         try:
-            if self.graph_shapes is not None:
-                self.graph_shapes.see(batch)
+            for check in self.batch_checks:
+                check(batch)
             with stages.forward(self.config, self.ctx.device):
                 loss = self.engine.forward(batch, last)
         except Exception as exc:  # noqa: BLE001 - classified, agreed, then raised as TrialStop

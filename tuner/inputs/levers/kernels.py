@@ -152,7 +152,7 @@ DECLARED: tuple[Lever, ...] = (
           refusal=_graphs_refusal,
           risk="max-autotune compiles for minutes on first use (inductor's cache keeps it); reduce-overhead's CUDA "
                "graphs hold static memory and record again for every new input shape", label="mode={}",
-          applied=Applied("model", "tuner.trial.engines.model_levers:compiling"),
+          applied=Applied("model", "tuner.trial.engines.model_levers:compiling", each_batch=f"{APPLY}:graph_shapes"),
           exported=Exported({"hf_training_args.json": "torch_compile_mode",
                              "accelerate_config.yaml": "dynamo_config.dynamo_mode", "torchtitan.toml": "comment",
                              "torch_settings.py": "block.compile(mode=...)"},

@@ -149,6 +149,12 @@ def _shapes(batch: Any) -> tuple[Any, ...]:
     return ()
 
 
+def graph_shapes(config: "Config") -> Callable[[Any], None] | None:
+    """``compile_mode``'s check of each micro-batch (:func:`tuner.trial.engines.stages.batch_checks`)."""
+    watch = GraphShapes.of(config)
+    return watch.see if watch is not None else None
+
+
 class GraphShapes:
     """``compile_mode: reduce-overhead`` records a CUDA graph for every new input shape and
     keeps each one's memory: a task whose batches change shape (variable sequence lengths)

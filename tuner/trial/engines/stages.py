@@ -64,6 +64,17 @@ class Part:
         return forward(self.config, self.device)
 
 
+def batch_checks(config: "Config") -> list[Callable[[Any], None]]:
+    """What the loop runs on each micro-batch before its forward, from every lever that
+    declares a check (``Applied.each_batch``) and needs one in this configuration."""
+    checks = []
+    for make in dict.fromkeys(lever.applied.each_batch for lever in LEVERS.values() if lever.applied.each_batch):
+        check = resolve(make)(config)
+        if check is not None:
+            checks.append(check)
+    return checks
+
+
 def optimizer(opt: torch.optim.Optimizer, config: "Config") -> torch.optim.Optimizer:
     """Every ``optimizer`` lever applied to the optimizer the task (or the trial) built, in
     declaration order: each returns the optimizer to use."""
