@@ -65,6 +65,8 @@ def test_a_script_that_stopped_before_training_is_quoted_first(tmp_path):
                    "*****************************************\nSetting OMP_NUM_THREADS environment variable for each "
                    "process to be 1 in default\n*****************************************\n"
                    "[rank0]: Unable to locate sufficient 2 gpus. Exiting.\n"
+                   "[rank0]: /x/site-packages/lib.py:3: UserWarning: a warning's source echoed below it\n"
+                   "[rank0]:   warnings.warn(\n"
                    "W1205 23:57:01.123000 4242 torch/distributed/run.py:803] a launcher warning\n"
                    f"[rank0]: {MARK}{Progress().why(10)}\n")
     state, reason = launcher._exited(0, log, "torch")

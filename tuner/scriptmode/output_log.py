@@ -80,23 +80,25 @@ def progress_line(log: Path) -> str | None:
     return None
 
 
-_NOT_THE_SCRIPTS_LINES = re.compile(r"^(?:tuner:|\*+$|Setting OMP_NUM_THREADS|[IWEF]\d{4} \d\d:\d\d:\d\d)")
-"""The launcher's command line and the tuner's own, torchrun's banner and its log lines."""
+_NOT_THE_SCRIPTS_LINES = re.compile(r"^(?:tuner:|\*+$|Setting OMP_NUM_THREADS|[IWEF]\d{4} \d\d:\d\d:\d\d)"
+                                    r"|\b\w*Warning: ")
+"""The launcher's command line and the tuner's own, torchrun's banner and its log lines, a
+library's warning."""
 
 
 def last_line(log: Path) -> str | None:
     """The last line the script printed (a rank's prefix taken off; not the launcher's, the
-    tuner's or torchrun's), or ``None``: what a script that stopped before training says of why
-    (pytorch/examples' FSDP2 example: "Unable to locate sufficient 2 gpus to run this example.
-    Exiting.", then ``exit()``)."""
+    tuner's or torchrun's, nor a warning or an indented line), or ``None``: what a script
+    that stopped before training says of why (pytorch/examples' FSDP2 example: "Unable to
+    locate sufficient 2 gpus to run this example. Exiting.", then ``exit()``)."""
     try:
         lines = log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()
     except OSError:
         return None
-    for line in reversed(lines):
-        line = _RANK_PREFIX.sub("", line.strip()).strip()
-        if line and not _NOT_THE_SCRIPTS_LINES.match(line):
-            return line[:300]
+    for raw in reversed(lines):
+        line = _RANK_PREFIX.sub("", raw.strip())
+        if line.strip() and not line[0].isspace() and not _NOT_THE_SCRIPTS_LINES.search(line):
+            return line.strip()[:300]  # an indented line is a warning's or a traceback's source echo
     return None
 
 
