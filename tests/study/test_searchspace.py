@@ -35,6 +35,18 @@ def test_a_climb_that_did_not_win_moves_on_to_other_knobs():
     assert step == dict(BASE, amp_dtype="bf16")
 
 
+def test_a_step_up_in_workers_that_ties_the_best_climbs_on():
+    """One worker against none, measured 3% slower (within the run's noise), is no evidence
+    that more workers lose: the climb goes on to 2; 20% slower ends it, as an unmeasured
+    (pruned) step does."""
+    one = dict(BASE, num_workers=1, prefetch_factor=4, persistent_workers=True)
+    for measured, climbs in ((97.0, True), (80.0, False), (None, False)):
+        step = guided_next(SPACE, BASE, {"data_wait_share": 0.8, "samples_per_s": 100.0}, lambda k: k == one,
+                           rate=lambda k, m=measured: m if k == one else None).knobs
+        assert (step == dict(one, num_workers=2)) == climbs, (measured, step)
+        assert climbs or step == dict(BASE, amp_dtype="bf16")
+
+
 def test_no_data_wait_goes_straight_to_one_knob_at_a_time_largest_micro_first():
     tried = [dict(BASE, amp_dtype="bf16")]
     step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: k in tried).knobs

@@ -97,7 +97,7 @@ class Decider:
         self.proposers: list[proposers.Proposer] = [
             proposers.Baseline(self.baseline, _claim(self.baseline_config), self.workers),
             self._seed() if not self.known else proposers.PlanSeed(None),
-            proposers.GuidedWalk(space, self.verdicts)]
+            proposers.GuidedWalk(space, self.verdicts, lambda k: searchspace.config_key(self.config_of(k)))]
         """The chain that proposes each next trial, before the sampler (:mod:`tuner.tuning.proposing.proposers`)."""
         events.start(self.done(), len(self.known))
 

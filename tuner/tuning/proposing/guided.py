@@ -19,6 +19,12 @@ from tuner.study.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05
 """A data-wait share above this says the loader is (part of) the bottleneck."""
+CLIMB_TIE = 0.10
+"""A step up in loader workers that measured at most this much slower than the best is a tie,
+and the climb goes on to the next: one worker against none buys only the overlap of one
+reader with the step, so the two run alike where more workers win outright (the quick
+start's job: 458 against 453 samples/s, and 8 workers 8x), and one run on a busy machine
+moves 10% and more (41% seen). Read as a loss, such a tie ended the climb below the gain."""
 COORDINATE_ORDER = levers.by("walk")
 """Knobs tried one at a time around the best so far, the likeliest large effects first."""
 SMALLER_FIRST = ("memory-bound", "memory-bound (loader workers)")
@@ -47,13 +53,15 @@ class Step:
 
 def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str, Any],
                 tried: Callable[[dict[str, Any]], bool], verdicts: Sequence[Verdict] = (),
-                outcome: Callable[[dict[str, Any]], str | None] = lambda knobs: None) -> Step | None:
+                outcome: Callable[[dict[str, Any]], str | None] = lambda knobs: None,
+                rate: Callable[[dict[str, Any]], float | None] = lambda knobs: None) -> Step | None:
     """The next configuration one change away from the best so far (``incumbent``).
 
     While the loop waits on data (and the verdict is not that the host's cores are
     saturated), the next larger number of loader workers (persistent, deepest prefetch); a
-    step up that did not win ends the climb, since the incumbent then still has fewer
-    workers. Then a larger micro-batch that did not fit (``outcome`` says a state for
+    step up that lost ends the climb, since the incumbent then still has fewer workers, and
+    one that measured (``rate``: samples/s) within :data:`CLIMB_TIE` of the best goes on to
+    the next. Then a larger micro-batch that did not fit (``outcome`` says a state for
     what was tried), with activation checkpointing: what checkpointing is for. Then each
     other value of each knob, one knob at a time, the headline verdict's family first;
     larger micro-batches first unless memory is the limit, and along an :data:`ORDERED`
@@ -68,12 +76,16 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
     saturated = any(v.kind == "host-cpu-saturated" for v in verdicts)
     more = sorted(w for w in c["num_workers"] if w > start["num_workers"])
     wait = metrics.get("data_wait_share") or 0.0
-    if wait > WAIT_WORTH_FIXING and more and not saturated:
-        candidate = dict(start, num_workers=more[0], prefetch_factor=max(c["prefetch_factor"]))
+    best = metrics.get("samples_per_s")
+    for workers in more if wait > WAIT_WORTH_FIXING and not saturated else ():
+        candidate = dict(start, num_workers=workers, prefetch_factor=max(c["prefetch_factor"]))
         if True in c["persistent_workers"]:
             candidate["persistent_workers"] = True
         if not tried(candidate):
             return Step(candidate, f"data-bound: the loop waits for data {wait:.0%} of the step")
+        measured = rate(candidate)
+        if not (best and measured and measured >= (1 - CLIMB_TIE) * best):
+            break
     step = _checkpointed_larger(c, start, tried, outcome)
     if step is not None:
         return step

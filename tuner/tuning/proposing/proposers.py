@@ -83,14 +83,21 @@ class GuidedWalk:
     its order read from the best's verdicts."""
 
     def __init__(self, space: "Space",
-                 verdicts: Callable[[dict[str, Any] | None, dict[str, Any] | None], Sequence["Verdict"]]) -> None:
-        self.space, self.verdicts = space, verdicts
+                 verdicts: Callable[[dict[str, Any] | None, dict[str, Any] | None], Sequence["Verdict"]],
+                 key_of: Callable[[Mapping[str, Any]], tuple] | None = None) -> None:
+        self.space, self.verdicts, self.key_of = space, verdicts, key_of
+        """``key_of``: the key of :attr:`Round.known` a configuration's knobs have."""
 
     def propose(self, now: Round) -> Proposal | None:
         if now.best is None or now.best.params is None or now.best.metrics is None:
             return None
+
+        def rate(knobs: Mapping[str, Any]) -> float | None:
+            seen = now.known.get(self.key_of(knobs)) if self.key_of is not None else None
+            return (seen.metrics or {}).get("samples_per_s") if seen is not None else None
+
         step = guided.guided_next(self.space, now.best.params, now.best.metrics, now.taken,
-                                  self.verdicts(now.best.params, now.best.metrics), now.outcome)
+                                  self.verdicts(now.best.params, now.best.metrics), now.outcome, rate)
         return Proposal(step.knobs, {"guided": True, "why": step.why}) if step is not None else None
 
 
