@@ -286,6 +286,8 @@ def _effect(sentence: str, text: str, next_step: str) -> list[str]:
         out.append(f"{sentence!r}: the estimate {est:+g}% lies outside its interval")
     if "will not gain 10%" in next_step and high >= 10:
         out.append(f"{sentence!r}: says more workers will not gain 10%, but its interval reaches {high:+g}%")
+    if "no gain of 10%" in next_step and est >= 10:
+        out.append(f"{sentence!r}: says more workers showed no gain of 10%, beside their {est:+g}%")
     return out
 
 
