@@ -102,6 +102,7 @@ def search(
     no_skip: bool = False,
     tolerance: float | None = None,
     track: Sequence[str] | str = (),
+    began: float | None = None,
     **knobs: Any,
 ) -> SearchResult | None:
     """Search a recipe's space; returns the result on rank 0 (``None`` on other ranks).
@@ -130,6 +131,9 @@ def search(
             default 0.02).
         track: experiment trackers to log to besides the recipe's ``track:``
             (``"mlflow"``, ``"tensorboard"``, ``"wandb"``; a list or comma-separated).
+        began: when the command began (``time.monotonic()``), which ``budget.minutes``
+            counts from; default: this call. ``python -m tuner.search`` passes its process's
+            start, so Python's and PyTorch's imports count too.
         **knobs: knobs to fix for the whole search.
     """
     from tuner.outputs import run_folder, tracking
@@ -137,7 +141,7 @@ def search(
     from tuner.scriptmode.baseline import own_baseline
     from tuner.tuning.controller import run_search
 
-    began = time.monotonic()  # budget.minutes bounds the command: the look at a script's own settings too
+    began = time.monotonic() if began is None else began  # budget.minutes bounds the command: the look too
     ctx = distributed.context()
     recipe = _load(recipe, overrides, ctx.world_size, knobs)
     recipe = _for_search(recipe, trials, minutes, full_budget, no_skip, out, storage, tolerance, track)

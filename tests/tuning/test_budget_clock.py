@@ -31,3 +31,21 @@ def test_the_finish_share_leaves_out_the_start_up_the_minutes_count_it(toy, tmp_
     # the same 30 s counted as search time would leave no room: 30 + 2 x 30 > 60
     assert budget.stop_reason(decider.study, recipe.budget, recipe.target, 30.0, 0, share, 30.0) == "minutes"
     assert budget.stop_reason(decider.study, recipe.budget, recipe.target, 61.0, 0, share, 0.0) == "minutes"
+
+
+def test_the_command_counts_its_minutes_from_its_process_start(toy, tmp_path, monkeypatch):
+    """``python -m tuner.search`` passes its process's start as when the command began: a
+    2-minute search of a small task took 121.4 s by /usr/bin/time, 116.3 s counted from the
+    call (Python's and PyTorch's imports the rest)."""
+    import subprocess
+    import sys
+
+    from tuner import api, cli
+
+    child = subprocess.run([sys.executable, "-c", "import time; time.sleep(1.5)\nfrom tuner.cli import process_began\n"
+                            "print(time.monotonic() - process_began())"], capture_output=True, text=True, timeout=120)
+    assert float(child.stdout) >= 1.5, child.stdout + child.stderr  # the sleep and the imports before the call
+    seen = {}
+    monkeypatch.setattr(api, "search", lambda *a, **k: seen.update(k) or None)
+    cli.search_main([str(toy(out=str(tmp_path / "run")))])
+    assert seen["began"] <= cli.process_began() + 0.05 < time.monotonic() - 0.5  # this test's process: long alive
