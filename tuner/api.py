@@ -122,18 +122,14 @@ def search(
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
-        full_budget: spend the whole budget even once the search has converged
-            (``budget.converge: false``).
-        no_skip: run configurations the memory model predicts over the budget too
-            (``budget.skip: false``).
-        tolerance: override the recipe's ``tolerance``: the largest slowdown a simpler
-            answer may cost against the fastest (the one rule, :mod:`tuner.stats.decision`;
-            default 0.02).
+        full_budget: spend the whole budget once converged too (``budget.converge: false``).
+        no_skip: run what the memory model predicts over budget (``budget.skip: false``).
+        tolerance: override the recipe's ``tolerance``, the largest slowdown a simpler answer
+            may cost against the fastest (:mod:`tuner.stats.decision`; default 0.02).
         track: experiment trackers to log to besides the recipe's ``track:``
             (``"mlflow"``, ``"tensorboard"``, ``"wandb"``; a list or comma-separated).
-        began: when the command began (``time.monotonic()``), which ``budget.minutes``
-            counts from; default: this call. ``python -m tuner.search`` passes its process's
-            start, so Python's and PyTorch's imports count too.
+        began: when the command began (``time.monotonic()``; default: this call), which
+            ``budget.minutes`` counts from: the command line passes its process's start.
         **knobs: knobs to fix for the whole search.
     """
     from tuner.outputs import run_folder, tracking

@@ -36,19 +36,33 @@ class Dashboard:
 
     def __init__(self, storage: str, log: Path) -> None:
         command = shutil.which("optuna-dashboard", path=str(Path(sys.executable).parent)) or "optuna-dashboard"
-        self.port = _free_port()
-        self.log = log.open("wb")
-        self.proc = subprocess.Popen([command, storage, "--host", "127.0.0.1", "--port", str(self.port)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+        for attempt in range(5):
+            # a free port can be taken before the server binds it: the suite's other processes
+            # (torchrun's stores, gloo's connections) draw from the same ephemeral range (CI, 2026-12-05)
+            self.port = _free_port()
+            self.log = log.open("wb")
+            self.proc = subprocess.Popen([command, storage, "--host", "127.0.0.1", "--port", str(self.port)],
+                                         stdout=self.log, stderr=subprocess.STDOUT)
+            if self._served() or "Address already in use" not in log.read_text() or attempt == 4:
+                break
+            self.close()
+        if self.proc.poll() is not None:
+            self.close()
+            raise AssertionError(f"optuna-dashboard did not serve: {log.read_text()[-2000:]}")
+
+    def _served(self) -> bool:
+        """Whether the server answers within a minute (``False``: it exited, or never did)."""
         deadline = time.monotonic() + 60
         while True:
             try:
                 self.get("/api/studies")
-                return
+                return True
             except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is not None:
+                    return False
+                if time.monotonic() > deadline:
                     self.close()
-                    raise AssertionError(f"optuna-dashboard did not serve: {log.read_text()[-2000:]}") from None
+                    raise AssertionError("optuna-dashboard did not serve within 60 s") from None
                 time.sleep(0.3)
 
     def url(self, path: str) -> str:
