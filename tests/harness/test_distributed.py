@@ -28,6 +28,7 @@ def test_ddp_on_two_ranks_prints_one_json_from_rank_0(toy):
     assert out["metrics"]["measured_steps"] >= 8 and out["metrics"]["measured_s"] >= 1.0
 
 
+@pytest.mark.slow  # a real launch (8.6 / 6.2 s): the quick tier stays under 3 minutes
 def test_table_is_printed_once_under_torchrun(toy):
     proc = torchrun(2, "-m", "tuner.measure", str(toy()))
     assert proc.returncode == 0, proc.stderr[-3000:]

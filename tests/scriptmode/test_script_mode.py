@@ -77,6 +77,7 @@ def test_the_search_goes_on_past_a_crashing_configuration(tmp_path):
     assert json.loads((tmp_path / "run" / "best.json").read_text())["params"]["micro_batch_size"] == 8
 
 
+@pytest.mark.slow  # a real launch (8.6 / 6.2 s): the quick tier stays under 3 minutes
 def test_a_losing_script_trial_is_pruned_by_the_searchs_rule(tmp_path):
     """The trial file carries the rule; the script's probe cuts a trial 50x slower than the
     best as the tuner's own loop would: once a first-use plateau of up to half its 40-step
