@@ -96,6 +96,7 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     rate = metrics.get("samples_per_s") or 0.0
     family = FAMILY_FIRST.get(v.kind, ())
     flat, gained, next_step = [], [], v.next_step
+    here = Seen(params, metrics)
     named_moves: set[tuple[str, ...]] = set()  # a joint move is named once, under the first knob it moved
     for knob in family:
         alone: set[Any] = set()
@@ -106,7 +107,7 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
             value, sps = t.params.get(knob), t.metrics.get("samples_per_s")
             if value == params.get(knob) or not sps or not rate or not _alike(t.params, params, family):
                 continue
-            if (gain := _gain(t, Seen(params, metrics), compare)) >= NO_GAIN - 1:
+            if (gain := _gain(t, here, compare)) >= NO_GAIN - 1:
                 if best is None or gain > best_gain:
                     best, best_gain = t, gain
             elif _alike(t.params, params, (knob,)):
@@ -123,7 +124,7 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
             tried.add(best.params[knob])
             if (move := _move_of(best, params, family)) not in named_moves:
                 named_moves.add(move)
-                figure = _effect(best, Seen(params, metrics), compare)[0]
+                figure = _effect(best, here, compare)[0]
                 gained.append(f"{knob} {best.params[knob]}{_with(best, params, family, knob)} {figure}")
         if tried:
             next_step = _without_tried(next_step, knob, tried, params)
@@ -232,7 +233,8 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
     workers = params.get("num_workers") or 0
     tried = [t for t in trials if _alike(t.params, params, LOADER) and (t.params.get("num_workers") or 0) > workers
              and t.metrics.get("samples_per_s")]
-    if not tried or any(_gain(t, Seen(params, metrics), compare) >= NO_GAIN - 1 for t in tried):
+    here = Seen(params, metrics)
+    if not tried or any(_gain(t, here, compare) >= NO_GAIN - 1 for t in tried):
         return None
     cleared = [t for t in tried if (t.metrics.get("data_wait_share") or 0.0) < WAIT_GONE * wait
                or _busy(t.metrics) >= SATURATED * cores]
@@ -241,7 +243,7 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
     t = max(cleared, key=lambda s: s.metrics["samples_per_s"])
     busy = _busy(t.metrics)
     used = f"; main process and workers then kept {busy:.1f} of {cores} core(s) busy" if busy else ""
-    figure, shown = _effect(t, Seen(params, metrics), compare)
+    figure, shown = _effect(t, here, compare)
     return Verdict(
         "host-cpu-saturated", wait,
         f"the loop waits for data {wait:.0%} of the step, but {t.params['num_workers']} worker(s) took the wait "
@@ -270,12 +272,13 @@ def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any]
     fewer = [t for t in trials if _alike(t.params, params, LOADER) and (t.params.get("num_workers") or 0) < workers
              and t.metrics.get("samples_per_s")
              and (t.metrics.get("data_wait_share") or 0.0) * WAIT_GONE > wait]
-    if not fewer or any(_gain(Seen(params, metrics), t, compare) >= NO_GAIN - 1 for t in fewer):
+    here = Seen(params, metrics)
+    if not fewer or any(_gain(here, t, compare) >= NO_GAIN - 1 for t in fewer):
         return None
     t = min(fewer, key=lambda s: s.params.get("num_workers") or 0)
     busy = _busy(metrics)
     used = f"; main process and workers keep {busy:.1f} of {cores} core(s) busy" if busy else ""
-    figure, shown = _effect(Seen(params, metrics), t, compare)
+    figure, shown = _effect(here, t, compare)
     return Verdict(
         "host-cpu-saturated", wait,
         f"going from {t.params.get('num_workers') or 0} to {workers} worker(s) took the data wait from "

@@ -66,14 +66,18 @@ def own_frame(block: str) -> str | None:
     return own
 
 
+def _last_lines(log: Path) -> list[str]:
+    """The lines of the output's last 64 kB, last first (none where it cannot be read)."""
+    try:
+        return log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()[::-1]
+    except OSError:
+        return []
+
+
 def progress_line(log: Path) -> str | None:
     """The last :data:`~tuner.scriptmode.adapters.progress.MARK` line of the trial's output,
     without its ``tuner:`` prefix (``[rankN]:`` taken off), or ``None``."""
-    try:
-        lines = log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
+    for line in _last_lines(log):
         line = re.sub(r"^\[rank\d+\]:\s*", "", line.strip())
         if line.startswith(MARK):
             return line[len("tuner: "):]
@@ -91,11 +95,7 @@ def last_line(log: Path) -> str | None:
     tuner's or torchrun's, nor a warning or an indented line), or ``None``: what a script
     that stopped before training says of why (pytorch/examples' FSDP2 example: "Unable to
     locate sufficient 2 gpus to run this example. Exiting.", then ``exit()``)."""
-    try:
-        lines = log.read_bytes()[-64_000:].decode("utf-8", "replace").splitlines()
-    except OSError:
-        return None
-    for raw in reversed(lines):
+    for raw in _last_lines(log):
         line = _RANK_PREFIX.sub("", raw.strip())
         if line.strip() and not line[0].isspace() and not _NOT_THE_SCRIPTS_LINES.search(line):
             return line.strip()[:300]  # an indented line is a warning's or a traceback's source echo

@@ -70,7 +70,7 @@ def offload_exports(config: Config, file: str, world_size: int) -> Any:
     """The optimizer's states and step on the host, with the job's own optimizer (DeepSpeed
     otherwise refuses any but its CPU Adam under offload). Whether the host buffers are
     pinned is the machine's (:func:`tuner.inputs.export.ds_config`: on CUDA)."""
-    if config.zero_stage < 1 or config.offload_optimizer == "none" or file != "ds_config.json":
+    if config.zero_stage < 1 or config.offload_optimizer == "none":
         return None
     return {"zero_optimization": {"offload_optimizer": {"device": config.offload_optimizer}},
             "zero_force_ds_cpu_optimizer": False}

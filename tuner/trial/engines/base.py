@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import torch
 
+from tuner.trial.engines import stages
+
 if TYPE_CHECKING:
     from tuner.harness.comm import CommTimer
     from tuner.inputs.space import Config
@@ -77,8 +79,6 @@ class Engine(ABC):
     def forward_backward(self, batch: Any, last: bool) -> torch.Tensor:
         """Both halves, for a caller with nothing to agree on in between; the forward under
         the ``forward`` levers' contexts, as the trial's loop runs it."""
-        from tuner.trial.engines import stages
-
         with stages.forward(self.config, self.device):
             loss = self.forward(batch, last)
         self.backward(loss, last)
