@@ -239,9 +239,9 @@ def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, s
     over the ranks (DESIGN.md), and the search says so once."""
     if not runner.in_process(recipe) or ctx.device.type != "cuda" or recipe.budget.memory_gib is not None:
         return recipe, None
-    from tuner.harness.system.devices import room
+    from tuner.harness.system.devices import least_room
 
-    gib = min(distributed.all_gather(room(ctx.device) / 2**30))
+    gib = least_room(ctx.device) / 2**30
     budget = dataclasses.replace(recipe.budget, memory_gib=round(gib, 2))
     return dataclasses.replace(recipe, budget=budget), (
         f"budget: {gib:.1f} GiB per GPU, what was free at the start plus this process's own "

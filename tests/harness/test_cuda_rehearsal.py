@@ -42,6 +42,7 @@ def _gpu(reserved: int = 2**30, own: int = 3 * 2**30) -> tuple[mock.MagicMock, m
     nvml = mock.create_autospec(pynvml, instance=False)
     nvml.NVMLError = pynvml.NVMLError
     nvml.nvmlDeviceGetHandleByUUID.return_value = "handle"
+    nvml.nvmlDeviceIsMigDeviceHandle.return_value = False
     nvml.nvmlDeviceGetUtilizationRates.return_value = mock.Mock(gpu=50)
     nvml.nvmlDeviceGetMemoryInfo.return_value = mock.Mock(used=20 * 2**30)
     nvml.nvmlDeviceGetComputeRunningProcesses.return_value = [mock.Mock(pid=os.getpid(), usedGpuMemory=own)]
@@ -193,8 +194,8 @@ def test_expandable_segments_set_and_put_back_through_the_allocators_setter():
 
 
 def test_each_rank_takes_its_local_gpu_and_a_lone_process_keeps_the_default(monkeypatch):
-    """Under torchrun every rank claims GPU LOCAL_RANK (modulo the GPUs it sees); one process
-    alone does not call set_device (under CUDA 12 it opens a context: ~0.5 GiB of GPU 0 for a
+    """Under torchrun every rank claims GPU LOCAL_RANK (rank 3 of 4 on two nodes of two GPUs:
+    its node's second); one process alone does not call set_device (under CUDA 12 it opens a context: ~0.5 GiB of GPU 0 for a
     script-mode search that never trains there)."""
     from tuner.harness import distributed
 
@@ -202,12 +203,12 @@ def test_each_rank_takes_its_local_gpu_and_a_lone_process_keeps_the_default(monk
     cuda.is_available.return_value, cuda.device_count.return_value = True, 2
     monkeypatch.setattr(distributed, "ensure_process_group", lambda device: None)
     with mock.patch.object(torch, "cuda", cuda):
-        for var, value in (("WORLD_SIZE", "4"), ("RANK", "3"), ("LOCAL_RANK", "3")):
+        for var, value in (("WORLD_SIZE", "4"), ("RANK", "3"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
             monkeypatch.setenv(var, value)
         ctx = distributed.context()
         assert ctx.device == torch.device("cuda", 1) and ctx.world_size == 4
         cuda.set_device.assert_called_once_with(torch.device("cuda", 1))
-        for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        for var in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             monkeypatch.delenv(var)
         cuda.set_device.reset_mock()
         assert distributed.context().device == torch.device("cuda", 0)
@@ -254,17 +255,23 @@ def test_nvtx_ranges_go_through_torch_cuda_nvtx(monkeypatch):
     cuda.nvtx.range_pop.assert_called_once_with()
 
 
-def test_a_plan_without_a_memory_budget_reads_the_devices_room(monkeypatch):
-    """``tuner plan`` on a GPU without ``budget.memory_gib``: the room the device has now
-    (:func:`tuner.harness.system.devices.room`), in GiB, with where it came from."""
+def test_a_plan_without_a_memory_budget_reads_the_least_room_over_the_ranks(monkeypatch, tmp_path):
+    """``tuner plan`` on GPUs without ``budget.memory_gib``: each rank's room
+    (:func:`tuner.harness.system.devices.room`), the least of them (here another rank's GPU
+    has 12 GiB where this one has 40), in GiB, with where it came from."""
+    import tuner
+    from tuner.harness import distributed
     from tuner.harness.system import devices
     from tuner.inputs.machine import Machine
-    from tuner.inputs.recipe import Budget
     from tuner.memory import capacity
 
+    from conftest import toy_recipe
+
     monkeypatch.setattr(devices, "room", lambda device=None: 40 * 2**30)
-    gib, why = capacity._budget(Budget(), 1, Machine(cuda=True, bf16=True, fp16=True))
-    assert gib == 40.0 and why.startswith("the GPU's free memory at start")
+    monkeypatch.setattr(distributed, "all_gather", lambda obj: [obj, 12 * 2**30])
+    recipe = tuner.load_recipe(toy_recipe(tmp_path))
+    gib, why = capacity.plan_budget(recipe, Machine(cuda=True, bf16=True, fp16=True), torch.device("cuda", 0))
+    assert gib == 12.0 and why.startswith("the least over the ranks of each GPU's free memory at start")
 
 
 def test_a_traced_window_on_a_gpu_asks_the_profiler_for_the_cuda_activity(tmp_path):

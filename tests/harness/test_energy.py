@@ -1,16 +1,17 @@
 """Energy per sample: the powercap counters read from a real sysfs-shaped tree (packages
-only, a wrap inside the window), NVML's energy counter of every GPU of the node rehearsed
-against an autospec of the real ``pynvml``, one reader a node, and never a zero where no
-counter was read. Nothing measured under the autospec is a measurement."""
+only, a wrap inside the window), NVML's energy counter of each rank's own GPU rehearsed
+against autospecs of the real ``pynvml`` and ``torch.cuda`` (:mod:`gpu_node`), each GPU
+counted once, and never a zero or a part where a counter was not read. Nothing measured
+under the autospec is a measurement."""
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pynvml
 import pytest
+import torch
+from gpu_node import node, patched, uuid
 
-from tuner.harness.metrics import Window, energy_note, summarize
+from tuner.harness.metrics import Window, summarize, unmeasured_notes
 from tuner.harness.system import energy
 
 
@@ -44,50 +45,73 @@ def test_no_powercap_is_no_figure_with_its_reason(tmp_path):
     assert reader.stop() is None
 
 
-def test_nvml_reads_every_gpu_of_the_node_in_joules():
-    nvml = mock.create_autospec(pynvml, instance=False)
-    nvml.NVMLError = pynvml.NVMLError
-    nvml.nvmlDeviceGetCount.return_value = 2
-    nvml.nvmlDeviceGetHandleByIndex.side_effect = lambda i: f"handle{i}"
-    readings = {"handle0": iter([10_000, 10_000, 70_000]), "handle1": iter([5_000, 5_000, 35_000])}
-    nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = lambda h: next(readings[h])  # millijoules
-    with mock.patch.dict("sys.modules", {"pynvml": nvml}):
-        reader = energy.reader_for(cuda=True, local_rank=0)
-        assert reader.why is None and reader.source == "nvml" and len(reader.counters) == 2
-        reader.start()
-        assert reader.stop() == pytest.approx(60.0 + 30.0)
-    nvml.nvmlDeviceGetHandleByIndex.assert_has_calls([mock.call(0), mock.call(1)])
+def test_each_rank_reads_its_own_gpu_matched_by_uuid_not_every_gpu_of_the_node():
+    """A job of 2 ranks on an 8-GPU node with CUDA_VISIBLE_DEVICES=2,5: CUDA's devices 0 and
+    1 are NVML's 2 and 5, and only their counters are read (GPU i moves 10 J x (i + 1) a read)."""
+    nvml, cuda = node(8, visible=(2, 5))
+    with patched(nvml, cuda):
+        readers = [energy.reader_for(torch.device("cuda", i)) for i in (0, 1)]
+        for reader in readers:
+            reader.start()
+        joules = [reader.stop() for reader in readers]
+    assert [r.key for r in readers] == [uuid(2), uuid(5)] and all(r.why is None for r in readers)
+    assert joules == [pytest.approx(30.0), pytest.approx(60.0)]
+    nvml.nvmlDeviceGetHandleByIndex.assert_not_called()  # never an index: CUDA's is not NVML's
+    windows = [_window([8] * 10, energy_j=j, key=r.key) for j, r in zip(joules, readers)]
+    assert summarize(windows)["energy_j_per_sample"] == pytest.approx(90.0 / 160)
+
+
+def test_two_ranks_sharing_one_gpu_count_its_joules_once():
+    windows = [_window([8] * 10, energy_j=40.0, key=uuid(0)), _window([8] * 10, energy_j=41.0, key=uuid(0))]
+    assert summarize(windows)["energy_j_per_sample"] == pytest.approx(40.0 / 160)
+
+
+def test_a_gpu_whose_counter_fails_gives_no_figure_rather_than_a_part_of_the_jobs():
+    windows = [_window([8] * 10, energy_j=40.0, key=uuid(0)),
+               _window([8] * 10, why="NVML gives no energy counter (Not Supported)")]
+    assert summarize(windows)["energy_j_per_sample"] is None
+    assert unmeasured_notes(windows) == [
+        "energy_j_per_sample not measured: NVML gives no energy counter (Not Supported)"]
 
 
 def test_an_nvml_without_the_counter_gives_no_figure_and_says_so():
-    nvml = mock.create_autospec(pynvml, instance=False)
-    nvml.NVMLError = pynvml.NVMLError
-    nvml.nvmlDeviceGetCount.return_value = 1
+    nvml, cuda = node(1)
     nvml.nvmlDeviceGetTotalEnergyConsumption.side_effect = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    with mock.patch.dict("sys.modules", {"pynvml": nvml}):
-        reader = energy.reader_for(cuda=True, local_rank=0)
+    with patched(nvml, cuda):
+        reader = energy.reader_for(torch.device("cuda", 0))
     assert reader.counters == [] and "NVML gives no energy counter" in reader.why
 
 
-def test_one_process_a_node_reads_it():
-    reader = energy.reader_for(cuda=False, local_rank=3)
-    assert reader.counters == [] and "another process" in reader.why
+def test_a_mig_instance_is_found_by_its_own_uuid_and_says_it_has_no_energy_counter():
+    """CUDA prints a MIG instance's UUID bare, as it does a GPU's: tried as ``GPU-`` first,
+    then ``MIG-``, never prefixed wrongly into a silent null; its energy is refused in one line."""
+    mig = "MIG-0000abcd-1111-2222-3333-444455556666"
+    nvml, cuda = node(1, mig={0: mig})
+    with patched(nvml, cuda):
+        reader = energy.reader_for(torch.device("cuda", 0))
+    nvml.nvmlDeviceGetHandleByUUID.assert_called_with(mig)
+    assert reader.counters == [] and reader.why == energy.MIG_WHY
 
 
-def _window(samples, energy_j=None, why=None):
+def test_only_the_hosts_first_process_reads_its_packages_and_the_others_say_nothing():
+    reader = energy.reader_for(torch.device("cpu"), local_rank=3)
+    assert reader.counters == [] and reader.why is None
+
+
+def _window(samples, energy_j=None, why=None, key=None):
     return Window(step_times=[0.1] * len(samples), samples=samples, data_waits=[0.0] * len(samples),
-                  wall_s=0.1 * len(samples), cpu_s=0.1, energy_j=energy_j, energy_why=why)
+                  wall_s=0.1 * len(samples), cpu_s=0.1, energy_j=energy_j, energy_why=why, energy_key=key)
 
 
-def test_energy_per_sample_is_the_nodes_joules_over_every_ranks_samples():
-    reader_rank = _window([8] * 10, energy_j=40.0)
-    other_rank = _window([8] * 10, why="another process of this node reads its counters")
+def test_energy_per_sample_is_the_hosts_joules_over_every_ranks_samples():
+    reader_rank = _window([8] * 10, energy_j=40.0, key="host:a")
+    other_rank = _window([8] * 10)
     metrics = summarize([reader_rank, other_rank])
     assert metrics["energy_j_per_sample"] == pytest.approx(40.0 / 160)
-    assert energy_note([reader_rank, other_rank]) is None
+    assert unmeasured_notes([reader_rank, other_rank]) == []
 
 
 def test_unread_energy_is_none_never_zero_and_the_note_says_why():
     windows = [_window([8] * 10, why="/sys/class/powercap does not exist")]
     assert summarize(windows)["energy_j_per_sample"] is None
-    assert energy_note(windows) == "energy_j_per_sample not measured: /sys/class/powercap does not exist"
+    assert unmeasured_notes(windows) == ["energy_j_per_sample not measured: /sys/class/powercap does not exist"]

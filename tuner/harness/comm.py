@@ -225,6 +225,17 @@ class _TimedWork:
         return getattr(self._work, name)
 
 
+def on_device(device: Any) -> bool:
+    """Whether this process's collectives run as device kernels, which only a profiler's trace
+    sees (NCCL on a GPU: :mod:`tuner.harness.comm_tail`), rather than on host threads that
+    :class:`CommTimer` times (gloo, on CPU tensors or CUDA tensors it stages through the host,
+    where a trace holds no communication kernel and read about 0)."""
+    if getattr(device, "type", None) != "cuda":
+        return False
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo")
+
+
 # --- from a profiler trace ----------------------------------------------------------------
 
 Interval = tuple[float, float]

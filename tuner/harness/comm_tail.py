@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.harness.comm import exposed_share, trace_events
+from tuner.harness.comm import exposed_share, on_device, trace_events
 
 STEPS = 5
 """Profiled steps after the one of warm-up."""
@@ -60,7 +60,7 @@ class CommTail:
 
     def __init__(self, device: Any) -> None:
         self.device = device
-        self.kind = "cuda" if getattr(device, "type", None) == "cuda" else "cpu"
+        self.kind = "cuda" if on_device(device) else "cpu"  # gloo's collectives are the host's
         self.share: float | None = None
         self._steps = 0
         try:

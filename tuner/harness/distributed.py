@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from tuner.inputs.errors import RecipeError
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -38,7 +40,7 @@ def context() -> DistContext:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
         if world > 1:  # each rank on its GPU; one process keeps the default device, and this
             torch.cuda.set_device(device)  # call would open a CUDA context (CUDA 12) in a search
             # that may never train here (script mode: ~0.5 GiB of GPU 0 for nothing)
@@ -47,6 +49,26 @@ def context() -> DistContext:
     if world > 1:
         ensure_process_group(device)
     return DistContext(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def device_index(local_rank: int, count: int) -> int:
+    """The GPU of local rank ``local_rank`` among ``count``: its own where the node has one
+    per rank. More ranks than GPUs is refused under NCCL, which cannot put two ranks on one
+    GPU (every rank of the node sees the same counts, so every rank refuses, rank 0 aloud);
+    over gloo (``$TUNER_DIST_BACKEND``, a test mode) the ranks fold onto the GPUs in turn,
+    said once on the node."""
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", local_rank + 1))
+    if max(ranks, local_rank + 1) <= count:
+        return local_rank
+    backend = os.environ.get(BACKEND_ENV) or "nccl"
+    if backend == "nccl":
+        raise RecipeError(f"nproc_per_node: {ranks} ranks on this node, and it has {count} GPU(s) this job may use "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}); NCCL takes "
+                          f"one rank per GPU: run --nproc_per_node={count} or fewer")
+    if local_rank == 0:
+        print(f"tuner: {ranks} ranks share {count} GPU(s) on this node over {backend}: each GPU's figures "
+              "(memory, utilisation, energy) are its ranks' together", file=sys.stderr, flush=True)
+    return local_rank % count
 
 
 BACKEND_ENV = "TUNER_DIST_BACKEND"

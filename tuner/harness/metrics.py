@@ -111,10 +111,15 @@ class Window:
     """Seconds of the window's pipeline steps this rank's stages sat idle (the pipeline
     bubble); ``None`` without pipeline parallelism."""
     energy_j: float | None = None
-    """Joules the node's counters moved over the window (:mod:`tuner.harness.system.energy`),
-    read by one process a node; ``None`` on the others and where no counter is readable."""
+    """Joules this process's counters moved over the window (:mod:`tuner.harness.system.energy`):
+    its GPU's, or its host's packages on the host's first process; ``None`` where it reads
+    none."""
+    energy_key: str | None = None
+    """What :attr:`energy_j` counted (a GPU's UUID, ``host:NAME``): each key counts once."""
     energy_why: str | None = None
-    """Why :attr:`energy_j` is ``None`` (where this process was the one to read it)."""
+    """Why :attr:`energy_j` is ``None`` where this process should have read it."""
+    gpu_util_why: str | None = None
+    """Why :attr:`gpu_util` is ``None`` on a GPU NVML reads (a MIG instance, NVML refused)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -213,20 +218,32 @@ def summarize(
 
 
 def energy_per_sample(windows: Sequence[Window]) -> float | None:
-    """The nodes' joules over every sample of the windows (the counters span the whole
-    window, its set-aside warm-up too, so every step's samples count); ``None`` where no
-    process read a counter, never 0."""
-    joules = [w.energy_j for w in windows if w.energy_j is not None]
-    samples = sum(sum(w.samples) for w in windows)
-    return sum(joules) / samples if joules and samples else None
-
-
-def energy_note(windows: Sequence[Window]) -> str | None:
-    """One line where ``energy_j_per_sample`` is not measured, saying why."""
-    if energy_per_sample(windows) is not None:
+    """The job's joules over every sample of the windows: each counter key once (ranks that
+    share a GPU read the same counter), so only the job's own GPUs count. The counters span
+    the whole window, its set-aside warm-up too, so every step's samples count. ``None``
+    where no process read a counter or one that should have could not (a part of the job's
+    GPUs is not its energy), never 0."""
+    if any(w.energy_why for w in windows):
         return None
-    why = next((w.energy_why for w in windows if w.energy_why), "no process read an energy counter")
-    return f"energy_j_per_sample not measured: {why}"
+    joules: dict[str | None, float] = {}
+    for w in windows:  # the first rank's reading of a counter several read
+        if w.energy_j is not None:
+            joules.setdefault(w.energy_key, w.energy_j)
+    samples = sum(sum(w.samples) for w in windows)
+    return sum(joules.values()) / samples if joules and samples else None
+
+
+def unmeasured_notes(windows: Sequence[Window]) -> list[str]:
+    """One line for each figure a GPU or host could not give, saying why (energy, and NVML's
+    utilisation on a GPU it reads only in part): never a silent null."""
+    notes = []
+    if energy_per_sample(windows) is None:
+        why = next((w.energy_why for w in windows if w.energy_why), "no process read an energy counter")
+        notes.append(f"energy_j_per_sample not measured: {why}")
+    util = next((w.gpu_util_why for w in windows if w.gpu_util_why), None)
+    if util and all(w.gpu_util is None for w in windows):
+        notes.append(f"gpu_util not measured: {util}")
+    return notes
 
 
 def _comm_share(w: Window, k: int, n: int) -> float | None:

@@ -33,7 +33,7 @@ import psutil
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.comm import CommTimer, watch
+from tuner.harness.comm import CommTimer, on_device, watch
 from tuner.harness.comm_tail import CommTail
 from tuner.harness.metrics import Window, summarize
 from tuner.harness.nvtx import Ranges
@@ -124,7 +124,6 @@ class ProbeCore:
         self.total_wait = 0.0
         self.recent: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=RECENT_STEPS)
         """(step seconds, data-wait seconds, samples) of the latest steps, for the live view."""
-        self._cuda = self.device is not None and self.device.type == "cuda"
         self._timing: Timing = timing if timing is not None else source_for(self.device)
         """Marks on the host clock, or on the device's stream (:mod:`tuner.harness.timing`)."""
         self._steps: list[Step] = []
@@ -289,7 +288,6 @@ class ProbeCore:
         if self.window_start is not None:
             raise RuntimeError("use_device() must come before the measured window opens")
         self.device = cuda_index(device)
-        self._cuda = self.device is not None and self.device.type == "cuda"
         self._timing = source_for(self.device)
         self._fetches = []  # warm-up batches, marked on the clock before
 
@@ -346,12 +344,12 @@ class ProbeCore:
         self.comm.take()
         if not distributed.several_ranks():
             self.window.comm_share = 0.0  # nobody to talk to
-        elif not self._cuda:
+        elif not on_device(self.device):  # gloo's collectives: the host's clock sees them
             self.window.comm_waits = []
             self._patch()
         if self._monitors:
             self._sampling = WindowMonitors(self.device, MEMORY_INTERVAL_S, self._reset_peaks)
-        self._energy = energy.reader_for(self._cuda).started() if self._energy_on else None
+        self._energy = energy.reader_for(self.device).started() if self._energy_on else None
         self._cpu_start = cpu_seconds(self._proc)
         self._workers_start = children_cpu(self._proc)
         self._start_mark = mark = self._timing.mark()
@@ -360,7 +358,9 @@ class ProbeCore:
 
     def _stop_monitors(self) -> None:
         if self._energy is not None:
-            self.window.energy_j, self.window.energy_why, self._energy = self._energy.stop(), self._energy.why, None
+            reader, self._energy = self._energy, None
+            self.window.energy_j = reader.stop()
+            self.window.energy_key, self.window.energy_why = reader.key, reader.why
         if self._sampling is not None:
             self._sampling.stop(self.window, self.window_start or 0.0)
             self._sampling = None
@@ -376,7 +376,7 @@ class ProbeCore:
         self._stop_monitors()
         if self._collectives and not self._watched and self.window.comm_waits is not None and self.comm.calls == 0:
             self.window.comm_waits = None  # nothing timed (an unwatched DDP model?): unknown, not zero
-        wanted = self._comm_profile if self._comm_profile is not None else self._cuda
+        wanted = self._comm_profile if self._comm_profile is not None else on_device(self.device)
         if wanted and distributed.several_ranks():  # every rank is here, and profiles the same steps
             self._tail = CommTail(self.device)
         elif self._on_close is not None:  # every rank is here: same step count

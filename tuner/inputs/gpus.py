@@ -11,6 +11,8 @@ import contextlib
 import os
 from typing import Any
 
+from tuner.inputs.errors import RecipeError
+
 
 def _nvml() -> Any:
     try:
@@ -23,18 +25,48 @@ def _nvml() -> Any:
 
 
 def visible() -> list[str]:
-    """The GPUs a trial may use, as ``CUDA_VISIBLE_DEVICES`` entries: that variable's own
-    entries when it is set, else every GPU NVML lists (``"0"``, ``"1"``, ...)."""
+    """The GPUs a trial may use, as ``CUDA_VISIBLE_DEVICES`` entries naming each by NVML's
+    UUID (``GPU-...``, ``MIG-...``): CUDA numbers GPUs fastest first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML by PCI bus, so an index handed to a trial and read
+    back in NVML could be two GPUs. That variable's entries where it is set (indices taken
+    to UUIDs where the orders agree, :func:`_uuids`), else every GPU NVML lists."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [e.strip() for e in env.split(",") if e.strip() and e.strip() != "-1"]
+    entries = None if env is None else [e.strip() for e in env.split(",") if e.strip()]
+    if entries is not None and "-1" in entries:  # CUDA stops at the first invalid entry
+        entries = entries[:entries.index("-1")]
     nvml = _nvml()
     if nvml is None:
-        return []
+        return entries or []
     try:
-        return [str(i) for i in range(nvml.nvmlDeviceGetCount())]
-    except Exception:  # noqa: BLE001 - NVML without devices
-        return []
+        count = nvml.nvmlDeviceGetCount()
+        return _uuids(nvml, entries if entries is not None else [str(i) for i in range(count)], count)
+    except RecipeError:
+        raise
+    except Exception:  # noqa: BLE001 - NVML without devices, an index it does not know: as given
+        return entries or []
+
+
+def _uuids(nvml: Any, entries: list[str], count: int) -> list[str]:
+    """``entries`` with each index as its GPU's NVML UUID. An index is CUDA's, which is
+    NVML's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a node of one GPU model (fastest
+    first then ties, broken by PCI bus); elsewhere the entry cannot be told without a CUDA
+    context, and the search says so in one line."""
+    indices = [e for e in entries if e.isdigit()]
+    if not indices:
+        return entries
+    if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+        names = {_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}
+        if len(names) > 1:
+            raise RecipeError(
+                f"CUDA_VISIBLE_DEVICES={','.join(entries)} names GPUs by CUDA's index, which on this node of "
+                f"{' and '.join(sorted(names))} need not be NVML's: set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name "
+                "the GPUs by UUID (nvidia-smi -L)")
+    return [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(int(e)))) if e.isdigit() else e
+            for e in entries]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def default_nproc() -> int:
@@ -42,14 +74,15 @@ def default_nproc() -> int:
     return len(visible()) or 1
 
 
-def _handle(entry: str) -> Any:
-    """NVML's handle for a ``CUDA_VISIBLE_DEVICES`` entry (an index or a ``GPU-`` UUID);
-    ``None`` for what NVML cannot read per device (MIG instances)."""
+def handle(entry: str) -> Any:
+    """NVML's handle for a ``CUDA_VISIBLE_DEVICES`` entry (a ``GPU-`` or ``MIG-`` UUID, or an
+    NVML index); ``None`` for what NVML does not know (an old NVML's ``MIG-GPU-.../gi/ci``
+    names)."""
     nvml = _nvml()
-    if nvml is None or entry.startswith("MIG-"):
+    if nvml is None:
         return None
     try:
-        if entry.startswith("GPU-"):
+        if entry.startswith(("GPU-", "MIG-")):
             return nvml.nvmlDeviceGetHandleByUUID(entry)
         return nvml.nvmlDeviceGetHandleByIndex(int(entry))
     except Exception:  # noqa: BLE001 - an entry NVML does not know: not checked
@@ -63,13 +96,13 @@ def used_bytes(entries: list[str], less: frozenset[int] = frozenset()) -> dict[s
     nvml = _nvml()
     out: dict[str, int] = {}
     for entry in entries:
-        handle = _handle(entry)
-        if handle is None:
+        found = handle(entry)
+        if found is None:
             continue
         with contextlib.suppress(Exception):
-            out[entry] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            out[entry] = int(nvml.nvmlDeviceGetMemoryInfo(found).used)
         if less and entry in out:
             with contextlib.suppress(Exception):
-                out[entry] -= sum(int(p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                out[entry] -= sum(int(p.usedGpuMemory) for p in nvml.nvmlDeviceGetComputeRunningProcesses(found)
                                   if p.pid in less and isinstance(p.usedGpuMemory, int))
     return out

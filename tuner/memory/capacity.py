@@ -32,8 +32,10 @@ from tuner.runner import InProcess
 from tuner.study import searchspace
 
 if TYPE_CHECKING:
+    import torch
+
     from tuner.harness.distributed import DistContext
-    from tuner.inputs.recipe import Budget, Recipe
+    from tuner.inputs.recipe import Recipe
     from tuner.trial.trial_result import TrialResult
 
 PROFILE_STEPS = Steps(warmup=1, measure=2, repeats=1)
@@ -83,7 +85,7 @@ class CapacityPlan:
 class Profiler:
     """Rank 0's side: which trial to profile next, and what the profile showed."""
 
-    def __init__(self, recipe: "Recipe", machine: Machine) -> None:
+    def __init__(self, recipe: "Recipe", machine: Machine, budget: tuple[float, str] | None = None) -> None:
         self.recipe, self.machine = recipe, machine
         self.space = searchspace.build_space(recipe, machine)
         self.base = searchspace.baseline_knobs(recipe, self.space, machine)
@@ -92,7 +94,7 @@ class Profiler:
         if model is None:
             raise RecipeError(why or f"plan: {recipe.path} needs a task recipe")  # tuner.api.plan says why first
         self.model = model
-        self.budget_gib, self.budget_source = _budget(recipe.budget, recipe.world_size, machine)
+        self.budget_gib, self.budget_source = budget or plan_budget(recipe, machine, None)
         self.profiled: list[dict[str, Any]] = []
         self.capped: dict[tuple[Any, ...], int] = {}
         """The smallest micro-batch per group that did not fit when profiled."""
@@ -220,20 +222,22 @@ def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(knobs[k] for k in memory.GROUP)
 
 
-def _budget(budget: "Budget", world_size: int, machine: Machine) -> tuple[float, str]:
-    """``budget.memory_gib``, else what this process can have of the device: on a GPU what
-    was free when the plan started plus what this process already holds (the card's total
-    would count the CUDA context and other processes' memory as room); on a CPU-only
+def plan_budget(recipe: "Recipe", machine: Machine, device: "torch.device | None") -> tuple[float, str]:
+    """``budget.memory_gib``, else what each rank can have of its device, and where it came
+    from. On a GPU the least over the ranks (a collective: every rank calls this) of what its
+    device had free when the plan started plus what its process already holds (the card's
+    total would count the CUDA context and other processes' memory as room); on a CPU-only
     machine the host's memory available now, shared by the ranks."""
-    if budget.memory_gib is not None:
-        return budget.memory_gib, "budget.memory_gib"
-    if machine.cuda:
-        from tuner.harness.system.devices import room
+    if recipe.budget.memory_gib is not None:
+        return recipe.budget.memory_gib, "budget.memory_gib"
+    if machine.cuda and device is not None:
+        from tuner.harness.system.devices import least_room
 
-        return room() / memory.GIB, "the GPU's free memory at start plus this process's own (no budget.memory_gib)"
+        return least_room(device) / memory.GIB, ("the least over the ranks of each GPU's free memory at start plus "
+                                                 "its process's own (no budget.memory_gib)")
     import psutil
 
-    available = psutil.virtual_memory().available / max(1, world_size)
+    available = psutil.virtual_memory().available / max(1, recipe.world_size)
     return available / memory.GIB, "the host's available memory per rank (no budget.memory_gib)"
 
 
@@ -242,7 +246,8 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
     started = time.monotonic()
     machine = Machine.detect()
     short = dataclasses.replace(recipe, steps=PROFILE_STEPS)
-    profiler = Profiler(recipe, machine) if ctx.is_main else None
+    budget = plan_budget(recipe, machine, ctx.device)  # on every rank: the GPUs' room is a collective
+    profiler = Profiler(recipe, machine, budget) if ctx.is_main else None
     restart, runner = None, InProcess(short, ctx)
     while True:
         knobs = distributed.broadcast(profiler.next() if profiler else None)

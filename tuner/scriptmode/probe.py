@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from tuner.harness.metrics import energy_note, live_figures, window_rate
+from tuner.harness.metrics import live_figures, unmeasured_notes, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
 from tuner.inputs.script import LOADER_KNOBS
@@ -148,7 +148,7 @@ class Probe(ProbeCore):
         if self._trace_to is not None and self._profiler is None:
             from torch.profiler import ProfilerActivity, profile
 
-            cuda = [ProfilerActivity.CUDA] if self._cuda else []
+            cuda = [ProfilerActivity.CUDA] if getattr(self.device, "type", None) == "cuda" else []
             self._profiler = profile(activities=[ProfilerActivity.CPU, *cuda])
             self._profiler.start()
         return super()._open_window()
@@ -181,9 +181,8 @@ class Probe(ProbeCore):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.update(dict.fromkeys(self.unmeasured))
-        if out.get("energy_j_per_sample") is None:  # rank 0 is its node's reader: its reason
-            note = energy_note([self.window])
-            if note and note not in self.notes:
+        for note in unmeasured_notes([self.window]):  # rank 0's own reasons
+            if note not in self.notes:
                 self.notes.append(note)
         return out
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import torch
 
 from tuner.harness import distributed
-from tuner.harness.metrics import Window, energy_note, summarize
+from tuner.harness.comm import on_device
+from tuner.harness.metrics import Window, summarize, unmeasured_notes
 from tuner.harness.system.environment import rank_threads
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
@@ -162,7 +163,7 @@ def _measure(job: TrialLoop, timings: dict[str, float]) -> Window:
     t_ceiling = time.perf_counter()
     window.stall_free_step_times, window.stall_free_method = after.stall_free(job, window)
     timings["stall_free"] = time.perf_counter() - t_ceiling
-    if job.ctx.device.type == "cuda" and job.ctx.world_size > 1:
+    if job.ctx.world_size > 1 and on_device(job.ctx.device):  # NCCL: a trace; gloo: the host's timer
         window.comm_share = after.profiled_comm_share(job)
     after.count_task_flops(job)
     return window
@@ -183,9 +184,7 @@ def _agree(task: "Task", task_args: dict[str, Any], config: "Config", ctx: "Dist
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
     windows = [w for _, _, w in reports]
     result.metrics = summarize(windows, tps, after.task_flops(task, task_args), peak)
-    unmeasured = energy_note(windows)
-    if unmeasured:
-        result.notes.append(unmeasured)
+    result.notes.extend(unmeasured_notes(windows))
     return result
 
 

@@ -186,12 +186,12 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
 
 
 def _check_energy(machine: Machine) -> None:
-    """``objective: samples_per_joule`` needs an energy counter on this node (every rank reads
-    the same answer: the node's counters, as its first process reads them in a trial)."""
-    reader = energy.reader_for(machine.cuda, local_rank=0)
-    if not reader.counters:
+    """``objective: samples_per_joule`` needs an energy counter on this node (its GPUs', or
+    its host's packages on a CPU node)."""
+    why = energy.node_why(machine.cuda)
+    if why is not None:
         raise RecipeError(f"objective: samples_per_joule needs an energy counter, and this node has none: "
-                          f"{reader.why}; search for throughput (objective: samples_per_s) or run where NVML "
+                          f"{why}; search for throughput (objective: samples_per_s) or run where NVML "
                           "or the powercap counters can be read")
 
 

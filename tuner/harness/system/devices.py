@@ -68,3 +68,11 @@ def room(device: torch.device | None = None) -> int:
 
     own = own_device_bytes(index.index if index.index is not None else torch.cuda.current_device())
     return int(free) + max(int(torch.cuda.memory_reserved(index)), own or 0)
+
+
+def least_room(device: torch.device) -> int:
+    """:func:`room` on every rank, the least of them (a collective): a budget that holds on
+    the busiest GPU of the job (a node where another job holds one GPU's memory)."""
+    from tuner.harness import distributed
+
+    return min(distributed.all_gather(room(device)))

@@ -1,26 +1,32 @@
-"""Energy over a measured window: the node's GPUs through NVML's total-energy counter, or on a
-CPU-only host the Linux powercap (RAPL) package counters, read at the window's two ends.
+"""Energy over a measured window: each process's own GPU through NVML's total-energy counter,
+or on a CPU-only host the Linux powercap (RAPL) package counters, read at the window's two ends.
 
 Two counters, because a GPU node's energy is the GPUs' (an H100 SXM draws up to 700 W against
-a few hundred for both host sockets) and a CPU host's is its packages'. The reading covers
-**every device of the node**, so only one process a node reads it (torchrun's ``LOCAL_RANK``
-0, :func:`reader_for`): eight ranks each reading eight GPUs would count the node eight times.
-``energy_j_per_sample`` is then the nodes' joules over every rank's samples
-(:func:`tuner.harness.metrics.summarize`).
+a few hundred for both host sockets) and a CPU host's is its packages'. Each reading carries
+the key of what it counted (:attr:`Energy.key`: the GPU's NVML UUID, or the host's name for
+its packages), and :func:`tuner.harness.metrics.energy_per_sample` counts each key once: so
+``energy_j_per_sample`` is the joules of **the job's own GPUs**, each once, whatever the ranks
+per GPU (two gloo ranks sharing one), the ranks' ``CUDA_VISIBLE_DEVICES`` (one GPU each, all
+``cuda:0``), or other jobs and tuner workers on the node's other GPUs. The powercap packages
+are the host's, read by its first process (``LOCAL_RANK`` 0).
 
 Where no counter can be read (a VM without powercap, as this project's CI machine; powercap
-files readable by root only; NVML before Volta) the figure is ``None`` and :attr:`Energy.why`
-says why: never a zero.
+files readable by root only; NVML before Volta; a MIG instance, which has no counter of its
+own) the figure is ``None`` and :attr:`Energy.why` says why: never a zero, never a part.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 POWERCAP = Path("/sys/class/powercap")
+MIG_WHY = "a MIG instance has no energy counter of its own (NVML counts the whole GPU)"
 
 
 @dataclass
@@ -35,13 +41,17 @@ class Counter:
 
 @dataclass
 class Energy:
-    """Joules the node's counters moved between :meth:`start` and :meth:`stop`."""
+    """Joules this process's counters moved between :meth:`start` and :meth:`stop`."""
 
     counters: list[Counter] = field(default_factory=list)
     why: str | None = None
-    """Why there is no figure (``None`` when counters were found)."""
+    """Why there is no figure where this process should have read one (``None`` when counters
+    were found, or when another process reads what this one would)."""
     source: str | None = None
     """``nvml`` or ``powercap``."""
+    key: str | None = None
+    """What the counters count (a GPU's UUID, ``host:NAME``): counted once however many
+    processes read it."""
     _start: list[float] = field(default_factory=list)
 
     def start(self) -> None:
@@ -75,27 +85,34 @@ class Energy:
             return []
 
 
-def nvml_counters() -> tuple[list[Counter], str | None]:
-    """NVML's total-energy counter (millijoules since the driver loaded) of every GPU of the
-    node, or why not."""
+def gpu_reader(device_index: int) -> Energy:
+    """The energy counter of CUDA device ``device_index``, matched in NVML by UUID (a CUDA
+    index is not an NVML index), or why not."""
     try:
         import pynvml
     except ImportError:
-        return [], "nvidia-ml-py is not installed"
+        return Energy(why="nvidia-ml-py is not installed")
+    from tuner.harness.system.nvml import is_mig, nvml_handle
+
+    handle = nvml_handle(device_index)
+    if handle is None:
+        return Energy(why=f"NVML does not find CUDA device {device_index} by its UUID")
+    if is_mig(handle):
+        return Energy(why=MIG_WHY)
     try:
-        pynvml.nvmlInit()
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        counters = []
-        for i, handle in enumerate(handles):
-            pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # refused before Volta: no figure
-            counters.append(Counter(f"gpu{i}", _nvml_joules(pynvml, handle)))
-    except Exception as exc:  # noqa: BLE001 - no driver, an old GPU, NVML refused
-        return [], f"NVML gives no energy counter ({exc})"
-    return counters, None if counters else "NVML lists no GPU"
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # refused before Volta: no figure
+        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+    except Exception as exc:  # noqa: BLE001 - an old GPU, NVML refused
+        return Energy(why=f"NVML gives no energy counter ({exc})")
+    return Energy([Counter(uuid, _nvml_joules(pynvml, handle))], None, "nvml", uuid)
 
 
 def _nvml_joules(pynvml: Any, handle: Any) -> Any:
     return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def powercap_counters(root: Path = POWERCAP) -> tuple[list[Counter], str | None]:
@@ -129,11 +146,38 @@ def _number(path: Path) -> int | None:
         return None
 
 
-def reader_for(cuda: bool, local_rank: int | None = None) -> Energy:
-    """The energy reader of this process: the node's counters where it is the node's first
-    process (``LOCAL_RANK`` 0, or none set), else an empty one (another process counts the node)."""
+def reader_for(device: torch.device | None, local_rank: int | None = None) -> Energy:
+    """This process's energy reader: on CUDA its own GPU's counter (every process reads its
+    own; a GPU read by several is counted once by its key), else the host's packages where
+    this is the host's first process (``LOCAL_RANK`` 0, or none set) and an empty reader
+    with no complaint on the others."""
+    if device is not None and device.type == "cuda":
+        return gpu_reader(device.index if device.index is not None else torch.cuda.current_device())
     rank = local_rank if local_rank is not None else int(os.environ.get("LOCAL_RANK", "0") or 0)
     if rank != 0:
-        return Energy(why="another process of this node reads its counters")
-    counters, why = nvml_counters() if cuda else powercap_counters()
-    return Energy(counters, why, "nvml" if cuda else "powercap")
+        return Energy()
+    counters, why = powercap_counters()
+    return Energy(counters, why, "powercap", f"host:{socket.gethostname()}")
+
+
+def node_why(cuda: bool) -> str | None:
+    """Why this node offers no energy counter to a search (``objective: samples_per_joule``),
+    or ``None``: on a GPU node, through NVML alone (a script recipe's search process holds no
+    CUDA context), the first GPU this process may use."""
+    if not cuda:
+        return powercap_counters()[1]
+    try:
+        import pynvml
+
+        from tuner.inputs.gpus import handle, visible
+
+        entries = visible()
+        found = handle(entries[0]) if entries else None
+        if found is None:
+            return "NVML lists no GPU this process may use"
+        if pynvml.nvmlDeviceIsMigDeviceHandle(found):
+            return MIG_WHY
+        pynvml.nvmlDeviceGetTotalEnergyConsumption(found)
+    except Exception as exc:  # noqa: BLE001 - no driver, an old GPU, NVML refused
+        return f"NVML gives no energy counter ({exc})"
+    return None

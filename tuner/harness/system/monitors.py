@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from tuner.harness.system.nvml import nvml_handle, process_device_bytes, reserved_bytes
+from tuner.harness.system.nvml import is_mig, nvml_handle, process_device_bytes, reserved_bytes
 
 
 class _Sampler:
@@ -250,6 +250,10 @@ class GpuUtil(_Sampler):
         self._handle = nvml_handle(device_index) if device_index is not None else None
         self._device_index = device_index
         self._util_ok = self._memory_ok = self._own_ok = True
+        self.util_why: str | None = None
+        """Why there is no utilisation where the GPU is there (a MIG instance, NVML refused)."""
+        if self._handle is not None and is_mig(self._handle):  # memory is the instance's own
+            self._util_ok, self.util_why = False, "a MIG instance has no utilisation of its own in NVML"
         self._pid = os.getpid()
 
     @property
@@ -279,8 +283,8 @@ class GpuUtil(_Sampler):
         if self._util_ok:
             try:
                 util = pynvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
-            except pynvml.NVMLError:
-                self._util_ok = False
+            except pynvml.NVMLError as exc:
+                self._util_ok, self.util_why = False, f"NVML refuses this GPU's utilisation ({exc})"
         if self._memory_ok:
             try:
                 used = int(pynvml.nvmlDeviceGetMemoryInfo(self._handle).used)
@@ -342,6 +346,7 @@ class WindowMonitors:
         window.peak_host_bytes = self.memory.stop()
         self.gpu.stop()
         window.gpu_util = self.gpu.mean(start, start + window.wall_s)
+        window.gpu_util_why = self.gpu.util_why if window.gpu_util is None else None
         window.gpu_mem_used_bytes, window.gpu_mem_process_bytes = self.gpu.peak_used, self.gpu.peak_own
         if self.cuda:
             import torch

@@ -72,9 +72,10 @@ def reserved_bytes(device_index: int | None) -> int:
 
 
 def nvml_handle(device_index: int) -> object | None:
-    """NVML's handle for CUDA device ``device_index`` (matched by UUID, so that
-    ``CUDA_VISIBLE_DEVICES`` renumbering cannot point at another GPU); ``None`` when
-    NVML or the device is not there."""
+    """NVML's handle for CUDA device ``device_index``, matched by UUID (CUDA numbers its
+    devices fastest first and after ``CUDA_VISIBLE_DEVICES``, NVML by PCI bus, so an index
+    could name another GPU); a MIG instance's own handle (``MIG-`` UUID) where the device is
+    one. ``None`` when NVML or the device is not there."""
     try:
         import pynvml
         import torch
@@ -82,8 +83,28 @@ def nvml_handle(device_index: int) -> object | None:
         if not torch.cuda.is_available():
             return None
         pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(device_index).uuid)
-        uuid = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
-    except Exception:  # noqa: BLE001 - no driver, no library, MIG, an old NVML: no signal
+        return handle_by_uuid(pynvml, str(torch.cuda.get_device_properties(device_index).uuid))
+    except Exception:  # noqa: BLE001 - no driver, no library, an old NVML: no signal
         return None
+
+
+def handle_by_uuid(pynvml: Any, uuid: str) -> Any:
+    """The handle of a UUID as CUDA prints it (bare hex) or NVML does (``GPU-``/``MIG-``):
+    a whole GPU's first, then a MIG instance's. Raises NVML's error when neither is known."""
+    if uuid.startswith(("GPU-", "MIG-")):
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    except pynvml.NVMLError:
+        return pynvml.nvmlDeviceGetHandleByUUID(f"MIG-{uuid}")
+
+
+def is_mig(handle: Any) -> bool:
+    """Whether ``handle`` is a MIG instance's (its memory is its own; utilisation and energy
+    NVML gives only for the whole GPU)."""
+    try:
+        import pynvml
+
+        return bool(pynvml.nvmlDeviceIsMigDeviceHandle(handle))
+    except Exception:  # noqa: BLE001 - an NVML before MIG: no instance
+        return False
