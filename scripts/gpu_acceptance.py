@@ -118,12 +118,29 @@ RULES: dict[str, Rule] = {
         "the peak at least what a dense matmul reaches, at most twice it",
         lambda m, t: _num(m) and _num(t) and t <= m <= 2 * t,
         (989.4, 760.0, {}), (312.0, 760.0, {})),  # an A100's peak read for an H100: MFU above 1
+    "reserve_over_allocated": Rule(
+        "at least the plain loop's allocated peak, at most 1.25 x it + 0.25 GiB",
+        lambda m, t: _num(m) and _num(t) and t <= m <= 1.25 * t + 0.25,
+        (4.07, 3.6, {}), (2.0, 3.6, {})),  # a peak read before the optimizer's first step
+    "comm_nccl": Rule(
+        "|tuner - the trace's NCCL kernels no compute kernel covers| <= 0.05, and the trace's >= 0.02",
+        lambda m, t: _num(m) and _num(t) and abs(m - t) <= 0.05 and t >= 0.02,
+        (0.12, 0.1, {}), (0.0, 0.1, {})),  # host time under NCCL: the host only enqueues
+    "job_watts": Rule(
+        "within the job's own GPUs' nvidia-smi power draw (0.85 x its median to 1.15 x its peak)",
+        lambda m, t, peak: _num(m) and _num(t) and _num(peak) and 0.85 * t <= m <= 1.15 * peak,
+        (1300.0, 1250.0, {"peak": 1400.0}), (1720.0, 1250.0, {"peak": 1400.0})),  # 6 idle GPUs' 70 W each counted
     "equal": Rule("equal", lambda m, t: m == t, ("oom", "oom", {}), ("error", "oom", {})),
     "true": Rule("holds", lambda m, t: m is True, (True, True, {}), (False, True, {})),
     "backend": Rule(
         "runs where a plain sdpa_kernel forward runs (with that kernel alone); refused before a trial where it fails",
         lambda m, t: (m, t) in (("runs", "runs"), ("refused", "fails")),
         ("refused", "fails", {}), ("refused", "runs", {})),  # a kernel the machine has, lost to a wrong rule
+    "losses_5pct": Rule(
+        "as many steps as fp32, every loss finite and within 5% of fp32's at the same step",
+        lambda m, t: isinstance(m, list) and isinstance(t, list) and len(m) == len(t) > 0
+        and all(_num(a) and _rel(a, b) <= 0.05 for a, b in zip(m, t)),
+        ([2.78, 2.61, 2.50], [2.78, 2.60, 2.49], {}), ([2.78, 2.95, 3.4], [2.78, 2.60, 2.49], {})),  # diverging
     "losses": Rule(
         "every step's loss within 1e-3 (relative) of the plain engine's",
         lambda m, t: isinstance(m, list) and isinstance(t, list) and len(m) == len(t) > 0
@@ -226,7 +243,18 @@ def dependencies() -> dict[str, str | None]:
     except Exception as exc:  # noqa: BLE001 - not installed, or its ops cannot build
         out["deepspeed"] = f"deepspeed: {type(exc).__name__}: {str(exc)[:80]}"
     out["float8"] = float8_missing(out["cuda"] is None)
+    out["two_gpus"] = two_gpus_missing(out["cuda"] is None)
     return out
+
+
+def two_gpus_missing(cuda: bool) -> str | None:
+    """What a node check lacks: two GPUs this process may use (one rank each, over NCCL)."""
+    if not cuda:
+        return "no CUDA device"
+    import torch
+
+    n = torch.cuda.device_count()
+    return None if n >= 2 else f"{n} GPU here"
 
 
 def float8_missing(cuda: bool) -> str | None:
@@ -244,7 +272,7 @@ def float8_missing(cuda: bool) -> str | None:
 
 
 WHAT = {"cuda": "CUDA PyTorch", "nvml": "nvidia-ml-py", "compiler": "triton + C compiler", "deepspeed": "DeepSpeed",
-        "float8": "torchao float8"}
+        "float8": "torchao float8", "two_gpus": "two GPUs"}
 
 
 def dependency_line(deps: dict[str, str | None]) -> str:

@@ -9,6 +9,8 @@
 #   bash scripts/device/acceptance.sh 1            # memory and NVML, data wait and transfer, the search
 #   bash scripts/device/acceptance.sh 2            # FLOPs and MFU, failures, engines
 #   bash scripts/device/acceptance.sh 3            # ranks and the GPU-era levers (a later lease)
+#   bash scripts/device/acceptance.sh 4            # a node of two GPUs or more: DDP, ZeRO-2, FSDP2 over
+#                                                  # NCCL, comm_share vs the trace, the job's GPUs' energy
 #
 # Part 1 is planned for 540 s of the GPU with the install, part 2 for the rest of a first
 # lease, part 3 for a second one. Rows go to $OUT (the device tool's folder) or ./acceptance-out.
@@ -45,8 +47,16 @@ case "$part" in
   2) groups=("compute 90 flops,mfu" "failures 150 ooms,poisoned,resume" "engines 120 precisions,offload") ;;
   3) groups=("ranks 200 two_ranks,probe_torchrun,script_gpus,layout,prewarmed"
              "levers 300 compile,float8,attention,graphs,expandable") ;;
-  *) echo "acceptance: part must be 1, 2 or 3, got '$part'"; exit 2 ;;
+  4) groups=("nodes 240 nccl_engines,nccl_comm,nccl_energy") ;;
+  *) echo "acceptance: part must be 1, 2, 3 or 4, got '$part'"; exit 2 ;;
 esac
+if [ "$part" = 4 ]; then
+  gpus=$(python3 -c "import torch; print(torch.cuda.device_count())")
+  if [ "$gpus" -lt 2 ]; then
+    echo "acceptance: part 4 needs two GPUs (one rank each, over NCCL), and this machine has $gpus; nothing run"
+    exit 0
+  fi
+fi
 status=0
 for group in "${groups[@]}"; do
   read -r name limit checks <<<"$group"

@@ -195,8 +195,8 @@ def test_expandable_segments_set_and_put_back_through_the_allocators_setter():
 
 def test_each_rank_takes_its_local_gpu_and_a_lone_process_keeps_the_default(monkeypatch):
     """Under torchrun every rank claims GPU LOCAL_RANK (rank 3 of 4 on two nodes of two GPUs:
-    its node's second); one process alone does not call set_device (under CUDA 12 it opens a context: ~0.5 GiB of GPU 0 for a
-    script-mode search that never trains there)."""
+    its node's second); one process alone does not call set_device (under CUDA 12 it opens a
+    context: ~0.5 GiB of GPU 0 for a script-mode search that never trains there)."""
     from tuner.harness import distributed
 
     cuda = mock.create_autospec(torch.cuda, instance=False)

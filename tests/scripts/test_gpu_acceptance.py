@@ -111,8 +111,9 @@ def test_every_row_is_written_as_its_check_finishes_and_a_broken_check_is_a_fail
 
 def test_what_it_needs_is_said_in_one_line():
     deps = gpu_acceptance.dependencies()
-    assert set(deps) == {"cuda", "nvml", "compiler", "deepspeed", "float8"}
+    assert set(deps) == {"cuda", "nvml", "compiler", "deepspeed", "float8", "two_gpus"}
     assert deps["float8"] in ("torchao is not installed", "no CUDA device")
+    assert deps["two_gpus"] == "no CUDA device"
     assert deps["cuda"] is not None and "sees no CUDA device" in deps["cuda"]  # this machine
     line = gpu_acceptance.dependency_line(deps)
     assert line.startswith("gpu_acceptance: needs: CUDA PyTorch MISSING") and "\n" not in line
@@ -172,7 +173,7 @@ def test_the_acceptance_parts_hold_every_check_once_most_likely_faults_first_and
     in 540 s of the GPU (its groups' timeouts, and the checks' own estimates well inside
     them), each check in one part only, every check somewhere."""
     parts = _parts()
-    assert sorted(parts) == ["1", "2", "3"]
+    assert sorted(parts) == ["1", "2", "3", "4"]
     named = [c for groups in parts.values() for _, _, checks in groups for c in checks]
     import gpu_checks
 
@@ -185,6 +186,23 @@ def test_the_acceptance_parts_hold_every_check_once_most_likely_faults_first_and
         for name, limit, checks in groups:
             chosen = gpu_acceptance.select(gpu_checks.CHECKS, None, checks)
             assert sum(c.seconds for c in chosen) <= limit, (part, name)
+
+
+def test_the_traces_nccl_share_is_counted_by_hand_as_the_tuners_arithmetic_counts_it():
+    """The node check's truth is written out in the check, not the tuner's: on a trace of an
+    all-reduce of 6 us of which compute kernels cover 3, over a 14 us span, both read 3/14."""
+    from tuner.harness.comm import exposed_share
+
+    import gpu_checks
+
+    def kernel(name, ts, dur):
+        return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    events = [kernel("sm80_gemm", 0, 10), kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 8, 6),
+              kernel("elementwise", 12, 1), {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 30}]
+    assert gpu_checks.trace_nccl_share(events) == pytest.approx(3 / 14)
+    assert exposed_share(events, 14, "cuda") == pytest.approx(3 / 14)
+    assert gpu_checks.trace_nccl_share([]) is None
 
 
 def test_a_row_this_machine_cannot_run_is_neither_a_pass_nor_a_fail(capsys):
