@@ -93,3 +93,30 @@ def test_the_nvml_sampler_reads_the_gpu_of_its_uuid_on_a_partial_node():
     with patched(nvml, cuda):
         gpu = GpuUtil(0)
     assert gpu._handle == "h3"
+
+
+def test_rank_5_of_8_forms_an_nccl_group_bound_to_its_own_gpu(monkeypatch):
+    """The NCCL lines of the group's start, run against the real ``init_process_group``'s
+    signature: rank 5 of an 8-GPU node binds GPU 5 (``device_id``, NCCL's eager start), under
+    torchrun's rendezvous."""
+    import inspect
+    from unittest import mock
+
+    nvml, cuda = node(8)
+    cuda.device_count.return_value = 8
+    real = inspect.signature(torch.distributed.init_process_group)
+    init = mock.Mock(side_effect=lambda *a, **k: real.bind(*a, **k))
+    for var, value in {"WORLD_SIZE": "8", "RANK": "5", "LOCAL_RANK": "5", "LOCAL_WORLD_SIZE": "8",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv(distributed.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", init)
+    monkeypatch.setattr(distributed, "_at_exit", True)  # no exit hook for a group that is not there
+    with patched(nvml, cuda):
+        ctx = distributed.context()
+    assert ctx.device == torch.device("cuda", 5) and ctx.rank == 5
+    cuda.set_device.assert_called_once_with(torch.device("cuda", 5))
+    kwargs = init.call_args.kwargs
+    assert kwargs["backend"] == "nccl" and kwargs["device_id"] == torch.device("cuda", 5)
+    assert "init_method" not in kwargs  # torchrun's env:// rendezvous, not a lone one
