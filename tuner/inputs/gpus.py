@@ -55,17 +55,18 @@ def _uuids(nvml: Any, entries: list[str], count: int) -> list[str]:
     if not indices:
         return entries
     if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
-        names = {_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}
+        names = {nvml_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}
         if len(names) > 1:
             raise RecipeError(
                 f"CUDA_VISIBLE_DEVICES={','.join(entries)} names GPUs by CUDA's index, which on this node of "
                 f"{' and '.join(sorted(names))} need not be NVML's: set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name "
                 "the GPUs by UUID (nvidia-smi -L)")
-    return [_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(int(e)))) if e.isdigit() else e
+    return [nvml_text(nvml.nvmlDeviceGetUUID(nvml.nvmlDeviceGetHandleByIndex(int(e)))) if e.isdigit() else e
             for e in entries]
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
+    """An NVML string (bytes in older bindings) as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

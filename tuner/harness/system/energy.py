@@ -93,6 +93,7 @@ def gpu_reader(device_index: int) -> Energy:
     except ImportError:
         return Energy(why="nvidia-ml-py is not installed")
     from tuner.harness.system.nvml import is_mig, nvml_handle
+    from tuner.inputs.gpus import nvml_text
 
     handle = nvml_handle(device_index)
     if handle is None:
@@ -101,7 +102,7 @@ def gpu_reader(device_index: int) -> Energy:
         return Energy(why=MIG_WHY)
     try:
         pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)  # refused before Volta: no figure
-        uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+        uuid = nvml_text(pynvml.nvmlDeviceGetUUID(handle))
     except Exception as exc:  # noqa: BLE001 - an old GPU, NVML refused
         return Energy(why=f"NVML gives no energy counter ({exc})")
     return Energy([Counter(uuid, _nvml_joules(pynvml, handle))], None, "nvml", uuid)
@@ -109,10 +110,6 @@ def gpu_reader(device_index: int) -> Energy:
 
 def _nvml_joules(pynvml: Any, handle: Any) -> Any:
     return lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle) / 1000.0
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def powercap_counters(root: Path = POWERCAP) -> tuple[list[Counter], str | None]:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from tuner.harness.system.flops import host_matmul_flops
+from tuner.inputs.gpus import nvml_text
 
 SETTINGS_PREFIXES = ("NCCL_", "TORCH_NCCL_")
 SETTINGS = ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
@@ -56,15 +57,16 @@ def nccl_version() -> str | None:
 
 
 def gpu_record() -> dict[str, Any]:
-    """NVML's view: the driver, the CUDA version it supports, and per GPU of the node its SM
-    clock now and at most, its memory clock, and the power limit it enforces (a capped or
-    down-clocked GPU is the commonest reason one node is slower than its twin)."""
+    """NVML's view: the driver, the CUDA version it supports, and per GPU of the node, in
+    NVML's order (a description of the node, matched to no rank), its SM clock now and at
+    most, its memory clock, and the power limit it enforces (a capped or down-clocked GPU is
+    the commonest reason one node is slower than its twin)."""
     out: dict[str, Any] = {"driver": None, "cuda_driver": None, "gpus": None}
     try:
         import pynvml
 
         pynvml.nvmlInit()
-        out["driver"] = _text(pynvml.nvmlSystemGetDriverVersion())
+        out["driver"] = nvml_text(pynvml.nvmlSystemGetDriverVersion())
         version = pynvml.nvmlSystemGetCudaDriverVersion()
         out["cuda_driver"] = f"{version // 1000}.{version % 1000 // 10}"
         gpus = []
@@ -78,10 +80,6 @@ def gpu_record() -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - no NVML, or it refused one reading: what was read stays
         pass
     return out
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _version(dist_name: str) -> str | None:
