@@ -115,3 +115,15 @@ def test_unread_energy_is_none_never_zero_and_the_note_says_why():
     windows = [_window([8] * 10, why="/sys/class/powercap does not exist")]
     assert summarize(windows)["energy_j_per_sample"] is None
     assert unmeasured_notes(windows) == ["energy_j_per_sample not measured: /sys/class/powercap does not exist"]
+
+
+def test_a_search_for_samples_per_joule_on_a_mig_instance_is_told_why_before_it_starts(monkeypatch):
+    """The search's check reads NVML alone (no CUDA context in a script recipe's search)."""
+    mig = "MIG-0000abcd-1111-2222-3333-444455556666"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", mig)
+    nvml, cuda = node(1, mig={0: mig})
+    with patched(nvml, cuda):
+        assert energy.node_why(cuda=True) == energy.MIG_WHY
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with patched(nvml, cuda):
+        assert energy.node_why(cuda=True) is None  # a whole GPU's counter answers

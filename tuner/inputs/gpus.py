@@ -51,8 +51,7 @@ def _uuids(nvml: Any, entries: list[str], count: int) -> list[str]:
     NVML's under ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or on a node of one GPU model (fastest
     first then ties, broken by PCI bus); elsewhere the entry cannot be told without a CUDA
     context, and the search says so in one line."""
-    indices = [e for e in entries if e.isdigit()]
-    if not indices:
+    if not any(e.isdigit() for e in entries):
         return entries
     if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
         names = {nvml_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)}

@@ -166,13 +166,14 @@ def node_why(cuda: bool) -> str | None:
     try:
         import pynvml
 
+        from tuner.harness.system.nvml import is_mig
         from tuner.inputs.gpus import handle, visible
 
         entries = visible()
         found = handle(entries[0]) if entries else None
         if found is None:
             return "NVML lists no GPU this process may use"
-        if pynvml.nvmlDeviceIsMigDeviceHandle(found):
+        if is_mig(found):
             return MIG_WHY
         pynvml.nvmlDeviceGetTotalEnergyConsumption(found)
     except Exception as exc:  # noqa: BLE001 - no driver, an old GPU, NVML refused
