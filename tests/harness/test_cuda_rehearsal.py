@@ -181,12 +181,12 @@ def test_a_trials_allocator_figures_are_its_peaks_and_the_retries_inside_it():
 
 
 def test_expandable_segments_set_and_put_back_through_the_allocators_setter():
-    from tuner.trial.engines import gpu_levers
+    from tuner.inputs.levers import process
 
     cuda = mock.create_autospec(torch.cuda, instance=False)
     cuda.is_available.return_value = True
     with mock.patch.object(torch, "cuda", cuda):
-        restore = gpu_levers.expandable_segments(True)
+        restore = process.expandable_segments(True)
         restore()
     assert [c.args for c in cuda.memory._set_allocator_settings.call_args_list] == [
         ("expandable_segments:True",), ("expandable_segments:False",)]

@@ -51,6 +51,27 @@ def test_imports_go_one_way() -> None:
     assert not wrong, "\n".join(sorted(wrong))
 
 
+def test_no_function_is_named_by_a_string() -> None:
+    """A ``"tuner.x:function"`` string resolved at run time hides an import from the two tests
+    above (the lever registry once named 20 functions of the trial layer, two floors up, so):
+    a function is referenced, or called where its layer may call it."""
+    import re
+
+    reference = re.compile(r"^(tuner|\{\})(\.\w+)*:\w+$")  # an f-string's {parts} read as "{}"
+
+    def text(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.JoinedStr):
+            return "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        return None
+
+    found = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {text(node)}"
+             for path in PACKAGE.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if reference.match(text(node) or "")]
+    assert not found, "\n".join(found)
+
+
 def test_no_import_cycles() -> None:
     graph, done, cycles = _graph(), set(), []
 

@@ -20,7 +20,6 @@ from tuner.memory import capacity
 from tuner.memory import model as memory
 from tuner.outputs import console
 from tuner.scriptmode.config import TrialConfig
-from tuner.trial.engines.process import resolve
 from tuner.tuning.proposing import guided
 
 LEVERS = levers.LEVERS
@@ -54,7 +53,8 @@ def test_every_lever_is_declared_whole(name: str) -> None:
     assert lever.script.adapters <= set(ADAPTERS)
     files = lever.exported.fields
     assert files and set(files) <= set(EXPORT_FILES), f"{name}: reaches no config to paste"
-    assert callable(resolve(lever.applied.function)), f"{name}: apply {lever.applied.function!r} names nothing"
+    if lever.applied.stage == "process":
+        assert callable(lever.applied.hold), f"{name}: a process lever's setter"
     assert (lever.applied.loader_kwarg is not None) == (lever.applied.stage == "loader" or name == "micro_batch_size")
     if lever.memory.effect == "activations":
         assert set(lever.choices or ()) <= set(lever.memory.prior), f"{name}: an activation prior for every value"
@@ -159,7 +159,7 @@ def test_each_lever_that_moves_the_states_says_its_share() -> None:
     assert with_term == {name for name, lever in LEVERS.items() if lever.memory.effect == "states"
                          and lever.group == "sharding"}, with_term
     for name in with_term:
-        shares = resolve(LEVERS[name].memory.states)({n: lever.default for n, lever in LEVERS.items()}, 4, False)
+        shares = LEVERS[name].memory.states({n: lever.default for n, lever in LEVERS.items()}, 4, False)
         assert shares == (1, 1, 1), (name, shares)  # at its default a lever keeps everything
 
 
@@ -193,7 +193,8 @@ def _naming(name: str, imports: bool = False) -> list[str]:
     ``imports`` those that import from the trial's module of the lever's functions a name
     whose definition holds it (loop.py once imported ``compile_mode``'s ``GraphShapes`` and
     escaped a count of words; :func:`_importing`). The
-    registry package counts once: a lever's family module and :mod:`~tuner.inputs.levers.orders`
+    registry package and the engine table (:mod:`tuner.inputs.engine`, where a lever's engine
+    label is a row) count once: a lever's family module and :mod:`~tuner.inputs.levers.orders`
     (the index of where every lever stands) are its one declaration."""
     import re
 
@@ -206,24 +207,34 @@ def _naming(name: str, imports: bool = False) -> list[str]:
         named |= {str(p.relative_to(root)) for p in root.rglob("*.py")
                   if ".".join(p.relative_to(root.parent).with_suffix("").parts) not in coupled
                   and _importing(p.read_text(), coupled)}
-    here = {m for m in named if m.startswith(str(registry.relative_to(root)))}
+    here = {m for m in named if m.startswith(str(registry.relative_to(root))) or m == "inputs/engine.py"}
     return sorted((named - here) | ({"inputs/levers/"} if here else set()))
 
 
+APPLYING = ("tuner.trial.engines.gpu_levers", "tuner.trial.engines.model_levers", "tuner.trial.engines.stages")
+"""The trial's modules of the levers' functions, and the stages that call them in order."""
+
+
 def _coupled(name: str, word: Any, root: Path) -> dict[str, set[str]]:
-    """The trial's modules of the lever's functions (its ``applied`` ones; the registry is
-    every layer's to read), each with the names defined there whose definition names it."""
-    lever = LEVERS[name]
+    """The trial's modules of the levers' functions (:data:`APPLYING`: the registry is every
+    layer's to read), each with the names defined there whose definition names the lever."""
     coupled: dict[str, set[str]] = {}
-    for ref in (lever.applied.function, lever.applied.each_batch):
-        module = ref.partition(":")[0]
-        if not module.startswith("tuner.trial."):
-            continue
+    for module in APPLYING:
         source = (root.parent / (module.replace(".", "/") + ".py")).read_text()
         coupled[module] = {node.name for node in ast.parse(source).body
                            if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
                            and word.search(ast.get_source_segment(source, node) or "")}
     return coupled
+
+
+@pytest.mark.parametrize("name", [n for n, lever in LEVERS.items()
+                                  if lever.applied.stage in ("forward", "convert", "model", "optimizer")])
+def test_each_lever_of_a_trial_stage_is_read_where_the_stages_apply_it(name: str) -> None:
+    """The stages call their levers' functions written out in order: a lever declared at one
+    of them and read by none of those functions would never reach a trial."""
+    root = Path(levers.__file__).resolve().parents[3]
+    source = "".join((root / (module.replace(".", "/") + ".py")).read_text() for module in APPLYING)
+    assert f"config.{name}" in source, f"{name}: declared at stage {LEVERS[name].applied.stage}, applied nowhere"
 
 
 def _importing(source: str, coupled: dict[str, set[str]]) -> bool:
@@ -241,3 +252,35 @@ def test_the_count_of_modules_naming_a_lever_sees_an_import_of_its_functions() -
     coupled = _coupled("compile_mode", re.compile(r"\bcompile_mode\b"), root)
     assert _importing("from tuner.trial.engines.gpu_levers import GraphShapes\n", coupled)
     assert not _importing("from tuner.trial.engines.gpu_levers import attention_kernel\n", coupled)
+
+
+def test_an_engine_is_named_only_in_its_table() -> None:
+    """No module outside :mod:`tuner.inputs.engine` compares an engine label or the recipe's
+    ``engine`` with an engine's name (``config.engine == "deepspeed"``): it asks the
+    engine's facts (:func:`tuner.inputs.engine.kind`), so a new engine is a row of the
+    table. Script mode's adapters' own mode names are not engines."""
+    from tuner.inputs import engine
+
+    names = set(engine.ENGINES) | set(engine.LIBRARIES)
+    root = Path(levers.__file__).resolve().parents[1]
+
+    def literals(node: ast.AST) -> set[Any]:
+        if isinstance(node, ast.Constant):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {v for e in node.elts for v in literals(e)}
+        return set()
+
+    found = []
+    for path in root.rglob("*.py"):
+        if path == Path(engine.__file__):
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.Compare):
+                continue
+            operands = [node.left, *node.comparators]
+            if any("engine" in (ast.get_source_segment(source, o) or "") for o in operands) \
+                    and any(literals(o) & names for o in operands):
+                found.append(f"{path.relative_to(root)}:{node.lineno} {ast.get_source_segment(source, node)}")
+    assert not found, "\n".join(found)

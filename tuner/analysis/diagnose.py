@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 
 from tuner.analysis.remedies import Here, can_grow_micro, remedies
 from tuner.inputs import layout, levers
+from tuner.inputs.engine import kind
 
 THRESHOLDS: dict[str, float] = {
     "data_wait_share": 0.10,  # data-bound above this share of the step spent waiting for the next batch
@@ -153,7 +154,7 @@ def _buckets(params: Mapping[str, Any]) -> str:
     """The bucket levers of the engine this configuration runs: the DeepSpeed job was told
     "ddp_bucket_cap_mb", a DDP lever, and a CPU run "on GPUs, check the interconnect"; none
     under FSDP2, which has no bucket knob."""
-    if params.get("engine") == "deepspeed" or (params.get("zero_stage") or 0) > 0:
+    if kind(params.get("engine")).wraps_model or (params.get("zero_stage") or 0) > 0:
         return ("larger buckets (reduce_bucket_size, allgather_bucket_size) and overlap_comm: true hide more of it")
     if layout.of(params).shard:  # FSDP2: no bucket knob; its resharding is the sharding levers' own advice
         return ""

@@ -52,17 +52,17 @@ class Applied:
     """Where a trial applies the lever, and with what."""
 
     stage: Stage = "engine"
-    function: str = ""
-    """``module:function`` that applies it to a trial (resolved in the trial layer)."""
+    """The trial's functions of a stage are called in a written-out order by
+    :mod:`tuner.trial.engines.stages` (forward, convert, model, optimizer) and
+    :mod:`tuner.trial.engines.process` (process); an engine applies its own."""
     loader_kwarg: str | None = None
     """Its ``torch.utils.data.DataLoader`` keyword (loader levers)."""
     kwarg_at_default: bool = True
     """Whether the keyword is passed at its default too (``False`` for one only recent
     DataLoaders take: a pasted ``dataloader.json`` then runs on an older PyTorch)."""
-    each_batch: str = ""
-    """``module:function``, ``(config)`` -> a check the trial's loop runs on each micro-batch
-    before its forward, or ``None`` where the configuration needs none (CUDA graphs record
-    again for every new input shape: the trial stops at the first)."""
+    hold: Callable[[Any], Callable[[], None]] | None = None
+    """A ``process`` lever's setter: ``(value)`` -> how to put the process's own setting back
+    (:func:`tuner.trial.engines.process.held`)."""
     env: Callable[[Any, Mapping[str, str]], dict[str, str]] | None = None
     """For a lever a process reads from its environment at start (the CUDA allocator's
     settings): ``(value, the environment so far)`` -> the variables a script trial's process
@@ -75,10 +75,10 @@ class Exported:
 
     fields: Mapping[str, str] = field(default_factory=dict)
     """Export file -> the field it sets there (see :data:`EXPORT_FILES`)."""
-    function: str = ""
-    """``module:function`` in the config layer, ``(config, file, world_size)`` -> what the
-    lever writes into that export file (a dict merged into a JSON/YAML file's mapping, or
-    lines added to a TOML or Python one; ``None``: nothing): its exports in its own entry."""
+    function: Callable[[Any, str, int], Any] | None = None
+    """``(config, file, world_size)`` -> what the lever writes into that export file (a dict
+    merged into a JSON/YAML file's mapping, or lines added to a TOML or Python one; ``None``:
+    nothing): its exports in its own entry."""
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,10 @@ class MemoryTerm:
     prior: Mapping[Any, float] = field(default_factory=dict)
     """For an ``activations`` lever: each value's activation memory against the default's,
     until the trials measure it."""
-    states: str = ""
-    """``module:function`` in the config layer, ``(knobs, data-parallel ranks, host is the
-    device)`` -> the share of the parameters, gradients and optimizer states a rank keeps on
-    its device (:mod:`tuner.inputs.model_states`): the memory model multiplies every lever's."""
+    states: Callable[[Mapping[str, Any], int, bool], tuple[float, float, float]] | None = None
+    """``(knobs, data-parallel ranks, host is the device)`` -> the share of the parameters,
+    gradients and optimizer states a rank keeps on its device (:mod:`tuner.inputs.model_states`):
+    the memory model multiplies every lever's."""
     frees_activations: tuple[Any, ...] = ()
     """Values that recompute activations in the backward instead of holding them, the one
     that recomputes least first: what the guided walk tries on a larger micro-batch the
@@ -160,7 +160,7 @@ class Lever:
     engine: str | None = None
     """The engine label a value away from the default gives a configuration (``deepspeed``, or
     a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;
-    the first of :data:`tuner.inputs.levers.ENGINE_ORDER` wins)."""
+    the first of :data:`tuner.inputs.engine.ORDER` wins)."""
     runs_on: str | None = None
     """The recipe ``engine`` (``torch`` or ``deepspeed``) a value away from the default needs:
     a recipe that names the other one is refused before anything runs."""

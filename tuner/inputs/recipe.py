@@ -18,8 +18,9 @@ from typing import Any, Callable, Mapping, Sequence, get_args
 
 import yaml
 
-from tuner.inputs import layout, levers
+from tuner.inputs import layout
 from tuner.inputs import space as space_mod
+from tuner.inputs.engine import engine_clash
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.script import SCRIPT_KEYS, Script, check_routes, parse_script
 from tuner.inputs.space import EngineName
@@ -295,7 +296,7 @@ def _check_combinations(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[
         why = space_mod.conflict(knobs)
         if why is not None:
             raise RecipeError(f"{where}: {why}")
-    why = levers.engine_clash(_values_set(space, baseline, overrides), engine)
+    why = engine_clash(_values_set(space, baseline, overrides), engine)
     if why is not None:
         raise RecipeError(why)
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Mapping, Sequence, get_args
 
-from tuner.inputs import layout, levers
+from tuner.inputs import layout
+from tuner.inputs.engine import engine_clash, engine_of
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import Lever
 from tuner.inputs.levers import LEVERS, loader_kwargs
@@ -134,7 +135,7 @@ Config.__module__ = __name__
 Config.__doc__ = """One complete configuration of a trial: ``micro_batch_size``,
 ``grad_accum_steps``, every lever of :mod:`tuner.inputs.levers` (its default when not
 given) and ``engine``: the label of what runs it, derived from the levers and the recipe
-(:func:`tuner.inputs.levers.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
+(:func:`tuner.inputs.engine.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
 sharding and layout levers' own labels, which the same PyTorch engine runs)."""
 
 
@@ -239,11 +240,11 @@ def make_config(
     for name in LEVERS:  # a knob that means nothing here takes its default (one config, one key)
         if not applies(name, values, world_size):
             values[name] = LEVERS[name].default
-    why = levers.engine_clash({name: (value,) for name, value in values.items()}, engine)
+    why = engine_clash({name: (value,) for name, value in values.items()}, engine)
     if why is not None:
         raise RecipeError(why)
     accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
-    return Config(grad_accum_steps=accum, engine=levers.engine_of(values, engine), **values), notes
+    return Config(grad_accum_steps=accum, engine=engine_of(values, engine), **values), notes
 
 
 @dataclasses.dataclass(frozen=True)

@@ -39,7 +39,6 @@ import torch
 
 from tuner.harness.system.monitors import HostMemory
 from tuner.inputs import layout, levers
-from tuner.trial.engines.process import resolve
 from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ GIB = 1024**3
 GROUP = levers.with_memory("activations")
 """The levers that scale the activations (amp dtype, checkpointing): a group of their values
 has one per-sample slope."""
-STATE_TERMS = tuple(resolve(lever.memory.states) for lever in levers.LEVERS.values() if lever.memory.states)
+STATE_TERMS = tuple(lever.memory.states for lever in levers.LEVERS.values() if lever.memory.states)
 """Each lever's share of the model states a rank keeps (ZeRO, FSDP2, offload)."""
 REFERENCE = tuple(str(levers.LEVERS[name].default) for name in GROUP)
 """The group every lever's prior is relative to (fp32, no checkpointing)."""

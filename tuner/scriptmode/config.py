@@ -20,7 +20,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.inputs import export, levers
+from tuner.inputs import export
+from tuner.inputs.engine import engine_of
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
 from tuner.inputs.space import Config
@@ -46,7 +47,7 @@ class _TrialFields:
 
     def _config(self) -> Config:
         knobs = {name: getattr(self, name) for name in LEVERS}
-        return Config(**knobs, grad_accum_steps=self.grad_accum_steps, engine=levers.engine_of(knobs))
+        return Config(**knobs, grad_accum_steps=self.grad_accum_steps, engine=engine_of(knobs))
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, sampler=..., **cfg.dataloader_kwargs())``; batch size per rank."""

@@ -12,6 +12,7 @@ import torch
 from tuner.harness import comm_tail, distributed
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.flops import count_flops, uses_attention
+from tuner.inputs.engine import kind
 from tuner.trial.failures import TrialStop
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def count_task_flops(job: "TrialLoop") -> None:
         return
     except Exception:  # noqa: BLE001 - not meta-friendly: count on a plain trial below
         pass
-    if job.engine.recompute is not None or job.config.compile or job.config.engine == "layout":
+    if job.engine.recompute is not None or job.config.compile or kind(job.config.engine).split:
         return  # its count would not be the model's: a later plain trial counts it
 
     def one_micro_batch() -> None:

@@ -7,7 +7,7 @@ import traceback
 
 import torch
 
-from tuner.inputs import levers
+from tuner.inputs.engine import kind
 from tuner.inputs.errors import TrialError
 from tuner.trial.trial_result import State
 
@@ -102,6 +102,6 @@ def poisons(state: str, reason: str | None, engine: str, world_size: int, cuda: 
         return None
     if state == State.ERROR and reason is not None and _DEVICE_FAULT.search(reason):
         return "a CUDA or communication error leaves this process's device or process group unusable"
-    if world_size > 1 and (engine in levers.sharded_engines() or (cuda and engine in ("torch", "layout"))):
+    if world_size > 1 and (kind(engine).sharded or cuda):
         return f"a failed {engine} trial on {world_size} ranks can leave collectives queued on the other ranks"
     return None

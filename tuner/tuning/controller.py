@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from tuner.harness import distributed, interrupt
 from tuner.harness.system import energy
 from tuner.inputs import levers
+from tuner.inputs.engine import wrapping
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.space import Config, Machine, reference_knobs
@@ -207,7 +208,7 @@ def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machi
     """One configuration per one-time setup the space can need: DeepSpeed, compile."""
     c = space.choices
     knobs: list[dict[str, Any]] = []
-    if any(z > 0 for z in c["zero_stage"]) or recipe.engine == "deepspeed":
+    if any(z > 0 for z in c["zero_stage"]) or wrapping(recipe.engine):
         other, off = LEVERS["zero_stage"].alternative or ("zero_stage", 0)  # the other sharding lever off
         knobs.append({other: off, "zero_stage": max(c["zero_stage"]), "offload_optimizer": "none"})
     if True in c["compile"]:

@@ -10,10 +10,9 @@ selective policy as lines of Python, since no library config holds a ``context_f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+from tuner.inputs.levers.common import Config
 
 HF_OFF = {"activation_checkpointing": False, "activation_checkpointing_kwargs": None}
 """``TrainingArguments``' checkpointing fields when the lever is off (``None``: the Trainer's default)."""
@@ -21,7 +20,7 @@ SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scal
 """The ATen operators ``op`` keeps (their outputs saved); the rest of each block is recomputed."""
 
 
-def checkpointing_exports(config: "Config", file: str, world_size: int) -> Any:
+def checkpointing_exports(config: Config, file: str, world_size: int) -> Any:
     mode = config.activation_checkpointing
     lay = config.layout(world_size)
     if file == "accelerate_config.yaml":

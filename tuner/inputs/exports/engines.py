@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tuner.inputs import layout
+from tuner.inputs.engine import kind
 from tuner.inputs.exports.fragments import lever_fragments, merge_dict
 from tuner.inputs.levers import LEVERS
 
@@ -53,7 +54,7 @@ def torch_settings(config: "Config") -> str:
     for name, lever in LEVERS.items():
         exported = lever.exported
         line = exported.fields.get("torch_settings.py") if not exported.function else None  # its own lines below
-        if line and values[name] != lever.default and (name != "ddp_bucket_cap_mb" or config.engine == "torch"):
+        if line and values[name] != lever.default and (name != "ddp_bucket_cap_mb" or kind(config.engine).ddp):
             lines.append(f"{line.format(values[name])}  # {name}")
     for fragment in lever_fragments(config, "torch_settings.py", 1):
         lines += [f"{line}" for line in fragment]

@@ -23,13 +23,10 @@ if TYPE_CHECKING:
 
 def lever_fragments(config: "Config", file: str, world_size: int) -> list[Any]:
     """Every lever's fragment for ``file``, in declaration order (none where it says nothing)."""
-    import importlib
-
     out = []
     for lever in LEVERS.values():
-        if lever.exported.function and file in lever.exported.fields:
-            module, _, name = lever.exported.function.partition(":")
-            fragment = getattr(importlib.import_module(module), name)(config, file, world_size)
+        if lever.exported.function is not None and file in lever.exported.fields:
+            fragment = lever.exported.function(config, file, world_size)
             if fragment:
                 out.append(fragment)
     return out

@@ -6,16 +6,15 @@ parallelism of its own (the degree and schedule measured are in torchtitan.toml)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+from tuner.inputs.levers.common import Config
 
 HF_OFF = {"fsdp": False, "fsdp_config": None}
 """``TrainingArguments``' FSDP fields when the lever is off (``None``: the Trainer's default)."""
 
 
-def fsdp_exports(config: "Config", file: str, world_size: int) -> Any:
+def fsdp_exports(config: Config, file: str, world_size: int) -> Any:
     lay = config.layout(world_size)
     if file != "hf_training_args.json" or not lay.shard:
         return None
@@ -26,7 +25,7 @@ def fsdp_exports(config: "Config", file: str, world_size: int) -> Any:
                                           "cpu_offload": config.offload_optimizer == "cpu"}}
 
 
-def pipeline_exports(config: "Config", file: str, world_size: int) -> Any:
+def pipeline_exports(config: Config, file: str, world_size: int) -> Any:
     lay = config.layout(world_size)
     if lay.pp == 1:
         return None

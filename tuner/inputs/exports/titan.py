@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tuner.inputs.engine import kind
 from tuner.inputs.exports.fragments import lever_fragments, merge_toml_lines
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ def torchtitan_toml(config: "Config", world_size: int) -> str:
                   f"pipeline_parallel_microbatch_size = {config.micro_batch_size}"]
     if lay.shard:
         lines.append(f'fsdp_reshard_after_forward = "{"always" if lay.reshard else "never"}"')
-    if config.engine == "deepspeed":
+    if kind(config.engine).wraps_model:
         lines.append(f"# ZeRO stage {config.zero_stage} has no torchtitan equivalent; its FSDP2 is "
                      "data_parallel_shard_degree > 1")
     lines += ["", "[activation_checkpoint]", 'mode = "none"']  # the checkpointing lever's export sets it

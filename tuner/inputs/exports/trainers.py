@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tuner.inputs.engine import kind
 from tuner.inputs.exports import checkpointing, parallel
 from tuner.inputs.exports.fragments import lever_fragments, merge_dict, merge_yaml_lines
 from tuner.inputs.levers import LEVERS
@@ -19,26 +20,26 @@ def accelerate_config(config: "Config", world_size: int, cuda: bool) -> str:
     full_shard vs shard_grad_op, checkpointing, offload); compile in its dynamo section.
     """
     lay = config.layout(world_size)
-    if config.engine == "deepspeed":
-        kind = "DEEPSPEED"
+    if kind(config.engine).wraps_model:
+        distributed = "DEEPSPEED"
     elif lay.shard or lay.tp > 1:  # Accelerate composes tensor parallelism with FSDP2 only
-        kind = "FSDP"
+        distributed = "FSDP"
     elif world_size > 1:
-        kind = "MULTI_GPU" if cuda else "MULTI_CPU"
+        distributed = "MULTI_GPU" if cuda else "MULTI_CPU"
     else:
-        kind = "NO"
+        distributed = "NO"
     lines = [
         "# accelerate launch --config_file accelerate_config.yaml train.py",
         f"# Accelerator(gradient_accumulation_steps={config.grad_accum_steps}); "
         f"DataLoader kwargs: see dataloader.json (batch_size={config.micro_batch_size} per process)",
         "compute_environment: LOCAL_MACHINE",
-        f"distributed_type: {kind}",
+        f"distributed_type: {distributed}",
         "mixed_precision: no",  # the precision lever's export sets its own
         f"num_processes: {world_size}",
         "num_machines: 1",
         f"use_cpu: {'false' if cuda else 'true'}",
     ]
-    if config.engine == "deepspeed":
+    if kind(config.engine).wraps_model:
         lines += [
             "deepspeed_config:",
             "  deepspeed_config_file: ds_config.json",
@@ -97,9 +98,9 @@ def hf_training_args(config: "Config") -> dict[str, Any]:
     if config.num_workers > 0:
         args["dataloader_prefetch_factor"] = config.prefetch_factor
         args["dataloader_persistent_workers"] = config.persistent_workers
-    if config.engine == "deepspeed":
+    if kind(config.engine).wraps_model:
         args["deepspeed"] = "ds_config.json"
-    if config.engine == "torch" and config.ddp_bucket_cap_mb != 25:
+    if kind(config.engine).ddp and config.ddp_bucket_cap_mb != 25:
         args["ddp_bucket_cap_mb"] = config.ddp_bucket_cap_mb
     for fragment in lever_fragments(config, "hf_training_args.json", 1):
         merge_dict(args, fragment)
@@ -113,7 +114,7 @@ def lightning_trainer(config: "Config", world_size: int, cuda: bool) -> str:
     (``data.batch_size`` / ``data.num_workers``: the usual names; rename them to your
     DataModule's)."""
     lay = config.layout(world_size)
-    if config.engine == "deepspeed":
+    if kind(config.engine).wraps_model:
         offload = "_offload" if config.offload_optimizer == "cpu" else ""
         strategy: Any = f"deepspeed_stage_{config.zero_stage}{offload}"
     elif lay.tp > 1:  # tensor parallelism, and FSDP2 over the rest, applied in configure_model()

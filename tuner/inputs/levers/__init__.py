@@ -2,11 +2,13 @@
 family: :mod:`.loader`, :mod:`.precision`, :mod:`.batch`, :mod:`.parallel`,
 :mod:`.sharding`, :mod:`.checkpointing`, :mod:`.kernels`, :mod:`.process`. A family module
 holds its levers' entries and the functions they name in the config layer (refusals,
-conflicts, exports); the trial layer's apply functions are named by ``module:function`` and
-resolved there. Where each lever stands among the others (the configuration's fields, the
-attribution's path, the guided walk, each verdict's levers) is :mod:`.orders`.
+conflicts, exports); the trial layer applies each lever where its stage runs
+(:mod:`tuner.trial.engines.stages`, written out in order). Where each lever stands among
+the others (the configuration's fields, the attribution's path, the guided walk, each
+verdict's levers) is :mod:`.orders`.
 
-Adding a lever is its family's entry, its place in :mod:`.orders`, and its apply function;
+Adding a lever is its family's entry, its place in :mod:`.orders`, and its apply function
+called where its stage runs;
 ``tests/structure/test_registry.py`` fails when an entry lacks what a layer needs.
 """
 
@@ -26,42 +28,9 @@ if set(LEVERS) != set(_DECLARED):
     raise ImportError(f"levers declared but not in orders.FIELDS: {sorted(set(_DECLARED) - set(LEVERS))}")
 
 
-ENGINE_ORDER = ("layout", "fsdp", "deepspeed")
-"""Which engine label a configuration takes where its levers give several (a layout shards
-its data-parallel dimension with FSDP2 inside the layout)."""
-ENGINE_NAMES = {"torch": "PyTorch's engine", "deepspeed": "DeepSpeed"}
-"""The recipe's ``engine`` values, in words."""
-
-
-def engine_of(values: Mapping[str, Any], asked: str = "auto") -> str:
-    """The engine label of these knob values (every lever's, after the levers that mean
-    nothing took their defaults); ``asked``: the recipe's ``engine``."""
-    moved = {lever.engine for name, lever in LEVERS.items()
-             if lever.engine and values.get(name, lever.default) != lever.default}
-    return next((e for e in ENGINE_ORDER if e in moved), "deepspeed" if asked == "deepspeed" else "torch")
-
-
-def engine_clash(values: Mapping[str, tuple[Any, ...]], asked: str) -> str | None:
-    """Why lever values (each lever's possible values) cannot run on the engine the recipe
-    names (``None``: they can, or the recipe says ``auto``)."""
-    if asked == "auto":
-        return None
-    for name, lever in LEVERS.items():
-        others = [v for v in values.get(name, ()) if v != lever.default]
-        if lever.runs_on and lever.runs_on != asked and others:
-            return (f"engine: {asked} cannot run {name} {', '.join(map(str, others))}, which "
-                    f"{ENGINE_NAMES[lever.runs_on]} runs; use engine: auto, or {name}: {lever.default}")
-    return None
-
-
 def recomputing() -> tuple[str, ...]:
     """The levers that trade recompute for activation memory (``Lever.memory.frees_activations``)."""
     return tuple(name for name, lever in LEVERS.items() if lever.memory.frees_activations)
-
-
-def sharded_engines() -> frozenset[str]:
-    """The engine labels of the sharding levers (their collectives overlap the step)."""
-    return frozenset(lever.engine for lever in LEVERS.values() if lever.group == "sharding" and lever.engine)
 
 
 def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:

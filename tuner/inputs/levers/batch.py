@@ -12,7 +12,7 @@ DECLARED: tuple[Lever, ...] = (
           label="micro={}",
           suggest=((), "a larger micro_batch_size (fuller kernels)"),
           risk="optimisation: same global batch, but BatchNorm statistics and padding are per micro-batch",
-          applied=Applied("batch", "tuner.trial.data:make_loader", loader_kwarg="batch_size"),
+          applied=Applied("batch", loader_kwarg="batch_size"),
           exported=Exported({"dataloader.json": "batch_size", "ds_config.json": "train_micro_batch_size_per_gpu",
                              "hf_training_args.json": "per_device_train_batch_size",
                              "torchtitan.toml": "local_batch_size",

@@ -6,8 +6,8 @@ block (full, selective) or per operator (op). Its model surgery is
 
 from __future__ import annotations
 
+from tuner.inputs.exports.checkpointing import checkpointing_exports
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import ENGINES
 
 DECLARED: tuple[Lever, ...] = (
     Lever("activation_checkpointing", str, "none",
@@ -17,12 +17,12 @@ DECLARED: tuple[Lever, ...] = (
           ordered=True, reference="none",
           risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
                "dropout matches)", label="ac={}", proven=True,
-          applied=Applied("model", f"{ENGINES}.model_levers:checkpointing"),
+          applied=Applied("model"),
           exported=Exported({"hf_training_args.json": "activation_checkpointing",
                              "torchtitan.toml": "activation_checkpoint",
                              "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
                              "torch_settings.py": "op_context (op)"},
-                            function="tuner.inputs.exports.checkpointing:checkpointing_exports"),
+                            function=checkpointing_exports),
           memory=MemoryTerm("activations", prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1},
                             frees_activations=("selective", "full")),
           script=ScriptRoutes(frozenset({"hf"}))),

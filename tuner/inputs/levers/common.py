@@ -1,6 +1,4 @@
-"""What the family modules share: the script-mode adapters that deliver a lever themselves,
-and where the trial's apply functions live (resolved there, never imported here).
-"""
+"""What the family modules share: the script-mode adapters that deliver a lever themselves."""
 
 from __future__ import annotations
 
@@ -14,9 +12,6 @@ REBUILT = frozenset(ADAPTERS) - {"hf"}
 ``dataloader_*`` fields instead, and they have no ``in_order``)."""
 TRAINER = frozenset({"hf", "lightning", "accelerate", "deepspeed"})
 """Adapters whose library takes the batch and precision (the torch adapter only watches)."""
-ENGINES = "tuner.trial.engines"
-APPLY = "tuner.trial.engines.gpu_levers"
-"""The apply functions of the GPU-era levers (float8, attention, the allocator, Liger)."""
 
 Config = Any
 """A :class:`tuner.inputs.space.Config` (built from this registry, so not imported here)."""

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from tuner.inputs import layout
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import APPLY, ENGINES, Config
+from tuner.inputs.levers.common import Config
 from tuner.inputs.machine import Machine
 
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -124,22 +124,22 @@ DECLARED: tuple[Lever, ...] = (
                      "machine has none", False)],
           risk="compile time at start-up and on every new shape (variable sequence lengths recompile); checked by "
                "the precision guard", label="compile",
-          applied=Applied("model", f"{ENGINES}.model_levers:compiling"),
+          applied=Applied("model"),
           exported=Exported({"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
-                             "torchtitan.toml": "compile"}, function=f"{__name__}:compile_exports"),
+                             "torchtitan.toml": "compile"}, function=compile_exports),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),
           group="optimizer", suggest=(("fused",), "optimizer_impl: fused"),
           risk="fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
           label="opt={}",
-          applied=Applied("optimizer", f"{ENGINES}.model_levers:implementation"),
+          applied=Applied("optimizer"),
           exported=Exported({"hf_training_args.json": "optim", "torchtitan.toml": "optimizer.implementation"}),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("channels_last", bool, False, "channels-last memory format for the model and its 4-D inputs", group="model",
           suggest=((True,), "channels_last: true (convolutional models)"), acts_on="convolutions",
           risk="custom kernels or reshapes that assume NCHW-contiguous tensors copy (or break); only convolutional "
                "models gain", label="channels_last",
-          applied=Applied("model", f"{ENGINES}.model_levers:memory_format"),
+          applied=Applied("model"),
           exported=Exported({"torch_settings.py": "model = model.to(memory_format=torch.channels_last)  # and each "
                                                   "image batch: x.to(memory_format=torch.channels_last)"})),
     Lever("compile_mode", str, "default", "torch.compile's mode (with compile: true)",
@@ -152,11 +152,11 @@ DECLARED: tuple[Lever, ...] = (
           refusal=_graphs_refusal,
           risk="max-autotune compiles for minutes on first use (inductor's cache keeps it); reduce-overhead's CUDA "
                "graphs hold static memory and record again for every new input shape", label="mode={}",
-          applied=Applied("model", "tuner.trial.engines.model_levers:compiling", each_batch=f"{APPLY}:graph_shapes"),
+          applied=Applied("model"),
           exported=Exported({"hf_training_args.json": "torch_compile_mode",
                              "accelerate_config.yaml": "dynamo_config.dynamo_mode", "torchtitan.toml": "comment",
                              "torch_settings.py": "block.compile(mode=...)"},
-                            function=f"{__name__}:compile_mode_exports"),
+                            function=compile_mode_exports),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("attention_backend", str, "default",
           "the kernel behind scaled_dot_product_attention (torch.nn.attention.sdpa_kernel)",
@@ -166,9 +166,9 @@ DECLARED: tuple[Lever, ...] = (
           risk="the model must call scaled_dot_product_attention (transformers: attn_implementation='sdpa'); a "
                "backend that cannot take its inputs (masks, head size) fails the trial, said in one line",
           label="attn={}",
-          applied=Applied("forward", f"{APPLY}:attention_kernel"),
+          applied=Applied("forward"),
           exported=Exported({"torch_settings.py": "sdpa_kernel(SDPBackend...)"},
-                            function=f"{__name__}:attention_exports")),
+                            function=attention_exports)),
     Lever("fused_loss", bool, False,
           "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks", group="kernels",
           reference=False,
@@ -176,9 +176,9 @@ DECLARED: tuple[Lever, ...] = (
           refused=_liger_refused, refusal=_fused_loss_refusal,
           risk="a transformers causal LM computing its own loss from labels, of a family Liger patches; numerics "
                "checked by the precision guard", label="fused_loss",
-          applied=Applied("convert", f"{APPLY}:fused_loss_model"),
+          applied=Applied("convert"),
           exported=Exported({"hf_training_args.json": "use_liger_kernel", "torch_settings.py": "apply_liger_kernel"},
-                            function=f"{__name__}:fused_loss_exports"),
+                            function=fused_loss_exports),
           memory=MemoryTerm("activations", prior={False: 1.0, True: 0.7}),
           script=ScriptRoutes(frozenset({"hf"}))),
 )

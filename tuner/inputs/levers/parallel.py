@@ -5,18 +5,15 @@ sequence parallelism. One function applies them all (the layout's ``parallelize`
 
 from __future__ import annotations
 
+from tuner.inputs.exports.parallel import pipeline_exports
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm
-from tuner.inputs.levers.common import ENGINES
-
-LAYOUT = f"{ENGINES}.parallelize:parallelize"
-
 
 DECLARED: tuple[Lever, ...] = (
     Lever("tensor_parallel", int, 1, "ranks one layer's matmuls are split over (DTensor colwise/rowwise)", minimum=1,
           group="layout", needs=lambda k, w: w > 1, ordered=True, label="tp={}",
           risk="every block all-reduces its activations across the tensor-parallel group: keep it inside a node",
           engine="layout",
-          applied=Applied("engine", LAYOUT),
+          applied=Applied("engine"),
           exported=Exported({"torchtitan.toml": "parallelism.tensor_parallel_degree",
                              "accelerate_config.yaml": "parallelism_config.parallelism_config_tp_size",
                              "lightning_trainer.yaml": "trainer.strategy (ModelParallelStrategy "
@@ -25,11 +22,11 @@ DECLARED: tuple[Lever, ...] = (
     Lever("pipeline_parallel", int, 1, "pipeline stages the model's blocks are cut into", minimum=1, group="layout",
           needs=lambda k, w: w > 1, ordered=True, label="pp={}",
           risk="the pipeline bubble: stages idle while the first micro-batches fill it", engine="layout",
-          applied=Applied("engine", LAYOUT),
+          applied=Applied("engine"),
           exported=Exported({"torchtitan.toml": "parallelism.pipeline_parallel_degree",
                              "accelerate_config.yaml": "comment: Accelerate has no pipeline parallelism",
                              "lightning_trainer.yaml": "comment: Lightning has no pipeline parallelism"},
-                            function="tuner.inputs.exports.parallel:pipeline_exports"),
+                            function=pipeline_exports),
           memory=MemoryTerm("states")),
     Lever("pipeline_schedule", str, "1f1b", "how micro-batches flow through the stages",
           choices=("1f1b", "gpipe", "interleaved_1f1b"), group="layout", needs=lambda k, w: k["pipeline_parallel"] > 1,
@@ -38,14 +35,14 @@ DECLARED: tuple[Lever, ...] = (
                                                                           "(two stages per rank: half the bubble)"),
           risk="gpipe holds every micro-batch's activations at once; interleaved halves the bubble for twice "
                "the stage-to-stage sends",
-          applied=Applied("engine", LAYOUT),
+          applied=Applied("engine"),
           exported=Exported({"torchtitan.toml": "parallelism.pipeline_parallel_schedule"}),
           memory=MemoryTerm("activations", prior={"1f1b": 1.0, "gpipe": 1.0, "interleaved_1f1b": 1.0})),
     Lever("sequence_parallel", bool, False, "norms and residual stream sharded over the sequence (tensor_parallel)",
           group="layout", needs=lambda k, w: k["tensor_parallel"] > 1 and k["pipeline_parallel"] == 1, label="sp",
           risk="a reduce-scatter and an all-gather per region instead of one all-reduce; the sequence length must "
                "divide by tensor_parallel",
-          applied=Applied("engine", LAYOUT),
+          applied=Applied("engine"),
           exported=Exported({"torchtitan.toml": "comment: torchtitan shards the sequence with every "
                                                 "tensor_parallel_degree"}),
           memory=MemoryTerm("activations", prior={False: 1.0, True: 1.0})),

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from tuner.inputs import layout
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import APPLY, ENGINES, TRAINER, Config
+from tuner.inputs.levers.common import TRAINER, Config
 from tuner.inputs.machine import Machine
 
 
@@ -111,11 +111,11 @@ DECLARED: tuple[Lever, ...] = (
           reference="fp32", refused=_amp_refused,
           suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"),
           risk="numerics: checked by the precision guard against the fp32 loss",
-          applied=Applied("forward", f"{ENGINES}.base:autocast"),
+          applied=Applied("forward"),
           exported=Exported({"ds_config.json": "bf16.enabled / fp16.enabled",
                              "accelerate_config.yaml": "mixed_precision", "hf_training_args.json": "bf16 / fp16",
                              "torchtitan.toml": "mixed_precision_param",
-                             "lightning_trainer.yaml": "trainer.precision"}, function=f"{__name__}:amp_exports"),
+                             "lightning_trainer.yaml": "trainer.precision"}, function=amp_exports),
           memory=MemoryTerm("activations", prior={"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}),
           script=ScriptRoutes(TRAINER)),
     Lever("float8", str, "off", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
@@ -124,8 +124,8 @@ DECLARED: tuple[Lever, ...] = (
           refusal=_float8_refusal,
           risk="numerics: matmuls in float8 with dynamic scales, checked by the precision guard against the fp32 "
                "loss; small matmuls get slower (the casts cost more than they save)", label="float8={}",
-          applied=Applied("convert", f"{APPLY}:float8_model"),
+          applied=Applied("convert"),
           exported=Exported({"torchtitan.toml": "model.converters, float8",
                              "torch_settings.py": "convert_to_float8_training"},
-                            function=f"{__name__}:float8_exports")),
+                            function=float8_exports)),
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from tuner.inputs.lever import ADAPTERS, Applied, Exported, Lever, ScriptRoutes
-from tuner.inputs.levers.common import ALL, APPLY, Config
+from tuner.inputs.levers.common import ALL, Config
 from tuner.inputs.machine import Machine
 
 
@@ -65,6 +65,23 @@ def cudnn_benchmark(value: bool) -> Callable[[], None]:
     return lambda: setattr(torch.backends.cudnn, "benchmark", before)
 
 
+def expandable_segments(value: bool) -> Callable[[], None]:
+    """The CUDA caching allocator grows expandable segments for the trial (its cache
+    emptied first, so the trial starts from none), then back. Without CUDA nothing."""
+    import torch
+
+    if not value or not torch.cuda.is_available():
+        return lambda: None
+    torch.cuda.empty_cache()
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")  # noqa: SLF001 - torch's setter
+
+    def restore() -> None:
+        torch.cuda.empty_cache()
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")  # noqa: SLF001
+
+    return restore
+
+
 def intra_op_threads(value: int) -> Callable[[], None]:
     """``torch.set_num_threads`` for the trial, then the process's own count back. 0 leaves
     the count as the launcher set it: torchrun gives every rank of a multi-process job
@@ -85,7 +102,7 @@ DECLARED: tuple[Lever, ...] = (
           reference="highest", suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
           risk="numerics: fp32 matmuls round their inputs to TF32 (10-bit mantissa; medium: bf16); checked by the "
                "precision guard", label="matmul={}",
-          applied=Applied("process", f"{__name__}:matmul_precision"),
+          applied=Applied("process", hold=matmul_precision),
           exported=Exported({"hf_training_args.json": "tf32",
                              "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
           script=ScriptRoutes(ALL)),
@@ -96,7 +113,7 @@ DECLARED: tuple[Lever, ...] = (
               (True, "cuDNN's algorithm search needs a CUDA device with cuDNN", False)],
           risk="the first step of every new input shape times each algorithm (variable shapes pay it again); the "
                "fastest algorithm may not be deterministic", label="cudnn_benchmark",
-          applied=Applied("process", f"{__name__}:cudnn_benchmark"),
+          applied=Applied("process", hold=cudnn_benchmark),
           exported=Exported({"torch_settings.py": "torch.backends.cudnn.benchmark = {!r}"}),
           script=ScriptRoutes(ALL)),
     Lever("expandable_segments", bool, False,
@@ -107,9 +124,9 @@ DECLARED: tuple[Lever, ...] = (
               (True, "expandable segments are the CUDA caching allocator's: no CUDA device here", False)],
           risk="none to the loss; the memory stays mapped in large segments (other processes on the GPU see it held)",
           label="expandable",
-          applied=Applied("process", f"{APPLY}:expandable_segments", env=_expandable_env),
+          applied=Applied("process", hold=expandable_segments, env=_expandable_env),
           exported=Exported({"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"},
-                            function=f"{__name__}:expandable_exports"),
+                            function=expandable_exports),
           script=ScriptRoutes(frozenset(ADAPTERS))),
     Lever("intra_op_threads", int, 0,
           "torch.set_num_threads on every rank: its CPU operators' threads "
@@ -117,7 +134,7 @@ DECLARED: tuple[Lever, ...] = (
           suggest=((), "more intra_op_threads"),  # with the count, where a CPU step ran on fewer than a rank's cores
           risk="ranks x threads beyond the node's cores oversubscribe them and slow every rank; results may "
                "differ in the last bits (a parallel reduction's order)", label="threads={}",
-          applied=Applied("process", f"{__name__}:intra_op_threads"),
+          applied=Applied("process", hold=intra_op_threads),
           exported=Exported({"torch_settings.py": "torch.set_num_threads({!r})"}),
           script=ScriptRoutes(ALL)),
 )

@@ -8,13 +8,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.inputs import layout
+from tuner.inputs.exports.parallel import fsdp_exports
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import ENGINES, Config
+from tuner.inputs.levers.common import Config
 from tuner.inputs.machine import Machine
+from tuner.inputs.model_states import offloaded_states, sharded_states, zero_states
 
 DEEPSPEED_BUCKET = 500_000_000
 """DeepSpeed's default ``reduce_bucket_size`` / ``allgather_bucket_size`` (elements)."""
-STATES = "tuner.inputs.model_states"
 
 
 def _zero(k: Mapping[str, Any], world: int) -> bool:
@@ -89,10 +90,10 @@ DECLARED: tuple[Lever, ...] = (
           needs=_data_parallel_only, ordered=True, alternative=("fsdp", "off"),
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)", engine="deepspeed",
           runs_on="deepspeed", proven=True,
-          applied=Applied("engine", f"{ENGINES}.deepspeed_engine:DeepSpeedEngine"),
+          applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.stage", "accelerate_config.yaml": "distributed_type",
-                             "lightning_trainer.yaml": "trainer.strategy"}, function=f"{__name__}:zero_exports"),
-          memory=MemoryTerm("states", states=f"{STATES}:zero_states"),
+                             "lightning_trainer.yaml": "trainer.strategy"}, function=zero_exports),
+          memory=MemoryTerm("states", states=zero_states),
           script=ScriptRoutes(frozenset({"hf", "lightning", "deepspeed"}), refused_under={"lightning": _no_lightning})),
     Lever("fsdp", str, "off", "FSDP2 fully_shard per block and on the root",
           choices=("off", "full_shard", "shard_grad_op"), aliases=((False, "off"),), group="sharding",
@@ -103,17 +104,17 @@ DECLARED: tuple[Lever, ...] = (
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
           label="fsdp={}", engine="fsdp", runs_on="torch", proven=True,
           suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
-          applied=Applied("engine", f"{ENGINES}.data_parallel:shard"),
+          applied=Applied("engine"),
           exported=Exported({"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                              "torchtitan.toml": "data_parallel_shard_degree",
                              "lightning_trainer.yaml": "trainer.strategy"},
-                            function="tuner.inputs.exports.parallel:fsdp_exports"),
-          memory=MemoryTerm("states", states=f"{STATES}:sharded_states")),
+                            function=fsdp_exports),
+          memory=MemoryTerm("states", states=sharded_states)),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
           needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
           and _data_parallel_only(k, w), ordered=True, risk="larger buckets start all-reducing later in the backward",
           label="bucket={}MB",
-          applied=Applied("engine", f"{ENGINES}.data_parallel:ddp"),
+          applied=Applied("engine"),
           exported=Exported({"hf_training_args.json": "ddp_bucket_cap_mb",
                              "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
           script=ScriptRoutes(frozenset({"hf"}))),
@@ -121,32 +122,32 @@ DECLARED: tuple[Lever, ...] = (
           group="communication", needs=_zero,
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
           label="overlap",
-          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.overlap_comm"},
-                            function=f"{__name__}:overlap_exports"),
+                            function=overlap_exports),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)", minimum=1,
           group="communication", needs=_zero, ordered=True,
           risk="larger buckets: more memory for the reduction, fewer and larger collectives", label="reduce={:.0e}",
-          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.reduce_bucket_size"},
-                            function=f"{__name__}:reduce_bucket_exports"),
+                            function=reduce_bucket_exports),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("allgather_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
           minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2), ordered=True,
           risk="larger buckets: more memory for the gathered parameters, fewer collectives", label="gather={:.0e}",
-          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.allgather_bucket_size"},
-                            function=f"{__name__}:allgather_bucket_exports"),
+                            function=allgather_bucket_exports),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
           choices=("none", "cpu"), aliases=((False, "none"), (None, "none")), group="sharding",
           needs=lambda k, w: (k["zero_stage"] >= 1 or k["fsdp"] != "off") and _data_parallel_only(k, w),
           conflict=_offload_conflict, risk="host memory and PCIe traffic: the optimizer state and step live on the CPU",
           label="offload={}", proven=True,
-          applied=Applied("engine", "tuner.inputs.export:ds_config"),
+          applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.offload_optimizer"},
-                            function=f"{__name__}:offload_exports"),
-          memory=MemoryTerm("states", states=f"{STATES}:offloaded_states"),
+                            function=offload_exports),
+          memory=MemoryTerm("states", states=offloaded_states),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
 )

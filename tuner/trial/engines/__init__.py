@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tuner.inputs.engine import kind
 from tuner.trial.engines import model_levers, stages
 from tuner.trial.engines.base import Engine
 from tuner.trial.engines.parallelize import parallelize
@@ -23,7 +24,7 @@ __all__ = ["Engine", "build_engine", "prepare"]
 
 def prepare(config: "Config", device: torch.device) -> None:
     """One-time, per-process setup of the config's engine, kept out of trial timings."""
-    if config.engine == "deepspeed":
+    if kind(config.engine).wraps_model:
         from tuner.trial.engines import deepspeed_engine
 
         deepspeed_engine.prepare(device)
@@ -54,7 +55,7 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
 
     prepared = parallelize(module, task, config, device, world_size)
     del module  # a pipeline stage keeps only its own blocks
-    if config.engine == "deepspeed":
+    if kind(config.engine).wraps_model:
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine
 
         engine: Engine = DeepSpeedEngine(prepared.model, make_optimizer, task.compute_loss, config, device,

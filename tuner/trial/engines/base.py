@@ -23,20 +23,6 @@ if TYPE_CHECKING:
     from tuner.inputs.space import Config
     from tuner.trial.engines.model_levers import Recompute
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(config: "Config", device: torch.device) -> ContextManager[Any]:
-    """``amp_dtype``, a ``forward`` lever (:func:`tuner.trial.engines.stages.forward`):
-    autocast around each forward; nothing for fp32, and nothing under DeepSpeed, whose
-    bf16 / fp16 engine holds half-precision weights itself (its config's ``bf16`` /
-    ``fp16`` block) and turns an outer autocast off on CUDA (0.19): the inputs are cast
-    instead (:meth:`.deepspeed_engine.DeepSpeedEngine.forward`)."""
-    if config.amp_dtype == "fp32" or config.engine == "deepspeed":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=DTYPES[config.amp_dtype])
-
-
 class Engine(ABC):
     """A model, its optimizer and how a micro-batch turns into gradients."""
 

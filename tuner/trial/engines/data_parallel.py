@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from tuner.trial.engines.base import DTYPES
+from tuner.trial.engines.model_levers import DTYPES
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config

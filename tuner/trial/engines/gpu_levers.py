@@ -10,9 +10,6 @@
   (:func:`float8_model`, a model converter).
 - ``fused_loss``: Liger-Kernel's fused linear cross-entropy on a transformers causal LM
   (:func:`fused_loss_model`, a model converter).
-- ``expandable_segments``: the CUDA caching allocator's setting, held for the trial
-  (:func:`expandable_segments`, the ``process`` stage); a script trial's process gets
-  it in its environment.
 - operator-level checkpointing (the checkpointing lever's ``op``): each block checkpointed
   with a policy that keeps its matmul and attention outputs and recomputes the cheap
   operators between them (:func:`op_policy`).
@@ -31,8 +28,6 @@ from tuner.inputs.levers.kernels import BACKENDS
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
-
-Restore = Callable[[], None]
 
 
 def compile_kwargs(config: "Config") -> dict[str, Any]:
@@ -100,21 +95,6 @@ def fused_loss_model(module: torch.nn.Module, config: "Config") -> list[Callable
     except Exception as exc:  # noqa: BLE001 - Liger has no kernel for this family: said in one line
         raise TrialError(f"fused_loss: Liger cannot patch model_type {kind!r} ({exc}); leave fused_loss out") from None
     return []
-
-
-def expandable_segments(value: bool) -> Restore:
-    """The CUDA caching allocator grows expandable segments for the trial (its cache
-    emptied first, so the trial starts from none), then back. Without CUDA nothing."""
-    if not value or not torch.cuda.is_available():
-        return lambda: None
-    torch.cuda.empty_cache()
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")  # noqa: SLF001 - torch's setter
-
-    def restore() -> None:
-        torch.cuda.empty_cache()
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")  # noqa: SLF001
-
-    return restore
 
 
 def _saved_ops() -> set[Any]:

@@ -1,7 +1,7 @@
 """What every engine does to the model before wrapping it: find the repeated blocks, put
 activation checkpointing and ``torch.compile`` on them, channels-last (the ``model``
-stage, :func:`.stages.model`, calls them in declaration order on each part
-:func:`.parallelize.parallelize` keeps); and the optimizer's kernels.
+stage, :func:`.stages.model`, calls them on each part :func:`.parallelize.parallelize`
+keeps); autocast around each forward; and the optimizer's kernels.
 
 The order is torchtitan's (checkpointing, then compile, then sharding), so a compiled
 block contains its checkpointed region and FSDP2 shards the compiled block:
@@ -22,17 +22,46 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from tuner.inputs.engine import kind
 from tuner.trial.engines.gpu_levers import compile_kwargs, op_policy
 
 if TYPE_CHECKING:
     from tuner.inputs.space import Config
     from tuner.inputs.task import Task
-    from tuner.trial.engines.stages import Part
+
+
+
+@dataclass
+class Part:
+    """What a ``model`` lever's function gets (:func:`.stages.model`): one part of the model
+    this rank keeps, its repeated blocks, the configuration, the timer of checkpointed
+    blocks' recompute (:class:`Recompute`)."""
+
+    module: torch.nn.Module
+    blocks: list[torch.nn.Module]
+    config: "Config"
+    recompute: Any
+    forward: Callable[[], ContextManager[None]]
+    """The forward levers' contexts (entered again around a checkpointed block's recompute)."""
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(config: "Config", device: torch.device) -> ContextManager[Any]:
+    """``amp_dtype`` (a ``forward`` lever): autocast around each forward; nothing for fp32,
+    and nothing under DeepSpeed, whose bf16 / fp16 engine holds half-precision weights
+    itself (its config's ``bf16`` / ``fp16`` block) and turns an outer autocast off on
+    CUDA (0.19): the inputs are cast instead (:meth:`.deepspeed_engine.DeepSpeedEngine.forward`)."""
+    if config.amp_dtype == "fp32" or kind(config.engine).wraps_model:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=DTYPES[config.amp_dtype])
 
 
 def find_blocks(module: torch.nn.Module, task: "Task | None") -> tuple[list[torch.nn.Module], str]:

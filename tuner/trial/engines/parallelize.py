@@ -33,6 +33,7 @@ from torch import nn
 from tuner.harness import distributed
 from tuner.harness.distributed import ensure_process_group
 from tuner.inputs import layout as layouts
+from tuner.inputs.engine import kind
 from tuner.trial import pipeline_stages, tensor_parallel
 from tuner.trial.engines import data_parallel, model_levers, stages
 
@@ -111,7 +112,7 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
     tied = [(i, name) for i, part in enumerate(parts) for name, p in part.named_parameters() if id(p) in tied_ids]
     recompute = model_levers.Recompute(timed=device.type == "cpu" and not config.compile)
     for part in parts:
-        if config.engine != "deepspeed":  # DeepSpeed moves what it keeps
+        if not kind(config.engine).wraps_model:  # DeepSpeed moves what it keeps
             part.to(device)
         if lay.tp > 1:
             _shard_tensors(part, styles, task, config, mesh["tp"])
@@ -119,7 +120,7 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
             model_levers.find_blocks(part, task if lay.pp == 1 else None)
         if not lay.model_parallel and (lay.shard or checkpointing != "none" or config.compile):
             notes.append(found)  # which blocks the levers used, and how they were found
-        notes += stages.model(stages.Part(part, blocks, config, recompute, device))
+        notes += stages.model(part, blocks, config, recompute, device)
         if lay.shard:
             # Pipeline stages run each block's backward per micro-batch: resharding after the
             # forward would all-gather again for every one (torchtitan keeps them gathered too).
@@ -128,7 +129,7 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
         elif lay.model_parallel and lay.dp > 1:
             data_parallel.replicate(part, blocks, mesh["dp"])
     model: Any = parts[0] if lay.pp == 1 else nn.ModuleList(parts)
-    if config.engine == "torch" and dist.is_initialized() and dist.get_world_size() > 1:
+    if kind(config.engine).ddp and dist.is_initialized() and dist.get_world_size() > 1:
         model = data_parallel.ddp(parts[0], config, device)
     return Parallelized(lay, parts, model, recompute if checkpointing != "none" else None, mesh, indices, count,
                         tied, notes, after, _loss_parallel(styles))
