@@ -36,8 +36,7 @@ def digest(config: Any, world: int) -> dict[str, str]:
     from tuner.memory.model import states_bytes
     from tuner.scriptmode.config import TrialConfig
 
-    script = TrialConfig(global_batch_size=64, world_size=world, tuned=True, given=frozenset(LEVERS),
-                         **{k: getattr(config, k) for k in LEVERS})
+    script = TrialConfig.of(64, world, True, frozenset(LEVERS), **{k: getattr(config, k) for k in LEVERS})
     return {"engine": config.engine,
             "dataloader.json": json.dumps(export.dataloader_kwargs(config)),
             "ds_config.json": json.dumps(export.ds_config(config, world, True)),

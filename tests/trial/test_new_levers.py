@@ -111,8 +111,7 @@ def test_in_order_is_a_loader_keyword_only_with_workers_and_only_when_off():
 
 def test_the_script_loader_is_rebuilt_with_in_order():
     loader = torch.utils.data.DataLoader(_Uneven(), batch_size=4, num_workers=1)
-    cfg = TrialConfig(global_batch_size=4, world_size=1, tuned=True, micro_batch_size=4, num_workers=2,
-                      in_order=False)
+    cfg = TrialConfig.of(4, 1, True, micro_batch_size=4, num_workers=2, in_order=False)
     rebuilt = rebuild_loader(loader, cfg, "torch")
     assert rebuilt.in_order is False and rebuilt.num_workers == 2
     kept = rebuild_loader(loader, cfg, "torch", only=["micro_batch_size"])

@@ -14,9 +14,9 @@ measures, so the same script runs unchanged in production::
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -28,30 +28,42 @@ from tuner.inputs.space import Config
 from tuner.scriptmode.trialfile import read_trial
 
 
-class _TrialFields:
-    """What a script's configuration does besides holding its knobs (the fields come from
-    the lever registry, :data:`TrialConfig`)."""
+@dataclass(frozen=True)
+class TrialConfig:
+    """The knobs a script trains with, read by name (``cfg.amp_dtype``: every lever's, from
+    the one :class:`~tuner.inputs.space.Config`), and the settings derived from them.
+    ``tuned``: the tuner chose them (a trial), else the script's defaults; ``given``: the
+    knobs the recipe sets (or the script's defaults name): only those of the levers below
+    the batch and precision replace what a script's own config says."""
 
+    config: Config
     global_batch_size: int
     world_size: int
-    micro_batch_size: int
-    zero_stage: int
-    amp_dtype: str
-    offload_optimizer: str
-    given: frozenset[str]
+    tuned: bool
+    given: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, global_batch_size: int, world_size: int, tuned: bool, given: frozenset[str] = frozenset(),
+           **knobs: Any) -> "TrialConfig":
+        """From knob values (every lever not given at its default)."""
+        values = {name: lever.default for name, lever in LEVERS.items()} | knobs
+        accum = global_batch_size // (values["micro_batch_size"] * world_size)
+        config = Config(**values, grad_accum_steps=accum, engine=engine_of(values))
+        return cls(config, global_batch_size, world_size, tuned, given)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in LEVERS:  # only a knob: copy and pickle look up their hooks here too
+            return getattr(self.config, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def grad_accum_steps(self) -> int:
         """global batch / (micro-batch x world size): the global batch is held constant."""
-        return self.global_batch_size // (self.micro_batch_size * self.world_size)
-
-    def _config(self) -> Config:
-        knobs = {name: getattr(self, name) for name in LEVERS}
-        return Config(**knobs, grad_accum_steps=self.grad_accum_steps, engine=engine_of(knobs))
+        return self.config.grad_accum_steps
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, sampler=..., **cfg.dataloader_kwargs())``; batch size per rank."""
-        return self._config().dataloader_kwargs()
+        return self.config.dataloader_kwargs()
 
     def ds_config(self, base: Mapping[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """The script's DeepSpeed config (a dict, or a JSON file's path) with the tuned keys
@@ -66,7 +78,7 @@ class _TrialFields:
                 out = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"ds_config: cannot read {path} as a DeepSpeed JSON config: {exc}") from None
-        tuned = export.ds_config(self._config(), self.world_size, cuda=_cuda())
+        tuned = export.ds_config(self.config, self.world_size, cuda=_cuda())
         zero = dict(out.get("zero_optimization") or {})
         zero["stage"] = self.zero_stage
         for key, value in tuned["zero_optimization"].items():
@@ -94,7 +106,7 @@ class _TrialFields:
     def hf_training_args(self) -> dict[str, Any]:
         """``TrainingArguments(output_dir=..., **cfg.hf_training_args())``; with ZeRO, the
         DeepSpeed config is given as a dict."""
-        args = export.hf_training_args(self._config())
+        args = export.hf_training_args(self.config)
         for name, knob in export.HF_LEVER_FIELDS.items():  # a lever the recipe does not tune stays the script's
             if knob not in self.given:
                 args.pop(name, None)
@@ -103,19 +115,6 @@ class _TrialFields:
         if self.zero_stage > 0:
             args["deepspeed"] = self.ds_config()
         return args
-
-
-TrialConfig = dataclasses.make_dataclass(
-    "TrialConfig",
-    [("global_batch_size", int), ("world_size", int), ("tuned", bool),
-     *[(name, lever.kind, dataclasses.field(default=lever.default)) for name, lever in LEVERS.items()],
-     ("given", frozenset, dataclasses.field(default=frozenset()))],
-    bases=(_TrialFields,), frozen=True)
-TrialConfig.__module__ = __name__
-TrialConfig.__doc__ = """The knobs a script trains with (every lever's, by name), and the settings
-derived from them. ``tuned``: the tuner chose them (a trial), else the script's defaults;
-``given``: the knobs the recipe sets (or the script's defaults name): only those of the
-levers below the batch and precision replace what a script's own config says."""
 
 
 def _set_process_levers(values: dict[str, Any], given: frozenset[str]) -> None:
@@ -164,4 +163,4 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
             values[name] = lever.default
     if trial is not None:
         _set_process_levers(values, given)
-    return TrialConfig(global_batch_size=global_batch_size, world_size=world, tuned=tuned, given=given, **values)
+    return TrialConfig.of(global_batch_size, world, tuned, given, **values)

@@ -54,7 +54,7 @@ def by(order: str) -> tuple[str, ...]:
 
 
 def proven(step: str) -> bool:
-    """Whether an attribution step (``zero_stage``, ``zero_stage+fsdp``) holds a lever that
+    """Whether an attribution step (``zero_stage``, ``zero_stage+offload_optimizer``) holds a lever that
     stays in an answer only on evidence of a gain (:attr:`Lever.proven`)."""
     return any(LEVERS[k].proven for k in step.split("+") if k in LEVERS)
 
