@@ -262,6 +262,7 @@ def test_an_engine_is_named_only_in_its_table() -> None:
     table. Script mode's adapters' own mode names are not engines."""
     from tuner.inputs import engine
 
+    assert all(engine.ENGINES[name].library == name for name in engine.LIBRARIES)  # each library's plain engine
     names = set(engine.ENGINES) | set(engine.LIBRARIES)
     root = Path(levers.__file__).resolve().parents[1]
 

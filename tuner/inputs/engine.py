@@ -22,9 +22,8 @@ LIBRARIES: dict[str, str] = {"torch": "PyTorch's engine", "deepspeed": "DeepSpee
 
 @dataclass(frozen=True)
 class EngineKind:
-    """What the layers ask of one engine."""
+    """What the layers ask of one engine (its name is its key in :data:`ENGINES`)."""
 
-    name: str
     library: Library
     wraps_model: bool = False
     """Its library's engine wraps the model: it holds the precision (no outer autocast; the
@@ -40,11 +39,12 @@ class EngineKind:
 
 
 ENGINES: dict[str, EngineKind] = {
-    "torch": EngineKind("torch", "torch", ddp=True),
-    "layout": EngineKind("layout", "torch", split=True),
-    "fsdp": EngineKind("fsdp", "torch", sharded=True),
-    "deepspeed": EngineKind("deepspeed", "deepspeed", wraps_model=True, sharded=True),
+    "torch": EngineKind("torch", ddp=True),
+    "layout": EngineKind("torch", split=True),
+    "fsdp": EngineKind("torch", sharded=True),
+    "deepspeed": EngineKind("deepspeed", wraps_model=True, sharded=True),
 }
+"""Each library's plain engine is the one of its own name (``torch``: one process or DDP)."""
 ORDER = ("layout", "fsdp", "deepspeed")
 """Which engine a configuration takes where its levers give several (a layout shards its
 data-parallel dimension with FSDP2 inside the layout)."""
@@ -60,8 +60,7 @@ def engine_of(values: Mapping[str, Any], asked: str = "auto") -> str:
     nothing took their defaults); ``asked``: the recipe's ``engine``."""
     moved = {lever.engine for name, lever in LEVERS.items()
              if lever.engine and values.get(name, lever.default) != lever.default}
-    plain = next(e.name for e in ENGINES.values() if e.library == asked) if asked in LIBRARIES else "torch"
-    return next((e for e in ORDER if e in moved), plain)
+    return next((e for e in ORDER if e in moved), asked if asked in LIBRARIES else "torch")
 
 
 def engine_clash(values: Mapping[str, tuple[Any, ...]], asked: str) -> str | None:
@@ -79,4 +78,4 @@ def engine_clash(values: Mapping[str, tuple[Any, ...]], asked: str) -> str | Non
 
 def wrapping(asked: str) -> bool:
     """Whether the recipe's ``engine`` asks for a library whose engine wraps the model."""
-    return any(e.wraps_model for e in ENGINES.values() if e.library == asked)
+    return asked in LIBRARIES and ENGINES[asked].wraps_model
