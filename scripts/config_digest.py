@@ -31,20 +31,21 @@ INTS = {"num_workers": [0, 2, 8], "prefetch_factor": [2, 4], "micro_batch_size":
 
 def digest(config: Any, world: int) -> dict[str, str]:
     """Each derived artefact of one configuration, as text."""
-    from tuner.inputs import export
     from tuner.inputs.levers import LEVERS
+    from tuner.inputs.library_configs import ds_config, hf_training_args
     from tuner.memory.model import states_bytes
+    from tuner.outputs.exports import WRITERS
     from tuner.scriptmode.config import TrialConfig
 
     script = TrialConfig.of(64, world, True, frozenset(LEVERS), **{k: getattr(config, k) for k in LEVERS})
     return {"engine": config.engine,
-            "dataloader.json": json.dumps(export.dataloader_kwargs(config)),
-            "ds_config.json": json.dumps(export.ds_config(config, world, True)),
-            "accelerate_config.yaml": export.accelerate_config(config, world, True),
-            "hf_training_args.json": json.dumps(export.hf_training_args(config)),
-            "torchtitan.toml": export.torchtitan_toml(config, world),
-            "torch_settings.py": export.torch_settings(config),
-            "lightning_trainer.yaml": export.lightning_trainer(config, world, True),
+            "dataloader.json": json.dumps(config.dataloader_kwargs()),
+            "ds_config.json": json.dumps(ds_config(config, world, True)),
+            "accelerate_config.yaml": WRITERS["accelerate_config.yaml"](config, world, True),
+            "hf_training_args.json": json.dumps(hf_training_args(config)),
+            "torchtitan.toml": WRITERS["torchtitan.toml"](config, world, True),
+            "torch_settings.py": WRITERS["torch_settings.py"](config, world, True),
+            "lightning_trainer.yaml": WRITERS["lightning_trainer.yaml"](config, world, True),
             "script_hf_training_args": json.dumps(script.hf_training_args(), default=str),
             "states": repr([states_bytes(1_000_003, config.params(), w, host) for w in (1, 2, 8)
                             for host in (False, True)])}

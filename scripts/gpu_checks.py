@@ -427,7 +427,7 @@ def precisions(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """ZeRO-2 with the optimizer on the host: DeepSpeed's own fp32 partitions are pinned
     (read with ``is_pinned()``), as ``ds_config.json`` exports."""
-    from tuner.inputs.export import ds_config
+    from tuner.inputs.library_configs import ds_config
     from tuner.inputs.space import Config
     from tuner.trial.engines import deepspeed_engine
 

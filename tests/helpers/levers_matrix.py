@@ -19,7 +19,7 @@ import torch
 
 import tuner
 from tuner.harness.distributed import ensure_process_group
-from tuner.inputs import export
+from tuner.inputs.library_configs import ds_config
 from tuner.inputs.space import Config
 from tuner.trial import engines
 from tuner.trial.engines import deepspeed_engine
@@ -67,7 +67,7 @@ for knobs in configs:
     built.clear()
     m = tuner.measure(recipe, **knobs)
     gc.collect()
-    exported = export.ds_config(Config(**m.params), torch.distributed.get_world_size()) if built else None
+    exported = ds_config(Config(**m.params), torch.distributed.get_world_size()) if built else None
     rows.append({
         "knobs": knobs,
         "params": m.params,

@@ -14,7 +14,6 @@ in its commit. The files were first written by the code before issue 35's refact
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -62,20 +61,9 @@ def _configs(path: Path) -> dict[str, Any]:
 
 def _files(config: Any, world: int) -> dict[str, str]:
     """What ``write_run`` writes for ``config`` (tuner/outputs/run_folder.py), as text."""
-    from tuner.inputs import export
+    from tuner.outputs.exports import WRITERS
 
-    def js(data: Any) -> str:
-        return json.dumps(data, indent=2) + "\n"
-
-    return {
-        "dataloader.json": js(export.dataloader_kwargs(config)),
-        "ds_config.json": js(export.ds_config(config, world, True)),
-        "accelerate_config.yaml": export.accelerate_config(config, world, True),
-        "hf_training_args.json": js(export.hf_training_args(config)),
-        "torchtitan.toml": export.torchtitan_toml(config, world),
-        "torch_settings.py": export.torch_settings(config),
-        "lightning_trainer.yaml": export.lightning_trainer(config, world, True),
-    }
+    return {name: writer(config, world, True) for name, writer in WRITERS.items()}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])

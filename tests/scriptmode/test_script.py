@@ -37,7 +37,7 @@ def test_tuner_config_is_a_plain_function_beside_the_inputs_package():
     from tuner import config
 
     assert config is tuner.config and config(amp_dtype="bf16").amp_dtype == "bf16"
-    code = ("import tuner.inputs.recipe, tuner; from tuner.inputs import export; "
+    code = ("import tuner.inputs.recipe, tuner; from tuner.outputs import exports; "
             "print(tuner.inputs.recipe.load_recipe.__name__, tuner.config(micro_batch_size=4).micro_batch_size)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["load_recipe", "4"]

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from tuner.analysis import attribution, diagnose, evidence
-from tuner.inputs import export, levers
+from tuner.inputs import levers
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.inputs.levers import orders
 from tuner.inputs.script import ADAPTER_ROUTES
 from tuner.inputs.space import Config, Machine, conflict, make_config
 from tuner.memory import capacity
 from tuner.memory import model as memory
-from tuner.outputs import console
+from tuner.outputs import console, exports
 from tuner.scriptmode.config import TrialConfig
 from tuner.tuning.proposing import guided
 
@@ -123,15 +123,12 @@ def _other_value(lever: Lever) -> Any:
 
 
 def _file(name: str, config: Any) -> str:
-    return {
-        "dataloader.json": lambda: str(export.dataloader_kwargs(config)),
-        "ds_config.json": lambda: str(export.ds_config(config, WORLD)),
-        "accelerate_config.yaml": lambda: export.accelerate_config(config, WORLD, cuda=True),
-        "hf_training_args.json": lambda: str(export.hf_training_args(config)),
-        "torchtitan.toml": lambda: export.torchtitan_toml(config, WORLD),
-        "torch_settings.py": lambda: export.torch_settings(config),
-        "lightning_trainer.yaml": lambda: export.lightning_trainer(config, WORLD, cuda=True),
-    }[name]()
+    return exports.WRITERS[name](config, WORLD, True)
+
+
+def test_one_writer_per_config_to_paste() -> None:
+    """The files the levers' declarations name are the writers' files, in the same order."""
+    assert tuple(exports.WRITERS) == EXPORT_FILES
 
 
 @pytest.mark.parametrize("name", list(LEVERS))
@@ -165,14 +162,17 @@ def test_each_lever_that_moves_the_states_says_its_share() -> None:
 
 
 NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss")
-"""The levers of a 2026 GPU, each added as its declaration and its functions alone."""
+"""The levers of a 2026 GPU, each added as its declaration, its functions and its exports."""
+EXPORTS = ("inputs/library_configs.py", "outputs/exports.py")
+"""Where a lever's exports are written: the library configs a trial runs with and the writers
+of the configs to paste, one place (each file's writer names the fields it writes)."""
 
 
 @pytest.mark.parametrize("name", NEW_LEVERS)
-def test_a_lever_added_through_the_registry_is_named_in_at_most_three_modules(name: str) -> None:
-    """Its declaration, its functions, and at most one more: every layer reads the rest from
-    the registry (the stages, the exports, the memory model, the diagnosis, the routes)."""
-    assert len(_naming(name, imports=True)) <= 3, _naming(name, imports=True)
+def test_a_lever_added_through_the_registry_is_named_in_at_most_four_places(name: str) -> None:
+    """Its declaration, its functions, its exports, and at most one more: every layer reads
+    the rest from the registry (the stages, the memory model, the diagnosis, the routes)."""
+    assert len(_naming(name, imports=True)) <= 4, _naming(name, imports=True)
 
 
 OLD_LEVERS = ("fsdp", "pipeline_parallel", "activation_checkpointing", "tensor_parallel")
@@ -183,7 +183,7 @@ OLD_LEVERS = ("fsdp", "pipeline_parallel", "activation_checkpointing", "tensor_p
 def test_the_layout_and_checkpointing_levers_are_named_in_at_most_six_modules(name: str) -> None:
     """Their declaration, their functions (the layout's arithmetic, the preparation, the
     exports, the model surgery), and nothing else: the engine label, the memory model, the
-    exporters, the diagnosis, the console, the guided walk and the measurement read the
+    diagnosis, the console, the guided walk and the measurement read the
     registry or the :class:`~tuner.inputs.layout.Layout` instead (issue 35's target)."""
     assert len(_naming(name)) <= 6, _naming(name)
 
@@ -196,7 +196,7 @@ def _naming(name: str, imports: bool = False) -> list[str]:
     escaped a count of words; :func:`_importing`). The
     registry package and the engine table (:mod:`tuner.inputs.engine`, where a lever's engine
     label is a row) count once: a lever's family module and :mod:`~tuner.inputs.levers.orders`
-    (the index of where every lever stands) are its one declaration."""
+    (the index of where every lever stands) are its one declaration; :data:`EXPORTS` once."""
     import re
 
     word = re.compile(rf"\b{name}\b")
@@ -209,7 +209,9 @@ def _naming(name: str, imports: bool = False) -> list[str]:
                   if ".".join(p.relative_to(root.parent).with_suffix("").parts) not in coupled
                   and _importing(p.read_text(), coupled)}
     here = {m for m in named if m.startswith(str(registry.relative_to(root))) or m == "inputs/engine.py"}
-    return sorted((named - here) | ({"inputs/levers/"} if here else set()))
+    exports = named & set(EXPORTS)
+    places = (named - here - exports) | ({"inputs/levers/"} if here else set())
+    return sorted(places | ({"exports"} if exports else set()))
 
 
 APPLYING = ("tuner.trial.engines.gpu_levers", "tuner.trial.engines.model_levers", "tuner.trial.engines.stages")

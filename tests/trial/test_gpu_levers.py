@@ -16,9 +16,9 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tuner
-from tuner.inputs import export
 from tuner.inputs.levers.process import _expandable_env
 from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
+from tuner.outputs import exports
 from tuner.trial.engines import model_levers as levers
 from tuner.trial.engines import stages
 from tuner.trial.engines.gpu_levers import GraphShapes, attention_kernel, float8_model
@@ -104,16 +104,16 @@ def test_the_exports_carry_every_lever_as_measured():
              "float8": "tensorwise", "fsdp": "full_shard", "amp_dtype": "bf16", "expandable_segments": True,
              "fused_loss": True, "activation_checkpointing": "op"}
     config, _ = make_config(knobs, 8, 8, H100)
-    titan = tomllib.loads(export.torchtitan_toml(config, 8))
+    titan = tomllib.loads(exports.torchtitan_toml(config, 8))
     assert titan["model"]["converters"] == ["float8"]
     assert titan["float8"]["enable_fsdp_float8_all_gather"] is True
     assert titan["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert "expandable_segments" in export.torchtitan_toml(config, 8)
-    hf = export.hf_training_args(config)
+    assert "expandable_segments" in exports.torchtitan_toml(config, 8)
+    hf = exports.hf_training_args(config)
     assert hf["torch_compile_mode"] == "max-autotune-no-cudagraphs" and hf["use_liger_kernel"] is True
-    accelerate = yaml.safe_load(export.accelerate_config(config, 8, True))
+    accelerate = yaml.safe_load(exports.accelerate_config(config, 8, True))
     assert accelerate["dynamo_config"]["dynamo_mode"] == "max-autotune-no-cudagraphs"
-    settings = export.torch_settings(config)
+    settings = exports.torch_settings(config)
     for line in ("sdpa_kernel(SDPBackend.CUDNN_ATTENTION)", "Float8LinearConfig.from_recipe_name('tensorwise')",
                  "expandable_segments:True", "block.compile(mode='max-autotune-no-cudagraphs')",
                  "fused_linear_cross_entropy=True"):
@@ -121,12 +121,12 @@ def test_the_exports_carry_every_lever_as_measured():
     compile(settings, "torch_settings.py", "exec")
     op, _ = make_config({"activation_checkpointing": "op"}, 8, 1, CPU)
     pasted: dict = {}
-    exec(export.torch_settings(op), pasted)  # the policy a script pastes, run as it would be
+    exec(exports.torch_settings(op), pasted)  # the policy a script pastes, run as it would be
     model = _blocks(0)
     torch.utils.checkpoint.checkpoint(model, torch.randn(2, 16), use_reentrant=False,
                                       context_fn=pasted["op_context"]).sum().backward()
     rowwise, _ = make_config({**knobs, "float8": "rowwise"}, 8, 8, H100)
-    section = tomllib.loads(export.torchtitan_toml(rowwise, 8))["float8"]
+    section = tomllib.loads(exports.torchtitan_toml(rowwise, 8))["float8"]
     assert section["recipe_name"] == "rowwise" and section["enable_fsdp_float8_all_gather"] is False
 
 

@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 import tuner
 from tuner.analysis.diagnose import diagnose
 from tuner.analysis.guard import divergence
-from tuner.inputs import export
 from tuner.inputs.space import Machine, make_config
+from tuner.outputs import exports
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 from tuner.trial.engines import process
@@ -106,7 +106,7 @@ def test_in_order_is_a_loader_keyword_only_with_workers_and_only_when_off():
     on, _ = make_config({"num_workers": 2}, 8, 1, CPU)
     off, _ = make_config({"num_workers": 2, "in_order": False}, 8, 1, CPU)
     assert "in_order" not in on.dataloader_kwargs() and off.dataloader_kwargs()["in_order"] is False
-    assert export.dataloader_kwargs(off)["in_order"] is False
+    assert off.dataloader_kwargs()["in_order"] is False
 
 
 def test_the_script_loader_is_rebuilt_with_in_order():
@@ -162,14 +162,14 @@ def test_a_cpu_search_refuses_the_gpu_levers_in_one_line_each(tmp_path):
 def test_the_exports_say_what_was_measured():
     config, _ = make_config({"matmul_precision": "high", "cudnn_benchmark": True, "channels_last": True}, 8, 1,
                             Machine(cuda=True, bf16=True, fp16=True, cudnn=True))
-    settings = export.torch_settings(config)
+    settings = exports.torch_settings(config)
     assert 'torch.set_float32_matmul_precision(\'high\')' in settings
     assert "torch.backends.cudnn.benchmark = True" in settings and "channels_last" in settings
-    assert export.hf_training_args(config)["tf32"] is True
+    assert exports.hf_training_args(config)["tf32"] is True
     medium, _ = make_config({"matmul_precision": "medium"}, 8, 1, Machine(cuda=True, bf16=True, fp16=True))
-    assert "tf32" not in export.hf_training_args(medium)  # TrainingArguments has no bf16-matmul field
+    assert "tf32" not in exports.hf_training_args(medium)  # TrainingArguments has no bf16-matmul field
     plain, _ = make_config({}, 8, 1, CPU)
-    assert "nothing to set" in export.torch_settings(plain)
+    assert "nothing to set" in exports.torch_settings(plain)
 
 
 def test_compute_bound_advice_leaves_out_what_the_configuration_already_does():

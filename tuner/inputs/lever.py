@@ -75,10 +75,6 @@ class Exported:
 
     fields: Mapping[str, str] = field(default_factory=dict)
     """Export file -> the field it sets there (see :data:`EXPORT_FILES`)."""
-    function: Callable[[Any, str, int], Any] | None = None
-    """``(config, file, world_size)`` -> what the lever writes into that export file (a dict
-    merged into a JSON/YAML file's mapping, or lines added to a TOML or Python one; ``None``:
-    nothing): its exports in its own entry."""
 
 
 @dataclass(frozen=True)

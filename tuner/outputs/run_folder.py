@@ -11,15 +11,14 @@ also kept in the study, so ``tuner.report`` rebuilds the report from the study a
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.harness.metrics import METRIC_NAMES
-from tuner.inputs import export
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.script import set_by_script
 from tuner.inputs.space import Config
+from tuner.outputs.exports import json_text, write_exports
 from tuner.study import workers
 from tuner.study.trial_record import Status
 
@@ -43,14 +42,7 @@ def write_run(result: "SearchResult") -> None:
     params = result.best.get("params")
     if params:
         config = Config(**{**params, **set_by_script(result.best.get("ran"))})  # what ran is what is pasted
-        cuda = bool(result.environment.get("cuda"))
-        _json(out / "dataloader.json", export.dataloader_kwargs(config))
-        _json(out / "ds_config.json", export.ds_config(config, result.world_size, cuda))
-        (out / "accelerate_config.yaml").write_text(export.accelerate_config(config, result.world_size, cuda))
-        _json(out / "hf_training_args.json", export.hf_training_args(config))
-        (out / "torchtitan.toml").write_text(export.torchtitan_toml(config, result.world_size))
-        (out / "torch_settings.py").write_text(export.torch_settings(config))
-        (out / "lightning_trainer.yaml").write_text(export.lightning_trainer(config, result.world_size, cuda))
+        write_exports(config, result.world_size, bool(result.environment.get("cuda")), out)
     record = result.to_json()
     _json(out / "best.json", record)
     study.set_attr("result", record)  # the report is rebuilt from the study alone
@@ -101,4 +93,4 @@ def write_trials_csv(path: Path, study: "Study") -> None:
 
 
 def _json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    path.write_text(json_text(data), encoding="utf-8")

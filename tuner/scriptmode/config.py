@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.inputs import export
+from tuner.inputs import library_configs
 from tuner.inputs.engine import engine_of
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
@@ -78,7 +78,7 @@ class TrialConfig:
                 out = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"ds_config: cannot read {path} as a DeepSpeed JSON config: {exc}") from None
-        tuned = export.ds_config(self.config, self.world_size, cuda=_cuda())
+        tuned = library_configs.ds_config(self.config, self.world_size, cuda=_cuda())
         zero = dict(out.get("zero_optimization") or {})
         zero["stage"] = self.zero_stage
         for key, value in tuned["zero_optimization"].items():
@@ -106,12 +106,12 @@ class TrialConfig:
     def hf_training_args(self) -> dict[str, Any]:
         """``TrainingArguments(output_dir=..., **cfg.hf_training_args())``; with ZeRO, the
         DeepSpeed config is given as a dict."""
-        args = export.hf_training_args(self.config)
-        for name, knob in export.HF_LEVER_FIELDS.items():  # a lever the recipe does not tune stays the script's
+        args = library_configs.hf_training_args(self.config)
+        for name, knob in library_configs.HF_LEVER_FIELDS.items():  # an untuned lever stays the script's
             if knob not in self.given:
                 args.pop(name, None)
-            elif name not in args and name in export.HF_LEVER_OFF:
-                args[name] = export.HF_LEVER_OFF[name]
+            elif name not in args and name in library_configs.HF_LEVER_OFF:
+                args[name] = library_configs.HF_LEVER_OFF[name]
         if self.zero_stage > 0:
             args["deepspeed"] = self.ds_config()
         return args

@@ -78,10 +78,10 @@ def test_the_export_carries_it_and_leaves_it_out_at_its_default():
     machine = Machine(cuda=False, bf16=False, fp16=False)
     four = make_config({"intra_op_threads": 4}, 16, 2, machine, "auto", strict=False)[0]
     default = make_config({}, 16, 2, machine, "auto", strict=False)[0]
-    from tuner.inputs import export
+    from tuner.outputs import exports
 
-    assert "torch.set_num_threads(4)  # intra_op_threads" in export.torch_settings(four).splitlines()
-    assert "set_num_threads" not in export.torch_settings(default)
+    assert "torch.set_num_threads(4)  # intra_op_threads" in exports.torch_settings(four).splitlines()
+    assert "set_num_threads" not in exports.torch_settings(default)
     assert LEVERS["intra_op_threads"].label.format(4) == "threads=4"
 
 

@@ -1,12 +1,12 @@
 """The checkpointing lever: recompute in the backward instead of holding activations, per
 block (full, selective) or per operator (op). Its model surgery is
-:func:`tuner.trial.engines.model_levers.checkpointing`; its exports
-:mod:`tuner.inputs.exports.checkpointing`.
+:func:`tuner.trial.engines.model_levers.checkpointing`; its exports are written by
+:mod:`tuner.outputs.exports` (and ``TrainingArguments``' fields by
+:mod:`tuner.inputs.library_configs`).
 """
 
 from __future__ import annotations
 
-from tuner.inputs.exports.checkpointing import checkpointing_exports
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 
 DECLARED: tuple[Lever, ...] = (
@@ -21,8 +21,7 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"hf_training_args.json": "activation_checkpointing",
                              "torchtitan.toml": "activation_checkpoint",
                              "accelerate_config.yaml": "fsdp_config.fsdp_activation_checkpointing",
-                             "torch_settings.py": "op_context (op)"},
-                            function=checkpointing_exports),
+                             "torch_settings.py": "op_context (op)"}),
           memory=MemoryTerm("activations", prior={"none": 1.0, "op": 0.6, "selective": 0.5, "full": 0.1},
                             frees_activations=("selective", "full")),
           script=ScriptRoutes(frozenset({"hf"}))),

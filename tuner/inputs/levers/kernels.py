@@ -11,7 +11,6 @@ from typing import Any, Mapping
 
 from tuner.inputs import layout
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import Config
 from tuner.inputs.machine import Machine
 
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
@@ -33,28 +32,6 @@ def _graphs_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
     return None
 
 
-def compile_exports(config: Config, file: str, world_size: int) -> Any:
-    """``compile``'s own: Accelerate's dynamo section (the other files take a flag in place)."""
-    if not config.compile or file != "accelerate_config.yaml":
-        return None
-    return {"dynamo_config": {"dynamo_backend": "INDUCTOR"}}
-
-
-def compile_mode_exports(config: Config, file: str, world_size: int) -> Any:
-    mode = config.compile_mode
-    if not config.compile or mode == "default":
-        return None
-    return {
-        "hf_training_args.json": {"torch_compile_mode": mode},
-        "accelerate_config.yaml": {"dynamo_config": {"dynamo_mode": mode}},
-        "torchtitan.toml": {"#": [f"compile_mode {mode} measured: torchtitan compiles each block in the default mode "
-                                  f"(no key); pass mode={mode!r} to torch.compile in your own loop"]},
-        "torch_settings.py": [f"# each repeated block compiled as measured: block.compile(mode={mode!r}); a torch.nn "
-                              f"built-in block (nn.Linear, nn.TransformerEncoderLayer) compiles only as "
-                              f"block.forward = torch.compile(block.forward, mode={mode!r})"],
-    }.get(file)
-
-
 def _attention_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     """What the machine's own kernels rule out, whatever the model."""
     if not m.cuda:
@@ -72,15 +49,6 @@ def _attention_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
         return (f"attention_backend {backend} runs fp16 and bf16 inputs only, and amp_dtype fp32 gives it fp32 (the "
                 "rule: with amp_dtype bf16 or fp16; efficient and math take fp32)")
     return None
-
-
-def attention_exports(config: Config, file: str, world_size: int) -> Any:
-    if config.attention_backend == "default" or file != "torch_settings.py":
-        return None
-    return ["from torch.nn.attention import SDPBackend, sdpa_kernel",
-            f"attention = sdpa_kernel(SDPBackend.{BACKENDS[config.attention_backend]})  # enter it around each "
-            "forward: with attention: loss = ...; the model calls scaled_dot_product_attention "
-            "(transformers: attn_implementation='sdpa')"]
 
 
 def _liger_refused(m: Machine) -> list[tuple[Any, str, Any]]:
@@ -103,18 +71,6 @@ def _fused_loss_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
     return None
 
 
-def fused_loss_exports(config: Config, file: str, world_size: int) -> Any:
-    if not config.fused_loss:
-        return None
-    if file == "hf_training_args.json":
-        return {"use_liger_kernel": True}
-    if file == "torch_settings.py":
-        return ["from liger_kernel.transformers import _apply_liger_kernel_to_instance",
-                "_apply_liger_kernel_to_instance(model=model, fused_linear_cross_entropy=True, cross_entropy=False)  "
-                "# a transformers causal LM: its head and loss in chunks"]
-    return None
-
-
 DECLARED: tuple[Lever, ...] = (
     Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels", reference=False,
           suggest=((True,), "compile: true (fused kernels)"),
@@ -126,7 +82,7 @@ DECLARED: tuple[Lever, ...] = (
                "the precision guard", label="compile",
           applied=Applied("model"),
           exported=Exported({"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
-                             "torchtitan.toml": "compile"}, function=compile_exports),
+                             "torchtitan.toml": "compile"}),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),
           group="optimizer", suggest=(("fused",), "optimizer_impl: fused"),
@@ -155,8 +111,7 @@ DECLARED: tuple[Lever, ...] = (
           applied=Applied("model"),
           exported=Exported({"hf_training_args.json": "torch_compile_mode",
                              "accelerate_config.yaml": "dynamo_config.dynamo_mode", "torchtitan.toml": "comment",
-                             "torch_settings.py": "block.compile(mode=...)"},
-                            function=compile_mode_exports),
+                             "torch_settings.py": "block.compile(mode=...)"}),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("attention_backend", str, "default",
           "the kernel behind scaled_dot_product_attention (torch.nn.attention.sdpa_kernel)",
@@ -167,8 +122,7 @@ DECLARED: tuple[Lever, ...] = (
                "backend that cannot take its inputs (masks, head size) fails the trial, said in one line",
           label="attn={}",
           applied=Applied("forward"),
-          exported=Exported({"torch_settings.py": "sdpa_kernel(SDPBackend...)"},
-                            function=attention_exports)),
+          exported=Exported({"torch_settings.py": "sdpa_kernel(SDPBackend...)"})),
     Lever("fused_loss", bool, False,
           "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks", group="kernels",
           reference=False,
@@ -177,8 +131,7 @@ DECLARED: tuple[Lever, ...] = (
           risk="a transformers causal LM computing its own loss from labels, of a family Liger patches; numerics "
                "checked by the precision guard", label="fused_loss",
           applied=Applied("convert"),
-          exported=Exported({"hf_training_args.json": "use_liger_kernel", "torch_settings.py": "apply_liger_kernel"},
-                            function=fused_loss_exports),
+          exported=Exported({"hf_training_args.json": "use_liger_kernel", "torch_settings.py": "apply_liger_kernel"}),
           memory=MemoryTerm("activations", prior={False: 1.0, True: 0.7}),
           script=ScriptRoutes(frozenset({"hf"}))),
 )

@@ -5,7 +5,6 @@ sequence parallelism. One function applies them all (the layout's ``parallelize`
 
 from __future__ import annotations
 
-from tuner.inputs.exports.parallel import pipeline_exports
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm
 
 DECLARED: tuple[Lever, ...] = (
@@ -25,8 +24,7 @@ DECLARED: tuple[Lever, ...] = (
           applied=Applied("engine"),
           exported=Exported({"torchtitan.toml": "parallelism.pipeline_parallel_degree",
                              "accelerate_config.yaml": "comment: Accelerate has no pipeline parallelism",
-                             "lightning_trainer.yaml": "comment: Lightning has no pipeline parallelism"},
-                            function=pipeline_exports),
+                             "lightning_trainer.yaml": "comment: Lightning has no pipeline parallelism"}),
           memory=MemoryTerm("states")),
     Lever("pipeline_schedule", str, "1f1b", "how micro-batches flow through the stages",
           choices=("1f1b", "gpipe", "interleaved_1f1b"), group="layout", needs=lambda k, w: k["pipeline_parallel"] > 1,

@@ -28,30 +28,6 @@ ACCELERATE_MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 """Accelerate's ``mixed_precision`` for each ``amp_dtype`` (config file, kwargs, environment)."""
 LIGHTNING_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 """Lightning's ``Trainer(precision=...)`` for each ``amp_dtype``."""
-TITAN_FP16 = "fp16: torchtitan trains in bf16 or fp32 (no loss scaling); bf16 is the nearest"
-
-
-def amp_exports(config: Config, file: str, world_size: int) -> Any:
-    """What ``amp_dtype`` writes over each library's fp32 default, where the exporter wrote it:
-    DeepSpeed's ``bf16`` / ``fp16`` sections, Accelerate's ``mixed_precision``, the
-    ``TrainingArguments`` flags, Lightning's ``precision``, torchtitan's parameter dtype (it
-    has no fp16: the nearest is said beside it)."""
-    amp = config.amp_dtype
-    if amp == "fp32":
-        return None
-    if file == "ds_config.json":
-        return {amp: {"enabled": True}}
-    if file == "accelerate_config.yaml":
-        return {"mixed_precision": ACCELERATE_MIXED_PRECISION[amp]}
-    if file == "hf_training_args.json":
-        return {amp: True}
-    if file == "lightning_trainer.yaml":
-        return {"trainer": {"precision": LIGHTNING_PRECISION[amp]}}
-    if file == "torchtitan.toml":
-        return {"training": {"mixed_precision_param": "bfloat16" if amp == "bf16" else ("float32", TITAN_FP16)}}
-    return None
-
-
 FLOAT8 = ("tensorwise", "rowwise")
 
 
@@ -87,24 +63,6 @@ def matmul_dtype(config: Config) -> str:
     return "fp8" if config.float8 != "off" else config.amp_dtype
 
 
-def float8_exports(config: Config, file: str, world_size: int) -> Any:
-    recipe = config.float8
-    if recipe == "off":
-        return None
-    gather = config.layout().shard and recipe == "tensorwise"
-    if file == "torchtitan.toml":
-        section: dict[str, Any] = {"enable_fsdp_float8_all_gather": gather,
-                                   "precompute_float8_dynamic_scale_for_fsdp": gather}
-        if recipe == "rowwise":
-            section["recipe_name"] = "rowwise"
-        return {"model": {"converters": ["float8"]}, "float8": section}
-    if file == "torch_settings.py":
-        return ["from torchao.float8 import Float8LinearConfig, convert_to_float8_training",
-                f"convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name({recipe!r}))  # before "
-                "FSDP2 wraps it; the Linear layers whose sizes divide by 16, not the output head"]
-    return None
-
-
 DECLARED: tuple[Lever, ...] = (
     Lever("amp_dtype", str, "fp32", "autocast dtype", choices=("fp32", "bf16", "fp16"), group="precision",
           label="amp={}",
@@ -115,7 +73,7 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"ds_config.json": "bf16.enabled / fp16.enabled",
                              "accelerate_config.yaml": "mixed_precision", "hf_training_args.json": "bf16 / fp16",
                              "torchtitan.toml": "mixed_precision_param",
-                             "lightning_trainer.yaml": "trainer.precision"}, function=amp_exports),
+                             "lightning_trainer.yaml": "trainer.precision"}),
           memory=MemoryTerm("activations", prior={"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}),
           script=ScriptRoutes(TRAINER)),
     Lever("float8", str, "off", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
@@ -126,6 +84,5 @@ DECLARED: tuple[Lever, ...] = (
                "loss; small matmuls get slower (the casts cost more than they save)", label="float8={}",
           applied=Applied("convert"),
           exported=Exported({"torchtitan.toml": "model.converters, float8",
-                             "torch_settings.py": "convert_to_float8_training"},
-                            function=float8_exports)),
+                             "torch_settings.py": "convert_to_float8_training"})),
 )

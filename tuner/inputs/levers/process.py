@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from tuner.inputs.lever import ADAPTERS, Applied, Exported, Lever, ScriptRoutes
-from tuner.inputs.levers.common import ALL, Config
+from tuner.inputs.levers.common import ALL
 from tuner.inputs.machine import Machine
 
 
@@ -28,19 +28,6 @@ def _expandable_env(value: Any, environ: Mapping[str, str]) -> dict[str, str]:
         return {}
     own = [s for s in environ.get(ALLOC_CONF, "").split(",") if s and not s.startswith("expandable_segments")]
     return {ALLOC_CONF: ",".join([*own, "expandable_segments:True"])}
-
-
-def expandable_exports(config: Config, file: str, world_size: int) -> Any:
-    if not config.expandable_segments:
-        return None
-    if file == "torch_settings.py":
-        return ["import os", f"os.environ[{ALLOC_CONF!r}] = 'expandable_segments:True'  # before the first CUDA call, "
-                             "or in the job's environment"]
-    if file == "torchtitan.toml":
-        return {"#": [f"expandable_segments measured on: run with {ALLOC_CONF}=expandable_segments:True in the "
-                      "environment (torchtitan's run_train.sh sets it)"]}
-    return None
-
 
 
 def matmul_precision(value: str) -> Callable[[], None]:
@@ -125,8 +112,7 @@ DECLARED: tuple[Lever, ...] = (
           risk="none to the loss; the memory stays mapped in large segments (other processes on the GPU see it held)",
           label="expandable",
           applied=Applied("process", hold=expandable_segments, env=_expandable_env),
-          exported=Exported({"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"},
-                            function=expandable_exports),
+          exported=Exported({"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"}),
           script=ScriptRoutes(frozenset(ADAPTERS))),
     Lever("intra_op_threads", int, 0,
           "torch.set_num_threads on every rank: its CPU operators' threads "

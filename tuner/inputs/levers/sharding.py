@@ -8,9 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from tuner.inputs import layout
-from tuner.inputs.exports.parallel import fsdp_exports
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import Config
 from tuner.inputs.machine import Machine
 from tuner.inputs.model_states import offloaded_states, sharded_states, zero_states
 
@@ -42,41 +40,6 @@ def _offload_conflict(k: Mapping[str, Any]) -> str | None:
     return None
 
 
-
-# --- DeepSpeed's ``zero_optimization`` block, a key each (:func:`tuner.inputs.export.ds_config`) ---------------
-# Written only for the stages that read them, and always explicitly: DeepSpeed's own default
-# for ``overlap_comm`` differs by stage (on for ZeRO-3).
-
-def zero_exports(config: Config, file: str, world_size: int) -> Any:
-    """``zero_stage``: the block's ``stage``."""
-    return {"zero_optimization": {"stage": config.zero_stage}} if file == "ds_config.json" else None
-
-
-def overlap_exports(config: Config, file: str, world_size: int) -> Any:
-    return {"zero_optimization": {"overlap_comm": config.overlap_comm}} if config.zero_stage >= 1 else None
-
-
-def reduce_bucket_exports(config: Config, file: str, world_size: int) -> Any:
-    return {"zero_optimization": {"reduce_bucket_size": config.reduce_bucket_size}} if config.zero_stage >= 1 else None
-
-
-def allgather_bucket_exports(config: Config, file: str, world_size: int) -> Any:
-    """ZeRO-3 gathers parameters by its own prefetch settings: no ``allgather_bucket_size``."""
-    if config.zero_stage not in (1, 2):
-        return None
-    return {"zero_optimization": {"allgather_bucket_size": config.allgather_bucket_size}}
-
-
-def offload_exports(config: Config, file: str, world_size: int) -> Any:
-    """The optimizer's states and step on the host, with the job's own optimizer (DeepSpeed
-    otherwise refuses any but its CPU Adam under offload). Whether the host buffers are
-    pinned is the machine's (:func:`tuner.inputs.export.ds_config`: on CUDA)."""
-    if config.zero_stage < 1 or config.offload_optimizer == "none":
-        return None
-    return {"zero_optimization": {"offload_optimizer": {"device": config.offload_optimizer}},
-            "zero_force_ds_cpu_optimizer": False}
-
-
 def _no_lightning(m: Machine) -> list[tuple[Any, str, Any]]:
     """What Lightning's DeepSpeed strategy refuses, whatever DeepSpeed itself can do."""
     return [] if m.cuda else [
@@ -92,7 +55,7 @@ DECLARED: tuple[Lever, ...] = (
           runs_on="deepspeed", proven=True,
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.stage", "accelerate_config.yaml": "distributed_type",
-                             "lightning_trainer.yaml": "trainer.strategy"}, function=zero_exports),
+                             "lightning_trainer.yaml": "trainer.strategy"}),
           memory=MemoryTerm("states", states=zero_states),
           script=ScriptRoutes(frozenset({"hf", "lightning", "deepspeed"}), refused_under={"lightning": _no_lightning})),
     Lever("fsdp", str, "off", "FSDP2 fully_shard per block and on the root",
@@ -107,8 +70,7 @@ DECLARED: tuple[Lever, ...] = (
           applied=Applied("engine"),
           exported=Exported({"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                              "torchtitan.toml": "data_parallel_shard_degree",
-                             "lightning_trainer.yaml": "trainer.strategy"},
-                            function=fsdp_exports),
+                             "lightning_trainer.yaml": "trainer.strategy"}),
           memory=MemoryTerm("states", states=sharded_states)),
     Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
           needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
@@ -123,22 +85,19 @@ DECLARED: tuple[Lever, ...] = (
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
           label="overlap",
           applied=Applied("engine"),
-          exported=Exported({"ds_config.json": "zero_optimization.overlap_comm"},
-                            function=overlap_exports),
+          exported=Exported({"ds_config.json": "zero_optimization.overlap_comm"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)", minimum=1,
           group="communication", needs=_zero, ordered=True,
           risk="larger buckets: more memory for the reduction, fewer and larger collectives", label="reduce={:.0e}",
           applied=Applied("engine"),
-          exported=Exported({"ds_config.json": "zero_optimization.reduce_bucket_size"},
-                            function=reduce_bucket_exports),
+          exported=Exported({"ds_config.json": "zero_optimization.reduce_bucket_size"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("allgather_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
           minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2), ordered=True,
           risk="larger buckets: more memory for the gathered parameters, fewer collectives", label="gather={:.0e}",
           applied=Applied("engine"),
-          exported=Exported({"ds_config.json": "zero_optimization.allgather_bucket_size"},
-                            function=allgather_bucket_exports),
+          exported=Exported({"ds_config.json": "zero_optimization.allgather_bucket_size"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
           choices=("none", "cpu"), aliases=((False, "none"), (None, "none")), group="sharding",
@@ -146,8 +105,7 @@ DECLARED: tuple[Lever, ...] = (
           conflict=_offload_conflict, risk="host memory and PCIe traffic: the optimizer state and step live on the CPU",
           label="offload={}", proven=True,
           applied=Applied("engine"),
-          exported=Exported({"ds_config.json": "zero_optimization.offload_optimizer"},
-                            function=offload_exports),
+          exported=Exported({"ds_config.json": "zero_optimization.offload_optimizer"}),
           memory=MemoryTerm("states", states=offloaded_states),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
 )

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 import torch
 
 from tuner.harness.distributed import ensure_process_group
-from tuner.inputs.export import ds_config
+from tuner.inputs.library_configs import ds_config
 from tuner.trial.data import cast_floats
 from tuner.trial.engines.base import Engine
 
