@@ -67,7 +67,7 @@ RECIPES = {
 
 def grid(recipe: tuner.Recipe, machine: Machine) -> list[Config]:
     space = build_space(recipe, machine)
-    return space.configs(recipe.global_batch_size, recipe.world_size, machine, recipe.engine)
+    return space.configs(recipe.configs(machine))
 
 
 def measure(recipe: tuner.Recipe, config: Config, ctx: distributed.DistContext, repeats: int = 1) -> float:
@@ -122,10 +122,10 @@ def main() -> None:
                 found = tuner.search(seeded, trials=budget, out=tmp, confirm=1, quiet=True)
                 search_s = time.perf_counter() - start
                 study = optuna.load_study(study_name=seeded.name, storage=f"sqlite:///{tmp}/study.db")
-                picks = [(Config(**(t.params or {})), t.value if t.value is not None else 0.0)
+                picks = [(seeded.configs(machine).recorded(t.params or {}), t.value if t.value is not None else 0.0)
                          for t in study_mod.measured(Study(study))]
             hit, _ = score(picks, oracle)
-            results["tuner.search"].append((hit, Config(**found.best["params"]), search_s))
+            results["tuner.search"].append((hit, seeded.configs(machine).recorded(found.best["params"]), search_s))
             rng = random.Random(seed)
             start = time.perf_counter()
             sample = [(c, measure(seeded, c, ctx)) for c in rng.sample(configs, budget)]

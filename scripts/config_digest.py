@@ -40,12 +40,12 @@ def digest(config: Any, world: int) -> dict[str, str]:
     script = TrialConfig.of(64, world, True, frozenset(LEVERS), **{k: getattr(config, k) for k in LEVERS})
     return {"engine": config.engine,
             "dataloader.json": json.dumps(config.dataloader_kwargs()),
-            "ds_config.json": json.dumps(ds_config(config, world, True)),
-            "accelerate_config.yaml": WRITERS["accelerate_config.yaml"](config, world, True),
+            "ds_config.json": json.dumps(ds_config(config, True)),
+            "accelerate_config.yaml": WRITERS["accelerate_config.yaml"](config, True),
             "hf_training_args.json": json.dumps(hf_training_args(config)),
-            "torchtitan.toml": WRITERS["torchtitan.toml"](config, world, True),
-            "torch_settings.py": WRITERS["torch_settings.py"](config, world, True),
-            "lightning_trainer.yaml": WRITERS["lightning_trainer.yaml"](config, world, True),
+            "torchtitan.toml": WRITERS["torchtitan.toml"](config, True),
+            "torch_settings.py": WRITERS["torch_settings.py"](config, True),
+            "lightning_trainer.yaml": WRITERS["lightning_trainer.yaml"](config, True),
             "script_hf_training_args": json.dumps(script.hf_training_args(), default=str),
             "states": repr([states_bytes(1_000_003, config.params(), w, host) for w in (1, 2, 8)
                             for host in (False, True)])}

@@ -444,9 +444,9 @@ def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
         m = lab.measure("offload", measure=3, zero_stage=2, offload_optimizer="cpu")
     finally:
         deepspeed_engine.DeepSpeedEngine.__init__ = init  # type: ignore[method-assign]
-    config = Config(micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2, offload_optimizer="cpu",
+    config = Config(world_size=1, micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2, offload_optimizer="cpu",
                     engine="deepspeed")
-    exported = ds_config(config, 1, cuda=True)["zero_optimization"]["offload_optimizer"].get("pin_memory")
+    exported = ds_config(config, cuda=True)["zero_optimization"]["offload_optimizer"].get("pin_memory")
     ok = m.state == "ok" and bool(pinned) and all(pinned) and exported is True
     return [judge("ZeRO-2 offload: the host partitions are pinned, and ds_config.json says so", "true", ok, True,
                   f"{m.state}; {sum(pinned)}/{len(pinned)} pinned; exported pin_memory={exported}")]
@@ -671,8 +671,8 @@ def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     losses: dict[str, list[float]] = {}
     for name in ("torch", "layout"):
         torch.manual_seed(0)
-        config = Config(micro_batch_size=64, grad_accum_steps=1, engine=name)
-        engine = build_engine(task, args, config, lab.device, 1)  # the layout's mesh of one, or none
+        config = Config(world_size=1, micro_batch_size=64, grad_accum_steps=1, engine=name)
+        engine = build_engine(task, args, config, lab.device)  # the layout's mesh of one, or none
         losses[name] = []
         for batch in batches:
             losses[name].append(float(engine.forward_backward(batch, True)))

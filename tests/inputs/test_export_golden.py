@@ -56,22 +56,22 @@ def _configs(path: Path) -> dict[str, Any]:
                                     strict=False)[0]
     except RecipeError:
         pass  # values that cannot go together: no configuration to export
-    return {name: (config, recipe.world_size) for name, config in out.items()}
+    return out
 
 
-def _files(config: Any, world: int) -> dict[str, str]:
+def _files(config: Any) -> dict[str, str]:
     """What ``write_run`` writes for ``config`` (tuner/outputs/run_folder.py), as text."""
     from tuner.outputs.exports import WRITERS
 
-    return {name: writer(config, world, True) for name, writer in WRITERS.items()}
+    return {name: writer(config, True) for name, writer in WRITERS.items()}
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_the_exports_of_a_shipped_recipe_are_byte_identical(path: Path) -> None:
     written = os.environ.get("TUNER_WRITE_GOLDEN") == "1"
-    for name, (config, world) in _configs(path).items():
+    for name, config in _configs(path).items():
         folder = GOLDEN / f"{path.stem}-{name}"
-        for file, text in _files(config, world).items():
+        for file, text in _files(config).items():
             golden = folder / file
             if written:
                 folder.mkdir(parents=True, exist_ok=True)

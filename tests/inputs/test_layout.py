@@ -71,17 +71,17 @@ def test_the_degrees_reach_torchtitan_accelerate_and_lightning(tmp_path):
 
     config, _ = make_config({"tensor_parallel": 2, "pipeline_parallel": 2, "pipeline_schedule": "interleaved_1f1b",
                              "fsdp": "full_shard", "micro_batch_size": 2, "amp_dtype": "bf16"}, 32, 8, CPU)
-    titan = tomllib.loads(exports.torchtitan_toml(config, 8))
+    titan = tomllib.loads(exports.torchtitan_toml(config))
     assert titan["parallelism"] == {
         "data_parallel_shard_degree": 2, "data_parallel_replicate_degree": 1, "tensor_parallel_degree": 2,
         "pipeline_parallel_degree": 2, "fsdp_reshard_after_forward": "always", "enable_async_tensor_parallel": False,
         "pipeline_parallel_schedule": "Interleaved1F1B", "pipeline_parallel_microbatch_size": 2}
     assert titan["training"]["global_batch_size"] == 32 and titan["training"]["local_batch_size"] == 2
-    assert exports.ds_config(config, 8)["train_batch_size"] == 32  # counted over the 2 model copies
+    assert exports.ds_config(config)["train_batch_size"] == 32  # counted over the 2 model copies
 
     replicated, _ = make_config({"tensor_parallel": 2}, 8, 2, CPU)
     path = tmp_path / "accelerate_config.yaml"
-    path.write_text(exports.accelerate_config(replicated, 2, cuda=True))
+    path.write_text(exports.accelerate_config(replicated, cuda=True))
     loaded = load_config_from_file(str(path))
     assert loaded.distributed_type == "FSDP" and loaded.parallelism_config["parallelism_config_tp_size"] == 2
     _lightning_reads(replicated, tmp_path)
@@ -89,7 +89,7 @@ def test_the_degrees_reach_torchtitan_accelerate_and_lightning(tmp_path):
 
 def _lightning_reads(config, tmp_path):
     """lightning_trainer.yaml through LightningCLI's own parser: ModelParallelStrategy with the degrees."""
-    strategy = parsed_by_lightning_cli(exports.lightning_trainer(config, 2, cuda=True), tmp_path).trainer.strategy
+    strategy = parsed_by_lightning_cli(exports.lightning_trainer(config, cuda=True), tmp_path).trainer.strategy
     assert strategy.class_path.endswith("ModelParallelStrategy")
     assert strategy.init_args.tensor_parallel_size == 2 and strategy.init_args.data_parallel_size == 1
 

@@ -3,6 +3,7 @@ recipe refuses them, and the configs to paste, each read back by the library it 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -83,8 +84,9 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
     from transformers import TrainingArguments
 
     config, _ = make_config(knobs, 32, 2, CPU)
-    ds = exports.ds_config(config, 2)
-    DeepSpeedConfig(json.loads(json.dumps(exports.ds_config(config, 1))))  # it checks the batch against its world: 1
+    ds = exports.ds_config(config)
+    one = dataclasses.replace(config, world_size=1)  # DeepSpeed checks the batch against its world: 1 here
+    DeepSpeedConfig(json.loads(json.dumps(exports.ds_config(one))))
     zero = ds["zero_optimization"]
     assert zero["stage"] == config.zero_stage
     assert ("offload_optimizer" in zero) == (config.zero_stage >= 1 and config.offload_optimizer == "cpu")
@@ -92,7 +94,7 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
         assert zero["overlap_comm"] == config.overlap_comm and zero["reduce_bucket_size"] == config.reduce_bucket_size
 
     path = tmp_path / "accelerate_config.yaml"
-    path.write_text(exports.accelerate_config(config, 2, cuda=False))
+    path.write_text(exports.accelerate_config(config, cuda=False))
     loaded = load_config_from_file(str(path))
     if config.engine == "fsdp":
         assert loaded.distributed_type == "FSDP" and loaded.fsdp_config["fsdp_version"] == 2
@@ -113,7 +115,7 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
 
     _read_back_by_lightning_cli(config, tmp_path)
 
-    titan = tomllib.loads(exports.torchtitan_toml(config, 2))
+    titan = tomllib.loads(exports.torchtitan_toml(config))
     assert titan["training"]["local_batch_size"] == config.micro_batch_size
     assert titan["training"]["compile"] == config.compile
     assert titan["activation_checkpoint"]["mode"] == config.activation_checkpointing
@@ -124,7 +126,7 @@ def test_every_export_is_accepted_by_the_library_that_reads_it(knobs, tmp_path):
 
 def _read_back_by_lightning_cli(config, tmp_path):
     """lightning_trainer.yaml through LightningCLI's own parser."""
-    parsed = parsed_by_lightning_cli(exports.lightning_trainer(config, 2, cuda=False), tmp_path)
+    parsed = parsed_by_lightning_cli(exports.lightning_trainer(config, cuda=False), tmp_path)
     assert parsed.trainer.precision == LIGHTNING_PRECISION[config.amp_dtype]
     assert parsed.trainer.accumulate_grad_batches == config.grad_accum_steps and parsed.trainer.devices == 2
     assert parsed.data.batch_size == config.micro_batch_size and parsed.data.num_workers == config.num_workers

@@ -75,8 +75,8 @@ def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
     assert set(capacity.SHARDING) | set(memory.GROUP) | {"micro_batch_size"} <= set(LEVERS)
     assert set(ADAPTER_ROUTES) == set(ADAPTERS)
     fields = [f.name for f in dataclasses.fields(Config)]
-    assert fields == ["micro_batch_size", "grad_accum_steps", *(n for n in LEVERS if n != "micro_batch_size"),
-                      "engine"]
+    levers = [n for n in LEVERS if n != "micro_batch_size"]
+    assert fields == ["world_size", "micro_batch_size", "grad_accum_steps", *levers, "engine"]
     script = TrialConfig.of(8, 1, False, micro_batch_size=8)
     assert all(getattr(script, name) == getattr(script.config, name) for name in LEVERS)
 
@@ -123,7 +123,7 @@ def _other_value(lever: Lever) -> Any:
 
 
 def _file(name: str, config: Any) -> str:
-    return exports.WRITERS[name](config, WORLD, True)
+    return exports.WRITERS[name](config, True)
 
 
 def test_one_writer_per_config_to_paste() -> None:

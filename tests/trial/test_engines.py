@@ -11,10 +11,15 @@ from tuner.trial.engines.parallelize import Parallelized
 from tuner.trial.engines.torch_engine import TorchEngine
 
 
+def one(**fields) -> Config:
+    """A configuration of one rank."""
+    return Config(world_size=1, **fields)
+
+
 def _engine(amp_dtype: str, accum: int) -> TorchEngine:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    config = Config(micro_batch_size=4, grad_accum_steps=accum, amp_dtype=amp_dtype)
+    config = one(micro_batch_size=4, grad_accum_steps=accum, amp_dtype=amp_dtype)
     prepared = Parallelized(Layout(1, 1, 1), [model], model, Recompute(timed=False))
     return TorchEngine(prepared, lambda m, b: torch.nn.functional.mse_loss(m(b[0]).float(), b[1]),
                        lambda p: torch.optim.SGD(p, lr=0.1), config, torch.device("cpu"))
@@ -61,14 +66,14 @@ def test_the_optimizer_stage_gives_the_tasks_own_optimizer_its_implementation():
     task = Task(types.ModuleType("job"), lambda a: torch.nn.Linear(4, 1), lambda a: [],
                 lambda m, b: m(b[0]).sum(), build_optimizer=lambda p, a: torch.optim.SGD(p, lr=0.1))
     for impl in ("foreach", "default"):
-        config = Config(micro_batch_size=4, grad_accum_steps=1, optimizer_impl=impl)
-        engine = build_engine(task, {}, config, torch.device("cpu"), 1)
+        config = one(micro_batch_size=4, grad_accum_steps=1, optimizer_impl=impl)
+        engine = build_engine(task, {}, config, torch.device("cpu"))
         assert isinstance(engine.optimizer, torch.optim.SGD)
         assert [g["foreach"] for g in engine.optimizer.param_groups] == [True if impl == "foreach" else None]
         engine.close()
     task = Task(types.ModuleType("job"), lambda a: torch.nn.Linear(4, 1), lambda a: [], lambda m, b: m(b[0]).sum())
-    engine = build_engine(task, {}, Config(micro_batch_size=4, grad_accum_steps=1, optimizer_impl="foreach"),
-                          torch.device("cpu"), 1)
+    engine = build_engine(task, {}, one(micro_batch_size=4, grad_accum_steps=1, optimizer_impl="foreach"),
+                          torch.device("cpu"))
     assert isinstance(engine.optimizer, torch.optim.AdamW) and engine.optimizer.param_groups[0]["foreach"] is True
     engine.close()
 
@@ -94,11 +99,11 @@ def test_amp_dtype_is_a_forward_lever_the_loop_and_the_engine_enter_alike():
     task = Task(types.ModuleType("job"), lambda a: torch.nn.Linear(4, 1), lambda a: [], loss)
     cpu = torch.device("cpu")
     for amp, expected in (("fp32", None), ("bf16", torch.bfloat16)):
-        engine = build_engine(task, {}, Config(micro_batch_size=4, grad_accum_steps=1, amp_dtype=amp), cpu, 1)
+        engine = build_engine(task, {}, one(micro_batch_size=4, grad_accum_steps=1, amp_dtype=amp), cpu)
         engine.forward_backward((torch.randn(4, 4),), last=True)
         engine.close()
         assert seen.pop() == expected
-    with stages.forward(Config(micro_batch_size=4, grad_accum_steps=1, amp_dtype="bf16", engine="deepspeed"), cpu):
+    with stages.forward(one(micro_batch_size=4, grad_accum_steps=1, amp_dtype="bf16", engine="deepspeed"), cpu):
         assert not torch.is_autocast_enabled("cpu")
-    with stages.forward(Config(micro_batch_size=4, grad_accum_steps=1, amp_dtype="bf16"), cpu):
+    with stages.forward(one(micro_batch_size=4, grad_accum_steps=1, amp_dtype="bf16"), cpu):
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16 and torch.is_autocast_enabled("cpu")

@@ -104,14 +104,14 @@ def test_the_exports_carry_every_lever_as_measured():
              "float8": "tensorwise", "fsdp": "full_shard", "amp_dtype": "bf16", "expandable_segments": True,
              "fused_loss": True, "activation_checkpointing": "op"}
     config, _ = make_config(knobs, 8, 8, H100)
-    titan = tomllib.loads(exports.torchtitan_toml(config, 8))
+    titan = tomllib.loads(exports.torchtitan_toml(config))
     assert titan["model"]["converters"] == ["float8"]
     assert titan["float8"]["enable_fsdp_float8_all_gather"] is True
     assert titan["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert "expandable_segments" in exports.torchtitan_toml(config, 8)
+    assert "expandable_segments" in exports.torchtitan_toml(config)
     hf = exports.hf_training_args(config)
     assert hf["torch_compile_mode"] == "max-autotune-no-cudagraphs" and hf["use_liger_kernel"] is True
-    accelerate = yaml.safe_load(exports.accelerate_config(config, 8, True))
+    accelerate = yaml.safe_load(exports.accelerate_config(config, True))
     assert accelerate["dynamo_config"]["dynamo_mode"] == "max-autotune-no-cudagraphs"
     settings = exports.torch_settings(config)
     for line in ("sdpa_kernel(SDPBackend.CUDNN_ATTENTION)", "Float8LinearConfig.from_recipe_name('tensorwise')",
@@ -126,7 +126,7 @@ def test_the_exports_carry_every_lever_as_measured():
     torch.utils.checkpoint.checkpoint(model, torch.randn(2, 16), use_reentrant=False,
                                       context_fn=pasted["op_context"]).sum().backward()
     rowwise, _ = make_config({**knobs, "float8": "rowwise"}, 8, 8, H100)
-    section = tomllib.loads(exports.torchtitan_toml(rowwise, 8))["float8"]
+    section = tomllib.loads(exports.torchtitan_toml(rowwise))["float8"]
     assert section["recipe_name"] == "rowwise" and section["enable_fsdp_float8_all_gather"] is False
 
 

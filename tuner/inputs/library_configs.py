@@ -13,7 +13,7 @@ from tuner.inputs.levers import LEVERS
 from tuner.inputs.space import Config
 
 
-def ds_config(config: Config, world_size: int, cuda: bool = False) -> dict[str, Any]:
+def ds_config(config: Config, cuda: bool = False) -> dict[str, Any]:
     """A DeepSpeed config: ``train_batch_size`` = micro x accumulation x data-parallel ranks,
     as DeepSpeed checks; the ZeRO block's keys only for the stages that read them, and always
     explicitly (DeepSpeed's own ``overlap_comm`` default differs by stage); ZeRO-3 gathers by
@@ -27,7 +27,7 @@ def ds_config(config: Config, world_size: int, cuda: bool = False) -> dict[str, 
     if stage in (1, 2):
         zero["allgather_bucket_size"] = config.allgather_bucket_size
     out: dict[str, Any] = {
-        "train_batch_size": config.micro_batch_size * config.grad_accum_steps * config.layout(world_size).dp,
+        "train_batch_size": config.micro_batch_size * config.grad_accum_steps * config.layout.dp,
         "train_micro_batch_size_per_gpu": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,
         "zero_optimization": zero,
@@ -45,7 +45,7 @@ def hf_training_args(config: Config) -> dict[str, Any]:
     in ``fsdp_config``, which then holds the checkpointing (FSDP2 checkpoints its own wrapped
     layers: no second all-gather). ``optimizer_impl`` default is the job's own optimizer as it
     builds it: no ``optim`` key, so pasting changes nothing that was not measured."""
-    lay = config.layout()
+    lay = config.layout
     args: dict[str, Any] = {
         "per_device_train_batch_size": config.micro_batch_size,
         "gradient_accumulation_steps": config.grad_accum_steps,

@@ -9,6 +9,7 @@ why). Everything downstream (engines, trial, exports) takes a ``Config``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from tuner.inputs import layout
@@ -102,18 +103,21 @@ def lever_refusal(knobs: Mapping[str, Any], machine: Machine) -> str | None:
 class _Fields:
     """What a configuration does besides holding its knobs."""
 
+    world_size: int
     micro_batch_size: int
     num_workers: int
 
     def params(self) -> dict[str, Any]:
-        """The knobs, as recorded in results (derived values included)."""
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        """The knobs, as recorded in results (derived values included; the world is the job's)."""
+        out = dataclasses.asdict(self)  # type: ignore[call-overload]
+        del out["world_size"]
+        return out
 
-    def layout(self, world: int = 1) -> layout.Layout:
-        """How this configuration places one model on ``world`` ranks (its tensor, pipeline
-        and data-parallel degrees and its sharding): the one place a configuration's layout is
-        derived, where nine call sites each rebuilt it from ``params()``."""
-        return layout.of(dataclasses.asdict(self), world)  # type: ignore[call-overload]
+    @functools.cached_property
+    def layout(self) -> layout.Layout:
+        """How this configuration places one model on its ``world_size`` ranks (its tensor,
+        pipeline and data-parallel degrees and its sharding), derived once."""
+        return layout.of(self.params(), self.world_size)
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler):
@@ -123,7 +127,8 @@ class _Fields:
 
 
 def _fields() -> list[tuple[str, Any, Any]]:
-    out: list[tuple[str, Any, Any]] = [("micro_batch_size", int, dataclasses.field()),
+    out: list[tuple[str, Any, Any]] = [("world_size", int, dataclasses.field(repr=False)),
+                                       ("micro_batch_size", int, dataclasses.field()),
                                        ("grad_accum_steps", int, dataclasses.field())]
     out += [(name, lever.kind, dataclasses.field(default=lever.default))
             for name, lever in LEVERS.items() if name != "micro_batch_size"]
@@ -132,11 +137,13 @@ def _fields() -> list[tuple[str, Any, Any]]:
 
 Config = dataclasses.make_dataclass("Config", _fields(), bases=(_Fields,), frozen=True)
 Config.__module__ = __name__
-Config.__doc__ = """One complete configuration of a trial: ``micro_batch_size``,
+Config.__doc__ = """One complete configuration of a trial on ``world_size`` ranks: ``micro_batch_size``,
 ``grad_accum_steps``, every lever of :mod:`tuner.inputs.levers` (its default when not
 given) and ``engine``: the label of what runs it, derived from the levers and the recipe
 (:func:`tuner.inputs.engine.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
 sharding and layout levers' own labels, which the same PyTorch engine runs)."""
+RECORDED_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
+"""What a trial's recorded params hold where a lever was added since: its default."""
 
 
 def parse_space(raw: Any, where: str = "space") -> dict[str, tuple[Any, ...]]:
@@ -244,7 +251,7 @@ def make_config(
     if why is not None:
         raise RecipeError(why)
     accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
-    return Config(grad_accum_steps=accum, engine=engine_of(values, engine), **values), notes
+    return Config(world_size=world_size, grad_accum_steps=accum, engine=engine_of(values, engine), **values), notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +272,10 @@ class Configs:
 
     def __call__(self, knobs: Mapping[str, Any], strict: bool = True) -> Config:
         return self.make(knobs, strict)[0]
+
+    def recorded(self, params: Mapping[str, Any]) -> Config:
+        """The configuration a trial recorded, as it ran (nothing derived again)."""
+        return Config(world_size=self.world_size, **params)
 
     def of_params(self, params: Mapping[str, Any]) -> Config:
         """The configuration of a trial's recorded params (what is derived, the accumulation and

@@ -1,5 +1,5 @@
-"""The configs to paste, one writer per file of the run folder: ``(config, world size,
-cuda) -> the file's text``. :data:`WRITERS` is the one list of them; a new output format is
+"""The configs to paste, one writer per file of the run folder: ``(config, cuda) -> the
+file's text``. :data:`WRITERS` is the one list of them; a new output format is
 one writer and one row. Each writer reads the configuration and its
 :class:`~tuner.inputs.layout.Layout` and writes its library's terms, with a comment where a
 library cannot hold what was measured. DeepSpeed's JSON and ``TrainingArguments`` are what
@@ -20,12 +20,12 @@ from tuner.inputs.library_configs import ds_config, hf_training_args
 from tuner.inputs.space import Config
 
 
-def accelerate_config(config: Config, world_size: int, cuda: bool) -> str:
+def accelerate_config(config: Config, cuda: bool) -> str:
     """Accelerate's YAML; comments say what it cannot hold. FSDP2 goes in its FSDP plugin,
     version 2 (``fsdp_reshard_after_forward`` for full_shard vs shard_grad_op, checkpointing,
     offload), tensor parallelism in its ``parallelism_config`` (with FSDP2 only), compile in
     its dynamo section."""
-    lay = config.layout(world_size)
+    lay, world_size = config.layout, config.world_size
     deepspeed, fsdp = kind(config.engine).wraps_model, lay.shard or lay.tp > 1
     if deepspeed:
         distributed = "DEEPSPEED"
@@ -80,13 +80,13 @@ def accelerate_config(config: Config, world_size: int, cuda: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lightning_trainer(config: Config, world_size: int, cuda: bool) -> str:
+def lightning_trainer(config: Config, cuda: bool) -> str:
     """``python train.py fit --config lightning_trainer.yaml``: the Trainer's precision,
     accumulation and strategy (DDP, a DeepSpeed stage, ModelParallelStrategy for tensor
     parallelism, or FSDP with its resharding and offload), and the data module's batch size
     and loader workers (``data.batch_size`` / ``data.num_workers``: the usual names; rename
     them to your DataModule's)."""
-    lay = config.layout(world_size)
+    lay, world_size = config.layout, config.world_size
     if kind(config.engine).wraps_model:
         offload = "_offload" if config.offload_optimizer == "cpu" else ""
         strategy: Any = f"deepspeed_stage_{config.zero_stage}{offload}"
@@ -133,12 +133,12 @@ SELECTIVE = {"none": ("none", None), "full": ("full", None), "selective": ("sele
 ``activation_checkpointing`` value."""
 
 
-def torchtitan_toml(config: Config, world_size: int, cuda: bool = True) -> str:
+def torchtitan_toml(config: Config, cuda: bool = True) -> str:
     """Batch, precision (torchtitan has no fp16: the nearest is said beside it), the parallel
     layout (data-parallel sharding or replication, tensor and pipeline degrees, the
     schedule), compile, checkpointing, optimizer kernels and float8; comments where
     torchtitan has no key for what was measured."""
-    lay = config.layout(world_size)
+    lay = config.layout
     param = {"bf16": '"bfloat16"', "fp16": '"float32"  # fp16: torchtitan trains in bf16 or fp32 (no loss scaling); '
                                           "bf16 is the nearest"}.get(config.amp_dtype, '"float32"')
     lines = [
@@ -196,7 +196,7 @@ SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scal
 of each block is recomputed."""
 
 
-def torch_settings(config: Config, world_size: int = 1, cuda: bool = True) -> str:
+def torch_settings(config: Config, cuda: bool = True) -> str:
     """Process-wide flags, the model's memory format, DDP's buckets, the selective
     checkpointing policy, compile's mode, the attention kernel, float8, the allocator and
     Liger's loss, each where it differs from its default, for the training script to run
@@ -251,7 +251,9 @@ def torch_settings(config: Config, world_size: int = 1, cuda: bool = True) -> st
     return "\n".join(lines) + "\n"
 
 
-Writer = Callable[[Config, int, bool], str]
+Writer = Callable[[Config, bool], str]
+"""``(config, cuda) -> the file's text``; ``cuda``: the trials ran on GPUs (a writer that
+does not depend on it takes it still)."""
 
 
 def json_text(data: Any) -> str:
@@ -260,10 +262,10 @@ def json_text(data: Any) -> str:
 
 
 WRITERS: dict[str, Writer] = {
-    "dataloader.json": lambda config, world, cuda: json_text(config.dataloader_kwargs()),
-    "ds_config.json": lambda config, world, cuda: json_text(ds_config(config, world, cuda)),
+    "dataloader.json": lambda config, cuda: json_text(config.dataloader_kwargs()),
+    "ds_config.json": lambda config, cuda: json_text(ds_config(config, cuda)),
     "accelerate_config.yaml": accelerate_config,
-    "hf_training_args.json": lambda config, world, cuda: json_text(hf_training_args(config)),
+    "hf_training_args.json": lambda config, cuda: json_text(hf_training_args(config)),
     "torchtitan.toml": torchtitan_toml,
     "torch_settings.py": torch_settings,
     "lightning_trainer.yaml": lightning_trainer,
@@ -272,10 +274,10 @@ WRITERS: dict[str, Writer] = {
 (:data:`tuner.inputs.lever.EXPORT_FILES`, which the levers' declarations name)."""
 
 
-def write_exports(config: Config, world_size: int, cuda: bool, out: Path) -> None:
+def write_exports(config: Config, cuda: bool, out: Path) -> None:
     """Every file of :data:`WRITERS` into ``out``."""
     for name, writer in WRITERS.items():
-        (out / name).write_text(writer(config, world_size, cuda), encoding="utf-8")
+        (out / name).write_text(writer(config, cuda), encoding="utf-8")
 
 
 def _bool(value: bool) -> str:

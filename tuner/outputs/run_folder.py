@@ -41,8 +41,9 @@ def write_run(result: "SearchResult") -> None:
     write_trials_csv(out / "trials.csv", study)
     params = result.best.get("params")
     if params:
-        config = Config(**{**params, **set_by_script(result.best.get("ran"))})  # what ran is what is pasted
-        write_exports(config, result.world_size, bool(result.environment.get("cuda")), out)
+        ran = {**params, **set_by_script(result.best.get("ran"))}  # what ran is what is pasted
+        config = Config(world_size=result.world_size, **ran)
+        write_exports(config, bool(result.environment.get("cuda")), out)
     record = result.to_json()
     _json(out / "best.json", record)
     study.set_attr("result", record)  # the report is rebuilt from the study alone

@@ -38,7 +38,6 @@ class TrialConfig:
 
     config: Config
     global_batch_size: int
-    world_size: int
     tuned: bool
     given: frozenset[str] = frozenset()
 
@@ -48,13 +47,18 @@ class TrialConfig:
         """From knob values (every lever not given at its default)."""
         values = {name: lever.default for name, lever in LEVERS.items()} | knobs
         accum = global_batch_size // (values["micro_batch_size"] * world_size)
-        config = Config(**values, grad_accum_steps=accum, engine=engine_of(values))
-        return cls(config, global_batch_size, world_size, tuned, given)
+        config = Config(world_size=world_size, **values, grad_accum_steps=accum, engine=engine_of(values))
+        return cls(config, global_batch_size, tuned, given)
 
     def __getattr__(self, name: str) -> Any:
         if name in LEVERS:  # only a knob: copy and pickle look up their hooks here too
             return getattr(self.config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the script runs on."""
+        return self.config.world_size
 
     @property
     def grad_accum_steps(self) -> int:
@@ -78,7 +82,7 @@ class TrialConfig:
                 out = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
                 raise ValueError(f"ds_config: cannot read {path} as a DeepSpeed JSON config: {exc}") from None
-        tuned = library_configs.ds_config(self.config, self.world_size, cuda=_cuda())
+        tuned = library_configs.ds_config(self.config, cuda=_cuda())
         zero = dict(out.get("zero_optimization") or {})
         zero["stage"] = self.zero_stage
         for key, value in tuned["zero_optimization"].items():

@@ -11,7 +11,17 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.inputs import layout
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config, Configs, Machine, applies, defaults, lever_refusal, restrict, unsupported
+from tuner.inputs.space import (
+    RECORDED_DEFAULTS,
+    Config,
+    Configs,
+    Machine,
+    applies,
+    defaults,
+    lever_refusal,
+    restrict,
+    unsupported,
+)
 from tuner.trial import layout_rules
 
 if TYPE_CHECKING:
@@ -143,4 +153,10 @@ def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_siz
 
 
 def config_key(config: Config) -> tuple:
+    """One configuration's key: its params, sorted (the world is the job's)."""
     return tuple(sorted(config.params().items()))
+
+
+def params_key(params: Mapping[str, Any]) -> tuple:
+    """The :func:`config_key` of a trial's recorded params."""
+    return tuple(sorted({**RECORDED_DEFAULTS, **params}.items()))

@@ -43,7 +43,7 @@ def make_loader(dataset: Any, config: "Config", ctx: "DistContext", seed: int,
     the data-parallel ranks: those of one tensor/pipeline-parallel model copy read the same
     samples), the task's ``collate`` function, full micro-batches only."""
     kwargs = config.dataloader_kwargs()
-    lay = config.layout(ctx.world_size)  # the ranks of one model copy read the same samples
+    lay = config.layout  # the ranks of one model copy read the same samples
     if not isinstance(dataset, IterableDataset):
         if len(dataset) < config.micro_batch_size * lay.dp:
             raise TrialError(_too_small(len(dataset), config.micro_batch_size, lay.dp))

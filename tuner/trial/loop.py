@@ -75,10 +75,13 @@ class TrialLoop:
     def build(self) -> None:
         recipe, config, ctx = self.recipe, self.config, self.ctx
         assert recipe.task is not None
+        if config.world_size != ctx.world_size:
+            raise ValueError(f"the configuration was made for {config.world_size} rank(s) and this job has "
+                             f"{ctx.world_size}: make it with the job's world size (recipe.configs)")
         torch.manual_seed(recipe.seed)  # same initial weights on every rank and every trial
         dataset = recipe.task.build_dataset(recipe.task_args)
         self.loader = make_loader(dataset, config, ctx, recipe.seed, recipe.task.collate)
-        self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device, ctx.world_size)
+        self.engine = build_engine(recipe.task, recipe.task_args, config, ctx.device)
         module = getattr(self.engine.model, "module", self.engine.model)
         # the private base of every BatchNorm class (torch names no public one)
         batch_norm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001
@@ -100,7 +103,7 @@ class TrialLoop:
         batches = probe.loader(self.batches, transfer=self._transfer())
         # this rank's share of the global batch: the ranks of one model copy (tensor and
         # pipeline parallel) train the same samples, so together they count them once
-        samples = config.micro_batch_size * config.grad_accum_steps * config.layout(self.ctx.world_size).dp \
+        samples = config.micro_batch_size * config.grad_accum_steps * config.layout.dp \
             / self.ctx.world_size
         checks = prune_checks(steps.most) if self.prune is not None else frozenset()
         step_loss = torch.zeros((), device=self.ctx.device)

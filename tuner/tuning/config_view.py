@@ -9,9 +9,9 @@ from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Compare, Seen, revise
 from tuner.analysis.remedies import Here
 from tuner.harness.system.environment import cores
-from tuner.inputs.space import Config, Machine, unsupported
+from tuner.inputs.space import Machine, unsupported
 from tuner.study import records
-from tuner.study.searchspace import config_key
+from tuner.study.searchspace import params_key
 from tuner.trial.trial_result import TrialResult
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     if pooled is not None:
         metrics = pooled(params) or metrics
     found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment, here)
-    seen = {config_key(Config(**t.params)): Seen(t.params, (pooled(t.params) if pooled else None) or t.metrics)
+    seen = {params_key(t.params): Seen(t.params, (pooled(t.params) if pooled else None) or t.metrics)
             for t in records.measured(study) if t.metrics and t.params}
     return revise(found, params, metrics, list(seen.values()), cores(), compare)
 
@@ -77,7 +77,7 @@ def of(params: dict[str, Any] | None, pool: "Pool",
     (``known``: the study's trials by configuration)."""
     if params is None:
         return {"params": None, "metrics": None, "source": None}
-    trial = known.get(config_key(Config(**params)))
+    trial = known.get(params_key(params))
     number = trial.number if trial is not None else None
     metrics = pool.metrics(params)
     predicted = trial.get("predicted_peak_gib") if trial is not None else None

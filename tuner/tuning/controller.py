@@ -100,7 +100,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 stopped = order["stop"]
                 break
             if order.get("repeat"):  # the baseline or the best again: the noise the prune and the stop read
-                pool.add(run(Config(**order["repeat"])), "repeat")
+                pool.add(run(recipe.configs(machine).recorded(order["repeat"])), "repeat")
                 continue
             config = recipe.configs(machine)(order["knobs"])
             # Every rank must take part in the pruning decision, which rank 0 makes.
@@ -165,7 +165,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
         path.hold_for(budget, repeats, pool, lead["baseline"], lead["best"], make, valid)
 
     def measure(params: dict[str, Any]) -> "TrialResult":
-        return run(Config(**params))
+        return run(recipe.configs(machine).recorded(params))
 
     finished = None
     if confirm > 0:

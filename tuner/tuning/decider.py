@@ -308,7 +308,7 @@ class Decider:
 
     def _known(self) -> dict[tuple, Record]:
         """Every configuration measured in the study (by any worker), by its key."""
-        return {searchspace.config_key(Config(**(t.params or {}))): t for t in study_mod.measured(self.study)}
+        return {searchspace.params_key(t.params or {}): t for t in study_mod.measured(self.study)}
 
     def done(self) -> int:
         return len(study_mod.measured(self.study))

@@ -39,8 +39,7 @@ def prepare_all(configs: "list[Config]", device: torch.device) -> None:
         prepare(config, device)
 
 
-def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", device: torch.device,
-                 world_size: int) -> Engine:
+def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", device: torch.device) -> Engine:
     """Build the task's model and optimizer inside the engine the config asks for."""
     module = task.build_model(task_args)
     if not isinstance(module, torch.nn.Module):
@@ -53,13 +52,12 @@ def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", devi
         built = torch.optim.AdamW(params, lr=1e-4, **model_levers.optimizer_kwargs(config.optimizer_impl))
         return stages.optimizer(built, config)
 
-    prepared = parallelize(module, task, config, device, world_size)
+    prepared = parallelize(module, task, config, device)
     del module  # a pipeline stage keeps only its own blocks
     if kind(config.engine).wraps_model:
         from tuner.trial.engines.deepspeed_engine import DeepSpeedEngine
 
-        engine: Engine = DeepSpeedEngine(prepared.model, make_optimizer, task.compute_loss, config, device,
-                                         world_size)
+        engine: Engine = DeepSpeedEngine(prepared.model, make_optimizer, task.compute_loss, config, device)
         engine.recompute, engine.notes, engine.after_step = prepared.recompute, prepared.notes, prepared.after_step
         return engine
     from tuner.trial.engines.torch_engine import TorchEngine

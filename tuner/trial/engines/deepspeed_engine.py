@@ -48,9 +48,9 @@ def prepare(device: torch.device) -> None:
     for stage in (1, 3):
         from tuner.inputs.space import Config
 
-        config = Config(micro_batch_size=1, grad_accum_steps=1, zero_stage=stage, engine="deepspeed")
+        config = Config(world_size=world, micro_batch_size=1, grad_accum_steps=1, zero_stage=stage, engine="deepspeed")
         engine = DeepSpeedEngine(
-            torch.nn.Linear(8, 8), lambda p: torch.optim.AdamW(p), lambda m, b: m(b).sum(), config, device, world
+            torch.nn.Linear(8, 8), lambda p: torch.optim.AdamW(p), lambda m, b: m(b).sum(), config, device
         )
         engine.forward_backward(torch.ones(1, 8, device=device), last=True)
         engine.close()
@@ -79,7 +79,6 @@ class DeepSpeedEngine(Engine):
         compute_loss: Callable[[Any, Any], torch.Tensor],
         config: "Config",
         device: torch.device,
-        world_size: int,
     ) -> None:
         super().__init__(config, device)
         import deepspeed
@@ -87,7 +86,7 @@ class DeepSpeedEngine(Engine):
         _group(device)
         module.to(device)
         optimizer = make_optimizer(module.parameters())
-        self.ds_config = ds_config(config, world_size, cuda=device.type == "cuda")
+        self.ds_config = ds_config(config, cuda=device.type == "cuda")
         """Exactly what ``ds_config.json`` exports for this configuration on this device."""
         cfg = dict(self.ds_config)
         # The user's optimizer is a torch one DeepSpeed may not list as tested for ZeRO; and

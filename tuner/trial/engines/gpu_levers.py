@@ -59,7 +59,7 @@ def float8_model(module: torch.nn.Module, config: "Config") -> list[Callable[[],
         return []
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    gather = config.layout().shard and config.float8 == "tensorwise"
+    gather = config.layout.shard and config.float8 == "tensorwise"
     cfg = Float8LinearConfig.from_recipe_name(config.float8)
     if gather:
         cfg = dataclasses.replace(cfg, enable_fsdp_float8_all_gather=True)

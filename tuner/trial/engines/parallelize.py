@@ -90,10 +90,9 @@ class Parallelized:
         return [p for part in self.parts for p in part.parameters()]
 
 
-def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch.device,
-                world_size: int) -> Parallelized:
+def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch.device) -> Parallelized:
     """Prepare ``module`` for ``config`` on this rank, in the order of the module's docstring."""
-    lay = config.layout(world_size)
+    lay = config.layout
     mesh = None
     if lay.model_parallel or lay.shard:
         ensure_process_group(device)  # one rank still shards, over a world of one
