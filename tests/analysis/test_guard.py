@@ -65,11 +65,11 @@ def test_a_pruned_trial_whose_curve_left_the_reference_is_recorded_imprecise(toy
     machine = Machine.detect()
     decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
     order = decider.next(False)
-    assert order["knobs"]["amp_dtype"] == "fp32"  # the baseline
+    assert order["config"].amp_dtype == "fp32"  # the baseline
     metrics = {"samples_per_s": 100.0, "peak_mem_gib": 0.1, "host_mem_gib": 0.1, "data_wait_share": 0.0}
     decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[2.6, 2.5, 2.4]))
     order = decider.next(False)
-    assert order["knobs"]["amp_dtype"] == "bf16"
+    assert order["config"].amp_dtype == "bf16"
     decider.record(TrialResult(decider.current.params(), State.PRUNED, reason="slower than the best so far",
                                losses=[2.6, 1.3], pruned_at=(2, 30.0)))
     last = decider.study.records()[-1]

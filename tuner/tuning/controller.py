@@ -17,7 +17,7 @@ from tuner.inputs import levers
 from tuner.inputs.engine import wrapping
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config, Machine, reference_knobs
+from tuner.inputs.space import Config, Machine
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
@@ -100,13 +100,13 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 stopped = order["stop"]
                 break
             if order.get("repeat"):  # the baseline or the best again: the noise the prune and the stop read
-                pool.add(run(recipe.configs(machine).recorded(order["repeat"])), "repeat")
+                pool.add(run(order["repeat"]), "repeat")
                 continue
-            config = recipe.configs(machine)(order["knobs"])
+            config = order["config"]
             # Every rank must take part in the pruning decision, which rank 0 makes.
             prune = ((decider.prune if decider else budget.never) if order["prune"] else None)
             if order.get("reference") and runner.curves:  # the guard needs an fp32 curve first
-                reference = run(recipe.configs(machine)(reference_knobs(config.params())))
+                reference = run(order["reference"])
                 pool.add(reference, "search")
                 if decider:
                     decider.set_reference(reference)

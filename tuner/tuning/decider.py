@@ -18,7 +18,7 @@ from tuner.analysis.diagnose import Verdict
 from tuner.analysis.remedies import Here
 from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
-from tuner.inputs.space import Config, Machine
+from tuner.inputs.space import Config, Machine, reference_knobs
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.study import searchspace
@@ -128,8 +128,11 @@ class Decider:
     # --- decisions ------------------------------------------------------------------------
 
     def next(self, interrupted: bool) -> dict[str, Any]:
-        """The next order for every rank: the knobs of a trial, or why to stop. Configurations
-        the memory model predicts over the budget are recorded ``skipped`` on the way."""
+        """The next order for every rank: the configuration of a trial (``config``, with the
+        precision guard's ``reference`` when it needs one first), one to measure again
+        (``repeat``), or why to stop (``stop``). Built here, on rank 0, and broadcast: every
+        rank runs the same configuration. Configurations the memory model predicts over the
+        budget are recorded ``skipped`` on the way."""
         for _ in range(MAX_RESAMPLES):
             order = self._next(interrupted)
             if not order.get("skipped"):
@@ -157,7 +160,7 @@ class Decider:
             return searchspace.config_key(config) in self.known or _claim(config) in flying
 
         if (again := self._baseline_again(best)) is not None:
-            return {"stop": None, "repeat": again}
+            return {"stop": None, "repeat": self.recipe.configs(self.machine).recorded(again)}
         step = proposers.first(self.proposers, proposers.Round(best, self.known, taken, self._outcome))
         repeat = self.convergence.repeat(best) if step is None and best is not None and \
             self.recipe.budget.converge else None
@@ -165,7 +168,7 @@ class Decider:
             if self.convergence.repeats == 1:
                 self.events.note("the neighbourhood of the best is measured: measuring the best again to learn this "
                                  "machine's noise, which the convergence stop reads (the finish reuses it)")
-            return {"stop": None, "repeat": repeat}
+            return {"stop": None, "repeat": self.recipe.configs(self.machine).recorded(repeat)}
         if step is None and self.recipe.budget.converge and \
                 self.convergence.converged(self.space.size(), len(self.known)):
             said = (f"converged: the neighbourhood of the best is measured and the sampler's last "
@@ -197,8 +200,9 @@ class Decider:
                 # the baseline, run late by a worker, is what compares; the prune bar reads step rates, not joules
                 self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
                 self.events.begin(trial.number, config)
-                reference = self.guard.needs_reference(config)
-                return {"stop": None, "knobs": knobs, "prune": self.prune is not None, "reference": reference}
+                reference = self.recipe.configs(self.machine)(reference_knobs(config.params())) \
+                    if self.guard.needs_reference(config) else None
+                return {"stop": None, "config": config, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
