@@ -444,8 +444,8 @@ def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
         m = lab.measure("offload", measure=3, zero_stage=2, offload_optimizer="cpu")
     finally:
         deepspeed_engine.DeepSpeedEngine.__init__ = init  # type: ignore[method-assign]
-    config = Config(world_size=1, micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2, offload_optimizer="cpu",
-                    engine="deepspeed")
+    config = Config.of(1, "deepspeed", micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2,
+                       offload_optimizer="cpu")
     exported = ds_config(config, cuda=True)["zero_optimization"]["offload_optimizer"].get("pin_memory")
     ok = m.state == "ok" and bool(pinned) and all(pinned) and exported is True
     return [judge("ZeRO-2 offload: the host partitions are pinned, and ds_config.json says so", "true", ok, True,
@@ -671,7 +671,7 @@ def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     losses: dict[str, list[float]] = {}
     for name in ("torch", "layout"):
         torch.manual_seed(0)
-        config = Config(world_size=1, micro_batch_size=64, grad_accum_steps=1, engine=name)
+        config = Config.of(1, name, micro_batch_size=64, grad_accum_steps=1)
         engine = build_engine(task, args, config, lab.device)  # the layout's mesh of one, or none
         losses[name] = []
         for batch in batches:
@@ -892,7 +892,6 @@ def expandable(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     and allocator (its segments expandable, by the allocator's own snapshot), and an
     in-process trial's allocator, off again after it; ``peak_mem_gib - peak_allocated_gib``,
     the memory it is meant to save, measured with it and without."""
-    import dataclasses
 
     from tuner.inputs.recipe import load_recipe
     from tuner.inputs.space import Machine
@@ -908,7 +907,7 @@ def expandable(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     config, _ = measured_config(recipe, Machine.detect())
     trials = ScriptTrials(recipe, folder / "run")
     try:
-        result = trials.run(dataclasses.replace(config, expandable_segments=True))
+        result = trials.run(config.replace(expandable_segments=True))
     finally:
         trials.close()
     said = json.loads(facts.read_text()) if facts.exists() else {}

@@ -194,10 +194,10 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
 
     def make(knobs):
         knobs = {k: v for k, v in knobs.items() if k not in ("grad_accum_steps", "engine")}
-        return make_config(knobs, 16, 1, machine, "auto", strict=False)[0].params()
+        return make_config(knobs, 16, 1, machine, "auto", strict=False)[0]
 
-    params = make({"micro_batch_size": 16})
-    here = config_view.here(space, machine, make, params, 1, 16)
+    params = make({"micro_batch_size": 16}).params()
+    here = config_view.here(space, machine, make, params, 16)
     said = remedies("compute-bound", params, "cpu", here=here)
     for refused in ("matmul_precision", "cudnn_benchmark", "float8", "cudnn (fused", "larger micro_batch_size"):
         assert refused not in said, (refused, said)  # CUDA-only, or no accumulation left to trade
@@ -218,7 +218,7 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     # would be refused ("reaches the script by no route"); it is told how they reach it instead
     from tuner.inputs.script import ADAPTER_ROUTES
 
-    script = config_view.here(space, machine, make, params, 1, 16, set(ADAPTER_ROUTES["torch"]))
+    script = config_view.here(space, machine, make, params, 16, set(ADAPTER_ROUTES["torch"]))
     routed = remedies("compute-bound", {**params, "model": {"convolutions": False, "attention": True}}, "cpu",
                       here=script)
     assert "add space" not in routed and "compile: true (fused kernels)" in routed, routed

@@ -45,8 +45,8 @@ recipe, out = sys.argv[1], sys.argv[2]
 device = torch.device("cpu")
 ensure_process_group(device)
 world = torch.distributed.get_world_size()
-engines.prepare_all([Config(world_size=world, micro_batch_size=1, grad_accum_steps=1, zero_stage=2, engine="deepspeed"),
-                     Config(world_size=world, micro_batch_size=1, grad_accum_steps=1, compile=True)], device)
+engines.prepare_all([Config.of(world, "deepspeed", micro_batch_size=1, grad_accum_steps=1, zero_stage=2),
+                     Config.of(world, micro_batch_size=1, grad_accum_steps=1, compile=True)], device)
 configs = [
     {"compile": True},  # the compiler's first use in this process
     {},  # the reference: fp32, eager, DDP
@@ -68,7 +68,7 @@ for knobs in configs:
     built.clear()
     m = tuner.measure(recipe, **knobs)
     gc.collect()
-    exported = ds_config(Config(world_size=world, **m.params)) if built else None
+    exported = ds_config(Config.of(world, **m.params)) if built else None
     rows.append({
         "knobs": knobs,
         "params": m.params,

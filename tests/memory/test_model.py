@@ -84,7 +84,7 @@ def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_p
                                    budget={"memory_gib": 0.36, "trials": 10}, out=str(tmp_path / "run")))
     machine = Machine.detect()
     decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
-    assert decider.next(False)["knobs"]["micro_batch_size"] == 1  # the baseline runs, whatever is predicted
+    assert decider.next(False)["config"].micro_batch_size == 1  # the baseline runs, whatever is predicted
 
     def peak(micro):  # what this job measures: 0.30 GiB and 0.01 GiB a sample
         return 0.30 + 0.01 * micro
@@ -98,7 +98,7 @@ def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_p
     skipped = [t for t in decider.study.records() if t.outcome == State.SKIPPED]
     assert [t.params["micro_batch_size"] for t in skipped] == [16, 8]  # largest first, both over
     assert skipped[0].get("reason") == "predicted 0.46 GiB > budget 0.36 GiB (model error so far ±1%)"
-    assert order["knobs"]["micro_batch_size"] == 4  # predicted 0.34: it runs
+    assert order["config"].micro_batch_size == 4  # predicted 0.34: it runs
     assert [t.outcome for t in study_mod.measured(decider.study)] == ["ok", "skipped", "skipped"]
     from tuner.tuning import budget
 
@@ -122,7 +122,7 @@ def test_with_skipping_off_every_configuration_runs(toy, tmp_path):
     decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
     for micro, peak in ((2, 0.32), (4, 0.34)):
         decider.memory.observe({**decider.baseline_config.params(), "micro_batch_size": micro}, peak, peak, "fitted")
-    assert decider.next(False)["knobs"]["micro_batch_size"] == 16  # predicted 0.46 GiB, run anyway
+    assert decider.next(False)["config"].micro_batch_size == 16  # predicted 0.46 GiB, run anyway
 
 
 def test_loader_workers_alone_are_enough_to_fit_their_memory():
@@ -227,10 +227,10 @@ def test_a_proposer_put_in_the_chain_decides_what_runs_next(toy, tmp_path):
         decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
         if chain:
             decider.proposers.insert(1, Two())
-        assert decider.next(False)["knobs"]["micro_batch_size"] == 1  # the baseline first, whatever the chain
+        assert decider.next(False)["config"].micro_batch_size == 1  # the baseline first, whatever the chain
         metrics = {"samples_per_s": 100.0, "peak_mem_gib": 0.3, "host_mem_gib": 0.3, "data_wait_share": 0.0}
         decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
-        micro = decider.next(False)["knobs"]["micro_batch_size"]
+        micro = decider.next(False)["config"].micro_batch_size
         asked = decider.study.records()[-1]
         assert micro == expected
         assert asked.get("why") == "mine: micro-batch 2" if chain else asked.get("guided") and "mine" not in asked.get(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from tuner.analysis import attribution, diagnose, evidence
 from tuner.inputs import levers
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.inputs.levers import orders
+from tuner.inputs.plan import FIELDS, SECTION_OF, SECTIONS
 from tuner.inputs.script import ADAPTER_ROUTES
 from tuner.inputs.space import Config, Machine, conflict, make_config
 from tuner.memory import capacity
@@ -74,11 +76,25 @@ def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
     assert set(orders.VERDICTS) <= _verdict_kinds(), "a verdict the analysis never emits points at levers"
     assert set(capacity.SHARDING) | set(memory.GROUP) | {"micro_batch_size"} <= set(LEVERS)
     assert set(ADAPTER_ROUTES) == set(ADAPTERS)
-    fields = [f.name for f in dataclasses.fields(Config)]
     levers = [n for n in LEVERS if n != "micro_batch_size"]
-    assert fields == ["world_size", "micro_batch_size", "grad_accum_steps", *levers, "engine"]
+    assert list(Config.of(1, micro_batch_size=8, grad_accum_steps=1).params()) == \
+        ["micro_batch_size", "grad_accum_steps", *levers, "engine"]
     script = TrialConfig.of(8, 1, False, micro_batch_size=8)
     assert all(getattr(script, name) == getattr(script.config, name) for name in LEVERS)
+
+
+@pytest.mark.parametrize("name", list(LEVERS))
+def test_each_lever_is_a_field_of_the_plan_with_its_type_and_default(name: str) -> None:
+    """The plan's sections hold every knob once; a lever's kind, default and values are its
+    field's (the annotation's ``Literal`` values, in the lever's order)."""
+    section = SECTIONS[SECTION_OF[name]]
+    hint = typing.get_type_hints(section)[name]
+    lever, default = LEVERS[name], FIELDS[name].default
+    assert lever.default == (None if default is dataclasses.MISSING else default), name
+    if typing.get_origin(hint) is typing.Literal:
+        assert lever.kind is str and lever.choices == typing.get_args(hint), (name, hint)
+    else:
+        assert hint is lever.kind and not lever.choices, (name, hint)
 
 
 @pytest.mark.parametrize("name", list(LEVERS))
@@ -163,6 +179,8 @@ def test_each_lever_that_moves_the_states_says_its_share() -> None:
 
 NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss")
 """The levers of a 2026 GPU, each added as its declaration, its functions and its exports."""
+DECLARATION = ("inputs/plan.py", "inputs/engine.py")
+"""Beside the registry package, where a lever is declared: its field, its engine label."""
 EXPORTS = ("inputs/library_configs.py", "outputs/exports.py")
 """Where a lever's exports are written: the library configs a trial runs with and the writers
 of the configs to paste, one place (each file's writer names the fields it writes)."""
@@ -193,10 +211,10 @@ def _naming(name: str, imports: bool = False) -> list[str]:
     messages; a PyTorch module path such as ``torch.distributed.fsdp`` included), and with
     ``imports`` those that import from the trial's module of the lever's functions a name
     whose definition holds it (loop.py once imported ``compile_mode``'s ``GraphShapes`` and
-    escaped a count of words; :func:`_importing`). The
-    registry package and the engine table (:mod:`tuner.inputs.engine`, where a lever's engine
-    label is a row) count once: a lever's family module and :mod:`~tuner.inputs.levers.orders`
-    (the index of where every lever stands) are its one declaration; :data:`EXPORTS` once."""
+    escaped a count of words; :func:`_importing`). The registry package and :data:`DECLARATION`
+    count once (a lever's family module, :mod:`~tuner.inputs.levers.orders`, the index of where
+    every lever stands, its field in the plan and its engine label are its one declaration);
+    :data:`EXPORTS` once."""
     import re
 
     word = re.compile(rf"\b{name}\b")
@@ -208,7 +226,7 @@ def _naming(name: str, imports: bool = False) -> list[str]:
         named |= {str(p.relative_to(root)) for p in root.rglob("*.py")
                   if ".".join(p.relative_to(root.parent).with_suffix("").parts) not in coupled
                   and _importing(p.read_text(), coupled)}
-    here = {m for m in named if m.startswith(str(registry.relative_to(root))) or m == "inputs/engine.py"}
+    here = {m for m in named if m.startswith(str(registry.relative_to(root))) or m in DECLARATION}
     exports = named & set(EXPORTS)
     places = (named - here - exports) | ({"inputs/levers/"} if here else set())
     return sorted(places | ({"exports"} if exports else set()))

@@ -13,7 +13,7 @@ from tuner.trial.engines.torch_engine import TorchEngine
 
 def one(**fields) -> Config:
     """A configuration of one rank."""
-    return Config(world_size=1, **fields)
+    return Config.of(1, **fields)
 
 
 def _engine(amp_dtype: str, accum: int) -> TorchEngine:

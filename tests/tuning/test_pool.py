@@ -124,7 +124,7 @@ def test_the_attribution_measures_only_the_points_it_lacks_inside_the_budget():
             pool.add(run(c), "finish")
     run.calls.clear()
     points = path.configs(BASE.params(), FOUR_BIG.params(), make)
-    done = path.describe(list(points.values()), 2, lambda p: run(Config(world_size=1, **p)), pool, finish.Budget(None))
+    done = path.describe(list(points.values()), 2, lambda p: run(Config.of(1, **p)), pool, finish.Budget(None))
     # the path's middle point (workers only) doubles as the leave-one-out of micro_batch_size
     assert done == 4 and sorted(c.params()["num_workers"] * 100 + c.params()["micro_batch_size"]
                                 for c in run.calls) == [16, 16, 408, 408]
@@ -133,7 +133,7 @@ def test_the_attribution_measures_only_the_points_it_lacks_inside_the_budget():
     assert table.baseline == pool.median(BASE.params()) and table.best == pool.median(FOUR_BIG.params())
     run.calls.clear()
     tight = finish.Budget(1.0, typical_s=2.0, clock=lambda: 0.0)
-    assert path.describe(list(points.values()), 2, lambda p: run(Config(world_size=1, **p)), Pool(), tight) == 0
+    assert path.describe(list(points.values()), 2, lambda p: run(Config.of(1, **p)), Pool(), tight) == 0
 
 
 def test_a_configuration_outside_the_space_is_never_the_answer(toy):

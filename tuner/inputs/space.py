@@ -9,16 +9,16 @@ why). Everything downstream (engines, trial, exports) takes a ``Config``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Literal, Mapping, Sequence, get_args
 
 from tuner.inputs import layout
 from tuner.inputs.engine import engine_clash, engine_of
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import Lever
-from tuner.inputs.levers import LEVERS, loader_kwargs
+from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.sharding import DEEPSPEED_BUCKET
 from tuner.inputs.machine import Machine, native_bf16
+from tuner.inputs.plan import FIELDS, Plan
 
 AmpDtype = Literal["fp32", "bf16", "fp16"]
 """The autocast dtypes a trial can run in (fp32: no autocast)."""
@@ -100,49 +100,10 @@ def lever_refusal(knobs: Mapping[str, Any], machine: Machine) -> str | None:
     return None
 
 
-class _Fields:
-    """What a configuration does besides holding its knobs."""
-
-    world_size: int
-    micro_batch_size: int
-    num_workers: int
-
-    def params(self) -> dict[str, Any]:
-        """The knobs, as recorded in results (derived values included; the world is the job's)."""
-        out = dataclasses.asdict(self)  # type: ignore[call-overload]
-        del out["world_size"]
-        return out
-
-    @functools.cached_property
-    def layout(self) -> layout.Layout:
-        """How this configuration places one model on its ``world_size`` ranks (its tensor,
-        pipeline and data-parallel degrees and its sharding), derived once."""
-        return layout.of(self.params(), self.world_size)
-
-    def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler):
-        every loader lever that means something here (``prefetch_factor`` only with workers,
-        which the DataLoader enforces)."""
-        return {"batch_size": self.micro_batch_size, **loader_kwargs(self.params())}
-
-
-def _fields() -> list[tuple[str, Any, Any]]:
-    out: list[tuple[str, Any, Any]] = [("world_size", int, dataclasses.field(repr=False)),
-                                       ("micro_batch_size", int, dataclasses.field()),
-                                       ("grad_accum_steps", int, dataclasses.field())]
-    out += [(name, lever.kind, dataclasses.field(default=lever.default))
-            for name, lever in LEVERS.items() if name != "micro_batch_size"]
-    return out + [("engine", str, dataclasses.field(default="torch"))]
-
-
-Config = dataclasses.make_dataclass("Config", _fields(), bases=(_Fields,), frozen=True)
-Config.__module__ = __name__
-Config.__doc__ = """One complete configuration of a trial on ``world_size`` ranks: ``micro_batch_size``,
-``grad_accum_steps``, every lever of :mod:`tuner.inputs.levers` (its default when not
-given) and ``engine``: the label of what runs it, derived from the levers and the recipe
-(:func:`tuner.inputs.engine.engine_of`: ``torch``, plain or DDP; ``deepspeed``; or the
-sharding and layout levers' own labels, which the same PyTorch engine runs)."""
-RECORDED_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config) if f.default is not dataclasses.MISSING}
+Config = Plan
+"""A trial's configuration: :class:`tuner.inputs.plan.Plan`, by the name every layer imports."""
+RECORDED_DEFAULTS = {**{name: f.default for name, f in FIELDS.items() if f.default is not dataclasses.MISSING},
+                     "engine": "torch"}
 """What a trial's recorded params hold where a lever was added since: its default."""
 
 
@@ -251,7 +212,7 @@ def make_config(
     if why is not None:
         raise RecipeError(why)
     accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
-    return Config(world_size=world_size, grad_accum_steps=accum, engine=engine_of(values, engine), **values), notes
+    return Plan.of(world_size, engine_of(values, engine), grad_accum_steps=accum, **values), notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,7 +236,7 @@ class Configs:
 
     def recorded(self, params: Mapping[str, Any]) -> Config:
         """The configuration a trial recorded, as it ran (nothing derived again)."""
-        return Config(world_size=self.world_size, **params)
+        return Plan.of(self.world_size, **params)
 
     def of_params(self, params: Mapping[str, Any]) -> Config:
         """The configuration of a trial's recorded params (what is derived, the accumulation and

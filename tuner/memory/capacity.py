@@ -116,7 +116,7 @@ class Profiler:
             config = r.configs(self.machine)({**self.base, **knobs})
         except RecipeError:
             return None
-        return None if self.space.refusal(config.params(), r.world_size, r.global_batch_size) else config
+        return None if self.space.refusal(config, r.global_batch_size) else config
 
     def _groups(self) -> list[dict[str, Any]]:
         """The baseline's group first, then every other activation group of the space (AMP x

@@ -42,7 +42,7 @@ def write_run(result: "SearchResult") -> None:
     params = result.best.get("params")
     if params:
         ran = {**params, **set_by_script(result.best.get("ran"))}  # what ran is what is pasted
-        config = Config(world_size=result.world_size, **ran)
+        config = Config.of(result.world_size, **ran)
         write_exports(config, bool(result.environment.get("cuda")), out)
     record = result.to_json()
     _json(out / "best.json", record)

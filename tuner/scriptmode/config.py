@@ -47,7 +47,7 @@ class TrialConfig:
         """From knob values (every lever not given at its default)."""
         values = {name: lever.default for name, lever in LEVERS.items()} | knobs
         accum = global_batch_size // (values["micro_batch_size"] * world_size)
-        config = Config(world_size=world_size, **values, grad_accum_steps=accum, engine=engine_of(values))
+        config = Config.of(world_size, engine_of(values), **values, grad_accum_steps=accum)
         return cls(config, global_batch_size, tuned, given)
 
     def __getattr__(self, name: str) -> Any:

@@ -44,9 +44,10 @@ class Space:
     machine: Machine | None = None
     """What this machine can do, for the levers' own rules (:func:`lever_refusal`)."""
 
-    def refusal(self, params: Mapping[str, Any], world_size: int, global_batch: int) -> str | None:
+    def refusal(self, config: Config, global_batch: int) -> str | None:
         """Why this configuration cannot run: its parallel layout, or one of its levers' rules
         (``None``: it can)."""
+        params, world_size = config.params(), config.world_size
         return layout.batch_refusal(params, world_size, global_batch) or layout.refusal(
             params, world_size, self.per_node, self.blocks, self.cuda) or lever_refusal(
             params, self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda))
@@ -72,7 +73,7 @@ class Space:
                 config = make(dict(zip(keys, values)), strict=False)
             except RecipeError:  # values that are no configuration (FSDP2 with ZeRO, ...)
                 continue
-            if self.refusal(config.params(), make.world_size, make.global_batch_size) is None:  # nor a bad layout
+            if self.refusal(config, make.global_batch_size) is None:  # nor a bad layout
                 out[config] = None
         return list(out)
 

@@ -9,7 +9,7 @@ from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Compare, Seen, revise
 from tuner.analysis.remedies import Here
 from tuner.harness.system.environment import cores
-from tuner.inputs.space import Machine, unsupported
+from tuner.inputs.space import Config, Machine, unsupported
 from tuner.study import records
 from tuner.study.searchspace import params_key
 from tuner.trial.trial_result import TrialResult
@@ -46,18 +46,17 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     return revise(found, params, metrics, list(seen.values()), cores(), compare)
 
 
-def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], dict[str, Any]],
-         params: Mapping[str, Any], world_size: int, global_batch: int,
-         routes: set[str] | None = None) -> Here:
+def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], Config],
+         params: Mapping[str, Any], global_batch: int, routes: set[str] | None = None) -> Here:
     """What a search over ``space`` can run from ``params``, for the advice: one lever changed,
     through what the machine rules out (fused attention kernels, TF32, fp8 matmuls on a CPU) and
-    the space's refusal rules (the layout, the global batch, the libraries); ``make``: full
-    params from knobs; ``routes``: the knobs that reach a script (``None``: a task, all)."""
+    the space's refusal rules (the layout, the global batch, the libraries); ``make``: the
+    configuration of knobs; ``routes``: the knobs that reach a script (``None``: a task, all)."""
 
     ruled_out = {(name, value): why for name, value, why, _ in unsupported(machine)}
 
     def refusal(name: str, value: Any) -> str | None:
-        return ruled_out.get((name, value)) or space.refusal(make({**params, name: value}), world_size, global_batch)
+        return ruled_out.get((name, value)) or space.refusal(make({**params, name: value}), global_batch)
 
     return Here(refusal, {k: tuple(v) for k, v in space.choices.items()},
                 frozenset(routes) if routes is not None else None)

@@ -151,7 +151,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     def valid(knobs: Any) -> bool:
         """A layout the world and the global batch allow (a change toward the best may need
         its layout first: a micro-batch a larger data-parallel share cannot hold)."""
-        return space.refusal(make(knobs), recipe.world_size, recipe.global_batch_size) is None
+        return space.refusal(recipe.configs(machine).of_params(knobs), recipe.global_batch_size) is None
 
     plan = distributed.broadcast({"finalists": decider.finalists(), "baseline": decider.baseline_config.params(),
                                   "seconds": decider.finish_seconds(finish_minutes),

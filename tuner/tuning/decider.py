@@ -128,11 +128,9 @@ class Decider:
     # --- decisions ------------------------------------------------------------------------
 
     def next(self, interrupted: bool) -> dict[str, Any]:
-        """The next order for every rank: the configuration of a trial (``config``, with the
-        precision guard's ``reference`` when it needs one first), one to measure again
-        (``repeat``), or why to stop (``stop``). Built here, on rank 0, and broadcast: every
-        rank runs the same configuration. Configurations the memory model predicts over the
-        budget are recorded ``skipped`` on the way."""
+        """The next order, made on rank 0 and broadcast: a trial's ``config`` (with the guard's
+        ``reference`` to run first), a ``repeat``, or why to ``stop``. Configurations the memory
+        model predicts over the budget are recorded ``skipped`` on the way."""
         for _ in range(MAX_RESAMPLES):
             order = self._next(interrupted)
             if not order.get("skipped"):
@@ -160,7 +158,7 @@ class Decider:
             return searchspace.config_key(config) in self.known or _claim(config) in flying
 
         if (again := self._baseline_again(best)) is not None:
-            return {"stop": None, "repeat": self.recipe.configs(self.machine).recorded(again)}
+            return {"stop": None, "repeat": again}
         step = proposers.first(self.proposers, proposers.Round(best, self.known, taken, self._outcome))
         repeat = self.convergence.repeat(best) if step is None and best is not None and \
             self.recipe.budget.converge else None
@@ -200,17 +198,16 @@ class Decider:
                 # the baseline, run late by a worker, is what compares; the prune bar reads step rates, not joules
                 self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
                 self.events.begin(trial.number, config)
-                reference = self.recipe.configs(self.machine)(reference_knobs(config.params())) \
-                    if self.guard.needs_reference(config) else None
+                reference = self.config_of(reference_knobs(config.params())) if self.guard.needs_reference(config) \
+                    else None
                 return {"stop": None, "config": config, "prune": self.prune is not None, "reference": reference}
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
-    def _baseline_again(self, best: Record | None) -> dict[str, Any] | None:
-        """The baseline's knobs once more, right after its first run, while the run has
-        measured no noise: the prune rule cuts only on a noise this run measured
-        (:mod:`tuner.stats.prune`), and the second run gives it one (and the finish a
-        baseline of two runs)."""
+    def _baseline_again(self, best: Record | None) -> Config | None:
+        """The baseline once more, right after its first run, while the run has measured no
+        noise: the prune rule cuts only on a noise this run measured (:mod:`tuner.stats.prune`);
+        the second run gives it one, and the finish a baseline of two runs."""
         if self.baseline_again or best is None or self.pool.spread()[1] > 0:
             return None
         entry = self.pool.entry(self.baseline_config.params())
@@ -218,7 +215,7 @@ class Decider:
             return None
         self.baseline_again = True
         self.events.note("measuring the baseline again: the prune rule cuts only on a noise this run has measured")
-        return self.baseline_config.params()
+        return self.baseline_config
 
     def _predict(self, trial: "Asked", config: Config) -> bool:
         """Record the trial ``skipped`` (True) when a filter says so
@@ -341,8 +338,7 @@ class Decider:
 
     def valid(self, knobs: Mapping[str, Any]) -> bool:
         """A layout the world and the global batch allow (the attribution's leave-one-outs)."""
-        r = self.recipe
-        return self.space.refusal(self.config_of(knobs).params(), r.world_size, r.global_batch_size) is None
+        return self.space.refusal(self.config_of(knobs), self.recipe.global_batch_size) is None
 
     def answerable(self, params: dict[str, Any]) -> bool:
         """Whether ``params`` may be the answer (:func:`tuner.tuning.recommend.answerable`)."""
@@ -391,8 +387,8 @@ class Decider:
     def _here(self, params: Mapping[str, Any]) -> Here:
         """What this search can run from ``params``, for the advice."""
         r = self.recipe
-        return config_view.here(self.space, self.machine, lambda k: self.config_of(k).params(), params, r.world_size,
-                                r.global_batch_size, r.script.routes() if r.script is not None else None)
+        return config_view.here(self.space, self.machine, self.config_of, params, r.global_batch_size,
+                                r.script.routes() if r.script is not None else None)
 
     def summary_of(self, params: dict[str, Any] | None, pool: Pool) -> dict[str, Any]:
         return config_view.of(params, pool, self.known)

@@ -48,7 +48,7 @@ def prepare(device: torch.device) -> None:
     for stage in (1, 3):
         from tuner.inputs.space import Config
 
-        config = Config(world_size=world, micro_batch_size=1, grad_accum_steps=1, zero_stage=stage, engine="deepspeed")
+        config = Config.of(world, "deepspeed", micro_batch_size=1, grad_accum_steps=1, zero_stage=stage)
         engine = DeepSpeedEngine(
             torch.nn.Linear(8, 8), lambda p: torch.optim.AdamW(p), lambda m, b: m(b).sum(), config, device
         )

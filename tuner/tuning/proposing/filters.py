@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 def refused(space: "Space", recipe: "Recipe", config: "Config") -> str | None:
     """Why ``config`` cannot run at all (its layout, one of its levers' rules), if it cannot."""
-    why = space.refusal(config.params(), recipe.world_size, recipe.global_batch_size)
+    why = space.refusal(config, recipe.global_batch_size)
     return f"refused: {why}" if why is not None else None
 
 
