@@ -31,7 +31,7 @@ INTS = {"num_workers": [0, 2, 8], "prefetch_factor": [2, 4], "micro_batch_size":
 
 def digest(config: Any, world: int) -> dict[str, str]:
     """Each derived artefact of one configuration, as text."""
-    from tuner.inputs.levers import LEVERS
+    from tuner.inputs.levers import LEVERS, dataloader_kwargs
     from tuner.inputs.library_configs import ds_config, hf_training_args
     from tuner.memory.model import states_bytes
     from tuner.outputs.exports import WRITERS
@@ -39,7 +39,7 @@ def digest(config: Any, world: int) -> dict[str, str]:
 
     script = TrialConfig.of(64, world, True, frozenset(LEVERS), **{k: getattr(config, k) for k in LEVERS})
     return {"engine": config.engine,
-            "dataloader.json": json.dumps(config.dataloader_kwargs()),
+            "dataloader.json": json.dumps(dataloader_kwargs(config)),
             "ds_config.json": json.dumps(ds_config(config, True)),
             "accelerate_config.yaml": WRITERS["accelerate_config.yaml"](config, True),
             "hf_training_args.json": json.dumps(hf_training_args(config)),

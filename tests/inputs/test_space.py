@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.inputs.errors import RecipeError
+from tuner.inputs.levers import dataloader_kwargs
 from tuner.inputs.space import Machine, make_config, restrict
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
@@ -27,9 +28,9 @@ def test_accumulation_keeps_the_global_batch():
 def test_loader_knobs_are_neutral_without_workers():
     config, _ = make_config({"num_workers": 0, "prefetch_factor": 8, "persistent_workers": True}, 8, 1, CPU)
     assert config.prefetch_factor == 2 and config.persistent_workers is False
-    assert "prefetch_factor" not in config.dataloader_kwargs()
+    assert "prefetch_factor" not in dataloader_kwargs(config)
     with_workers, _ = make_config({"num_workers": 3, "prefetch_factor": 8, "persistent_workers": True}, 8, 1, CPU)
-    assert with_workers.dataloader_kwargs() == {
+    assert dataloader_kwargs(with_workers) == {
         "batch_size": 8, "num_workers": 3, "pin_memory": False, "prefetch_factor": 8, "persistent_workers": True}
 
 

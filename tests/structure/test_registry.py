@@ -4,7 +4,6 @@ layer's view of the levers covers them all (a lever a layer silently drops fails
 from __future__ import annotations
 
 import ast
-import dataclasses
 import typing
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from tuner.analysis import attribution, diagnose, evidence
 from tuner.inputs import levers
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.inputs.levers import orders
-from tuner.inputs.plan import FIELDS, SECTION_OF, SECTIONS
+from tuner.inputs.plan import FIELDS, ORDER, SECTION_OF, SECTIONS
 from tuner.inputs.script import ADAPTER_ROUTES
 from tuner.inputs.space import Config, Machine, conflict, make_config
 from tuner.memory import capacity
@@ -68,7 +67,8 @@ def test_every_lever_is_declared_whole(name: str) -> None:
 
 
 def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
-    for order in ("FIELDS", "PATH", "WALK"):
+    assert list(LEVERS) == list(ORDER)
+    for order in ("PATH", "WALK"):
         names = getattr(orders, order)
         assert sorted(names) == sorted(LEVERS), f"orders.{order} does not hold every lever once: {names}"
     for kind, names in orders.VERDICTS.items():
@@ -84,17 +84,14 @@ def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
 
 
 @pytest.mark.parametrize("name", list(LEVERS))
-def test_each_lever_is_a_field_of_the_plan_with_its_type_and_default(name: str) -> None:
-    """The plan's sections hold every knob once; a lever's kind, default and values are its
-    field's (the annotation's ``Literal`` values, in the lever's order)."""
-    section = SECTIONS[SECTION_OF[name]]
-    hint = typing.get_type_hints(section)[name]
-    lever, default = LEVERS[name], FIELDS[name].default
-    assert lever.default == (None if default is dataclasses.MISSING else default), name
-    if typing.get_origin(hint) is typing.Literal:
-        assert lever.kind is str and lever.choices == typing.get_args(hint), (name, hint)
-    else:
-        assert hint is lever.kind and not lever.choices, (name, hint)
+def test_each_lever_is_a_field_of_the_plan_that_gives_its_kind_and_values(name: str) -> None:
+    """The plan's sections hold every knob once, typed: a choice as a ``Literal`` of its values."""
+    assert set(FIELDS) == {*LEVERS, "grad_accum_steps"}
+    hint = typing.get_type_hints(SECTIONS[SECTION_OF[name]])[name]
+    lever = LEVERS[name]
+    assert lever.kind in (int, bool, str) and (lever.kind is str) == (typing.get_origin(hint) is typing.Literal)
+    assert lever.choices == (typing.get_args(hint) if lever.kind is str else None), (name, hint)
+    assert name == "micro_batch_size" or lever.parse(lever.default, name) == lever.default
 
 
 @pytest.mark.parametrize("name", list(LEVERS))

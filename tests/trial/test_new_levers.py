@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 import tuner
 from tuner.analysis.diagnose import diagnose
 from tuner.analysis.guard import divergence
+from tuner.inputs.levers import dataloader_kwargs
 from tuner.inputs.space import Machine, make_config
 from tuner.outputs import exports
 from tuner.scriptmode.adapters.common import rebuild_loader
@@ -88,7 +89,7 @@ class _Uneven(Dataset):
 
 def _first_batches(in_order: bool) -> list[int]:
     config, _ = make_config({"num_workers": 2, "in_order": in_order, "micro_batch_size": 4}, 4, 1, CPU)
-    batches = iter(torch.utils.data.DataLoader(_Uneven(), **config.dataloader_kwargs()))
+    batches = iter(torch.utils.data.DataLoader(_Uneven(), **dataloader_kwargs(config)))
     first = [int(next(batches)[0, 0]) for _ in range(3)]
     batches._shutdown_workers()
     return first
@@ -102,11 +103,11 @@ def test_out_of_order_hands_over_the_ready_batches_before_a_slow_one():
 
 def test_in_order_is_a_loader_keyword_only_with_workers_and_only_when_off():
     config, _ = make_config({"num_workers": 0, "in_order": False}, 8, 1, CPU)
-    assert config.in_order is True and "in_order" not in config.dataloader_kwargs()
+    assert config.in_order is True and "in_order" not in dataloader_kwargs(config)
     on, _ = make_config({"num_workers": 2}, 8, 1, CPU)
     off, _ = make_config({"num_workers": 2, "in_order": False}, 8, 1, CPU)
-    assert "in_order" not in on.dataloader_kwargs() and off.dataloader_kwargs()["in_order"] is False
-    assert off.dataloader_kwargs()["in_order"] is False
+    assert "in_order" not in dataloader_kwargs(on) and dataloader_kwargs(off)["in_order"] is False
+    assert dataloader_kwargs(off)["in_order"] is False
 
 
 def test_the_script_loader_is_rebuilt_with_in_order():

@@ -6,7 +6,9 @@ it: the accumulation derived from the global batch, a knob that means nothing at
 default); its world and :class:`~tuner.inputs.layout.Layout` are derived once, inside it.
 Every layer reads a section (``plan.sharding.zero_stage``) or, as a task's
 ``parallelize(model, mesh, config)`` and a script's ``tuner.config()`` do, the flat name
-(``plan.zero_stage``); the search records :meth:`Plan.params`, flat.
+(``plan.zero_stage``); the search records :meth:`Plan.params`, flat. The sections are the
+one table of the knobs' kinds, defaults and values: a lever
+(:class:`~tuner.inputs.lever.Lever`) reads its field.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tuner.inputs import layout
-from tuner.inputs.levers import LEVERS, loader_kwargs
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Sharding:
     overlap_comm: bool = False
     """ZeRO's reduction overlapped with the backward."""
     reduce_bucket_size: int = 500_000_000
-    """ZeRO's reduction bucket, in elements."""
+    """ZeRO's reduction bucket, in elements (DeepSpeed's default)."""
     allgather_bucket_size: int = 500_000_000
     """ZeRO-1/2's parameter all-gather bucket, in elements."""
     offload_optimizer: Literal["none", "cpu"] = "none"
@@ -138,8 +139,19 @@ SECTION_OF: dict[str, str] = {f.name: section for section, cls in SECTIONS.items
 """The section of each knob (and of the derived ``grad_accum_steps``)."""
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
 """Every knob's field: its type and default, the one table of them."""
-PARAMS = ("micro_batch_size", "grad_accum_steps", *(name for name in LEVERS if name != "micro_batch_size"), "engine")
-"""The order of :meth:`Plan.params`: the registry's (trials.csv's columns, best.json's keys)."""
+ORDER = (
+    "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype", "micro_batch_size",
+    "tensor_parallel", "pipeline_parallel", "pipeline_schedule", "sequence_parallel", "zero_stage", "fsdp",
+    "activation_checkpointing", "compile", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
+    "allgather_bucket_size", "offload_optimizer", "optimizer_impl", "matmul_precision", "channels_last",
+    "cudnn_benchmark", "in_order", "compile_mode", "attention_backend", "float8", "expandable_segments",
+    "fused_loss", "intra_op_threads",
+)
+"""Every knob in a configuration's order: the registry's (:data:`tuner.inputs.levers.LEVERS`),
+trials.csv's columns, the sampler's questions (a new knob goes last: the same seed then draws
+the same configurations of the others)."""
+PARAMS = ("micro_batch_size", "grad_accum_steps", *(name for name in ORDER if name != "micro_batch_size"), "engine")
+"""The order of :meth:`Plan.params` (best.json's keys)."""
 
 
 @dataclass(frozen=True)
@@ -181,12 +193,6 @@ class Plan:
     def params(self) -> dict[str, Any]:
         """The knobs, flat, as recorded in results (the accumulation and the engine included)."""
         return {name: getattr(self, name) for name in PARAMS}
-
-    def dataloader_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler):
-        every loader lever that means something here (``prefetch_factor`` only with workers,
-        which the DataLoader enforces)."""
-        return {"batch_size": self.batch.micro_batch_size, **loader_kwargs(self.params())}
 
     @functools.cached_property
     def layout(self) -> layout.Layout:

@@ -9,24 +9,19 @@ why). Everything downstream (engines, trial, exports) takes a ``Config``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping, Sequence, get_args
+from typing import Any, Literal, Mapping, Sequence
 
 from tuner.inputs import layout
 from tuner.inputs.engine import engine_clash, engine_of
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import Lever
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.levers.sharding import DEEPSPEED_BUCKET
 from tuner.inputs.machine import Machine, native_bf16
 from tuner.inputs.plan import FIELDS, Plan
 
-AmpDtype = Literal["fp32", "bf16", "fp16"]
-"""The autocast dtypes a trial can run in (fp32: no autocast)."""
 EngineName = Literal["auto", "torch", "deepspeed"]
 """The recipe's ``engine``: ``auto`` runs zero_stage 0 as DDP and stages 1-3 as DeepSpeed."""
-AMP_DTYPES: tuple[str, ...] = get_args(AmpDtype)
-ENGINES: tuple[str, ...] = get_args(EngineName)
-__all__ = ["AMP_DTYPES", "DEEPSPEED_BUCKET", "ENGINES", "Config", "Configs", "Machine", "applies", "conflict",
+__all__ = ["Config", "Configs", "Machine", "applies", "conflict",
            "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.inputs.engine import kind
+from tuner.inputs.levers import dataloader_kwargs
 from tuner.inputs.levers.kernels import BACKENDS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION, LIGHTNING_PRECISION
 from tuner.inputs.levers.process import ALLOC_CONF
@@ -262,7 +263,7 @@ def json_text(data: Any) -> str:
 
 
 WRITERS: dict[str, Writer] = {
-    "dataloader.json": lambda config, cuda: json_text(config.dataloader_kwargs()),
+    "dataloader.json": lambda config, cuda: json_text(dataloader_kwargs(config)),
     "ds_config.json": lambda config, cuda: json_text(ds_config(config, cuda)),
     "accelerate_config.yaml": accelerate_config,
     "hf_training_args.json": lambda config, cuda: json_text(hf_training_args(config)),

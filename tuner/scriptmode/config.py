@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from tuner.inputs import library_configs
+from tuner.inputs import levers, library_configs
 from tuner.inputs.engine import engine_of
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
@@ -67,7 +67,7 @@ class TrialConfig:
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """``DataLoader(dataset, sampler=..., **cfg.dataloader_kwargs())``; batch size per rank."""
-        return self.config.dataloader_kwargs()
+        return levers.dataloader_kwargs(self.config)
 
     def ds_config(self, base: Mapping[str, Any] | str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """The script's DeepSpeed config (a dict, or a JSON file's path) with the tuned keys

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 from tuner.inputs.errors import TrialError
+from tuner.inputs.levers import dataloader_kwargs
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
@@ -42,7 +43,7 @@ def make_loader(dataset: Any, config: "Config", ctx: "DistContext", seed: int,
     """The config's DataLoader: a sampler seeded with the recipe's ``seed`` (distributed over
     the data-parallel ranks: those of one tensor/pipeline-parallel model copy read the same
     samples), the task's ``collate`` function, full micro-batches only."""
-    kwargs = config.dataloader_kwargs()
+    kwargs = dataloader_kwargs(config)
     lay = config.layout  # the ranks of one model copy read the same samples
     if not isinstance(dataset, IterableDataset):
         if len(dataset) < config.micro_batch_size * lay.dp:

@@ -7,8 +7,9 @@ conflicts, exports); the trial layer applies each lever where its stage runs
 the others (the configuration's fields, the attribution's path, the guided walk, each
 verdict's levers) is :mod:`.orders`.
 
-Adding a lever is its family's entry, its place in :mod:`.orders`, and its apply function
-called where its stage runs;
+Adding a lever is its field in :mod:`tuner.inputs.plan` (its kind, default and values), its
+family's entry, its place in :mod:`.orders`, and its apply function called where its stage
+runs;
 ``tests/structure/test_registry.py`` fails when an entry lacks what a layer needs.
 """
 
@@ -18,19 +19,27 @@ from typing import Any, Mapping
 
 from tuner.inputs.lever import Lever
 from tuner.inputs.levers import batch, checkpointing, kernels, loader, orders, parallel, precision, process, sharding
+from tuner.inputs.plan import ORDER, Plan
 
 FAMILIES = (loader, precision, batch, parallel, sharding, checkpointing, kernels, process)
 """The family modules, each with its ``DECLARED`` levers."""
 _DECLARED: dict[str, Lever] = {lever.name: lever for family in FAMILIES for lever in family.DECLARED}
-LEVERS: dict[str, Lever] = {name: _DECLARED[name] for name in orders.FIELDS}
-"""Every lever, in the order of a configuration's fields (:data:`.orders.FIELDS`)."""
+LEVERS: dict[str, Lever] = {name: _DECLARED[name] for name in ORDER}
+"""Every lever, in the order of a configuration's fields (:data:`tuner.inputs.plan.ORDER`)."""
 if set(LEVERS) != set(_DECLARED):
-    raise ImportError(f"levers declared but not in orders.FIELDS: {sorted(set(_DECLARED) - set(LEVERS))}")
+    raise ImportError(f"levers declared but not in plan.ORDER: {sorted(set(_DECLARED) - set(LEVERS))}")
 
 
 def recomputing() -> tuple[str, ...]:
     """The levers that trade recompute for activation memory (``Lever.memory.frees_activations``)."""
     return tuple(name for name, lever in LEVERS.items() if lever.memory.frees_activations)
+
+
+def dataloader_kwargs(config: Plan) -> dict[str, Any]:
+    """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler): the
+    micro-batch and every loader lever that means something here (``prefetch_factor`` only
+    with workers, which the DataLoader enforces)."""
+    return {"batch_size": config.batch.micro_batch_size, **loader_kwargs(config.params())}
 
 
 def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:

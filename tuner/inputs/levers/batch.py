@@ -8,7 +8,7 @@ from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoute
 from tuner.inputs.levers.common import TRAINER
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("micro_batch_size", int, None, "samples per rank per forward", minimum=1, group="batch", ordered=True,
+    Lever("micro_batch_size", "samples per rank per forward", minimum=1, group="batch", ordered=True,
           label="micro={}",
           suggest=((), "a larger micro_batch_size (fuller kernels)"),
           risk="optimisation: same global batch, but BatchNorm statistics and padding are per micro-batch",

@@ -10,10 +10,10 @@ from __future__ import annotations
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("activation_checkpointing", str, "none",
+    Lever("activation_checkpointing",
           "recompute activations in the backward: every block's whole forward (full), every other block's "
           "(selective), or each block's cheap operators, its matmul and attention outputs kept (op)",
-          choices=("none", "op", "selective", "full"), aliases=((False, "none"), (None, "none")), group="model",
+          aliases=((False, "none"), (None, "none")), group="model",
           ordered=True, reference="none",
           risk="recompute: the backward re-runs the checkpointed blocks' forwards (RNG state is replayed, so "
                "dropout matches)", label="ac={}", proven=True,

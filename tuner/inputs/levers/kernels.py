@@ -72,7 +72,7 @@ def _fused_loss_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
 
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("compile", bool, False, "torch.compile of each block (or the model)", group="kernels", reference=False,
+    Lever("compile", "torch.compile of each block (or the model)", group="kernels", reference=False,
           suggest=((True,), "compile: true (fused kernels)"),
           refused=lambda m: [] if m.compiler else [
               (True, "torch.compile's inductor needs "
@@ -84,22 +84,22 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"accelerate_config.yaml": "dynamo_config", "hf_training_args.json": "torch_compile",
                              "torchtitan.toml": "compile"}),
           script=ScriptRoutes(frozenset({"hf"}))),
-    Lever("optimizer_impl", str, "default", "torch.optim implementation", choices=("default", "foreach", "fused"),
+    Lever("optimizer_impl", "torch.optim implementation",
           group="optimizer", suggest=(("fused",), "optimizer_impl: fused"),
           risk="fused kernels exist for AdamW/Adam/SGD on CUDA and CPU; a custom optimizer keeps its own",
           label="opt={}",
           applied=Applied("optimizer"),
           exported=Exported({"hf_training_args.json": "optim", "torchtitan.toml": "optimizer.implementation"}),
           script=ScriptRoutes(frozenset({"hf"}))),
-    Lever("channels_last", bool, False, "channels-last memory format for the model and its 4-D inputs", group="model",
+    Lever("channels_last", "channels-last memory format for the model and its 4-D inputs", group="model",
           suggest=((True,), "channels_last: true (convolutional models)"), acts_on="convolutions",
           risk="custom kernels or reshapes that assume NCHW-contiguous tensors copy (or break); only convolutional "
                "models gain", label="channels_last",
           applied=Applied("model"),
           exported=Exported({"torch_settings.py": "model = model.to(memory_format=torch.channels_last)  # and each "
                                                   "image batch: x.to(memory_format=torch.channels_last)"})),
-    Lever("compile_mode", str, "default", "torch.compile's mode (with compile: true)",
-          choices=("default", "max-autotune-no-cudagraphs", "reduce-overhead"), group="kernels",
+    Lever("compile_mode", "torch.compile's mode (with compile: true)",
+          group="kernels",
           needs=lambda k, w: k["compile"], reference="default",
           suggest=(("max-autotune-no-cudagraphs", "reduce-overhead"),
                    "compile_mode: max-autotune-no-cudagraphs (autotuned kernels) or reduce-overhead (CUDA graphs)"),
@@ -113,9 +113,9 @@ DECLARED: tuple[Lever, ...] = (
                              "accelerate_config.yaml": "dynamo_config.dynamo_mode", "torchtitan.toml": "comment",
                              "torch_settings.py": "block.compile(mode=...)"}),
           script=ScriptRoutes(frozenset({"hf"}))),
-    Lever("attention_backend", str, "default",
+    Lever("attention_backend",
           "the kernel behind scaled_dot_product_attention (torch.nn.attention.sdpa_kernel)",
-          choices=("default", "math", "flash", "efficient", "cudnn"), group="kernels", reference="default",
+          group="kernels", reference="default",
           suggest=(("flash", "cudnn", "efficient"), "attention_backend: flash or cudnn (fused attention kernels)"),
           acts_on="attention", refused=_attention_refused, refusal=_attention_refusal,
           risk="the model must call scaled_dot_product_attention (transformers: attn_implementation='sdpa'); a "
@@ -123,7 +123,7 @@ DECLARED: tuple[Lever, ...] = (
           label="attn={}",
           applied=Applied("forward"),
           exported=Exported({"torch_settings.py": "sdpa_kernel(SDPBackend...)"})),
-    Lever("fused_loss", bool, False,
+    Lever("fused_loss",
           "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks", group="kernels",
           reference=False,
           suggest=((True,), "fused_loss: true (Liger's fused linear cross-entropy: the logits never whole)"),

@@ -1,9 +1,7 @@
 """The registry's orders, in one place: a lever's family module declares what it is, and
-here is where it stands among the others.
+here is where it stands among the others (its place among a configuration's fields is
+:data:`tuner.inputs.plan.ORDER`).
 
-- :data:`FIELDS`: a configuration's fields (``trials.csv`` columns) and the order of the
-  sampler's questions (a new lever goes last: the same seed then draws the same
-  configurations of the others).
 - :data:`PATH`: the attribution's path from the baseline (what feeds the step first).
 - :data:`WALK`: the guided walk's one-knob-at-a-time order (likeliest large effect first).
 - :data:`VERDICTS`: each verdict's levers, its first choice first (what its advice names).
@@ -12,15 +10,6 @@ here is where it stands among the others.
 """
 
 from __future__ import annotations
-
-FIELDS = (
-    "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype", "micro_batch_size",
-    "tensor_parallel", "pipeline_parallel", "pipeline_schedule", "sequence_parallel", "zero_stage", "fsdp",
-    "activation_checkpointing", "compile", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
-    "allgather_bucket_size", "offload_optimizer", "optimizer_impl", "matmul_precision", "channels_last",
-    "cudnn_benchmark", "in_order", "compile_mode", "attention_backend", "float8", "expandable_segments",
-    "fused_loss", "intra_op_threads",
-)
 
 PATH = (
     "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order", "amp_dtype", "float8",

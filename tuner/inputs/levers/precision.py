@@ -64,7 +64,7 @@ def matmul_dtype(config: Config) -> str:
 
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("amp_dtype", str, "fp32", "autocast dtype", choices=("fp32", "bf16", "fp16"), group="precision",
+    Lever("amp_dtype", "autocast dtype", group="precision",
           label="amp={}",
           reference="fp32", refused=_amp_refused,
           suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"),
@@ -76,8 +76,8 @@ DECLARED: tuple[Lever, ...] = (
                              "lightning_trainer.yaml": "trainer.precision"}),
           memory=MemoryTerm("activations", prior={"fp32": 1.0, "bf16": 0.5, "fp16": 0.5}),
           script=ScriptRoutes(TRAINER)),
-    Lever("float8", str, "off", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
-          choices=("off", *FLOAT8), aliases=((False, "off"),), group="precision", reference="off",
+    Lever("float8", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
+          aliases=((False, "off"),), group="precision", reference="off",
           suggest=(FLOAT8, "float8: tensorwise (torchao; Ada and Hopper GPUs)"), refused=_float8_refused,
           refusal=_float8_refusal,
           risk="numerics: matmuls in float8 with dynamic scales, checked by the precision guard against the fp32 "

@@ -84,8 +84,8 @@ def intra_op_threads(value: int) -> Callable[[], None]:
 
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("matmul_precision", str, "highest", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
-          choices=("highest", "high", "medium"), group="kernels", refused=_matmul_refused, ordered=True,
+    Lever("matmul_precision", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
+          group="kernels", refused=_matmul_refused, ordered=True,
           reference="highest", suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
           risk="numerics: fp32 matmuls round their inputs to TF32 (10-bit mantissa; medium: bf16); checked by the "
                "precision guard", label="matmul={}",
@@ -93,7 +93,7 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"hf_training_args.json": "tf32",
                              "torch_settings.py": "torch.set_float32_matmul_precision({!r})"}),
           script=ScriptRoutes(ALL)),
-    Lever("cudnn_benchmark", bool, False, "cuDNN times its convolution algorithms and keeps the fastest",
+    Lever("cudnn_benchmark", "cuDNN times its convolution algorithms and keeps the fastest",
           group="kernels", suggest=((True,), "cudnn_benchmark: true (convolutions of fixed shapes)"),
           acts_on="convolutions",
           refused=lambda m: [] if m.cudnn else [
@@ -103,7 +103,7 @@ DECLARED: tuple[Lever, ...] = (
           applied=Applied("process", hold=cudnn_benchmark),
           exported=Exported({"torch_settings.py": "torch.backends.cudnn.benchmark = {!r}"}),
           script=ScriptRoutes(ALL)),
-    Lever("expandable_segments", bool, False,
+    Lever("expandable_segments",
           "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: the allocator grows its segments, less fragmented",
           group="memory",
           suggest=((True,), "expandable_segments: true (less fragmentation: room for a larger micro-batch)"),
@@ -114,7 +114,7 @@ DECLARED: tuple[Lever, ...] = (
           applied=Applied("process", hold=expandable_segments, env=_expandable_env),
           exported=Exported({"torch_settings.py": "PYTORCH_CUDA_ALLOC_CONF", "torchtitan.toml": "comment"}),
           script=ScriptRoutes(frozenset(ADAPTERS))),
-    Lever("intra_op_threads", int, 0,
+    Lever("intra_op_threads",
           "torch.set_num_threads on every rank: its CPU operators' threads "
           "(0: as launched)", minimum=0, group="kernels",
           suggest=((), "more intra_op_threads"),  # with the count, where a CPU step ran on fewer than a rank's cores

@@ -12,9 +12,6 @@ from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoute
 from tuner.inputs.machine import Machine
 from tuner.inputs.model_states import offloaded_states, sharded_states, zero_states
 
-DEEPSPEED_BUCKET = 500_000_000
-"""DeepSpeed's default ``reduce_bucket_size`` / ``allgather_bucket_size`` (elements)."""
-
 
 def _zero(k: Mapping[str, Any], world: int) -> bool:
     return k["zero_stage"] >= 1
@@ -48,7 +45,7 @@ def _no_lightning(m: Machine) -> list[tuple[Any, str, Any]]:
 
 
 DECLARED: tuple[Lever, ...] = (
-    Lever("zero_stage", int, 0, "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3, group="sharding",
+    Lever("zero_stage", "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3, group="sharding",
           label="zero={}",
           needs=_data_parallel_only, ordered=True, alternative=("fsdp", "off"),
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)", engine="deepspeed",
@@ -58,8 +55,8 @@ DECLARED: tuple[Lever, ...] = (
                              "lightning_trainer.yaml": "trainer.strategy"}),
           memory=MemoryTerm("states", states=zero_states),
           script=ScriptRoutes(frozenset({"hf", "lightning", "deepspeed"}), refused_under={"lightning": _no_lightning})),
-    Lever("fsdp", str, "off", "FSDP2 fully_shard per block and on the root",
-          choices=("off", "full_shard", "shard_grad_op"), aliases=((False, "off"),), group="sharding",
+    Lever("fsdp", "FSDP2 fully_shard per block and on the root",
+          aliases=((False, "off"),), group="sharding",
           needs=lambda k, w: k["zero_stage"] == 0, conflict=_fsdp_conflict, alternative=("zero_stage", 0),
           refused=lambda m: [] if m.fsdp2 else [
               (mode, "this PyTorch has no torch.distributed.fsdp.fully_shard (FSDP2 needs torch >= 2.6)", "off")
@@ -72,7 +69,7 @@ DECLARED: tuple[Lever, ...] = (
                              "torchtitan.toml": "data_parallel_shard_degree",
                              "lightning_trainer.yaml": "trainer.strategy"}),
           memory=MemoryTerm("states", states=sharded_states)),
-    Lever("ddp_bucket_cap_mb", int, 25, "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
+    Lever("ddp_bucket_cap_mb", "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
           needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
           and _data_parallel_only(k, w), ordered=True, risk="larger buckets start all-reducing later in the backward",
           label="bucket={}MB",
@@ -80,27 +77,27 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"hf_training_args.json": "ddp_bucket_cap_mb",
                              "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
           script=ScriptRoutes(frozenset({"hf"}))),
-    Lever("overlap_comm", bool, False, "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)",
+    Lever("overlap_comm", "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)",
           group="communication", needs=_zero,
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
           label="overlap",
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.overlap_comm"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
-    Lever("reduce_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements reduced at once (ZeRO >= 1)", minimum=1,
+    Lever("reduce_bucket_size", "DeepSpeed: elements reduced at once (ZeRO >= 1)", minimum=1,
           group="communication", needs=_zero, ordered=True,
           risk="larger buckets: more memory for the reduction, fewer and larger collectives", label="reduce={:.0e}",
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.reduce_bucket_size"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
-    Lever("allgather_bucket_size", int, DEEPSPEED_BUCKET, "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
+    Lever("allgather_bucket_size", "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
           minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2), ordered=True,
           risk="larger buckets: more memory for the gathered parameters, fewer collectives", label="gather={:.0e}",
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.allgather_bucket_size"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
-    Lever("offload_optimizer", str, "none", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
-          choices=("none", "cpu"), aliases=((False, "none"), (None, "none")), group="sharding",
+    Lever("offload_optimizer", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
+          aliases=((False, "none"), (None, "none")), group="sharding",
           needs=lambda k, w: (k["zero_stage"] >= 1 or k["fsdp"] != "off") and _data_parallel_only(k, w),
           conflict=_offload_conflict, risk="host memory and PCIe traffic: the optimizer state and step live on the CPU",
           label="offload={}", proven=True,
