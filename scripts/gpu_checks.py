@@ -821,7 +821,7 @@ def attention(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     for backend in BACKENDS:
         config, _ = make_config({"attention_backend": backend, "amp_dtype": "bf16"}, 64, 1, machine)
         truth = _plain_sdpa(lab, backend)
-        if backend in refused or lever_refusal(config.params(), machine) is not None:
+        if backend in refused or lever_refusal(config, machine) is not None:
             rows.append(judge(f"attention_backend {backend}: refused or runs, as a plain forward", "backend",
                               "refused", truth))
             continue

@@ -98,7 +98,7 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     knobs.update(recipe.knob_overrides)
     config, notes = recipe.configs(machine).make(knobs)
     refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(recipe.world_size), None,
-                             machine.cuda) or lever_refusal(config.params(), machine)
+                             machine.cuda) or lever_refusal(config, machine)
     if refused is not None:
         raise RecipeError(refused)
     return config, notes

@@ -67,7 +67,7 @@ def test_the_gpu_decides_what_its_kernels_refuse():
 
 def _rule(machine: Machine, **knobs: object) -> str | None:
     config, _ = make_config(knobs, 8, 2, machine)
-    return lever_refusal(config.params(), machine)
+    return lever_refusal(config, machine)
 
 
 def test_what_cannot_run_together_is_refused_by_its_rule():
@@ -89,7 +89,7 @@ def test_what_cannot_run_together_is_refused_by_its_rule():
 
 def test_compile_mode_is_inert_without_compile():
     config, _ = make_config({"compile_mode": "reduce-overhead"}, 8, 1, H100)
-    assert GraphShapes.of(config) is None and lever_refusal(config.params(), H100) is None
+    assert GraphShapes.of(config) is None and lever_refusal(config, H100) is None
 
 
 def test_the_allocator_setting_joins_the_jobs_own():

@@ -82,14 +82,12 @@ def conflict(knobs: Mapping[str, Any]) -> str | None:
     return None
 
 
-def lever_refusal(knobs: Mapping[str, Any], machine: Machine) -> str | None:
-    """Why this configuration (every knob, after :func:`make_config`) cannot run here by one
-    of its levers' rules (``Lever.refusal``: flash attention with fp32, CUDA graphs with
-    FSDP2), naming the rule; ``None``: it can. The search records such a proposal
-    ``skipped``, never runs it."""
-    values = {**defaults(), **knobs}
+def lever_refusal(config: Plan, machine: Machine) -> str | None:
+    """Why this configuration cannot run here by one of its levers' rules (``Lever.refusal``:
+    flash attention with fp32, CUDA graphs with FSDP2), naming the rule; ``None``: it can.
+    The search records such a proposal ``skipped``, never runs it."""
     for lever in LEVERS.values():
-        why = lever.refusal(values, machine) if lever.refusal is not None else None
+        why = lever.refusal(config, machine) if lever.refusal is not None else None
         if why is not None:
             return why
     return None

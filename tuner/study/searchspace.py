@@ -50,7 +50,7 @@ class Space:
         params, world_size = config.params(), config.world_size
         return layout.batch_refusal(params, world_size, global_batch) or layout.refusal(
             params, world_size, self.per_node, self.blocks, self.cuda) or lever_refusal(
-            params, self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda))
+            config, self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda))
 
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or

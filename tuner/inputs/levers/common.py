@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from tuner.inputs.lever import ADAPTERS
 
 ALL = frozenset(ADAPTERS)
@@ -12,6 +10,3 @@ REBUILT = frozenset(ADAPTERS) - {"hf"}
 ``dataloader_*`` fields instead, and they have no ``in_order``)."""
 TRAINER = frozenset({"hf", "lightning", "accelerate", "deepspeed"})
 """Adapters whose library takes the batch and precision (the torch adapter only watches)."""
-
-Config = Any
-"""A :class:`tuner.inputs.space.Config` (built from this registry, so not imported here)."""

@@ -7,23 +7,23 @@ fused loss +20% throughput and -60% memory against HF's loss (its README).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from tuner.inputs import layout
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.machine import Machine
+from tuner.inputs.plan import Plan
 
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "cudnn": "CUDNN_ATTENTION"}
 """``attention_backend`` values and ``torch.nn.attention.SDPBackend``'s names for them."""
 
 
-def _graphs_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
+def _graphs_refusal(p: Plan, m: Machine) -> str | None:
     """What CUDA graphs (``reduce-overhead``) cannot capture."""
-    if not k["compile"] or k["compile_mode"] != "reduce-overhead":
+    if not p.kernels.compile or p.kernels.compile_mode != "reduce-overhead":
         return None
-    lay = layout.of(k)
-    if lay.shard or k["zero_stage"] > 0:
+    lay = p.layout
+    if lay.shard or p.sharding.zero_stage > 0:
         return ("compile_mode reduce-overhead records CUDA graphs, which cannot capture FSDP2's or ZeRO's hooks and "
                 "collectives (the rule: reduce-overhead without sharding)")
     if lay.model_parallel:
@@ -43,9 +43,9 @@ def _attention_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     return []
 
 
-def _attention_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
-    backend = k["attention_backend"]
-    if m.cuda and backend in ("flash", "cudnn") and k["amp_dtype"] == "fp32":
+def _attention_refusal(p: Plan, m: Machine) -> str | None:
+    backend = p.kernels.attention_backend
+    if m.cuda and backend in ("flash", "cudnn") and p.precision.amp_dtype == "fp32":
         return (f"attention_backend {backend} runs fp16 and bf16 inputs only, and amp_dtype fp32 gives it fp32 (the "
                 "rule: with amp_dtype bf16 or fp16; efficient and math take fp32)")
     return None
@@ -59,11 +59,11 @@ def _liger_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     return []
 
 
-def _fused_loss_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
+def _fused_loss_refusal(p: Plan, m: Machine) -> str | None:
     """Liger's kernel takes the whole head and the model's own forward: a tensor-parallel head
     is a DTensor shard (its loss runs vocabulary-parallel instead), and pipeline stages call
     the blocks, not the patched forward."""
-    if k["fused_loss"] and layout.of(k).model_parallel:
+    if p.kernels.fused_loss and p.layout.model_parallel:
         return ("fused_loss with a parallel layout: Liger's fused cross-entropy takes the whole head through the "
                 "model's own forward, which tensor parallelism shards and pipeline stages do not call (the rule: "
                 "fused_loss without tensor or pipeline parallelism; tensor parallelism's loss runs "

@@ -6,12 +6,12 @@ after compile (torchtitan; docs/levers.md).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from tuner.inputs import layout
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
-from tuner.inputs.levers.common import TRAINER, Config
+from tuner.inputs.levers.common import TRAINER
 from tuner.inputs.machine import Machine
+from tuner.inputs.plan import Plan
 
 
 def _amp_refused(m: Machine) -> list[tuple[Any, str, Any]]:
@@ -44,19 +44,19 @@ def _float8_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     return [(v, why, "off") for v in FLOAT8]
 
 
-def _float8_refusal(k: Mapping[str, Any], m: Machine) -> str | None:
-    if k["float8"] == "off":
+def _float8_refusal(p: Plan, m: Machine) -> str | None:
+    if p.precision.float8 == "off":
         return None
-    if k["zero_stage"] > 0:
+    if p.sharding.zero_stage > 0:
         return "float8 with DeepSpeed's ZeRO: its engine does not compose with torchao's float8 layers (the rule: " \
                "float8 with FSDP2 or plain data parallelism, as torchtitan runs it)"
-    if layout.of(k).tp > 1:
+    if p.layout.tp > 1:
         return "float8 with tensor parallelism needs torchao's float8 parallel styles, not applied here (the rule: " \
                "float8 without tensor parallelism)"
     return None
 
 
-def matmul_dtype(config: Config) -> str:
+def matmul_dtype(config: Plan) -> str:
     """The dtype the peak table reads for a configuration's MFU: ``fp8`` where float8 training
     runs the linear layers' matmuls on FP8 tensor cores (against bf16's peak its MFU read up to
     2x too high), else its ``amp_dtype``."""
