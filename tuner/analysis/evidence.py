@@ -256,15 +256,8 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
 def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any],
                            trials: Sequence[Seen], cores: int, compare: Compare | None = None) -> Verdict | None:
     """The workers this configuration has took the wait down from a configuration with fewer
-    but bought no time over it: more will not either.
-
-    Seen under a jittering load on one core (decode and step on the same CPU): the search
-    picked 2 workers on a lucky trial, the finish's pooled runs read 0 workers 735 samples/s
-    and 2 workers 654 with the wait down from 39% to 11%, and the answer's verdict read
-    "data-bound ... try more loader workers than 2" (:func:`host_cpu_saturated` looks only
-    at trials with *more* workers than the configuration); another run read the wait at 10%,
-    under the data-bound bar, and called the answer "compute-bound ... 54% of the stall-free
-    ceiling" though its workers had bought -10%."""
+    but bought no time over it: more will not either (:func:`host_cpu_saturated` looks only
+    at trials with *more* workers than the configuration)."""
     wait, rate = metrics.get("data_wait_share") or 0.0, metrics.get("samples_per_s") or 0.0
     workers = params.get("num_workers") or 0
     if not rate or not workers:  # a wait under the data-bound threshold too: the time, not the wait, tells

@@ -27,11 +27,9 @@ for its own sake there is put back when the call returns, normally or not:
   itself keeps for the process from its first FSDP2 group (about 15 descriptors, the same
   after any number of groups) is torch's.
 
-Seen before it: ``tuner.measure(..., zero_stage=1)`` left a live process group with its
-rendezvous variables deleted, so the caller's own ``init_process_group`` failed after it;
-torch's global RNG came back reseeded; ``tuner.plan()`` left a warnings filter. pandas,
-torch and optuna never freeze a caller's heap either; only the tuner's own command-line
-processes, which own their whole life, use ``gc.freeze`` (:func:`tuner.trial.run.freeze`).
+Only the tuner's own command-line processes, which own their whole life, freeze the heap
+(``gc.freeze``: :func:`tuner.trial.run.freeze`); pandas, torch and optuna never freeze a
+caller's either.
 """
 
 from __future__ import annotations

@@ -83,9 +83,8 @@ def _unfinished(study: Study, trials: list[dict[str, Any]], out: Path) -> Search
 def _importance(study: Study, trials: list[dict[str, Any]], result: SearchResult) -> tuple[dict[str, float], str]:
     """Optuna's knob importance, only where it means something, with what it rests on.
 
-    Seen on the quick start's report (7 feasible trials): PED-ANOVA ranked num_workers last,
-    near 0, while the attribution measured it as 103% of the gain. A handful of trials
-    cannot tell knobs apart, so below :data:`IMPORTANCE_MIN_TRIALS` (and two per searched
+    A handful of trials cannot tell knobs apart (PED-ANOVA has ranked last a knob the
+    attribution measured as the whole gain), so below :data:`IMPORTANCE_MIN_TRIALS` (and two per searched
     knob) there is no importance; and an importance that ranks the attribution's largest
     knob in its lower half is not shown next to it.
     """

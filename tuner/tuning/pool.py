@@ -2,9 +2,7 @@
 
 The search trials, its repeats, the finish and the attribution all measure configurations;
 the same configuration measured by two of them is one configuration with more samples, not two
-figures (seen before pooling: the quick start's report showed its baseline at 400.6
-samples/s in "Best vs baseline" and at 235.4 in the attribution table, two measurements of
-one configuration in one run). The pool also says how noisy a single measurement is here
+figures a report could show side by side. The pool also says how noisy a single measurement is here
 (the pooled relative standard deviation of repeated measurements) and so whether two
 configurations are apart beyond that noise: what lets the finish stop early and the
 attribution skip what it already knows.

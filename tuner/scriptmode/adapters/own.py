@@ -18,9 +18,8 @@ what the script sets where its library decides it, then report it and end the ru
   until the second (the script's accumulation), and the dtype of any ``torch.autocast``
   entered in between (none: fp32).
 
-Seen: a public Trainer script run with ``--per_device_train_batch_size 8`` was measured as
-8 x 4 because the recipe's global batch was 32, and its 1.44x was mostly "drop the
-accumulation the script never had" (issue 25). What a library does not say (a loop's
+Without it a script's own batch would be measured as the recipe's (a speedup that is only
+"drop the accumulation the script never had"). What a library does not say (a loop's
 autocast under ``adapt: hf``'s own Trainer is its ``bf16`` field) is left out, never guessed.
 """
 
