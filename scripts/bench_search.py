@@ -48,7 +48,8 @@ import optuna  # noqa: E402
 
 import tuner  # noqa: E402
 from tuner.harness import distributed  # noqa: E402
-from tuner.inputs.space import Config, Machine  # noqa: E402
+from tuner.inputs.plan import Plan  # noqa: E402
+from tuner.inputs.space import Machine  # noqa: E402
 from tuner.study import records as study_mod  # noqa: E402
 from tuner.study.searchspace import build_space  # noqa: E402
 from tuner.study.study import Study  # noqa: E402
@@ -65,12 +66,12 @@ RECIPES = {
 }
 
 
-def grid(recipe: tuner.Recipe, machine: Machine) -> list[Config]:
+def grid(recipe: tuner.Recipe, machine: Machine) -> list[Plan]:
     space = build_space(recipe, machine)
     return space.configs(recipe.configs(machine))
 
 
-def measure(recipe: tuner.Recipe, config: Config, ctx: distributed.DistContext, repeats: int = 1) -> float:
+def measure(recipe: tuner.Recipe, config: Plan, ctx: distributed.DistContext, repeats: int = 1) -> float:
     """Median samples/s over ``repeats`` trials (0 for a failed one)."""
     engines.prepare(config, ctx.device)
     values = []
@@ -80,7 +81,7 @@ def measure(recipe: tuner.Recipe, config: Config, ctx: distributed.DistContext, 
     return statistics.median(values)
 
 
-def score(picks: list[tuple[Config, float]], oracle: dict[Config, float]) -> tuple[float, float]:
+def score(picks: list[tuple[Plan, float]], oracle: dict[Plan, float]) -> tuple[float, float]:
     """(trials until within 5% of the oracle's best, final fraction of it) for a sequence of
     (config, its own measured value)."""
     top = max(oracle.values())
@@ -114,7 +115,7 @@ def main() -> None:
         print(f"{label}: measuring the grid of {len(configs)} configurations", file=sys.stderr)
         oracle = {c: measure(recipe, c, ctx, args.oracle_repeats) for c in configs}
         budget = max(2, round(len(configs) * args.budget_fraction))
-        results: dict[str, list[tuple[float, Config, float]]] = {"tuner.search": [], "random": []}
+        results: dict[str, list[tuple[float, Plan, float]]] = {"tuner.search": [], "random": []}
         for seed in range(args.seeds):
             seeded = tuner.load_recipe(path, [*overrides, f"seed={seed}"])
             with tempfile.TemporaryDirectory() as tmp:

@@ -428,7 +428,7 @@ def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """ZeRO-2 with the optimizer on the host: DeepSpeed's own fp32 partitions are pinned
     (read with ``is_pinned()``), as ``ds_config.json`` exports."""
     from tuner.inputs.library_configs import ds_config
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.trial.engines import deepspeed_engine
 
     pinned: list[bool] = []
@@ -444,7 +444,7 @@ def offload(lab: Lab, seen: dict[str, Any]) -> list[Row]:
         m = lab.measure("offload", measure=3, zero_stage=2, offload_optimizer="cpu")
     finally:
         deepspeed_engine.DeepSpeedEngine.__init__ = init  # type: ignore[method-assign]
-    config = Config.of(1, "deepspeed", micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2,
+    config = Plan.of(1, "deepspeed", micro_batch_size=lab.micro, grad_accum_steps=1, zero_stage=2,
                        offload_optimizer="cpu")
     exported = ds_config(config, cuda=True)["zero_optimization"]["offload_optimizer"].get("pin_memory")
     ok = m.state == "ok" and bool(pinned) and all(pinned) and exported is True
@@ -659,7 +659,7 @@ def script_gpus(lab: Lab, seen: dict[str, Any]) -> list[Row]:
 def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """The layout engine on one GPU (tensor = pipeline = 1, a mesh of one): the same losses
     as the plain engine, step for step, from the same weights and batches."""
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.inputs.task import load_task
     from tuner.trial.engines import build_engine
 
@@ -671,7 +671,7 @@ def layout_path(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     losses: dict[str, list[float]] = {}
     for name in ("torch", "layout"):
         torch.manual_seed(0)
-        config = Config.of(1, name, micro_batch_size=64, grad_accum_steps=1)
+        config = Plan.of(1, name, micro_batch_size=64, grad_accum_steps=1)
         engine = build_engine(task, args, config, lab.device)  # the layout's mesh of one, or none
         losses[name] = []
         for batch in batches:

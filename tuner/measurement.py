@@ -17,7 +17,8 @@ from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.harness.system.environment import environment
 from tuner.inputs import layout
 from tuner.inputs.errors import RecipeError
-from tuner.inputs.space import Config, Machine, lever_refusal
+from tuner.inputs.plan import Plan
+from tuner.inputs.space import Machine, lever_refusal
 from tuner.runner import runner_for
 from tuner.trial.trial_result import Instruments, State, TrialResult
 
@@ -91,7 +92,7 @@ def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: In
     return combine(recipe.name, recipe.budget.memory_gib, config, runs, notes, world)
 
 
-def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[str]]:
+def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Plan, list[str]]:
     """The configuration ``measure`` runs: defaults <- fixed space values <- baseline <- ``--set``."""
     knobs = {name: values[0] for name, values in recipe.space.items() if len(values) == 1}
     knobs.update(recipe.baseline)
@@ -104,7 +105,7 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Config, list[st
     return config, notes
 
 
-def combine(name: str, memory_budget_gib: float | None, config: Config, runs: list[TrialResult], notes: list[str],
+def combine(name: str, memory_budget_gib: float | None, config: Plan, runs: list[TrialResult], notes: list[str],
             world: int) -> Measurement:
     """The repeats of recipe ``name`` as one measurement: medians, spreads, the first
     failure, the verdicts (against the memory budget)."""

@@ -20,7 +20,7 @@ import torch
 import tuner
 from tuner.harness.distributed import ensure_process_group
 from tuner.inputs.library_configs import ds_config
-from tuner.inputs.space import Config
+from tuner.inputs.plan import Plan
 from tuner.trial import engines
 from tuner.trial.engines import deepspeed_engine
 
@@ -45,8 +45,8 @@ recipe, out = sys.argv[1], sys.argv[2]
 device = torch.device("cpu")
 ensure_process_group(device)
 world = torch.distributed.get_world_size()
-engines.prepare_all([Config.of(world, "deepspeed", micro_batch_size=1, grad_accum_steps=1, zero_stage=2),
-                     Config.of(world, micro_batch_size=1, grad_accum_steps=1, compile=True)], device)
+engines.prepare_all([Plan.of(world, "deepspeed", micro_batch_size=1, grad_accum_steps=1, zero_stage=2),
+                     Plan.of(world, micro_batch_size=1, grad_accum_steps=1, compile=True)], device)
 configs = [
     {"compile": True},  # the compiler's first use in this process
     {},  # the reference: fp32, eager, DDP
@@ -68,7 +68,7 @@ for knobs in configs:
     built.clear()
     m = tuner.measure(recipe, **knobs)
     gc.collect()
-    exported = ds_config(Config.of(world, **m.params)) if built else None
+    exported = ds_config(Plan.of(world, **m.params)) if built else None
     rows.append({
         "knobs": knobs,
         "params": m.params,

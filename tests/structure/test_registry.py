@@ -14,9 +14,9 @@ from tuner.analysis import attribution, diagnose, evidence
 from tuner.inputs import levers
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.inputs.levers import orders
-from tuner.inputs.plan import FIELDS, ORDER, SECTION_OF, SECTIONS
+from tuner.inputs.plan import FIELDS, ORDER, SECTION_OF, SECTIONS, Plan
 from tuner.inputs.script import ADAPTER_ROUTES
-from tuner.inputs.space import Config, Machine, conflict, make_config
+from tuner.inputs.space import Machine, conflict, make_config
 from tuner.memory import capacity
 from tuner.memory import model as memory
 from tuner.outputs import console, exports
@@ -77,7 +77,7 @@ def test_orders_are_total_and_every_layer_sees_every_lever() -> None:
     assert set(capacity.SHARDING) | set(memory.GROUP) | {"micro_batch_size"} <= set(LEVERS)
     assert set(ADAPTER_ROUTES) == set(ADAPTERS)
     levers = [n for n in LEVERS if n != "micro_batch_size"]
-    assert list(Config.of(1, micro_batch_size=8, grad_accum_steps=1).params()) == \
+    assert list(Plan.of(1, micro_batch_size=8, grad_accum_steps=1).params()) == \
         ["micro_batch_size", "grad_accum_steps", *levers, "engine"]
     script = TrialConfig.of(8, 1, False, micro_batch_size=8)
     assert all(getattr(script, name) == getattr(script.config, name) for name in LEVERS)

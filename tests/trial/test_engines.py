@@ -5,15 +5,15 @@ from __future__ import annotations
 import torch
 
 from tuner.inputs.layout import Layout
-from tuner.inputs.space import Config
+from tuner.inputs.plan import Plan
 from tuner.trial.engines.model_levers import Recompute
 from tuner.trial.engines.parallelize import Parallelized
 from tuner.trial.engines.torch_engine import TorchEngine
 
 
-def one(**fields) -> Config:
+def one(**fields) -> Plan:
     """A configuration of one rank."""
-    return Config.of(1, **fields)
+    return Plan.of(1, **fields)
 
 
 def _engine(amp_dtype: str, accum: int) -> TorchEngine:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import itertools
 
-from tuner.inputs.space import Config, Machine, make_config
+from tuner.inputs.plan import Plan
+from tuner.inputs.space import Machine, make_config
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning.pool import Pool
 
@@ -21,11 +22,11 @@ QUIET = (1.0, 1.001, 0.999, 1.0005, 0.9995)
 """~0.08%: a host wait that costs the same every step."""
 
 
-def config(**knobs) -> Config:
+def config(**knobs) -> Plan:
     return make_config({"num_workers": 0, "micro_batch_size": 8, **knobs}, 16, 1, CPU, "auto")[0]
 
 
-def result(c: Config, rate: float, state: State = State.OK) -> TrialResult:
+def result(c: Plan, rate: float, state: State = State.OK) -> TrialResult:
     metrics = {"samples_per_s": rate} if state == State.OK else None
     return TrialResult(c.params(), state, None if state == State.OK else "boom", metrics)
 
@@ -33,11 +34,11 @@ def result(c: Config, rate: float, state: State = State.OK) -> TrialResult:
 class Scripted:
     """Measures each configuration at its true rate times a small repeating jitter."""
 
-    def __init__(self, truth: dict[Config, float], jitter: tuple[float, ...] = JITTER) -> None:
+    def __init__(self, truth: dict[Plan, float], jitter: tuple[float, ...] = JITTER) -> None:
         self.truth, self.calls = truth, []
         self.jitter = {c: itertools.cycle(jitter) for c in truth}
 
-    def __call__(self, c: Config) -> TrialResult:
+    def __call__(self, c: Plan) -> TrialResult:
         self.calls.append(c)
         return result(c, self.truth[c] * next(self.jitter[c]))
 
@@ -124,7 +125,7 @@ def test_the_attribution_measures_only_the_points_it_lacks_inside_the_budget():
             pool.add(run(c), "finish")
     run.calls.clear()
     points = path.configs(BASE.params(), FOUR_BIG.params(), make)
-    done = path.describe(list(points.values()), 2, lambda p: run(Config.of(1, **p)), pool, finish.Budget(None))
+    done = path.describe(list(points.values()), 2, lambda p: run(Plan.of(1, **p)), pool, finish.Budget(None))
     # the path's middle point (workers only) doubles as the leave-one-out of micro_batch_size
     assert done == 4 and sorted(c.params()["num_workers"] * 100 + c.params()["micro_batch_size"]
                                 for c in run.calls) == [16, 16, 408, 408]
@@ -133,7 +134,7 @@ def test_the_attribution_measures_only_the_points_it_lacks_inside_the_budget():
     assert table.baseline == pool.median(BASE.params()) and table.best == pool.median(FOUR_BIG.params())
     run.calls.clear()
     tight = finish.Budget(1.0, typical_s=2.0, clock=lambda: 0.0)
-    assert path.describe(list(points.values()), 2, lambda p: run(Config.of(1, **p)), Pool(), tight) == 0
+    assert path.describe(list(points.values()), 2, lambda p: run(Plan.of(1, **p)), Pool(), tight) == 0
 
 
 def test_a_configuration_outside_the_space_is_never_the_answer(toy):

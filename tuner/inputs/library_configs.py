@@ -10,10 +10,10 @@ from typing import Any
 
 from tuner.inputs.engine import kind
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config
+from tuner.inputs.plan import Plan
 
 
-def ds_config(config: Config, cuda: bool = False) -> dict[str, Any]:
+def ds_config(config: Plan, cuda: bool = False) -> dict[str, Any]:
     """A DeepSpeed config: ``train_batch_size`` = micro x accumulation x data-parallel ranks,
     as DeepSpeed checks; the ZeRO block's keys only for the stages that read them, and always
     explicitly (DeepSpeed's own ``overlap_comm`` default differs by stage); ZeRO-3 gathers by
@@ -40,7 +40,7 @@ def ds_config(config: Config, cuda: bool = False) -> dict[str, Any]:
     return out
 
 
-def hf_training_args(config: Config) -> dict[str, Any]:
+def hf_training_args(config: Plan) -> dict[str, Any]:
     """``transformers.TrainingArguments`` fields (their own names, transformers 5). FSDP2 goes
     in ``fsdp_config``, which then holds the checkpointing (FSDP2 checkpoints its own wrapped
     layers: no second all-gather). ``optimizer_impl`` default is the job's own optimizer as it

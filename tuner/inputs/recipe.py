@@ -126,7 +126,7 @@ class Recipe:
     """Experiment trackers the search logs to (:mod:`tuner.outputs.tracking`)."""
 
     def configs(self, machine: space_mod.Machine) -> space_mod.Configs:
-        """How this recipe's configurations are made on ``machine`` (:class:`~tuner.inputs.space.Configs`)."""
+        """How this recipe's configurations are made on ``machine`` (:class:`~tuner.inputs.plan.Plans`)."""
         return space_mod.Configs(self.global_batch_size, self.world_size, machine, self.engine)
 
 

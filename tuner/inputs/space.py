@@ -1,9 +1,10 @@
-"""The knobs a trial can turn: their types, defaults, derived values and what applies here.
+"""The knobs a trial can turn: what applies, and a trial's :class:`~tuner.inputs.plan.Plan`
+made from them.
 
-A :class:`Config` is one point of the space, complete and normalised: gradient
+:func:`make_config` makes one point of the space complete and normalised: gradient
 accumulation is derived from the global batch, loader-only knobs are neutral without
 workers, and knobs this machine cannot honour have been replaced (with a note saying
-why). Everything downstream (engines, trial, exports) takes a ``Config``.
+why). Everything downstream (engines, trial, exports) takes the ``Plan``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tuner.inputs.plan import FIELDS, Plan
 
 EngineName = Literal["auto", "torch", "deepspeed"]
 """The recipe's ``engine``: ``auto`` runs zero_stage 0 as DDP and stages 1-3 as DeepSpeed."""
-__all__ = ["Config", "Configs", "Machine", "applies", "conflict",
+__all__ = ["Configs", "Machine", "applies", "conflict",
            "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
 
@@ -93,8 +94,6 @@ def lever_refusal(config: Plan, machine: Machine) -> str | None:
     return None
 
 
-Config = Plan
-"""A trial's configuration: :class:`tuner.inputs.plan.Plan`, by the name every layer imports."""
 RECORDED_DEFAULTS = {**{name: f.default for name, f in FIELDS.items() if f.default is not dataclasses.MISSING},
                      "engine": "torch"}
 """What a trial's recorded params hold where a lever was added since: its default."""
@@ -179,7 +178,7 @@ def make_config(
     machine: Machine,
     engine: str = "auto",
     strict: bool = True,
-) -> tuple[Config, list[str]]:
+) -> tuple[Plan, list[str]]:
     """Complete and normalise one configuration; returns it and notes on what changed.
     ``strict=False`` (the search, whose sampler may pair a micro-batch with a layout it does
     not fit) leaves the batch's divisibility to :func:`tuner.inputs.layout.batch_refusal`."""
@@ -220,18 +219,18 @@ class Configs:
     machine: Machine
     engine: str = "auto"
 
-    def make(self, knobs: Mapping[str, Any], strict: bool = True) -> tuple[Config, list[str]]:
+    def make(self, knobs: Mapping[str, Any], strict: bool = True) -> tuple[Plan, list[str]]:
         """:func:`make_config` of ``knobs``: the configuration, and notes on what changed."""
         return make_config(knobs, self.global_batch_size, self.world_size, self.machine, self.engine, strict)
 
-    def __call__(self, knobs: Mapping[str, Any], strict: bool = True) -> Config:
+    def __call__(self, knobs: Mapping[str, Any], strict: bool = True) -> Plan:
         return self.make(knobs, strict)[0]
 
-    def recorded(self, params: Mapping[str, Any]) -> Config:
+    def recorded(self, params: Mapping[str, Any]) -> Plan:
         """The configuration a trial recorded, as it ran (nothing derived again)."""
         return Plan.of(self.world_size, **params)
 
-    def of_params(self, params: Mapping[str, Any]) -> Config:
+    def of_params(self, params: Mapping[str, Any]) -> Plan:
         """The configuration of a trial's recorded params (what is derived, the accumulation and
         the engine, derived again; the sampler may pair a micro-batch with a layout it does not
         fit, which the layout's refusal says, so the batch's divisibility is not checked)."""

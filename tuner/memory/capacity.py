@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 from tuner.harness import distributed
 from tuner.inputs import levers
 from tuner.inputs.errors import RecipeError
+from tuner.inputs.plan import Plan
 from tuner.inputs.recipe import Steps
-from tuner.inputs.space import Config, Machine, conflict
+from tuner.inputs.space import Machine, conflict
 from tuner.memory import model as memory
 from tuner.runner import InProcess
 from tuner.study import searchspace
@@ -108,7 +109,7 @@ class Profiler:
                 out.append(m)
         return out
 
-    def config(self, knobs: dict[str, Any]) -> Config | None:
+    def config(self, knobs: dict[str, Any]) -> Plan | None:
         r = self.recipe
         if conflict(knobs) is not None:
             return None

@@ -18,10 +18,10 @@ from tuner.inputs.levers.kernels import BACKENDS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION, LIGHTNING_PRECISION
 from tuner.inputs.levers.process import ALLOC_CONF
 from tuner.inputs.library_configs import ds_config, hf_training_args
-from tuner.inputs.space import Config
+from tuner.inputs.plan import Plan
 
 
-def accelerate_config(config: Config, cuda: bool) -> str:
+def accelerate_config(config: Plan, cuda: bool) -> str:
     """Accelerate's YAML; comments say what it cannot hold. FSDP2 goes in its FSDP plugin,
     version 2 (``fsdp_reshard_after_forward`` for full_shard vs shard_grad_op, checkpointing,
     offload), tensor parallelism in its ``parallelism_config`` (with FSDP2 only), compile in
@@ -81,7 +81,7 @@ def accelerate_config(config: Config, cuda: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lightning_trainer(config: Config, cuda: bool) -> str:
+def lightning_trainer(config: Plan, cuda: bool) -> str:
     """``python train.py fit --config lightning_trainer.yaml``: the Trainer's precision,
     accumulation and strategy (DDP, a DeepSpeed stage, ModelParallelStrategy for tensor
     parallelism, or FSDP with its resharding and offload), and the data module's batch size
@@ -134,7 +134,7 @@ SELECTIVE = {"none": ("none", None), "full": ("full", None), "selective": ("sele
 ``activation_checkpointing`` value."""
 
 
-def torchtitan_toml(config: Config, cuda: bool = True) -> str:
+def torchtitan_toml(config: Plan, cuda: bool = True) -> str:
     """Batch, precision (torchtitan has no fp16: the nearest is said beside it), the parallel
     layout (data-parallel sharding or replication, tensor and pipeline degrees, the
     schedule), compile, checkpointing, optimizer kernels and float8; comments where
@@ -197,7 +197,7 @@ SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scal
 of each block is recomputed."""
 
 
-def torch_settings(config: Config, cuda: bool = True) -> str:
+def torch_settings(config: Plan, cuda: bool = True) -> str:
     """Process-wide flags, the model's memory format, DDP's buckets, the selective
     checkpointing policy, compile's mode, the attention kernel, float8, the allocator and
     Liger's loss, each where it differs from its default, for the training script to run
@@ -252,7 +252,7 @@ def torch_settings(config: Config, cuda: bool = True) -> str:
     return "\n".join(lines) + "\n"
 
 
-Writer = Callable[[Config, bool], str]
+Writer = Callable[[Plan, bool], str]
 """``(config, cuda) -> the file's text``; ``cuda``: the trials ran on GPUs (a writer that
 does not depend on it takes it still)."""
 
@@ -275,7 +275,7 @@ WRITERS: dict[str, Writer] = {
 (:data:`tuner.inputs.lever.EXPORT_FILES`, which the levers' declarations name)."""
 
 
-def write_exports(config: Config, cuda: bool, out: Path) -> None:
+def write_exports(config: Plan, cuda: bool, out: Path) -> None:
     """Every file of :data:`WRITERS` into ``out``."""
     for name, writer in WRITERS.items():
         (out / name).write_text(writer(config, cuda), encoding="utf-8")

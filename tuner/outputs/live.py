@@ -21,8 +21,8 @@ from tuner.tuning import promises, recommend
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
     from tuner.tuning.search_result import SearchResult
 
 STYLE = {State.OK: "green", State.PRUNED: "yellow"}
@@ -70,7 +70,7 @@ class Live(SearchEvents):
     def chose(self, number: int, why: str) -> None:
         self.log.info("trial %d: %s", number, why)  # the log only: the table stays one line a trial
 
-    def begin(self, number: int, config: "Config") -> None:
+    def begin(self, number: int, config: "Plan") -> None:
         self._started = time.monotonic()
         if self._task is not None:
             self.progress.update(self._task, description=f"trial {number}")

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.levers import LEVERS
+from tuner.inputs.plan import Plan
 from tuner.inputs.script import set_by_script
-from tuner.inputs.space import Config
 from tuner.outputs.exports import json_text, write_exports
 from tuner.study import workers
 from tuner.study.trial_record import Status
@@ -42,7 +42,7 @@ def write_run(result: "SearchResult") -> None:
     params = result.best.get("params")
     if params:
         ran = {**params, **set_by_script(result.best.get("ran"))}  # what ran is what is pasted
-        config = Config.of(result.world_size, **ran)
+        config = Plan.of(result.world_size, **ran)
         write_exports(config, bool(result.environment.get("cuda")), out)
     record = result.to_json()
     _json(out / "best.json", record)

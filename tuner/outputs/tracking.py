@@ -42,8 +42,8 @@ from tuner.trial.trial_result import State
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
     from tuner.study.trial_record import Record
     from tuner.tuning.search_result import SearchResult
 
@@ -279,7 +279,7 @@ class Tracked(SearchEvents):
     def start(self, done: int, measured: int) -> None:
         self.inner.start(done, measured)
 
-    def begin(self, number: int, config: "Config") -> None:
+    def begin(self, number: int, config: "Plan") -> None:
         self.inner.begin(number, config)
 
     def chose(self, number: int, why: str) -> None:

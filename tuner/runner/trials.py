@@ -23,8 +23,8 @@ from tuner.trial.trial_result import Instruments
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
     from tuner.trial.trial_result import PruneRule, TrialResult
 
 
@@ -40,12 +40,12 @@ class Runner(ABC):
     on_hang: Callable[[str], None] | None = None
     """Rank 0 records the trial in flight ``hung`` with it before a hung process ends."""
 
-    def prepare(self, configs: Sequence["Config"]) -> None:  # noqa: B027 - most runners need none
+    def prepare(self, configs: Sequence["Plan"]) -> None:  # noqa: B027 - most runners need none
         """One-time setup for every kind of configuration a run may ask for, before the first
         trial, so the first trial measures like the tenth."""
 
     @abstractmethod
-    def run(self, config: "Config", prune: "PruneRule | None" = None,
+    def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
         """One trial of ``config``."""
 
@@ -64,12 +64,12 @@ class InProcess(Runner):
                  on_hang: Callable[[str], None] | None = None) -> None:
         self.recipe, self.ctx, self.on_hang = recipe, ctx, on_hang
 
-    def prepare(self, configs: Sequence["Config"]) -> None:
+    def prepare(self, configs: Sequence["Plan"]) -> None:
         freeze()  # what is alive now is the process's, not a trial's (see tuner.trial.run.freeze)
         engines.prepare_all(list(configs), self.ctx.device)
         freeze()
 
-    def run(self, config: "Config", prune: "PruneRule | None" = None,
+    def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
         engines.prepare(config, self.ctx.device)
         return run_trial(self.recipe, config, self.ctx, prune=prune, instruments=instruments, on_hang=self.on_hang)
@@ -86,7 +86,7 @@ class Scripted(Runner):
 
         self.trials = ScriptTrials(recipe, out)
 
-    def run(self, config: "Config", prune: "PruneRule | None" = None,
+    def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
         return self.trials.run(config, prune if isinstance(prune, PruneBar) else None, instruments)
 

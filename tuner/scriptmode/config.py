@@ -24,19 +24,19 @@ from tuner.inputs import levers, library_configs
 from tuner.inputs.engine import engine_of
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
-from tuner.inputs.space import Config
+from tuner.inputs.plan import Plan
 from tuner.scriptmode.trialfile import read_trial
 
 
 @dataclass(frozen=True)
 class TrialConfig:
     """The knobs a script trains with, read by name (``cfg.amp_dtype``: every lever's, from
-    the one :class:`~tuner.inputs.space.Config`), and the settings derived from them.
+    the one :class:`~tuner.inputs.plan.Plan`), and the settings derived from them.
     ``tuned``: the tuner chose them (a trial), else the script's defaults; ``given``: the
     knobs the recipe sets (or the script's defaults name): only those of the levers below
     the batch and precision replace what a script's own config says."""
 
-    config: Config
+    config: Plan
     global_batch_size: int
     tuned: bool
     given: frozenset[str] = frozenset()
@@ -47,7 +47,7 @@ class TrialConfig:
         """From knob values (every lever not given at its default)."""
         values = {name: lever.default for name, lever in LEVERS.items()} | knobs
         accum = global_batch_size // (values["micro_batch_size"] * world_size)
-        config = Config.of(world_size, engine_of(values), **values, grad_accum_steps=accum)
+        config = Plan.of(world_size, engine_of(values), **values, grad_accum_steps=accum)
         return cls(config, global_batch_size, tuned, given)
 
     def __getattr__(self, name: str) -> Any:

@@ -34,9 +34,9 @@ from tuner.trial.limits import Limits
 from tuner.trial.trial_result import Instruments, State, TrialResult
 
 if TYPE_CHECKING:
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
     from tuner.inputs.script import Script
-    from tuner.inputs.space import Config
 
 POLL_S = 0.01
 """How often the launcher looks for a trial's report: a file's stat, so 10 ms costs nothing
@@ -94,7 +94,7 @@ def launch(recipe: "Recipe", folder: Path, trial: dict[str, Any],
     return cmd, env
 
 
-def run_script_trial(recipe: "Recipe", config: "Config", folder: Path, limits: Limits,
+def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Limits,
                      devices: dict[str, str] | None = None, prune: PruneBar | None = None,
                      start: "Start | None" = None, instruments: Instruments = Instruments()) -> TrialResult:
     """Run one script trial; its files (trial.json, result.json, output.log) stay in ``folder``.
@@ -302,7 +302,7 @@ class ScriptTrials:
         """The pre-warmed process trials fork from (``launcher: python``), once one started."""
         self.prewarm_note: str | None = None
 
-    def run(self, config: "Config", prune: PruneBar | None = None,
+    def run(self, config: "Plan", prune: PruneBar | None = None,
             instruments: Instruments = Instruments()) -> TrialResult:
         self.count += 1
         held = self.gpus.wait_free() if self.gpus is not None else None

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 from tuner.inputs import layout
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
+from tuner.inputs.plan import Plan
 from tuner.inputs.space import (
     RECORDED_DEFAULTS,
-    Config,
     Configs,
     Machine,
     applies,
@@ -44,7 +44,7 @@ class Space:
     machine: Machine | None = None
     """What this machine can do, for the levers' own rules (:func:`lever_refusal`)."""
 
-    def refusal(self, config: Config, global_batch: int) -> str | None:
+    def refusal(self, config: Plan, global_batch: int) -> str | None:
         """Why this configuration cannot run: its parallel layout, or one of its levers' rules
         (``None``: it can)."""
         params, world_size = config.params(), config.world_size
@@ -63,11 +63,11 @@ class Space:
         that do not apply make it fewer; :meth:`configs` counts them exactly, slowly)."""
         return math.prod(len(v) for v in self.choices.values())
 
-    def configs(self, make: Configs) -> list[Config]:
+    def configs(self, make: Configs) -> list[Plan]:
         """Every distinct configuration (a knob that does not apply collapses to its default;
         values that cannot go together, FSDP2 with ZeRO, are no configuration)."""
         keys = list(self.choices)
-        out: dict[Config, None] = {}
+        out: dict[Plan, None] = {}
         for values in itertools.product(*(self.choices[k] for k in keys)):
             try:
                 config = make(dict(zip(keys, values)), strict=False)
@@ -153,7 +153,7 @@ def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_siz
     return knobs
 
 
-def config_key(config: Config) -> tuple:
+def config_key(config: Plan) -> tuple:
     """One configuration's key: its params, sorted (the world is the job's)."""
     return tuple(sorted(config.params().items()))
 

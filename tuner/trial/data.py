@@ -15,7 +15,7 @@ from tuner.inputs.levers import dataloader_kwargs
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
 
 
 
@@ -26,7 +26,7 @@ def quiet_worker_advice() -> None:
     warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
 
 
-def warmup_steps(warmup: int, config: "Config") -> int:
+def warmup_steps(warmup: int, config: "Plan") -> int:
     """The recipe's warm-up, plus enough steps to drain the loader's queue once.
 
     All workers start together and deliver their first batches at once; with
@@ -38,7 +38,7 @@ def warmup_steps(warmup: int, config: "Config") -> int:
     return warmup + math.ceil(queued / config.grad_accum_steps)
 
 
-def make_loader(dataset: Any, config: "Config", ctx: "DistContext", seed: int,
+def make_loader(dataset: Any, config: "Plan", ctx: "DistContext", seed: int,
                 collate: Callable[[list[Any]], Any] | None = None) -> DataLoader:
     """The config's DataLoader: a sampler seeded with the recipe's ``seed`` (distributed over
     the data-parallel ranks: those of one tensor/pipeline-parallel model copy read the same

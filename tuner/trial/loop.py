@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
 
 
 def compile_seconds() -> float | None:
@@ -50,7 +50,7 @@ class TrialLoop:
     """The objects one trial builds (loader, engine), and the loop over them."""
 
     def __init__(
-        self, recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None, instruments: Instruments
+        self, recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule | None, instruments: Instruments
     ) -> None:
         self.recipe, self.config, self.ctx, self.prune = recipe, config, ctx, prune
         self.instruments = instruments

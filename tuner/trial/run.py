@@ -36,14 +36,14 @@ from tuner.trial.trial_result import Instruments, PruneRule, State, TrialResult
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
     from tuner.inputs.task import Task
 
 
 def run_trial(
     recipe: "Recipe",
-    config: "Config",
+    config: "Plan",
     ctx: "DistContext",
     prune: PruneRule | None = None,
     instruments: Instruments = Instruments(),
@@ -66,7 +66,7 @@ def run_trial(
         return _run(recipe, config, ctx, prune, instruments, on_hang)
 
 
-def _run(recipe: "Recipe", config: "Config", ctx: "DistContext", prune: PruneRule | None,
+def _run(recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule | None,
          instruments: Instruments, on_hang: Callable[[str], None] | None) -> TrialResult:
     freeze_once()
     quiet_worker_advice()
@@ -169,7 +169,7 @@ def _measure(job: TrialLoop, timings: dict[str, float]) -> Window:
     return window
 
 
-def _agree(task: "Task", task_args: dict[str, Any], config: "Config", ctx: "DistContext", result: TrialResult,
+def _agree(task: "Task", task_args: dict[str, Any], config: "Plan", ctx: "DistContext", result: TrialResult,
            window: Window | None, convolutions: bool = False) -> TrialResult:
     """Every rank reports; a failure anywhere fails the trial everywhere; the windows of
     all ranks become the metrics (the ``task``'s tokens and FLOPs per sample with them)."""

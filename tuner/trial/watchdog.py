@@ -39,8 +39,8 @@ from tuner.trial.limits import Limits
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Steps
-    from tuner.inputs.space import Config
     from tuner.trial.trial_result import TrialResult
 
 EXIT_HUNG = 75
@@ -186,11 +186,11 @@ def _store() -> object | None:
         return None
 
 
-def _limits(recipe: Path, steps: "Steps", config: "Config") -> Limits:
+def _limits(recipe: Path, steps: "Steps", config: "Plan") -> Limits:
     return _LIMITS.setdefault((str(recipe), config.engine, config.compile), Limits(steps.timeout_s))
 
 
-def start(recipe: Path, steps: "Steps", config: "Config", ctx: "DistContext",
+def start(recipe: Path, steps: "Steps", config: "Plan", ctx: "DistContext",
           on_hang: Callable[[str], None] | None = None) -> Watchdog:
     """The watchdog of a trial of ``config`` starting now (``recipe``: the file whose trials
     teach the limit; ``steps``: its window; ``on_hang``: see :class:`Watchdog`)."""
@@ -198,7 +198,7 @@ def start(recipe: Path, steps: "Steps", config: "Config", ctx: "DistContext",
     return Watchdog(min(steps.timeout_s, max(FLOOR_S, limit)), ctx, on_hang)
 
 
-def learn(recipe: Path, steps: "Steps", global_batch_size: int, config: "Config", elapsed_s: float,
+def learn(recipe: Path, steps: "Steps", global_batch_size: int, config: "Plan", elapsed_s: float,
           result: "TrialResult") -> None:
     """A finished trial's time, for the next trials' limit (only a measured one teaches it)."""
     metrics = result.metrics

@@ -9,7 +9,8 @@ from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.analysis.evidence import Compare, Seen, revise
 from tuner.analysis.remedies import Here
 from tuner.harness.system.environment import cores
-from tuner.inputs.space import Config, Machine, unsupported
+from tuner.inputs.plan import Plan
+from tuner.inputs.space import Machine, unsupported
 from tuner.study import records
 from tuner.study.searchspace import params_key
 from tuner.trial.trial_result import TrialResult
@@ -46,7 +47,7 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     return revise(found, params, metrics, list(seen.values()), cores(), compare)
 
 
-def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], Config],
+def here(space: "Space", machine: Machine, make: Callable[[Mapping[str, Any]], Plan],
          params: Mapping[str, Any], global_batch: int, routes: set[str] | None = None) -> Here:
     """What a search over ``space`` can run from ``params``, for the advice: one lever changed,
     through what the machine rules out (fused attention kernels, TF32, fp8 matmuls on a CPU) and

@@ -17,7 +17,8 @@ from tuner.inputs import levers
 from tuner.inputs.engine import wrapping
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import Config, Machine
+from tuner.inputs.plan import Plan
+from tuner.inputs.space import Machine
 from tuner.runner import Runner, runner_for
 from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
@@ -76,7 +77,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
     finished: finish.Finished | None = None
     attribution: Attribution | None = None
 
-    def run(config: Config, prune: "PruneRule | None" = None) -> "TrialResult":
+    def run(config: Plan, prune: "PruneRule | None" = None) -> "TrialResult":
         """A repeat's, the finish's or the attribution's run; the search's own trials go through
         :func:`_poisoned` once recorded."""
         return _poisoned(runner.run(config, prune))
@@ -137,7 +138,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
 
 
 def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", decider: Decider | None, confirm: int,
-              attribute: int | None, finish_minutes: float | None, run: Callable[[Config], "TrialResult"],
+              attribute: int | None, finish_minutes: float | None, run: Callable[[Plan], "TrialResult"],
               pool: Pool) -> tuple["finish.Finished | None", "Attribution | None"]:
     """The finish (:func:`tuner.tuning.finish.finish`), then the attribution path's
     configurations the pool lacks, on every rank; rank 0 says what to measure. One
@@ -204,7 +205,7 @@ def _poisoned(result: "TrialResult") -> "TrialResult":
     return result
 
 
-def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machine) -> list[Config]:
+def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machine) -> list[Plan]:
     """One configuration per one-time setup the space can need: DeepSpeed, compile."""
     c = space.choices
     knobs: list[dict[str, Any]] = []

@@ -18,7 +18,8 @@ from tuner.analysis.diagnose import Verdict
 from tuner.analysis.remedies import Here
 from tuner.harness.metrics import objective_value
 from tuner.harness.system.environment import environment
-from tuner.inputs.space import Config, Machine, reference_knobs
+from tuner.inputs.plan import Plan
+from tuner.inputs.space import Machine, reference_knobs
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.study import searchspace
@@ -72,8 +73,7 @@ class Decider:
         """When the search's trials began: the finish's share (:data:`TIME_SHARE`) is of their time."""
         self.started = started if started is not None else self.searching
         """When the command began (``time.monotonic``): ``budget.minutes`` bounds it whole, the look
-        at a script's own settings and the one-time preparations included (word_language_model's
-        look ran 71 s outside a 2-minute budget), the finish's share not (a DeepSpeed op's build)."""
+        at a script's own settings and the one-time preparations included."""
         self.earlier_s = sum(t.duration_s for t in study_mod.measured(self.study) if t.duration_s)
         self.finish_after: tuple[float, float] = (TIME_SHARE, 0.0)
         """(share of the search's time, fixed seconds) the finish will take: what the search
@@ -81,7 +81,7 @@ class Decider:
         self.baseline_again = False
         """The baseline has been measured a second time (:meth:`_baseline_again`)."""
         self.trial: Asked | None = None
-        self.current: Config | None = None
+        self.current: Plan | None = None
         self.prune: PruneRule | None = None
         """The pruning rule for the trial in flight (``None``: no best to compare with yet)."""
         self.known = self._known()
@@ -204,7 +204,7 @@ class Decider:
             self._answer_duplicate(trial, seen)
         return {"stop": "exhausted"}
 
-    def _baseline_again(self, best: Record | None) -> Config | None:
+    def _baseline_again(self, best: Record | None) -> Plan | None:
         """The baseline once more, right after its first run, while the run has measured no
         noise: the prune rule cuts only on a noise this run measured (:mod:`tuner.stats.prune`);
         the second run gives it one, and the finish a baseline of two runs."""
@@ -217,7 +217,7 @@ class Decider:
         self.events.note("measuring the baseline again: the prune rule cuts only on a noise this run has measured")
         return self.baseline_config
 
-    def _predict(self, trial: "Asked", config: Config) -> bool:
+    def _predict(self, trial: "Asked", config: Plan) -> bool:
         """Record the trial ``skipped`` (True) when a filter says so
         (:func:`tuner.tuning.proposing.filters.skip_reason`)."""
         why = filters.skip_reason(self.space, self.memory, self.recipe, config, trial)
@@ -302,7 +302,7 @@ class Decider:
         seen = self.known.get(searchspace.config_key(self.config_of(knobs)))
         return seen.outcome if seen is not None else None
 
-    def config_of(self, knobs: Mapping[str, Any]) -> Config:
+    def config_of(self, knobs: Mapping[str, Any]) -> Plan:
         """The configuration of ``knobs`` (a trial's full params too: what is derived, the
         accumulation and the engine, is derived again)."""
         return self.recipe.configs(self.machine).of_params(knobs)
@@ -394,7 +394,7 @@ class Decider:
         return config_view.of(params, pool, self.known)
 
 
-def _claim(config: Config) -> str:
+def _claim(config: Plan) -> str:
     """A configuration as a claim other workers read (:meth:`Workers.claim`)."""
     return repr(searchspace.config_key(config))
 

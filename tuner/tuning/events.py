@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.study.trial_record import Record
 
 
@@ -23,7 +23,7 @@ class SearchEvents:
     def start(self, done: int, measured: int) -> None:
         """The study is open: ``done`` trials count against the budget already."""
 
-    def begin(self, number: int, config: "Config") -> None:
+    def begin(self, number: int, config: "Plan") -> None:
         """Trial ``number`` starts measuring ``config``."""
 
     def chose(self, number: int, why: str) -> None:

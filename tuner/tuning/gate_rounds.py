@@ -24,11 +24,12 @@ from tuner.stats.interval import paired
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config, Machine
+    from tuner.inputs.space import Machine
 
 
-def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: "Config", baseline: "Config", recorded: Recorded,
+def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: "Plan", baseline: "Plan", recorded: Recorded,
                  tolerance: float, rounds: int, absolute: bool = False,
                  process_noise: float | None = None) -> CheckResult:
     """Measure ``answer`` and ``baseline`` in interleaved rounds until the gate is settled
@@ -121,7 +122,7 @@ def gate_revision(recipe: "Recipe", rev: str, tolerance: float, rounds: int, ove
 
 
 def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], machine: "Machine",
-              absolute: bool) -> tuple["Config", "Config", Recorded]:
+              absolute: bool) -> tuple["Plan", "Plan", Recorded]:
     """What ``--against`` gates: the recorded answer's and baseline's configurations and their
     recorded rates, checked against ``recipe`` and this environment (``here``); what makes
     the comparison meaningless is refused in one line."""

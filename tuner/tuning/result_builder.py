@@ -18,8 +18,8 @@ from tuner.tuning.search_result import SearchResult, measure_command
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution
     from tuner.analysis.diagnose import Verdict
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
     from tuner.runner import Runner
     from tuner.study.searchspace import Space
     from tuner.study.study import Study
@@ -39,7 +39,7 @@ class Searched(Protocol):
     events: "SearchEvents"
     workers: "Workers"
     runner: "Runner | None"
-    baseline_config: "Config"
+    baseline_config: "Plan"
     reference: list[float] | None
     memory: Any
     pruned: int
@@ -50,7 +50,7 @@ class Searched(Protocol):
 
     def summary_of(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
 
-    def config_of(self, knobs: Mapping[str, Any]) -> "Config": ...
+    def config_of(self, knobs: Mapping[str, Any]) -> "Plan": ...
 
     def ruled_out(self, params: Mapping[str, Any]) -> str | None: ...
 

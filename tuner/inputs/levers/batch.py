@@ -1,5 +1,5 @@
 """The batch lever: samples per rank per forward, at the recipe's fixed global batch (the
-accumulation steps follow from it: :class:`tuner.inputs.space.Config`).
+accumulation steps follow from it: :class:`tuner.inputs.plan.Plan`).
 """
 
 from __future__ import annotations

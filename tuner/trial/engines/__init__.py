@@ -16,13 +16,13 @@ from tuner.trial.engines.base import Engine
 from tuner.trial.engines.parallelize import parallelize
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.inputs.task import Task
 
 __all__ = ["Engine", "build_engine", "prepare"]
 
 
-def prepare(config: "Config", device: torch.device) -> None:
+def prepare(config: "Plan", device: torch.device) -> None:
     """One-time, per-process setup of the config's engine, kept out of trial timings."""
     if kind(config.engine).wraps_model:
         from tuner.trial.engines import deepspeed_engine
@@ -32,14 +32,14 @@ def prepare(config: "Config", device: torch.device) -> None:
         model_levers.prepare_compile(device)
 
 
-def prepare_all(configs: "list[Config]", device: torch.device) -> None:
+def prepare_all(configs: "list[Plan]", device: torch.device) -> None:
     """What :func:`prepare` does for every configuration a search may run, before its
     first trial: then the first trial measures like the tenth, whatever comes first."""
     for config in configs:
         prepare(config, device)
 
 
-def build_engine(task: "Task", task_args: dict[str, Any], config: "Config", device: torch.device) -> Engine:
+def build_engine(task: "Task", task_args: dict[str, Any], config: "Plan", device: torch.device) -> Engine:
     """Build the task's model and optimizer inside the engine the config asks for."""
     module = task.build_model(task_args)
     if not isinstance(module, torch.nn.Module):

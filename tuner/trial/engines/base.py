@@ -20,7 +20,7 @@ from tuner.trial.engines import stages
 
 if TYPE_CHECKING:
     from tuner.harness.comm import CommTimer
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.trial.engines.model_levers import Recompute
 
 class Engine(ABC):
@@ -43,7 +43,7 @@ class Engine(ABC):
     buffers to broadcast, no layout): ranks then agree on failures once a step, at the last
     micro-batch's forward, instead of every micro-batch (a host barrier the job does not have)."""
 
-    def __init__(self, config: "Config", device: torch.device) -> None:
+    def __init__(self, config: "Plan", device: torch.device) -> None:
         self.config = config
         self.device = device
         self.notes = []

@@ -30,10 +30,10 @@ from torch import nn
 from tuner.trial.engines.model_levers import DTYPES
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
 
 
-def policy(config: "Config") -> Any:
+def policy(config: "Plan") -> Any:
     """Parameters in the trial's AMP dtype for compute, gradients reduced in fp32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -41,7 +41,7 @@ def policy(config: "Config") -> Any:
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
-def shard(module: nn.Module, blocks: list[nn.Module], mesh: Any, config: "Config", *, reshard: bool,
+def shard(module: nn.Module, blocks: list[nn.Module], mesh: Any, config: "Plan", *, reshard: bool,
           offload: bool = False, pin: bool = False) -> Any:
     """``fully_shard`` each block, then the root (what the blocks leave: embeddings, head)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -64,7 +64,7 @@ def replicate(module: nn.Module, blocks: list[nn.Module], mesh: Any) -> Any:
     return replicate_module(module, mesh=mesh)
 
 
-def ddp(module: nn.Module, config: "Config", device: torch.device) -> Any:
+def ddp(module: nn.Module, config: "Plan", device: torch.device) -> Any:
     """DDP over the world: gradients in buckets of ``ddp_bucket_cap_mb`` (a lever),
     all-reduced from C++ as each bucket fills during the backward."""
     from torch.nn.parallel import DistributedDataParallel

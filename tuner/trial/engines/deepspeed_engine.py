@@ -21,7 +21,7 @@ from tuner.trial.engines.base import Engine
 
 if TYPE_CHECKING:
     from tuner.harness.comm import CommTimer
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
 
 
 _prepared = False
@@ -46,9 +46,9 @@ def prepare(device: torch.device) -> None:
     _group(device)
     world = torch.distributed.get_world_size()
     for stage in (1, 3):
-        from tuner.inputs.space import Config
+        from tuner.inputs.plan import Plan
 
-        config = Config.of(world, "deepspeed", micro_batch_size=1, grad_accum_steps=1, zero_stage=stage)
+        config = Plan.of(world, "deepspeed", micro_batch_size=1, grad_accum_steps=1, zero_stage=stage)
         engine = DeepSpeedEngine(
             torch.nn.Linear(8, 8), lambda p: torch.optim.AdamW(p), lambda m, b: m(b).sum(), config, device
         )
@@ -77,7 +77,7 @@ class DeepSpeedEngine(Engine):
         module: torch.nn.Module,
         make_optimizer: Callable[[Any], torch.optim.Optimizer],
         compute_loss: Callable[[Any, Any], torch.Tensor],
-        config: "Config",
+        config: "Plan",
         device: torch.device,
     ) -> None:
         super().__init__(config, device)

@@ -27,16 +27,16 @@ from tuner.inputs.errors import TrialError
 from tuner.inputs.levers.kernels import BACKENDS
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
 
 
-def compile_kwargs(config: "Config") -> dict[str, Any]:
+def compile_kwargs(config: "Plan") -> dict[str, Any]:
     """``torch.compile``'s keywords for the trial's ``compile_mode`` (none at its default)."""
     return {} if config.compile_mode == "default" else {"mode": config.compile_mode}
 
 
 @contextlib.contextmanager
-def attention_kernel(config: "Config", device: torch.device) -> Iterator[None]:
+def attention_kernel(config: "Plan", device: torch.device) -> Iterator[None]:
     """The forward under ``torch.nn.attention.sdpa_kernel`` with the one backend asked for
     (its backward is the same kernel's). A backend that cannot take the inputs raises in
     the forward ("No available kernel"), and the trial records that in one line."""
@@ -49,7 +49,7 @@ def attention_kernel(config: "Config", device: torch.device) -> Iterator[None]:
         yield
 
 
-def float8_model(module: torch.nn.Module, config: "Config") -> list[Callable[[], None]]:
+def float8_model(module: torch.nn.Module, config: "Plan") -> list[Callable[[], None]]:
     """Convert the model's Linear layers to torchao's float8 training layers (the recipe's
     scaling), as torchtitan's float8 converter does: only layers whose sizes divide by 16
     (float8 matmuls need it) and not the output head. Under FSDP2 with tensorwise scaling
@@ -77,7 +77,7 @@ def float8_model(module: torch.nn.Module, config: "Config") -> list[Callable[[],
     return [lambda: precompute_float8_dynamic_scale_for_fsdp(module)]
 
 
-def fused_loss_model(module: torch.nn.Module, config: "Config") -> list[Callable[[], None]]:
+def fused_loss_model(module: torch.nn.Module, config: "Plan") -> list[Callable[[], None]]:
     """Liger-Kernel's fused linear cross-entropy on this model instance (its head and loss
     computed in chunks: the logits are never whole), for the transformers families Liger
     patches; any other model is a one-line failure saying so."""
@@ -129,7 +129,7 @@ def _shapes(batch: Any) -> tuple[Any, ...]:
     return ()
 
 
-def graph_shapes(config: "Config") -> Callable[[Any], None] | None:
+def graph_shapes(config: "Plan") -> Callable[[Any], None] | None:
     """``compile_mode``'s check of each micro-batch (:func:`tuner.trial.engines.stages.batch_checks`)."""
     watch = GraphShapes.of(config)
     return watch.see if watch is not None else None
@@ -146,7 +146,7 @@ class GraphShapes:
         self.first: tuple[Any, ...] | None = None
 
     @staticmethod
-    def of(config: "Config") -> "GraphShapes | None":
+    def of(config: "Plan") -> "GraphShapes | None":
         """A watch for this trial, or ``None`` where it records no CUDA graphs."""
         return GraphShapes() if config.compile and config.compile_mode == "reduce-overhead" else None
 

@@ -32,7 +32,7 @@ from tuner.inputs.engine import kind
 from tuner.trial.engines.gpu_levers import compile_kwargs, op_policy
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.inputs.task import Task
 
 
@@ -45,7 +45,7 @@ class Part:
 
     module: torch.nn.Module
     blocks: list[torch.nn.Module]
-    config: "Config"
+    config: "Plan"
     recompute: Any
     forward: Callable[[], ContextManager[None]]
     """The forward levers' contexts (entered again around a checkpointed block's recompute)."""
@@ -54,7 +54,7 @@ class Part:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def autocast(config: "Config", device: torch.device) -> ContextManager[Any]:
+def autocast(config: "Plan", device: torch.device) -> ContextManager[Any]:
     """``amp_dtype`` (a ``forward`` lever): autocast around each forward; nothing for fp32,
     and nothing under DeepSpeed, whose bf16 / fp16 engine holds half-precision weights
     itself (its config's ``bf16`` / ``fp16`` block) and turns an outer autocast off on
@@ -180,7 +180,7 @@ def without_kv_cache(module: torch.nn.Module, mode: str) -> None:
         config.use_cache = False  # type: ignore[union-attr]
 
 
-def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module], config: "Config | None" = None) -> None:
+def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module], config: "Plan | None" = None) -> None:
     """``torch.compile`` each block in place, or the whole model when it has none, in the
     config's mode (:func:`~.gpu_levers.compile_kwargs`).
 
@@ -243,7 +243,7 @@ def optimizer_kwargs(impl: str) -> dict[str, Any]:
     return {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[impl]
 
 
-def implementation(optimizer: torch.optim.Optimizer, config: "Config") -> torch.optim.Optimizer:
+def implementation(optimizer: torch.optim.Optimizer, config: "Plan") -> torch.optim.Optimizer:
     """``optimizer_impl`` (its ``optimizer`` stage, :func:`.stages.optimizer`): :func:`apply_impl`."""
     return apply_impl(optimizer, config.optimizer_impl)
 

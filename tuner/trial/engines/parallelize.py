@@ -38,7 +38,7 @@ from tuner.trial import pipeline_stages, tensor_parallel
 from tuner.trial.engines import data_parallel, model_levers, stages
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.inputs.task import Task
 
 _MESHES: dict[tuple[str, int, int, int], tuple[Any, Any]] = {}
@@ -90,7 +90,7 @@ class Parallelized:
         return [p for part in self.parts for p in part.parameters()]
 
 
-def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch.device) -> Parallelized:
+def parallelize(module: nn.Module, task: "Task", config: "Plan", device: torch.device) -> Parallelized:
     """Prepare ``module`` for ``config`` on this rank, in the order of the module's docstring."""
     lay = config.layout
     mesh = None
@@ -134,7 +134,7 @@ def parallelize(module: nn.Module, task: "Task", config: "Config", device: torch
                         tied, notes, after, _loss_parallel(styles))
 
 
-def _layout_notes(lay: layouts.Layout, config: "Config") -> list[str]:
+def _layout_notes(lay: layouts.Layout, config: "Plan") -> list[str]:
     """What a trial's result says of its layout (the degrees, and how the copies are kept)."""
     if not lay.model_parallel:
         return []
@@ -149,7 +149,7 @@ def _loss_parallel(styles: dict[nn.Module, str]) -> tensor_parallel.LossParallel
     return tensor_parallel.LossParallel(head) if head is not None else None
 
 
-def _plan(module: nn.Module, task: "Task", config: "Config", lay: layouts.Layout,
+def _plan(module: nn.Module, task: "Task", config: "Plan", lay: layouts.Layout,
           notes: list[str]) -> dict[nn.Module, str]:
     """The tensor-parallel plan's styles by module object, matched on the whole model's
     names (a stage or a wrapper renames them)."""
@@ -185,7 +185,7 @@ def _split(module: nn.Module, task: "Task", count: int, indices: list[int]) -> l
     return [pipeline_stages.stage(module, i, count) for i in indices]
 
 
-def _shard_tensors(part: nn.Module, styles: dict[nn.Module, str], task: "Task", config: "Config",
+def _shard_tensors(part: nn.Module, styles: dict[nn.Module, str], task: "Task", config: "Plan",
                    tp_mesh: Any) -> None:
     if task.parallelize is not None:
         task.parallelize(part, tp_mesh, config)

@@ -20,7 +20,7 @@ from tuner.trial import pipeline_stages
 from tuner.trial.engines.pipeline_clock import PipelineClock
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.inputs.task import Task
     from tuner.trial.engines.parallelize import Parallelized
 
@@ -54,7 +54,7 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 class PipelineSteps:
     """This rank's stages under their schedule, fed one micro-batch at a time."""
 
-    def __init__(self, prepared: "Parallelized", task: "Task", config: "Config", device: torch.device) -> None:
+    def __init__(self, prepared: "Parallelized", task: "Task", config: "Plan", device: torch.device) -> None:
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
         self.layout, self.mesh, self.parts, self.tied = prepared.layout, prepared.mesh, prepared.parts, prepared.tied

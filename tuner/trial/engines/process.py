@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from tuner.inputs.levers import LEVERS
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
 
 Restore = Callable[[], None]
 
@@ -26,7 +26,7 @@ def set_process_levers(values: dict[str, Any], only: Any = None) -> list[Restore
 
 
 @contextlib.contextmanager
-def held(config: "Config") -> Iterator[None]:
+def held(config: "Plan") -> Iterator[None]:
     """The trial's process-wide levers for the duration of the block, then the process's own."""
     restores: list[Restore] = []
     try:

@@ -20,11 +20,11 @@ from tuner.trial.engines.gpu_levers import attention_kernel, float8_model, fused
 from tuner.trial.engines.model_levers import Part, autocast, checkpointing, compiling, implementation, memory_format
 
 if TYPE_CHECKING:
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
 
 
 @contextlib.contextmanager
-def forward(config: "Config", device: torch.device) -> Iterator[None]:
+def forward(config: "Plan", device: torch.device) -> Iterator[None]:
     """The forward levers' contexts, entered when this is (not when it is made: the recompute
     of a checkpointed block makes it in the forward and enters it in the backward). A
     pipeline schedule runs its stages' backward inside it too."""
@@ -32,23 +32,23 @@ def forward(config: "Config", device: torch.device) -> Iterator[None]:
         yield
 
 
-def convert(module: torch.nn.Module, config: "Config") -> list[Callable[[], None]]:
+def convert(module: torch.nn.Module, config: "Plan") -> list[Callable[[], None]]:
     """The converters applied to ``module``; returns what must run after each optimizer step."""
     return float8_model(module, config) + fused_loss_model(module, config)
 
 
-def batch_checks(config: "Config") -> list[Callable[[Any], None]]:
+def batch_checks(config: "Plan") -> list[Callable[[Any], None]]:
     """What the loop runs on each micro-batch before its forward, where the configuration needs it."""
     check = graph_shapes(config)
     return [check] if check is not None else []
 
 
-def optimizer(opt: torch.optim.Optimizer, config: "Config") -> torch.optim.Optimizer:
+def optimizer(opt: torch.optim.Optimizer, config: "Plan") -> torch.optim.Optimizer:
     """The optimizer levers applied to the optimizer the task (or the trial) built: the one to use."""
     return implementation(opt, config)
 
 
-def model(module: torch.nn.Module, blocks: list[torch.nn.Module], config: "Config", recompute: Any,
+def model(module: torch.nn.Module, blocks: list[torch.nn.Module], config: "Plan", recompute: Any,
           device: torch.device) -> list[str]:
     """The model levers applied to one part of the model this rank keeps (the whole model, or
     a pipeline stage) and its repeated blocks; returns their notes."""

@@ -33,7 +33,7 @@ from tuner.trial.engines.base import OwnLoopEngine
 
 if TYPE_CHECKING:
     from tuner.harness.comm import CommTimer
-    from tuner.inputs.space import Config
+    from tuner.inputs.plan import Plan
     from tuner.trial.engines.parallelize import Parallelized
     from tuner.trial.engines.pipeline_steps import PipelineSteps
 
@@ -48,7 +48,7 @@ FUNCTIONAL = ("all_reduce", "reduce_scatter_tensor", "all_gather_tensor", "wait_
 
 class TorchEngine(OwnLoopEngine):
     def __init__(self, prepared: "Parallelized", compute_loss: Callable[[Any, Any], torch.Tensor],
-                 make_optimizer: Callable[[Any], torch.optim.Optimizer], config: "Config", device: torch.device,
+                 make_optimizer: Callable[[Any], torch.optim.Optimizer], config: "Plan", device: torch.device,
                  pipeline: "PipelineSteps | None" = None) -> None:
         """``pipeline``: this rank's stages under their schedule, where the layout has them."""
         super().__init__(config, device)
@@ -137,7 +137,7 @@ class TorchEngine(OwnLoopEngine):
         self.parts = []
 
 
-def _scaler(config: "Config", device: torch.device, sharded: bool) -> Any:
+def _scaler(config: "Plan", device: torch.device, sharded: bool) -> Any:
     """fp16's loss scaler: FSDP2's sharded one where the parameters are sharded."""
     if config.amp_dtype != "fp16":
         return None

@@ -17,8 +17,8 @@ from tuner.inputs.space import numerics
 from tuner.trial.trial_result import State
 
 if TYPE_CHECKING:
+    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
-    from tuner.inputs.space import Config
     from tuner.memory.model import MemoryModel
     from tuner.study.searchspace import Space
     from tuner.study.study import Asked
@@ -26,13 +26,13 @@ if TYPE_CHECKING:
     from tuner.trial.trial_result import TrialResult
 
 
-def refused(space: "Space", recipe: "Recipe", config: "Config") -> str | None:
+def refused(space: "Space", recipe: "Recipe", config: "Plan") -> str | None:
     """Why ``config`` cannot run at all (its layout, one of its levers' rules), if it cannot."""
     why = space.refusal(config, recipe.global_batch_size)
     return f"refused: {why}" if why is not None else None
 
 
-def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Config", trial: "Asked") -> str | None:
+def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Plan", trial: "Asked") -> str | None:
     """Why the memory model skips ``config`` (sure enough it would break the budget), if it
     does; the prediction is written on the trial either way, for trials.csv and the report."""
     if memory is None:
@@ -46,7 +46,7 @@ def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Config"
     return why
 
 
-def skip_reason(space: "Space", memory: "MemoryModel | None", recipe: "Recipe", config: "Config",
+def skip_reason(space: "Space", memory: "MemoryModel | None", recipe: "Recipe", config: "Plan",
                 trial: "Asked") -> str | None:
     """Why the asked trial is recorded ``skipped`` instead of run (``None``: it runs)."""
     return refused(space, recipe, config) or over_memory(memory, recipe, config, trial)
@@ -62,7 +62,7 @@ class PrecisionGuard:
         """The reference loss per step (fp32, eager): ``None`` until one is measured, ``[]``
         when it could not be (trials are then not checked)."""
 
-    def needs_reference(self, config: "Config") -> bool:
+    def needs_reference(self, config: "Plan") -> bool:
         """Whether ``config`` changes the arithmetic with no reference yet: an fp32 trial
         runs first (only where the batches come in order)."""
         return numerics(config.params()) is not None and self.reference is None
@@ -77,7 +77,7 @@ class PrecisionGuard:
         return (f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
                 "trials that change the arithmetic are not checked")
 
-    def judge(self, result: "TrialResult", config: "Config") -> "TrialResult":
+    def judge(self, result: "TrialResult", config: "Plan") -> "TrialResult":
         """``result``, or ``imprecise`` when its curve left the reference; an fp32 eager trial
         in order is itself the reference when there is none yet."""
         label = numerics(config.params())
