@@ -34,6 +34,14 @@ def test_loader_knobs_are_neutral_without_workers():
         "batch_size": 8, "num_workers": 3, "pin_memory": False, "prefetch_factor": 8, "persistent_workers": True}
 
 
+def test_a_plan_reads_flat_and_changes_by_flat_names():
+    config = make_config({"micro_batch_size": 4, "fsdp": "full_shard"}, 16, 2, CPU)[0]
+    assert config.fsdp == config.sharding.fsdp == "full_shard" and config.layout.shard and config.layout.dp == 2
+    changed = config.replace(expandable_segments=True)
+    assert changed.expandable_segments and changed.params() == {**config.params(), "expandable_segments": True}
+    assert changed.world_size == 2 and changed.engine == config.engine
+
+
 def test_zero_stage_picks_deepspeed():
     assert make_config({"zero_stage": 2}, 8, 1, CPU)[0].engine == "deepspeed"
     assert make_config({"zero_stage": 0}, 8, 1, CPU, engine="deepspeed")[0].engine == "deepspeed"

@@ -181,8 +181,8 @@ class Plan:
         return cls(world_size=world_size, engine=engine, **sections)
 
     def replace(self, **knobs: Any) -> "Plan":
-        """The same plan with these knobs changed (flat names)."""
-        return Plan.of(self.world_size, self.engine, **{**self.params(), **knobs})
+        """The same plan with these knobs changed (flat names; ``engine`` too)."""
+        return Plan.of(self.world_size, **{**self.params(), **knobs})
 
     def __getattr__(self, name: str) -> Any:
         section = SECTION_OF.get(name)
@@ -196,9 +196,8 @@ class Plan:
 
     @functools.cached_property
     def layout(self) -> layout.Layout:
-        """How this plan places one model on its ``world_size`` ranks, derived once."""
-        p, fsdp = self.parallel, self.sharding.fsdp
-        return layout.Layout(p.tensor_parallel, p.pipeline_parallel, self.world_size, shard=fsdp != "off",
-                             reshard=fsdp == "full_shard", schedule=p.pipeline_schedule)
+        """How this plan places one model on its ``world_size`` ranks, derived once
+        (:func:`tuner.inputs.layout.of`, the one reader of the layout levers)."""
+        return layout.of(self.params(), self.world_size)
 
 

@@ -25,6 +25,7 @@ from tuner.inputs.engine import engine_of
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
 from tuner.inputs.plan import Plan
+from tuner.inputs.space import defaults
 from tuner.scriptmode.trialfile import read_trial
 
 
@@ -45,7 +46,7 @@ class TrialConfig:
     def of(cls, global_batch_size: int, world_size: int, tuned: bool, given: frozenset[str] = frozenset(),
            **knobs: Any) -> "TrialConfig":
         """From knob values (every lever not given at its default)."""
-        values = {name: lever.default for name, lever in LEVERS.items()} | knobs
+        values = defaults() | knobs
         accum = global_batch_size // (values["micro_batch_size"] * world_size)
         config = Plan.of(world_size, engine_of(values), **values, grad_accum_steps=accum)
         return cls(config, global_batch_size, tuned, given)

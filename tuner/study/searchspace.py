@@ -155,7 +155,7 @@ def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_siz
 
 def config_key(config: Plan) -> tuple:
     """One configuration's key: its params, sorted (the world is the job's)."""
-    return tuple(sorted(config.params().items()))
+    return params_key(config.params())
 
 
 def params_key(params: Mapping[str, Any]) -> tuple:
