@@ -134,6 +134,7 @@ def deepspeed_estimators(zero_rows: list[dict]) -> None:
     sys.path.insert(0, str(ROOT / "recipes"))
     from tasks.gpt2 import build_model  # type: ignore[import-not-found]
 
+    from tuner.inputs.plan import Plan
     from tuner.memory.model import GIB, states_bytes
 
     with torch.device("meta"):
@@ -151,7 +152,8 @@ def deepspeed_estimators(zero_rows: list[dict]) -> None:
             _, gpu = estimate_zero2_model_states_mem_needs(params, 2, 1, cpu_offload=False)
         else:
             gpu = 16 * params  # no estimator for plain DDP: fp32 params + grads + AdamW
-        ours = states_bytes(params, {"zero_stage": stage}, 2, host_is_device=True)
+        ours = states_bytes(params, Plan.of(2, micro_batch_size=1, grad_accum_steps=1, zero_stage=stage), 2,
+                            host_is_device=True)
         for r in (r for r in zero_rows if r["zero_stage"] == str(stage) and r["peak_mem_gib"]):
             peak = float(r["peak_mem_gib"])
             print(f"   {stage:>5} {r['micro_batch_size']:>5} {gpu / GIB:>13.3f} {ours / GIB:>12.3f} "

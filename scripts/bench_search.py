@@ -123,10 +123,10 @@ def main() -> None:
                 found = tuner.search(seeded, trials=budget, out=tmp, confirm=1, quiet=True)
                 search_s = time.perf_counter() - start
                 study = optuna.load_study(study_name=seeded.name, storage=f"sqlite:///{tmp}/study.db")
-                picks = [(seeded.configs(machine).recorded(t.params or {}), t.value if t.value is not None else 0.0)
+                picks = [(Plan.recorded(seeded.world_size, t.params or {}), t.value if t.value is not None else 0.0)
                          for t in study_mod.measured(Study(study))]
             hit, _ = score(picks, oracle)
-            results["tuner.search"].append((hit, seeded.configs(machine).recorded(found.best["params"]), search_s))
+            results["tuner.search"].append((hit, Plan.recorded(seeded.world_size, found.best["params"]), search_s))
             rng = random.Random(seed)
             start = time.perf_counter()
             sample = [(c, measure(seeded, c, ctx)) for c in rng.sample(configs, budget)]

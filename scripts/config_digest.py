@@ -47,7 +47,7 @@ def digest(config: Any, world: int) -> dict[str, str]:
             "torch_settings.py": WRITERS["torch_settings.py"](config, True),
             "lightning_trainer.yaml": WRITERS["lightning_trainer.yaml"](config, True),
             "script_hf_training_args": json.dumps(script.hf_training_args(), default=str),
-            "states": repr([states_bytes(1_000_003, config.params(), w, host) for w in (1, 2, 8)
+            "states": repr([states_bytes(1_000_003, config, w, host) for w in (1, 2, 8)
                             for host in (False, True)])}
 
 

@@ -7,12 +7,19 @@ import sys
 import pytest
 import torch
 
+from tuner.inputs.plan import Plan
+from tuner.inputs.space import Machine, make_config
 from tuner.memory.model import GIB, MemoryModel, Prediction, activation_units, states_bytes
 from tuner.trial.layout_rules import rank_parameters
 
 from conftest import TESTS
 
 P = 1_000_000  # parameters
+
+
+def plan(world: int = 1, **knobs) -> Plan:
+    """A plan of these knobs (micro-batch 1, no accumulation, the rest at their defaults)."""
+    return Plan.of(world, **{"micro_batch_size": 1, "grad_accum_steps": 1, **knobs})
 
 
 @pytest.mark.parametrize("knobs, per_param", [
@@ -25,20 +32,20 @@ P = 1_000_000  # parameters
     ({"fsdp": "shard_grad_op"}, 4 + (4 + 8) / 4),               # parameters stay gathered fwd -> bwd
 ])
 def test_model_states_by_engine_and_sharding(knobs, per_param):
-    assert states_bytes(P, knobs, 4, host_is_device=True) == pytest.approx(per_param * P)
+    assert states_bytes(P, plan(4, **knobs), 4, host_is_device=True) == pytest.approx(per_param * P)
 
 
 def test_offload_moves_states_off_a_gpu_but_not_off_the_host():
-    knobs = {"zero_stage": 2, "offload_optimizer": "cpu"}
+    knobs = plan(2, zero_stage=2, offload_optimizer="cpu")
     assert states_bytes(P, knobs, 2, host_is_device=False) == pytest.approx((4 + 2) * P)
     assert states_bytes(P, knobs, 2, host_is_device=True) == pytest.approx((4 + 2 + 4) * P)
-    fsdp = {"fsdp": "full_shard", "offload_optimizer": "cpu"}
+    fsdp = plan(2, fsdp="full_shard", offload_optimizer="cpu")
     assert states_bytes(P, fsdp, 2, host_is_device=False) == 0.0
 
 
 def test_the_fit_learns_activations_per_sample_and_per_group():
     model = MemoryModel(P, overhead_bytes=0.3 * GIB, world_size=1, host_is_device=True)
-    first = model.predict({"micro_batch_size": 8})
+    first = model.predict(plan(micro_batch_size=8))
     assert first.basis == "analytic" and first.peak_gib == pytest.approx(0.3 + 16 * P / GIB)
 
     def truth(micro, checkpointing="none"):  # 0.5 GiB + states + 2 MiB a sample (0.2 MiB checkpointed)
@@ -46,17 +53,17 @@ def test_the_fit_learns_activations_per_sample_and_per_group():
         return (0.5 * GIB + 16 * P + per * micro * 2**20) / GIB
 
     for micro in (8, 64):
-        knobs = {"micro_batch_size": micro, "activation_checkpointing": "none"}
+        knobs = plan(micro_batch_size=micro, activation_checkpointing="none")
         model.observe(knobs, model.predict(knobs).peak_gib, truth(micro))
-    fitted = model.predict({"micro_batch_size": 32})
+    fitted = model.predict(plan(micro_batch_size=32))
     assert fitted.basis == "fitted" and fitted.peak_gib == pytest.approx(truth(32), rel=1e-6)
     # a group not measured yet: the prior (a tenth for full checkpointing), then its own slope
-    assert model.predict({"micro_batch_size": 64, "activation_checkpointing": "full"}).peak_gib == \
+    assert model.predict(plan(micro_batch_size=64, activation_checkpointing="full")).peak_gib == \
         pytest.approx(truth(64, "full"), rel=0.02)
     for micro in (16, 128):
-        knobs = {"micro_batch_size": micro, "activation_checkpointing": "full"}
+        knobs = plan(micro_batch_size=micro, activation_checkpointing="full")
         model.observe(knobs, model.predict(knobs).peak_gib, truth(micro, "full"))
-    assert model.predict({"micro_batch_size": 256, "activation_checkpointing": "full"}).peak_gib == \
+    assert model.predict(plan(micro_batch_size=256, activation_checkpointing="full")).peak_gib == \
         pytest.approx(truth(256, "full"), rel=1e-3)
     error = model.error(skip_first=1)
     assert error["trials"] == 3 and error["median"] < 0.05
@@ -64,11 +71,11 @@ def test_the_fit_learns_activations_per_sample_and_per_group():
 
 def test_skipping_needs_evidence_or_a_lower_bound():
     model = MemoryModel(P, overhead_bytes=0.5 * GIB, world_size=1, host_is_device=True)
-    first = model.predict({"micro_batch_size": 8})
+    first = model.predict(plan(micro_batch_size=8))
     assert "a lower bound" in model.skip_reason(first, budget_gib=0.4)  # overhead + states alone are over
     assert model.skip_reason(first, budget_gib=1.0) is None
-    model.observe({"micro_batch_size": 8}, None, 0.6)
-    assert model.skip_reason(model.predict({"micro_batch_size": 8}), 0.4) is None  # one point: no fit yet
+    model.observe(plan(micro_batch_size=8), None, 0.6)
+    assert model.skip_reason(model.predict(plan(micro_batch_size=8)), 0.4) is None  # one point: no fit yet
 
 
 def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_path):
@@ -92,8 +99,8 @@ def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_p
     metrics = {"samples_per_s": 100.0, "peak_mem_gib": peak(1), "host_mem_gib": peak(1), "data_wait_share": 0.0}
     decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
     for micro in (2, 4):  # what earlier trials taught it, as a resumed study would: fitted within 1%
-        knobs = {**decider.baseline_config.params(), "micro_batch_size": micro}
-        decider.memory.observe(knobs, peak(micro) * 1.01, peak(micro), "fitted")
+        decider.memory.observe(decider.baseline_config.replace(micro_batch_size=micro), peak(micro) * 1.01,
+                               peak(micro), "fitted")
     order = decider.next(False)
     skipped = [t for t in decider.study.records() if t.outcome == State.SKIPPED]
     assert [t.params["micro_batch_size"] for t in skipped] == [16, 8]  # largest first, both over
@@ -121,7 +128,7 @@ def test_with_skipping_off_every_configuration_runs(toy, tmp_path):
     metrics = {"samples_per_s": 100.0, "peak_mem_gib": 0.31, "host_mem_gib": 0.31, "data_wait_share": 0.0}
     decider.record(TrialResult(decider.current.params(), State.OK, metrics=metrics, losses=[1.0]))
     for micro, peak in ((2, 0.32), (4, 0.34)):
-        decider.memory.observe({**decider.baseline_config.params(), "micro_batch_size": micro}, peak, peak, "fitted")
+        decider.memory.observe(decider.baseline_config.replace(micro_batch_size=micro), peak, peak, "fitted")
     assert decider.next(False)["config"].micro_batch_size == 16  # predicted 0.46 GiB, run anyway
 
 
@@ -135,11 +142,11 @@ def test_loader_workers_alone_are_enough_to_fit_their_memory():
         return 0.45 + 0.25 * workers
 
     for workers in (0, 1):
-        knobs = {"micro_batch_size": 16, "num_workers": workers}
+        knobs = plan(micro_batch_size=16, num_workers=workers)
         model.observe(knobs, model.predict(knobs).peak_gib, truth(workers))
-    three = model.predict({"micro_batch_size": 16, "num_workers": 3})
+    three = model.predict(plan(micro_batch_size=16, num_workers=3))
     assert three.basis == "fitted" and three.peak_gib == pytest.approx(truth(3), rel=1e-6)
-    assert model.predict({"micro_batch_size": 32, "num_workers": 0}).basis == "analytic"
+    assert model.predict(plan(micro_batch_size=32, num_workers=0)).basis == "analytic"
 
 
 def test_each_measured_group_gets_its_own_slope_whatever_the_prior():
@@ -150,12 +157,12 @@ def test_each_measured_group_gets_its_own_slope_whatever_the_prior():
 
     def truth(micro, amp):
         per = 2.0 if amp == "fp32" else 1.2  # MiB a sample
-        return (0.5 * GIB + model._states({"amp_dtype": amp}) + per * micro * 2**20) / GIB
+        return (0.5 * GIB + model._states(plan(amp_dtype=amp)) + per * micro * 2**20) / GIB
 
     for micro, amp in ((4, "fp32"), (4, "bf16"), (16, "bf16")):
-        knobs = {"micro_batch_size": micro, "amp_dtype": amp}
+        knobs = plan(micro_batch_size=micro, amp_dtype=amp)
         model.observe(knobs, model.predict(knobs).peak_gib, truth(micro, amp))
-    assert model.predict({"micro_batch_size": 16, "amp_dtype": "fp32"}).peak_gib == pytest.approx(truth(16, "fp32"),
+    assert model.predict(plan(micro_batch_size=16, amp_dtype="fp32")).peak_gib == pytest.approx(truth(16, "fp32"),
                                                                                                    rel=1e-6)
 
 
@@ -168,8 +175,8 @@ def test_memory_outside_the_allocator_is_learnt_from_trials_and_skips_with_it():
     assert model.outside_gib() == 0.0
     assert model.skip_reason(Prediction(9.0, "analytic"), 10.0) is None
     for micro, peak in ((4, 4.0), (8, 6.0), (16, 10.0)):
-        model.observe({"micro_batch_size": micro}, peak, peak, "fitted", process_gib=peak + 1.5)
-    model.observe({"micro_batch_size": 2}, 3.0, 3.0, "fitted")  # no process figure: nothing learnt
+        model.observe(plan(micro_batch_size=micro), peak, peak, "fitted", process_gib=peak + 1.5)
+    model.observe(plan(micro_batch_size=2), 3.0, 3.0, "fitted")  # no process figure: nothing learnt
     assert model.outside_gib() == 1.5 and len(model.outside) == 3
     why = model.skip_reason(Prediction(9.0, "fitted"), 10.0)
     assert why is not None and "less 1.50 GiB outside the allocator" in why
@@ -191,15 +198,16 @@ def test_a_layout_puts_its_stages_and_shards_on_a_rank():
     assert rank_parameters(llama, 2, 1) == 180_800 - 4 * 36_864 // 2 - 2 * 16_384 // 2
     assert rank_parameters(llama, 1, 2) == 2 * 36_992 + 64 + 16_384  # the last stage: 2 blocks, norm, head
     assert rank_parameters(llama, 1, 2, virtual=2) == rank_parameters(llama, 1, 2)  # stages 1 and 3 of 4
-    model = MemoryModel(180_800, 0.0, 8, host_is_device=False, global_batch=64,
+    model = MemoryModel(180_800, 0.0, 8, host_is_device=False,
                         rank_parameters=lambda tp, pp, v: rank_parameters(llama, tp, pp, v))
-    whole = model._states({"fsdp": "full_shard"})
+    whole = model._states(plan(8, fsdp="full_shard"))
     assert whole == 16 * 180_800 / 8
-    assert model._states({"fsdp": "full_shard", "tensor_parallel": 2, "pipeline_parallel": 2}) == (
+    assert model._states(plan(8, fsdp="full_shard", tensor_parallel=2, pipeline_parallel=2)) == (
         16 * rank_parameters(llama, 2, 2) / 2)  # 8 ranks = 2 x 2 x dp 2
-    gpipe = {"micro_batch_size": 2, "pipeline_parallel": 2, "pipeline_schedule": "gpipe", "grad_accum_steps": 8}
-    assert activation_units(gpipe) == 2 * 8 / 2 and activation_units({**gpipe, "pipeline_schedule": "1f1b"}) == 2
-    assert activation_units({"micro_batch_size": 2, "pipeline_parallel": 2}, global_batch=64, world_size=8) == 2
+    gpipe = plan(8, micro_batch_size=2, pipeline_parallel=2, pipeline_schedule="gpipe", grad_accum_steps=8)
+    assert activation_units(gpipe) == 2 * 8 / 2 and activation_units(gpipe.replace(pipeline_schedule="1f1b")) == 2
+    made = make_config({"micro_batch_size": 2, "pipeline_parallel": 2}, 64, 8, Machine.detect())[0]
+    assert made.grad_accum_steps == 8 and activation_units(made) == 2  # 64 = micro 2 x 8 x dp 4 (8 ranks / pp 2)
 
 
 def test_a_proposer_put_in_the_chain_decides_what_runs_next(toy, tmp_path):

@@ -137,7 +137,8 @@ def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path,
     asked = []
     while (knobs := profiler.next()) is not None and len(asked) < 10:
         asked.append(knobs)
-        profiler.observe(knobs, TrialResult(knobs, State.OK, metrics={"peak_mem_gib": 0.3 + 0.01 * len(asked)}))
+        plan = recipe.configs(profiler.machine)(knobs)  # as tuner plan makes each profiled trial's
+        profiler.observe(plan, TrialResult(plan.params(), State.OK, metrics={"peak_mem_gib": 0.3 + 0.01 * len(asked)}))
     assert profiler.next() is None and len(asked) == 1, asked  # the one group, at the one micro-batch
     layouts = {(r.knobs["tensor_parallel"], r.knobs["pipeline_parallel"], r.knobs["pipeline_schedule"],
                 r.knobs["sequence_parallel"], r.knobs["fsdp"]) for r in profiler.plan(1.0).rows}

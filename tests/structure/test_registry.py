@@ -170,7 +170,7 @@ def test_each_lever_that_moves_the_states_says_its_share() -> None:
     assert with_term == {name for name, lever in LEVERS.items() if lever.memory.effect == "states"
                          and lever.group == "sharding"}, with_term
     for name in with_term:
-        shares = LEVERS[name].memory.states({n: lever.default for n, lever in LEVERS.items()}, 4, False)
+        shares = LEVERS[name].memory.states(Plan.of(4, micro_batch_size=1, grad_accum_steps=1), 4, False)
         assert shares == (1, 1, 1), (name, shares)  # at its default a lever keeps everything
 
 

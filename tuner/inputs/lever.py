@@ -89,8 +89,8 @@ class MemoryTerm:
     prior: Mapping[Any, float] = field(default_factory=dict)
     """For an ``activations`` lever: each value's activation memory against the default's,
     until the trials measure it."""
-    states: Callable[[Mapping[str, Any], int, bool], tuple[float, float, float]] | None = None
-    """``(knobs, data-parallel ranks, host is the device)`` -> the share of the parameters,
+    states: Callable[[plan.Plan, int, bool], tuple[float, float, float]] | None = None
+    """``(plan, data-parallel ranks, host is the device)`` -> the share of the parameters,
     gradients and optimizer states a rank keeps on its device (:mod:`tuner.inputs.model_states`):
     the memory model multiplies every lever's."""
     frees_activations: tuple[Any, ...] = ()

@@ -14,29 +14,27 @@ model multiplies them. ZeRO and FSDP2 never go together, so their shares compose
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-from tuner.inputs import layout
+from tuner.inputs.plan import Plan
 
 Shares = tuple[float, float, float]
 """(parameters, gradients, optimizer states) kept on a rank's device, against fp32 unsharded."""
 
 
-def zero_states(knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> Shares:
-    zero = knobs.get("zero_stage", 0)
-    params, grads, optim = (0.5, 0.5, 1.5) if zero > 0 and knobs.get("amp_dtype", "fp32") != "fp32" else (1, 1, 1)
+def zero_states(plan: Plan, world_size: int, host_is_device: bool) -> Shares:
+    zero = plan.sharding.zero_stage
+    params, grads, optim = (0.5, 0.5, 1.5) if zero > 0 and plan.precision.amp_dtype != "fp32" else (1, 1, 1)
     w = max(1, world_size)
     return (params / w if zero >= 3 else params, grads / w if zero >= 2 else grads, optim / w if zero >= 1 else optim)
 
 
-def sharded_states(knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> Shares:
-    lay, w = layout.of(knobs), max(1, world_size)
+def sharded_states(plan: Plan, world_size: int, host_is_device: bool) -> Shares:
+    lay, w = plan.layout, max(1, world_size)
     if not lay.shard:
         return (1, 1, 1)
     return (1 / w if lay.reshard else 1, 1 / w, 1 / w)
 
 
-def offloaded_states(knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> Shares:
-    if knobs.get("offload_optimizer", "none") == "none" or host_is_device:
+def offloaded_states(plan: Plan, world_size: int, host_is_device: bool) -> Shares:
+    if plan.sharding.offload_optimizer == "none" or host_is_device:
         return (1, 1, 1)
-    return (0, 0, 0) if layout.of(knobs).shard else (1, 1, 0)
+    return (0, 0, 0) if plan.layout.shard else (1, 1, 0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from tuner.inputs import layout
 
@@ -179,6 +179,11 @@ class Plan:
         sections = {name: cls_(**{f.name: knobs[f.name] for f in dataclasses.fields(cls_) if f.name in knobs})
                     for name, cls_ in SECTIONS.items()}
         return cls(world_size=world_size, engine=engine, **sections)
+
+    @classmethod
+    def recorded(cls, world_size: int, params: Mapping[str, Any]) -> "Plan":
+        """The plan a trial recorded (its :meth:`params`), as it ran: nothing derived again."""
+        return cls.of(world_size, **params)
 
     def replace(self, **knobs: Any) -> "Plan":
         """The same plan with these knobs changed (flat names; ``engine`` too)."""

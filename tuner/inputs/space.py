@@ -226,10 +226,6 @@ class Configs:
     def __call__(self, knobs: Mapping[str, Any], strict: bool = True) -> Plan:
         return self.make(knobs, strict)[0]
 
-    def recorded(self, params: Mapping[str, Any]) -> Plan:
-        """The configuration a trial recorded, as it ran (nothing derived again)."""
-        return Plan.of(self.world_size, **params)
-
     def of_params(self, params: Mapping[str, Any]) -> Plan:
         """The configuration of a trial's recorded params (what is derived, the accumulation and
         the engine, derived again; the sampler may pair a micro-batch with a layout it does not

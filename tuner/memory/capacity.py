@@ -90,8 +90,7 @@ class Profiler:
         self.recipe, self.machine = recipe, machine
         self.space = searchspace.build_space(recipe, machine)
         self.base = searchspace.baseline_knobs(recipe, self.space, machine)
-        model, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda, [],
-                                      recipe.global_batch_size)
+        model, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda, [])
         if model is None:
             raise RecipeError(why or f"plan: {recipe.path} needs a task recipe")  # tuner.api.plan says why first
         self.model = model
@@ -165,26 +164,28 @@ class Profiler:
                 return None
         elif seen:
             return None
-        fits = self.largest_fitting({**self.base, **group}, micros)
+        fits = self.largest_fitting(group, micros)
         pick = fits[0] if fits[0] is not None else micros[0]
         return None if pick in seen else pick
 
     def largest_fitting(self, knobs: dict[str, Any], micros: list[int]) -> tuple[int | None, float | None]:
-        return memory.largest_fitting(self.model, knobs, micros, self.budget_gib)
+        """The largest of ``micros`` predicted to fit with ``knobs`` (the baseline's other knobs)."""
+        plans = [self.config({**knobs, "micro_batch_size": m}) for m in micros]
+        return memory.largest_fitting(self.model, [p for p in plans if p is not None], self.budget_gib)
 
-    def observe(self, knobs: dict[str, Any], result: "TrialResult") -> None:
-        predicted = self.model.predict(knobs)
+    def observe(self, plan: Plan, result: "TrialResult") -> None:
+        predicted = self.model.predict(plan)
         peak = (result.metrics or {}).get("peak_mem_gib") if result.ok else None
         over = peak is not None and peak > self.budget_gib
-        entry = {"knobs": dict(knobs),
+        entry = {"knobs": plan.params(),
                  "predicted_gib": predicted.peak_gib, "basis": predicted.basis, "measured_gib": peak,
                  "state": result.state if not over else "over_budget"}
         self.profiled.append(entry)
         if peak:
-            self.model.observe(knobs, predicted.peak_gib, peak, predicted.basis)
+            self.model.observe(plan, predicted.peak_gib, peak, predicted.basis)
         if peak is None or over:  # it did not fit: nothing this size or larger in its group
-            key = _key(knobs)
-            self.capped[key] = min(self.capped.get(key, 1 << 62), knobs["micro_batch_size"])
+            key = _key(entry["knobs"])
+            self.capped[key] = min(self.capped.get(key, 1 << 62), plan.batch.micro_batch_size)
 
     def plan(self, wall_s: float) -> CapacityPlan:
         """Every sharding x AMP x checkpointing combination of the space, and what fits it."""
@@ -208,15 +209,14 @@ class Profiler:
     def _row(self, knobs: dict[str, Any]) -> Row:
         cap = self.capped.get(_key(knobs))
         micros = self.micros(knobs)
-        full = {**self.base, **knobs}
-        fit, predicted = self.largest_fitting(full, [m for m in micros if cap is None or m < cap])
+        fit, predicted = self.largest_fitting(knobs, [m for m in micros if cap is None or m < cap])
         larger = [m for m in micros if fit is None or m > fit]
-        nxt = larger[0] if larger else None
-        nxt_gib = self.model.predict({**full, "micro_batch_size": nxt}).peak_gib if nxt is not None else None
+        nxt = self.config({**knobs, "micro_batch_size": larger[0]}) if larger else None
+        nxt_gib = self.model.predict(nxt).peak_gib if nxt is not None else None
         measured = [p for p in self.profiled if {k: p["knobs"][k] for k in knobs} == knobs]
         said = ", ".join(f"{p['knobs']['micro_batch_size']}: " + (f"{p['measured_gib']:.2f}" if p["measured_gib"]
                                                                    else p["state"]) for p in measured)
-        return Row(knobs, fit, predicted, nxt, nxt_gib, said or None)
+        return Row(knobs, fit, predicted, larger[0] if larger else None, nxt_gib, said or None)
 
 
 def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
@@ -257,7 +257,7 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
         config = recipe.configs(machine)(knobs)
         result = runner.run(config)
         if profiler:
-            profiler.observe(config.params(), result)
+            profiler.observe(config, result)
         if result.restart:  # agreed on every rank: the plan is made from what was profiled
             restart = result.restart
             break

@@ -32,13 +32,14 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
 
 from tuner.harness.system.monitors import HostMemory
-from tuner.inputs import layout, levers
+from tuner.inputs import levers
+from tuner.inputs.plan import Plan
 from tuner.trial.layout_rules import rank_parameters
 
 if TYPE_CHECKING:
@@ -64,34 +65,31 @@ class Prediction:
     activations scaled from another group's by a fixed prior, so never trusted to skip)."""
 
 
-def states_bytes(parameters: int, knobs: Mapping[str, Any], world_size: int, host_is_device: bool) -> float:
-    """Parameters, gradients and optimizer states on one rank's device, in bytes: fp32's
-    4 + 4 + 8 per parameter, times each ``states`` lever's shares (:mod:`tuner.inputs.model_states`)."""
+def states_bytes(parameters: int, plan: Plan, data_parallel: int, host_is_device: bool) -> float:
+    """Parameters, gradients and optimizer states on one rank's device, in bytes, sharded over
+    ``data_parallel`` ranks: fp32's 4 + 4 + 8 per parameter, times each ``states`` lever's
+    shares (:mod:`tuner.inputs.model_states`)."""
     params, grads, optim = 4.0 * parameters, 4.0 * parameters, 8.0 * parameters
     for share in STATE_TERMS:
-        p, g, o = share(knobs, world_size, host_is_device)
+        p, g, o = share(plan, data_parallel, host_is_device)
         params, grads, optim = params * p, grads * g, optim * o
     return params + grads + optim
 
 
-def activation_units(knobs: Mapping[str, Any], global_batch: int | None = None, world_size: int = 1) -> float:
+def activation_units(plan: Plan) -> float:
     """The micro-batches' worth of whole-model activations one rank holds at its peak: the
     micro-batch, or under pipeline parallelism its stage's share (1 / pp of the blocks) of
     every micro-batch in flight: all of a step's under GPipe, at most one per stage under
     1F1B and interleaved 1F1B (the first stage holds ``pp`` before its first backward)."""
-    micro, lay = knobs["micro_batch_size"], layout.of(knobs, world_size)
-    pp = lay.pp
-    if pp == 1:
+    micro, accum, lay = plan.batch.micro_batch_size, plan.batch.grad_accum_steps, plan.layout
+    if lay.pp == 1:
         return float(micro)
-    accum = knobs.get("grad_accum_steps")
-    if accum is None:
-        accum = global_batch // (micro * lay.dp) if global_batch else pp
-    in_flight = accum if lay.schedule == "gpipe" else min(accum, pp)
-    return micro * max(1, in_flight) / pp
+    in_flight = accum if lay.schedule == "gpipe" else min(accum, lay.pp)
+    return micro * max(1, in_flight) / lay.pp
 
 
-def _group(knobs: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(str(knobs.get(name, levers.LEVERS[name].default)) for name in GROUP)
+def _group(plan: Plan) -> tuple[str, ...]:
+    return tuple(str(getattr(plan, name)) for name in GROUP)
 
 
 def _prior(group: tuple[str, ...]) -> float:
@@ -107,8 +105,8 @@ class MemoryModel:
     overhead_bytes: float
     world_size: int
     host_is_device: bool
-    observed: list[tuple[dict[str, Any], float]] = field(default_factory=list)
-    """(knobs, measured peak bytes) of every measured trial."""
+    observed: list[tuple[Plan, float]] = field(default_factory=list)
+    """(plan, measured peak bytes) of every measured trial."""
     errors: list[float] = field(default_factory=list)
     """|predicted - measured| / measured of each measured trial, predicted before it ran."""
     fitted_errors: list[float] = field(default_factory=list)
@@ -120,36 +118,30 @@ class MemoryModel:
     rank_parameters: Callable[[int, int, int], int] | None = None
     """(tp, pp, virtual stages) -> the most parameters a rank holds under that layout
     (:func:`tuner.trial.layout_rules.rank_parameters`); ``None``: the whole model / (tp x pp)."""
-    global_batch: int | None = None
-    """For a pipeline's micro-batches in flight (the accumulation)."""
-
-    def units(self, knobs: Mapping[str, Any]) -> float:
-        return activation_units(knobs, self.global_batch, self.world_size)
-
     def outside_gib(self) -> float:
         """What the allocator does not see, as measured so far (median; 0 before any GPU trial)."""
         return statistics.median(self.outside) / GIB if self.outside else 0.0
 
-    def predict(self, knobs: Mapping[str, Any]) -> Prediction:
-        states = self._states(knobs)
+    def predict(self, plan: Plan) -> Prediction:
+        states = self._states(plan)
         fit = self._fit()
         if fit is None:
             base = (statistics.fmean(peak - self._states(k) for k, peak in self.observed)
                     if self.observed else self.overhead_bytes)
             return Prediction((base + states) / GIB, "analytic")
         intercept, slopes, per_worker = fit
-        workers = per_worker * knobs.get("num_workers", 0)
+        workers = per_worker * plan.loader.num_workers
         if slopes is None:  # one micro-batch so far, in the intercept: fitted only at it, in its groups
-            seen = {(self.units(k), _group(k)) for k, _ in self.observed}
-            basis = "fitted" if (self.units(knobs), _group(knobs)) in seen else "analytic"
+            seen = {(activation_units(k), _group(k)) for k, _ in self.observed}
+            basis = "fitted" if (activation_units(plan), _group(plan)) in seen else "analytic"
             return Prediction(max(intercept + states + workers, states) / GIB, basis)
-        group = _group(knobs)
+        group = _group(plan)
         slope = slopes.get(group, slopes[REFERENCE] * _prior(group))
-        peak = intercept + states + slope * self.units(knobs) + workers
+        peak = intercept + states + slope * activation_units(plan) + workers
         measured = any(_group(k) == group for k, _ in self.observed)
         return Prediction(max(peak, states) / GIB, "fitted" if measured else "prior")
 
-    def observe(self, knobs: Mapping[str, Any], predicted_gib: float | None, peak_gib: float,
+    def observe(self, plan: Plan, predicted_gib: float | None, peak_gib: float,
                 basis: str | None = None, reported: bool = True, process_gib: float | None = None) -> None:
         """A trial's measured peak (and what was predicted for it, for the error so far).
         ``reported=False``: a trial of another run (``tuner plan``'s profile), whose error
@@ -163,7 +155,7 @@ class MemoryModel:
                 self.errors.append(error)
             if basis == "fitted":
                 self.fitted_errors.append(error)
-        self.observed.append((dict(knobs), peak_gib * GIB))
+        self.observed.append((plan, peak_gib * GIB))
 
     def skip_reason(self, prediction: Prediction, budget_gib: float | None) -> str | None:
         """Why a configuration need not run: predicted over the budget by more than the
@@ -196,15 +188,15 @@ class MemoryModel:
         return {"median": statistics.median(later) if later else None, "worst": max(later) if later else None,
                 "trials": len(later)}
 
-    def _states(self, knobs: Mapping[str, Any]) -> float:
+    def _states(self, plan: Plan) -> float:
         """The states of one rank: its layout's parameters (``rank_parameters``), sharded
         over the data-parallel ranks only (the others hold other parameters, not copies)."""
-        lay = layout.of(knobs, self.world_size)
+        lay = plan.layout
         parameters = self.parameters
         if lay.model_parallel:
             parameters = (self.rank_parameters(lay.tp, lay.pp, lay.virtual_stages) if self.rank_parameters is not None
                           else self.parameters // (lay.tp * lay.pp))
-        return states_bytes(parameters, knobs, lay.dp, self.host_is_device)
+        return states_bytes(parameters, plan, lay.dp, self.host_is_device)
 
     def _fit(self) -> tuple[float, dict[tuple[str, ...], float] | None, float] | None:
         """Intercept, per-sample slope per (amp, checkpointing) group (``None`` while every
@@ -217,16 +209,16 @@ class MemoryModel:
         wrong prior bend it (a GPT-2 measured bf16 at 0.6x fp32's activations, not 0.5x:
         fp32 at micro-batch 16 read 20% over, 11% with per-group slopes)."""
         rows = [(k, peak - self._states(k)) for k, peak in self.observed]
-        workers = [k.get("num_workers", 0) for k, _ in rows]
-        by_group: dict[tuple[str, ...], set[int]] = {}
+        workers = [k.loader.num_workers for k, _ in rows]
+        by_group: dict[tuple[str, ...], set[float]] = {}
         for k, _ in rows:
-            by_group.setdefault(_group(k), set()).add(self.units(k))
+            by_group.setdefault(_group(k), set()).add(activation_units(k))
         groups = sorted(by_group)
         if any(len(m) >= 2 for m in by_group.values()):
-            columns = [np.ones(len(rows))] + [np.array([self.units(k) * (_group(k) == g) for k, _ in rows],
+            columns = [np.ones(len(rows))] + [np.array([activation_units(k) * (_group(k) == g) for k, _ in rows],
                                                        dtype=float) for g in groups]
         else:
-            scaled = [self.units(k) * _prior(_group(k)) for k, _ in rows]
+            scaled = [activation_units(k) * _prior(_group(k)) for k, _ in rows]
             columns = [np.ones(len(rows))] + ([np.array(scaled, dtype=float)] if len(set(scaled)) >= 2 else [])
             groups = [REFERENCE] if len(columns) > 1 else []
         workers_vary = len(set(workers)) >= 2
@@ -258,7 +250,7 @@ SETTLED_AFTER = 3
 
 
 def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, host_is_device: bool,
-              measured: "list[Record]", global_batch: int | None = None) -> tuple[MemoryModel | None, str | None]:
+              measured: "list[Record]") -> tuple[MemoryModel | None, str | None]:
     """The model for a recipe's task (``None`` and why not for a script, which has none, or
     a model the meta device cannot build), fed with the trials a resumed study already
     measured.
@@ -276,24 +268,24 @@ def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, h
     except Exception as exc:  # noqa: BLE001 - the user's code: prediction is optional, the search is not
         return None, f"memory prediction off: build_model does not build on the meta device ({type(exc).__name__})"
     overhead = float(HostMemory().sample()) if host_is_device else 0.0
-    model = MemoryModel(parameters, overhead, world_size, host_is_device, global_batch=global_batch,
+    model = MemoryModel(parameters, overhead, world_size, host_is_device,
                         rank_parameters=lambda tp, pp, virtual: rank_parameters(built, tp, pp, virtual))
     for t in measured:
         metrics = t.metrics or {}
         if metrics.get("peak_mem_gib"):
-            model.observe(t.params, t.get("predicted_peak_gib"), metrics["peak_mem_gib"], t.get("prediction"))
+            model.observe(Plan.recorded(world_size, t.params), t.get("predicted_peak_gib"), metrics["peak_mem_gib"],
+                          t.get("prediction"))
     return model, None
 
 
-def largest_fitting(model: MemoryModel, knobs: Mapping[str, Any], micros: "list[int]",
-                    budget_gib: float) -> tuple[int | None, float | None]:
-    """The largest of ``micros`` predicted at or under ``budget_gib`` with ``knobs``, and its
+def largest_fitting(model: MemoryModel, plans: "list[Plan]", budget_gib: float) -> tuple[int | None, float | None]:
+    """The largest micro-batch of ``plans`` predicted at or under ``budget_gib``, and its
     prediction (``None, None``: not even the smallest)."""
     best: tuple[int | None, float | None] = (None, None)
-    for m in sorted(micros):
-        predicted = model.predict({**knobs, "micro_batch_size": m}).peak_gib
+    for plan in sorted(plans, key=lambda p: p.batch.micro_batch_size):
+        predicted = model.predict(plan).peak_gib
         if predicted <= budget_gib:
-            best = (m, predicted)
+            best = (plan.batch.micro_batch_size, predicted)
     return best
 
 
@@ -315,5 +307,6 @@ def feed_plan(model: MemoryModel, out: Path, recipe: Path) -> tuple[int, str | N
         return 0, (f"memory prediction: {path} was planned for another recipe, model or world size; not used "
                    "(run tuner plan again)")
     for p in profiled:
-        model.observe(p["knobs"], p["predicted_gib"], p["measured_gib"], p["basis"], reported=False)
+        model.observe(Plan.recorded(model.world_size, p["knobs"]), p["predicted_gib"], p["measured_gib"], p["basis"],
+                      reported=False)
     return len(profiled), f"memory prediction: starts from the {len(profiled)} trials tuner plan profiled ({path})"

@@ -166,7 +166,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
         path.hold_for(budget, repeats, pool, lead["baseline"], lead["best"], make, valid)
 
     def measure(params: dict[str, Any]) -> "TrialResult":
-        return run(recipe.configs(machine).recorded(params))
+        return run(Plan.recorded(recipe.world_size, params))
 
     finished = None
     if confirm > 0:

@@ -90,7 +90,7 @@ class Decider:
         """The precision guard, its reference from a resumed study if it has one."""
         self.notes_seen: set[str] = set()
         self.memory, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda,
-                                           study_mod.measured(self.study), recipe.global_batch_size)
+                                           study_mod.measured(self.study))
         """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
         if why:
             events.note(why)
@@ -117,8 +117,8 @@ class Decider:
         limit = self.recipe.budget.memory_gib
         if not fed or limit is None or not self.recipe.budget.skip:
             return proposers.PlanSeed(None)
-        micro, gib = memory.largest_fitting(self.memory, self.baseline_config.params(),
-                                            list(self.space.choices["micro_batch_size"]), limit)
+        micro, gib = memory.largest_fitting(self.memory, [self.baseline_config.replace(micro_batch_size=m)
+                                                          for m in self.space.choices["micro_batch_size"]], limit)
         if micro is None or micro == self.baseline_config.micro_batch_size:
             return proposers.PlanSeed(None)
         return proposers.PlanSeed({**self.baseline, "micro_batch_size": micro},
@@ -166,7 +166,7 @@ class Decider:
             if self.convergence.repeats == 1:
                 self.events.note("the neighbourhood of the best is measured: measuring the best again to learn this "
                                  "machine's noise, which the convergence stop reads (the finish reuses it)")
-            return {"stop": None, "repeat": self.recipe.configs(self.machine).recorded(repeat)}
+            return {"stop": None, "repeat": Plan.recorded(self.recipe.world_size, repeat)}
         if step is None and self.recipe.budget.converge and \
                 self.convergence.converged(self.space.size(), len(self.known)):
             said = (f"converged: the neighbourhood of the best is measured and the sampler's last "
@@ -249,7 +249,7 @@ class Decider:
         best_before = study_mod.best_feasible(self.study)
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra, objective)
         if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
-            self.memory.observe(self.current.params(), frozen.get("predicted_peak_gib"),
+            self.memory.observe(self.current, frozen.get("predicted_peak_gib"),
                                 result.metrics["peak_mem_gib"], frozen.get("prediction"),
                                 process_gib=result.metrics.get("gpu_mem_process_gib"))
         self.convergence.record(best_before, frozen)

@@ -37,7 +37,7 @@ def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Plan", 
     does; the prediction is written on the trial either way, for trials.csv and the report."""
     if memory is None:
         return None
-    predicted = memory.predict(config.params())
+    predicted = memory.predict(config)
     trial.set("predicted_peak_gib", predicted.peak_gib)
     trial.set("prediction", predicted.basis)
     why = memory.skip_reason(predicted, recipe.budget.memory_gib)
