@@ -244,3 +244,21 @@ def test_a_proposer_put_in_the_chain_decides_what_runs_next(toy, tmp_path):
         assert asked.get("why") == "mine: micro-batch 2" if chain else asked.get("guided") and "mine" not in asked.get(
             "why")
         decider.workers.close()
+
+
+def test_a_saved_profile_feeds_the_model_only_where_every_trial_makes_a_plan(tmp_path):
+    """``tuner plan``'s plan.json starts the search's model from what it measured; one whose
+    trials hold a value no knob takes now (an older version's) is passed over, said in a line."""
+    import json
+
+    from tuner.memory.model import feed_plan
+
+    model = MemoryModel(P, overhead_bytes=0.3 * GIB, world_size=1, host_is_device=True)
+    trial = {"knobs": plan(micro_batch_size=4).params(), "predicted_gib": 0.5, "measured_gib": 0.55, "basis": "fitted"}
+    saved = {"recipe": "r.yaml", "parameters": P, "world_size": 1, "profiled": [trial]}
+    (tmp_path / "plan.json").write_text(json.dumps(saved))
+    assert feed_plan(model, tmp_path, "r.yaml")[0] == 1 and model.observed[0][0] == plan(micro_batch_size=4)
+    trial["knobs"]["amp_dtype"] = "bf8"
+    (tmp_path / "plan.json").write_text(json.dumps(saved))
+    fed, said = feed_plan(MemoryModel(P, 0.3 * GIB, 1, True), tmp_path, "r.yaml")
+    assert fed == 0 and said.endswith("holds a trial no plan of this version makes; not used")

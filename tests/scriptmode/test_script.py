@@ -82,6 +82,8 @@ def test_bad_defaults_say_what_is_wrong(monkeypatch):
         tuner.config(num_worker=2)
     with pytest.raises(ValueError, match="global_batch_size 10 is not divisible by micro_batch_size 4"):
         tuner.config(micro_batch_size=4, global_batch_size=10)
+    with pytest.raises(ValueError, match=r"^tuner.config\(\): amp_dtype: 'bf8' is not a value it takes \('fp32' \| "):
+        tuner.config(amp_dtype="bf8")
 
 
 def test_probe_under_the_tuner_uses_the_trials_window_and_reports(monkeypatch, tmp_path):

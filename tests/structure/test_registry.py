@@ -12,6 +12,7 @@ import pytest
 
 from tuner.analysis import attribution, diagnose, evidence
 from tuner.inputs import levers
+from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.inputs.levers import orders
 from tuner.inputs.plan import FIELDS, ORDER, SECTION_OF, SECTIONS, Plan
@@ -92,6 +93,23 @@ def test_each_lever_is_a_field_of_the_plan_that_gives_its_kind_and_values(name: 
     assert lever.kind in (int, bool, str) and (lever.kind is str) == (typing.get_origin(hint) is typing.Literal)
     assert lever.choices == (typing.get_args(hint) if lever.kind is str else None), (name, hint)
     assert name == "micro_batch_size" or lever.parse(lever.default, name) == lever.default
+
+
+def test_a_plan_holds_only_values_its_knobs_take() -> None:
+    """Each section checks its values when it is made, whoever makes it; a recorded trial
+    reads back whole, passing over a name no knob has."""
+    base = {"micro_batch_size": 2, "grad_accum_steps": 1}
+    for bad, said in (({"amp_dtype": "bf8"}, "amp_dtype: 'bf8' is not a value it takes ('fp32' | 'bf16' | 'fp16')"),
+                      ({"compile": 1}, "compile: 1 is not a value it takes (true or false)"),
+                      ({"num_workers": True}, "num_workers: True is not a value it takes (a whole number >= 0)"),
+                      ({"micro_batch_size": 0}, "micro_batch_size: 0 is not a value it takes (a whole number >= 1)")):
+        with pytest.raises(ValueError) as raised:
+            Plan.of(2, **{**base, **bad})
+        assert str(raised.value) == said
+    plan = make_config({"amp_dtype": "bf16"}, 8, 2, Machine.detect())[0]
+    assert Plan.recorded(2, {**plan.params(), "a_lever_since_removed": 3}) == plan
+    with pytest.raises(RecipeError, match="^amp_dtype: 'bf8'"):  # a hand-edited best.json: one line, no traceback
+        make_config({"amp_dtype": "bf8"}, 8, 2, Machine.detect())
 
 
 @pytest.mark.parametrize("name", list(LEVERS))

@@ -11,9 +11,6 @@ orders, the verdicts that point at it) is :mod:`tuner.inputs.levers.orders`.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
@@ -110,18 +107,6 @@ class ScriptRoutes:
     DeepSpeed strategy needs CUDA, whatever DeepSpeed can do)."""
 
 
-@functools.cache
-def field_of(name: str) -> tuple[type, Any, tuple[Any, ...] | None]:
-    """A knob's kind, default and values, from its field in the plan's sections (the one
-    table of them)."""
-    hint = typing.get_type_hints(plan.SECTIONS[plan.SECTION_OF[name]])[name]
-    default = plan.FIELDS[name].default
-    default = None if default is dataclasses.MISSING else default
-    if typing.get_origin(hint) is Literal:
-        return str, default, typing.get_args(hint)
-    return hint, default, None
-
-
 @dataclass(frozen=True)
 class Lever:
     """One tunable setting: its values, and what every layer of the tuner does with it."""
@@ -188,17 +173,17 @@ class Lever:
     @property
     def kind(self) -> type:
         """``int``, ``bool`` or ``str`` (a choice of :attr:`choices`)."""
-        return field_of(self.name)[0]
+        return plan.field_of(self.name)[0]
 
     @property
     def default(self) -> Any:
         """Its plan field's default (``None`` for ``micro_batch_size``: no accumulation)."""
-        return field_of(self.name)[1]
+        return plan.field_of(self.name)[1]
 
     @property
     def choices(self) -> tuple[Any, ...] | None:
         """A choice's values, as its field's ``Literal`` lists them."""
-        return field_of(self.name)[2]
+        return plan.field_of(self.name)[2]
 
     def parse(self, value: Any, where: str) -> Any:
         """Check one value; ``where`` names it in the error (e.g. ``space.num_workers[2]``)."""

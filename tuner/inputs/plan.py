@@ -8,21 +8,39 @@ Every layer reads a section (``plan.sharding.zero_stage``) or, as a task's
 ``parallelize(model, mesh, config)`` and a script's ``tuner.config()`` do, the flat name
 (``plan.zero_stage``); the search records :meth:`Plan.params`, flat. The sections are the
 one table of the knobs' kinds, defaults and values: a lever
-(:class:`~tuner.inputs.lever.Lever`) reads its field.
+(:class:`~tuner.inputs.lever.Lever`) reads its field, and each section refuses a value
+its field does not take.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 from tuner.inputs import layout
 
 
+class _Section:
+    """A section checks each value against its field's type when it is made: a plan holds
+    only values its knobs can take (a choice among its ``Literal``'s, an ``int`` that is no
+    ``bool``), whoever builds it (the search, a recorded result, ``tuner.config()``)."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            kind, _, values = field_of(f.name)
+            value = getattr(self, f.name)
+            fits = value in values if values is not None else type(value) is kind and (kind is bool or value >= 0)
+            if not fits or (f.name in BATCH and value < 1):
+                wanted = " | ".join(map(repr, values)) if values is not None else \
+                    "true or false" if kind is bool else "a whole number >= " + ("1" if f.name in BATCH else "0")
+                raise ValueError(f"{f.name}: {value!r} is not a value it takes ({wanted})")
+
+
 @dataclass(frozen=True)
-class Loader:
+class Loader(_Section):
     """Each rank's ``torch.utils.data.DataLoader``."""
 
     num_workers: int = 0
@@ -38,7 +56,7 @@ class Loader:
 
 
 @dataclass(frozen=True)
-class Batch:
+class Batch(_Section):
     """The global batch, held fixed: micro-batch x accumulation x data-parallel ranks."""
 
     micro_batch_size: int
@@ -48,7 +66,7 @@ class Batch:
 
 
 @dataclass(frozen=True)
-class Precision:
+class Precision(_Section):
     """What the arithmetic runs in."""
 
     amp_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -60,7 +78,7 @@ class Precision:
 
 
 @dataclass(frozen=True)
-class Parallel:
+class Parallel(_Section):
     """How one model copy spans ranks (tensor x pipeline), data parallelism over the rest."""
 
     tensor_parallel: int = 1
@@ -74,7 +92,7 @@ class Parallel:
 
 
 @dataclass(frozen=True)
-class Sharding:
+class Sharding(_Section):
     """How the data-parallel ranks hold and reduce the model's states."""
 
     zero_stage: int = 0
@@ -94,7 +112,7 @@ class Sharding:
 
 
 @dataclass(frozen=True)
-class Checkpointing:
+class Checkpointing(_Section):
     """What the backward recomputes instead of holding."""
 
     activation_checkpointing: Literal["none", "op", "selective", "full"] = "none"
@@ -102,7 +120,7 @@ class Checkpointing:
 
 
 @dataclass(frozen=True)
-class Kernels:
+class Kernels(_Section):
     """Which kernels run the model and the optimizer."""
 
     compile: bool = False
@@ -122,7 +140,7 @@ class Kernels:
 
 
 @dataclass(frozen=True)
-class Process:
+class Process(_Section):
     """Process-wide settings of each rank."""
 
     expandable_segments: bool = False
@@ -139,6 +157,20 @@ SECTION_OF: dict[str, str] = {f.name: section for section, cls in SECTIONS.items
 """The section of each knob (and of the derived ``grad_accum_steps``)."""
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
 """Every knob's field: its type and default, the one table of them."""
+BATCH = ("micro_batch_size", "grad_accum_steps")
+"""The batch's fields, each at least 1."""
+
+
+@functools.cache
+def field_of(name: str) -> tuple[type, Any, tuple[Any, ...] | None]:
+    """A knob's kind (``int``, ``bool``, or ``str`` for a choice), default (``None``: none)
+    and values (a choice's, as its ``Literal`` lists them)."""
+    hint = typing.get_type_hints(SECTIONS[SECTION_OF[name]])[name]
+    default = FIELDS[name].default
+    default = None if default is dataclasses.MISSING else default
+    if typing.get_origin(hint) is Literal:
+        return str, default, typing.get_args(hint)
+    return hint, default, None
 ORDER = (
     "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype", "micro_batch_size",
     "tensor_parallel", "pipeline_parallel", "pipeline_schedule", "sequence_parallel", "zero_stage", "fsdp",
@@ -182,8 +214,10 @@ class Plan:
 
     @classmethod
     def recorded(cls, world_size: int, params: Mapping[str, Any]) -> "Plan":
-        """The plan a trial recorded (its :meth:`params`), as it ran: nothing derived again."""
-        return cls.of(world_size, **params)
+        """The plan a trial recorded (its :meth:`params`), as it ran: nothing derived again; a
+        name no knob has now (a lever since removed) is passed over, a knob added since takes
+        its default. ``ValueError``: a value its knob does not take."""
+        return cls.of(world_size, **{k: v for k, v in params.items() if k in SECTION_OF or k == "engine"})
 
     def replace(self, **knobs: Any) -> "Plan":
         """The same plan with these knobs changed (flat names; ``engine`` too)."""

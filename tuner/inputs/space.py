@@ -204,7 +204,10 @@ def make_config(
     if why is not None:
         raise RecipeError(why)
     accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
-    return Plan.of(world_size, engine_of(values, engine), grad_accum_steps=accum, **values), notes
+    try:
+        return Plan.of(world_size, engine_of(values, engine), grad_accum_steps=accum, **values), notes
+    except ValueError as exc:  # a value its knob does not take (a hand-edited best.json, say)
+        raise RecipeError(str(exc)) from None
 
 
 @dataclasses.dataclass(frozen=True)

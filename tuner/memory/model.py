@@ -272,10 +272,19 @@ def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, h
                         rank_parameters=lambda tp, pp, virtual: rank_parameters(built, tp, pp, virtual))
     for t in measured:
         metrics = t.metrics or {}
-        if metrics.get("peak_mem_gib"):
-            model.observe(Plan.recorded(world_size, t.params), t.get("predicted_peak_gib"), metrics["peak_mem_gib"],
+        plan = _recorded(world_size, t.params)
+        if metrics.get("peak_mem_gib") and plan is not None:
+            model.observe(plan, t.get("predicted_peak_gib"), metrics["peak_mem_gib"],
                           t.get("prediction"))
     return model, None
+
+
+def _recorded(world_size: int, params: Any) -> Plan | None:
+    """The plan of a recorded trial; ``None`` where it is none (a value its knob no longer takes)."""
+    try:
+        return Plan.recorded(world_size, params)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def largest_fitting(model: MemoryModel, plans: "list[Plan]", budget_gib: float) -> tuple[int | None, float | None]:
@@ -306,7 +315,9 @@ def feed_plan(model: MemoryModel, out: Path, recipe: Path) -> tuple[int, str | N
             str(recipe), model.parameters, model.world_size):
         return 0, (f"memory prediction: {path} was planned for another recipe, model or world size; not used "
                    "(run tuner plan again)")
-    for p in profiled:
-        model.observe(Plan.recorded(model.world_size, p["knobs"]), p["predicted_gib"], p["measured_gib"], p["basis"],
-                      reported=False)
+    plans = [_recorded(model.world_size, p["knobs"]) for p in profiled]
+    if None in plans:
+        return 0, f"memory prediction: {path} holds a trial no plan of this version makes; not used"
+    for p, made in zip(profiled, plans):
+        model.observe(made, p["predicted_gib"], p["measured_gib"], p["basis"], reported=False)
     return len(profiled), f"memory prediction: starts from the {len(profiled)} trials tuner plan profiled ({path})"

@@ -166,6 +166,10 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
     for name, lever in LEVERS.items():  # a loader lever without workers: the DataLoader refuses it
         if lever.group == "loader" and not lever.needs(values, world):
             values[name] = lever.default
+    try:
+        cfg = TrialConfig.of(global_batch_size, world, tuned, given, **values)
+    except ValueError as exc:  # a value the knob does not take
+        raise ValueError(f"tuner.config(): {exc}") from None
     if trial is not None:
         _set_process_levers(values, given)
-    return TrialConfig.of(global_batch_size, world, tuned, given, **values)
+    return cfg
