@@ -122,14 +122,14 @@ class TrialConfig:
         return args
 
 
-def _set_process_levers(values: dict[str, Any], given: frozenset[str]) -> None:
+def _set_process_levers(config: Plan, given: frozenset[str]) -> None:
     """Under a trial, the process-wide levers the recipe sets (TF32 matmuls, cuDNN's
     algorithm search) take the trial's values here: the script process is the trial's, and
     a script cannot forget one of them (its trials would measure the same thing twice)."""
     if any(LEVERS[name].applied.stage == "process" for name in given if name in LEVERS):
         from tuner.trial.engines.process import set_process_levers
 
-        set_process_levers(values, only=given)
+        set_process_levers(config, only=given)
 
 
 def _cuda() -> bool:
@@ -171,5 +171,5 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
     except ValueError as exc:  # a value the knob does not take
         raise ValueError(f"tuner.config(): {exc}") from None
     if trial is not None:
-        _set_process_levers(values, given)
+        _set_process_levers(cfg.config, given)
     return cfg

@@ -8,7 +8,7 @@ module runs them.
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Collection, Iterator
 
 from tuner.inputs.levers import LEVERS
 
@@ -18,10 +18,10 @@ if TYPE_CHECKING:
 Restore = Callable[[], None]
 
 
-def set_process_levers(values: dict[str, Any], only: Any = None) -> list[Restore]:
-    """Set every process-wide lever (those in ``only``, when given) to ``values``'; returns
-    how to put each back."""
-    return [lever.applied.hold(values[name]) for name, lever in LEVERS.items()
+def set_process_levers(config: "Plan", only: Collection[str] | None = None) -> list[Restore]:
+    """Set every process-wide lever (those in ``only``, when given) to ``config``'s value;
+    returns how to put each back."""
+    return [lever.applied.hold(getattr(config, name)) for name, lever in LEVERS.items()
             if lever.applied.hold is not None and (only is None or name in only)]
 
 
@@ -30,7 +30,7 @@ def held(config: "Plan") -> Iterator[None]:
     """The trial's process-wide levers for the duration of the block, then the process's own."""
     restores: list[Restore] = []
     try:
-        restores = set_process_levers(config.params())
+        restores = set_process_levers(config)
         yield
     finally:
         for restore in reversed(restores):
