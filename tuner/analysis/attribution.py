@@ -113,8 +113,7 @@ class Row:
 
 def share_text(share: float | None) -> str:
     """A step's share of the speedup as a whole percentage, as the console and report.md print
-    it: one that rounds to nothing reads 0%, not "-0%" (the quickstart's persistent_workers
-    step, 0.99x); ``-`` where the step was not measured."""
+    it: one that rounds to nothing reads 0%, not "-0%"; ``-`` where the step was not measured."""
     if share is None or math.isnan(share):
         return "-"
     return f"{share if abs(share) >= 0.005 else 0.0:.0%}"

@@ -265,8 +265,7 @@ def _more_threads(f: Facts) -> str:
 
 
 def _share(x: float) -> str:
-    """A small measured share: "1.4%", or "under 0.1%" where one decimal would print a
-    zero (a one-core test task read "0.0% of what they reach on a large matmul")."""
+    """A small measured share: "1.4%", or "under 0.1%" where one decimal would print a zero."""
     return f"{x:.1%}" if x >= 0.0005 else "under 0.1%"
 
 

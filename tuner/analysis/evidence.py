@@ -1,12 +1,8 @@
 """Verdicts that use every trial, not one configuration's window alone.
 
-One window says where its step's time goes; the search's trials say what changing it did.
-Measured on the issue's JPEG pipeline (2 cores): at 0 workers the loop waited for data 37%
-of the step; one worker took the wait to 2% and samples/s *down* 6% (decode and the model
-fight for the same two cores), yet the best configuration's verdict still read "data-bound
-... try more loader workers than 0". And a job whose workers each copy a 256 MiB index,
-under a 1 GiB budget, read "memory-bound ... a higher ZeRO stage, bf16" (device remedies)
-when its peak grew ~0.26 GiB per worker across the trials: host memory held by workers.
+One window says where its step's time goes; the search's trials say what changing it did:
+more workers that took the data wait away and samples/s down (decode and the model share
+the cores), or a peak that grows with the workers (host memory they hold, not the device's).
 :func:`revise` corrects a configuration's verdicts with that evidence.
 """
 
@@ -87,12 +83,8 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
     (named with it: "num_workers 4 (with prefetch_factor 4)"): the quick start searches the
     loader's knobs together. A move without a gain of :data:`NO_GAIN` is listed by its values;
     one that gained more, on the estimate its figure is printed from (:func:`_gain`), by the
-    largest gain, with its figure and interval. Both were
-    left unsaid once one move gained, and the advice stood beside trials that had taken it:
-    the quickstart job's answer (2 workers) read "try more loader workers than 2" where its
-    trials.csv showed 4 workers at 628 samples/s against its 1,174.5 (CI, 2026-12-05), and in
-    another run at 1,507 against 1,663.6 while 4 workers' pooled median, after the finish's
-    rounds, stood above the bar, undecided."""
+    largest gain, with its figure and interval, so the advice never stands beside trials that
+    already took it."""
     rate = metrics.get("samples_per_s") or 0.0
     family = FAMILY_FIRST.get(v.kind, ())
     flat, gained, next_step = [], [], v.next_step
@@ -151,10 +143,7 @@ def _with(t: Seen, params: Mapping[str, Any], family: Sequence[str], knob: str) 
 
 def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, Any]) -> str:
     """``text`` without its suggestion of ``knob`` where the trials already moved it to what
-    the suggestion names without a gain: a BERT script was advised "amp_dtype: bf16, a larger
-    micro_batch_size" beside "(already measured from here without a gain: amp_dtype bf16;
-    micro_batch_size 32, 8)"; and "try more loader workers than 2" beside "(... without a gain
-    of 10% or more: num_workers 0, 1, 4)" (the quickstart job beside two busy processes)."""
+    the suggestion names without a gain (advice beside its own refutation reads as noise)."""
     lever = levers.LEVERS[knob]
     if lever.suggest is None:
         return text
@@ -284,9 +273,7 @@ def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any]
 def _gain(more: Seen, fewer: Seen, compare: Compare | None) -> float:
     """``more``'s gain in samples/s over ``fewer``, as :func:`_effect` prints it: the interval's
     estimate where there is one (paired where the finish measured both), else the ratio of the
-    two medians. Chosen on the medians and printed from the interval, a 2-core run's baseline
-    read "2 worker(s) took the wait to 26% and samples/s +24% (99% interval +1% to +52%, 6
-    pairs) ... more workers showed no gain of 10% or more": pooled, 1.06x; paired, 1.24x."""
+    two medians; the move is chosen on the same figure it is printed with."""
     s = compare(more.params, fewer.params) if compare is not None else None
     if s is not None:
         return s.gains[0]
@@ -296,11 +283,8 @@ def _gain(more: Seen, fewer: Seen, compare: Compare | None) -> float:
 def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool]:
     """What the configuration ``more`` (more workers, or one knob moved) did to samples/s
     against ``fewer``, in words with its interval, and whether the interval shows no gain of
-    :data:`NO_GAIN`.
-
-    timm's train.py read "1 worker(s) took the wait to 0% and samples/s to -4% ... more
-    workers will not help": a pooled median against one search trial's single run, with no
-    interval to say whether that evidence could carry the claim."""
+    :data:`NO_GAIN`: a claim of what a move did carries the interval that says whether the
+    runs behind it can bear it."""
     point = more.metrics["samples_per_s"] / fewer.metrics["samples_per_s"] - 1
     s = compare(more.params, fewer.params) if compare is not None else None
     if s is None:
@@ -311,8 +295,7 @@ def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool
 
 
 def _pct(x: float) -> str:
-    """A signed whole percent, or a tenth where that would read 0: a charlm run's interval
-    read "-0% to +16%", a sign that says nothing without its figure."""
+    """A signed whole percent, or a tenth where that would read 0 ("-0%" says nothing)."""
     if not math.isfinite(x):  # a gain over a configuration that may not run at all
         return f"{x:+.0%}"
     return f"{x:+.1%}" if round(x * 100) == 0 and round(x * 1000) != 0 else f"{x:+.0%}"

@@ -3,18 +3,15 @@
 What is gated is a ratio measured inside one run: the recorded answer's speedup over the
 recorded baseline, both re-measured interleaved now, against the speedup the search
 recorded, by the one rule (:mod:`tuner.stats.decision`) at the gate's tolerance. An
-absolute rate from another process is no measure of a regression on a shared machine: the
-same configuration measured 2,630 samples/s against 1,635 recorded in another process here
-(1.61x), so a gate on absolute rates passed a result inflated 3x and needed a 50%
-tolerance to pass an unchanged one. Absolute rates are printed; gating on them is asked
-for (``--absolute``).
+absolute rate from another process is no measure of a regression on a shared machine (one
+configuration's rate differs between processes by more than the tolerances users gate at).
+Absolute rates are printed; gating on them is asked for (``--absolute``).
 
 - ``regression`` (exit 1): the interval shows the speedup now below the recorded one by
   more than the tolerance (or, with ``--absolute``, the answer's rate).
 - ``pass``: the interval shows it within the tolerance.
 - ``undecided``: neither after the rounds the gate may take: exit 4, its own status, with its
-  interval and about how many more rounds would decide it. It used to pass: a job made 2x
-  slower passed ``undecided``.
+  interval and about how many more rounds would decide it, never a pass.
 
 ``--rev`` (:func:`rev_verdict`) gates the code itself: the recipe at a git revision against
 the working tree, each side in fresh processes, interleaved, read as pairs. The ratio gate
@@ -36,8 +33,7 @@ from tuner.stats.interval import LogStats, Slowdown, contrast, paired, pairs_nee
 
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_ROUNDS = 20
-"""``--against``'s most rounds, as ``--rev``'s: at 10, beside two busy processes, a task made
-a third slower read "+4.2% to +39.4%" smaller and the gate stayed undecided (exit 4)."""
+"""``--against``'s most rounds, as ``--rev``'s (10 left a busy machine's clear regressions undecided)."""
 DEFAULT_REV_ROUNDS = 20
 """``--rev``'s most rounds (each side once, a fresh process each): enough to settle a 10%
 slowdown against the 5% tolerance at a few percent of noise between processes
@@ -156,9 +152,8 @@ def across_processes(then: LogStats, now: LogStats, wide: tuple[float, int],
 def settled(recorded: Recorded, answer: Sequence[float], baseline: Sequence[float], tolerance: float,
             absolute: bool, process_noise: float | None = None) -> bool:
     """Whether the rule has decided the gate: pass or fail, as ``--rev``'s rounds stop. A
-    precise interval does not stop it, as it stops the finish: the unchanged quickstart-like
-    toy read "3.5% smaller (99% interval +1.5% to +5.4%, 5 pairs)", precise, and the gate
-    stopped undecided (exit 4) with 15 of its 20 rounds unused."""
+    precise interval does not stop it, as it stops the finish: a gate must say pass or fail,
+    so it goes on while rounds are left."""
     speedup, rate = intervals(recorded, answer, baseline, process_noise)
     judged = [decision.judge(s, tolerance) for s in (speedup, rate)[:2 if absolute else 1]]
     return decision.KEEP in judged or decision.UNDECIDED not in judged  # a regression, or all decided

@@ -5,7 +5,7 @@ in the same order at every step, whatever its micro-batch, workers or ZeRO stage
 loss per optimizer step follows the same curve up to rounding. A bf16/fp16 configuration
 whose curve leaves the fp32 one by more than the recipe's ``precision.tolerance``
 (relative, at any step) is rejected however fast it was (state ``imprecise``): reduced precision is then
-changing what the model learns. Non-finite losses are rejected before this (``nonfinite``).
+changing what the model learns. Non-finite losses are rejected first (``nonfinite``).
 """
 
 from __future__ import annotations

@@ -11,12 +11,11 @@ repeats anywhere), never "same" on a guess. The noise is each side's own repeats
 where those are too few, each run's pooled noise (``noise`` in ``best.json``), each run
 counted once: two sides of one run folder share one noise.
 
-Two run folders are two processes: a rate differs between processes by more than one
-process's noise (the same baseline configuration read 2.39x between two search processes
-here, "beyond the 2% tolerance, +28.7% to +309.2%" by in-process noise alone). So the rates
-of two runs are judged only with a between-process noise given (``process_noise``: one
-run's relative noise between two processes, counted once for each); without it the row
-says so (``not judged: two processes``), never ``beyond`` on one process's noise.
+Two run folders are two processes, and a rate differs between processes by more than one
+process's noise. So the rates of two runs are judged only with a between-process noise
+given (``process_noise``: one run's relative noise between two processes, counted once for
+each); without it the row says so (``not judged: two processes``), never ``beyond`` on one
+process's noise.
 
 Environments are compared first: a different device, device count, world size or torch
 makes the numbers describe two machines, not two configurations, and the comparison is
@@ -201,9 +200,8 @@ def _t_row(name: str, va: float, vb: float, ratio: float | None, ra: list[float]
     """Any other metric: a t-interval from the two sides' own repeats (its noise is its own: a
     share's spread is not the rate's). A metric positive in every run (a step time, a peak)
     is read on a log scale, as the rates are: its ratio's interval, which a time's spread
-    cannot push below 0 (BERT's step time read "0.126, -710.1% to +468.2%" as a difference of
-    means). One that can be 0 (a share) is a difference of means relative to A, its low end
-    at -100% (no metric here is negative)."""
+    cannot push below 0 (a difference of means can). One that can be 0 (a share) is a
+    difference of means relative to A, its low end at -100% (no metric here is negative)."""
     dof = len(ra) + len(rb) - 2
     if dof < 1 or not va or (len(ra) < 2 and len(rb) < 2):
         return Row(name, va, vb, ratio, None)

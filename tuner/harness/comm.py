@@ -88,9 +88,8 @@ class CommTimer:
         pass the training thread waits for every bucket itself, before DDP's finalisation
         does: the exposed time is from the last launch (compute was done by then) to the
         moment the training thread resumes. That includes its wake-up after gloo's thread
-        finished, which is the step's time too: on a loaded 2-core machine the older end
-        (gloo's own completion stamp) read 0.245 of the step where the profiler trace of
-        the same window read 0.33 and 0.36 (fresh-clone CI, 2026-12-04).
+        finished, which is the step's time too (gloo's own completion stamp, an earlier end,
+        read well below the profiler's trace of the same window on a loaded machine).
         """
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -10,11 +10,9 @@ wait for the others: skew, not communication), then :data:`STEPS` steps whose ev
 in memory (:func:`tuner.harness.comm.trace_events`) and given to
 :func:`tuner.harness.comm.exposed_share`: communication kernels not covered by compute kernels,
 over the span the device ran kernels. The measured window is not perturbed: the profiler runs
-after it. On CPU (gloo) the same span reads the host's collectives in flight. Against the host
-timer on the same profiled steps of a user's DDP loop (``tests/helpers/probe_ddp.py``, two gloo
-ranks, three runs) it reads higher: 0.42-0.57 where the timer read 0.28-0.45, so the two are not
-yet one figure on CPU; the tuner's own trial, profiled over its measured window
-(``scripts/check_comm_share.py``), lands within 0.02 of the timer.
+after it. On CPU (gloo) the same span reads the host's collectives in flight, higher than the
+host timer on a user's DDP loop (docs/limitations.md); the tuner's own trial, profiled over its
+measured window, lands within 0.02 of the timer (``scripts/check_comm_share.py``).
 """
 
 from __future__ import annotations

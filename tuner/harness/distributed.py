@@ -252,8 +252,7 @@ def leave_after_rank_0(key: str, wait_s: float = 60.0) -> None:
     is done (its record written, its output printed); the other ranks wait for that, since
     the first rank to exit has torchrun end the others, rank 0 included, mid-write. The
     store, not a collective: the group may be what is broken, or not yet made (a recipe
-    refused before it: torchrun's agent store then; a loaded CI run once lost the refusal's
-    one line when rank 1 exited first and torchrun ended rank 0 before it printed)."""
+    refused before it: torchrun's agent store then), and a refusal's one line must still print."""
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return

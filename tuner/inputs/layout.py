@@ -1,6 +1,6 @@
 """The parallel layout's arithmetic: how the tensor-parallel x pipeline x data-parallel
 degrees make up the world, whether the data-parallel dimension is sharded or replicated,
-where a rank sits in it, and the rules that refuse a layout before anything runs (issue 27).
+where a rank sits in it, and the rules that refuse a layout before anything runs.
 
 :func:`of` is the one place that reads the layout levers' values: everything after it (the
 preparation, the exports, the memory model, the reports) reads the :class:`Layout`, as

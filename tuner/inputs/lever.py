@@ -2,11 +2,10 @@
 
 Every layer reads its part from here: the recipe its type and values, the space what
 applies and what conflicts, the trial where it is applied, the memory model its effect, the attribution its risk, the
-console its label, script mode its routes, the exports the fields it sets. Before this,
-the same facts sat in nine hand-kept tables over six subpackages, and a knob missing from
-one (the attribution's order) was silently dropped there; ``tests/structure`` now checks
-each declaration is complete instead. Where a lever stands among the others (the search's
-orders, the verdicts that point at it) is :mod:`tuner.inputs.levers.orders`.
+console its label, script mode its routes, the exports the fields it sets: one declaration,
+which ``tests/structure`` checks is complete, so no layer silently misses a knob. Where a
+lever stands among the others (the search's orders, the verdicts that point at it) is
+:mod:`tuner.inputs.levers.orders`.
 """
 
 from __future__ import annotations

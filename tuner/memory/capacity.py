@@ -123,7 +123,7 @@ class Profiler:
         checkpointing x the layout's schedule and sequence sharding), each as a configuration
         at the baseline's other knobs holds it: a group whose lever means nothing there (a
         pipeline schedule without stages) is the group it collapses to, so the profile never
-        asks for it again and again (a layout space looped forever on it before)."""
+        asks for one group twice."""
         c, names = self.space.choices, memory.GROUP
         out: list[dict[str, Any]] = []
         for values in [tuple(self.base[k] for k in names), *itertools.product(*(c[k] for k in names))]:

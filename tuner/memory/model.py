@@ -15,7 +15,7 @@ the process tree's PSS on a CPU-only machine, where the host is the device)::
   (amp dtype, checkpointing) not measured yet scales the fp32 / no-checkpointing slope by
   a prior (half for reduced precision and for selective checkpointing, a tenth for full);
   a group measured at one micro-batch has its own slope through the common intercept.
-- The parallel layout (issue 27): a rank's states are its layout's parameters (its
+- The parallel layout: a rank's states are its layout's parameters (its
   pipeline stages' blocks, the tensor-parallel plan's modules divided by ``tp``:
   :func:`~tuner.trial.layout_rules.rank_parameters`, counted on the meta device), sharded
   over the data-parallel ranks; its activations are its stage's share of the micro-batches
@@ -205,9 +205,8 @@ class MemoryModel:
         (prior-scaled) micro-batch or in their loader workers.
 
         Once one group has two micro-batches, every measured group gets its own slope in one
-        least-squares fit through a common intercept: scaling one slope by priors let a
-        wrong prior bend it (a GPT-2 measured bf16 at 0.6x fp32's activations, not 0.5x:
-        fp32 at micro-batch 16 read 20% over, 11% with per-group slopes)."""
+        least-squares fit through a common intercept, so a wrong prior cannot bend a slope
+        the trials measured."""
         rows = [(k, peak - self._states(k)) for k, peak in self.observed]
         workers = [k.loader.num_workers for k, _ in rows]
         by_group: dict[tuple[str, ...], set[float]] = {}

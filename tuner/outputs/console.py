@@ -74,8 +74,7 @@ def levers(params: Mapping[str, Any]) -> str:
 
 def measurement_table(m: "Measurement", every: bool = False) -> Table:
     """The measured metrics, median and spread; the rows nothing measured here (MFU without a
-    known peak, GPU memory on a CPU) only with ``every`` (``--all``), as "not measured": a CPU
-    run printed 30 rows of which 13 were "-"."""
+    known peak, GPU memory on a CPU) only with ``every`` (``--all``), as "not measured"."""
     p = m.params
     world = m.environment["world_size"]
     heading = f"{m.recipe}: {title_words(p)} engine={p['engine']} world={world} levers: {levers(p)}"

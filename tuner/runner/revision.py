@@ -5,8 +5,7 @@ copy of the recipe, from its tree's root with that root first on ``PYTHONPATH`` 
 the script and the modules they import are the side's own; the tuner is the installed one).
 
 A process per measurement, not one per side: one process's rate differs from the next's by
-a factor its configuration does not explain (the same two configurations' ratio read 1.99x,
-2.79x and 4.03x in three check processes here), so a side living in one process would carry
+a factor its configuration does not explain, so a side living in one process would carry
 that factor as a bias. Fresh processes, interleaved and paired, make it noise the interval
 counts.
 """

@@ -93,8 +93,7 @@ library's warning."""
 def last_line(log: Path) -> str | None:
     """The last line the script printed (a rank's prefix taken off; not the launcher's, the
     tuner's or torchrun's, nor a warning or an indented line), or ``None``: what a script
-    that stopped before training says of why (pytorch/examples' FSDP2 example: "Unable to
-    locate sufficient 2 gpus to run this example. Exiting.", then ``exit()``)."""
+    that stopped before training says of why ("Unable to locate sufficient 2 gpus ...")."""
     for raw in _last_lines(log):
         line = _RANK_PREFIX.sub("", raw.strip())
         if line.strip() and not line[0].isspace() and not _NOT_THE_SCRIPTS_LINES.search(line):

@@ -84,10 +84,8 @@ PROJECT_AFTER = 3
 """Pairs a paired interval needs before :func:`pairs_to_settle` projects from its noise."""
 OPTIMISM = 0.7
 """:func:`pairs_to_settle` projects at this share of the noise the pairs show: a few pairs'
-spread is itself uncertain, and a finish that gave up at the spread as seen settled a 5%
-gain after a 30-trial search at 2% noise 82% of the time instead of 99.7% (300 searches a
-cell, ``scripts/operating_characteristics.py``'s world); at 0.7, 97%, with the finish's
-time down from 1.9-2.0x the search's to 1.5-1.7x at 5-10% noise."""
+spread is itself uncertain, and projecting at the spread as seen gives up on gains that
+more pairs would settle (``scripts/operating_characteristics.py`` measures the choice)."""
 
 
 def pairs_to_settle(s: Slowdown | None, tolerance: float, most: int = 10_000) -> int | None:

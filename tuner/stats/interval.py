@@ -139,8 +139,7 @@ class Slowdown:
     def text(self) -> str:
         """``5.1% slower (99% interval +3.9% to +6.3%, 6 pairs)``, or where ``b`` measured faster,
         the interval read the same way as the word: ``12.6% faster (99% interval -12.8% to
-        +45.3%, 5 pairs)``. It printed the slowdown's signed bounds beside "faster": "12.6%
-        faster (99% interval -45.3% to +12.8%)", an estimate outside its own interval as read."""
+        +45.3%, 5 pairs)``, so the estimate always lies inside its interval as read."""
         if self.estimate >= 0:
             return (f"{self.estimate:.1%} slower ({LEVEL:.0%} interval {self.low:+.1%} to {self.high:+.1%}, "
                     f"{self.counted})")
@@ -158,9 +157,8 @@ class Slowdown:
 
     def gain_text(self, than: str) -> str:
         """The same interval read the other way, as what ``a`` gains over ``b`` (``rate_a /
-        rate_b - 1``): ``5.4% faster than without it, 99% interval 4.1% to 6.7%``. It printed
-        the slowdown's own figures with "faster": "28.8% faster than without it, 99% interval
-        -209.7% to 83.6%" for a configuration 1.40x (0.32x to 6.1x) the one without it."""
+        rate_b - 1``): ``5.4% faster than without it, 99% interval 4.1% to 6.7%`` (the gain's
+        own figures, not the slowdown's with "faster")."""
         gain, low, high = self.gains
         word = "faster" if gain >= 0 else "slower"
         return f"{abs(gain):.1%} {word} {than}, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}"

@@ -9,15 +9,12 @@ Three things it never cuts on:
 
 - **an assumed noise.** The bar counts one run's noise twice (this run against the best's):
   the pooled noise of the configurations this run measured more than once, with the t
-  quantile of its degrees of freedom. With none measured there is no cut. Before, 10% was
-  assumed until then, which in a search is after the guided walk: equal trials at 22% noise
-  were cut 9% / 23% / 33% of the time against a best of 1 / 4 / 8 runs (simulated), and a
-  real search cut ``num_workers=4`` that measured 1.39x the answer interleaved afterwards.
+  quantile of its degrees of freedom. With none measured there is no cut (an assumed noise
+  cut equal trials a third of the time at a busy machine's noise).
 - **a first-use plateau.** Leading steps slower than every later one are the trial's warm-up
   (:func:`tuner.stats.window_length.warm_up`), set aside up to half of the window the trial
   would have measured (``settle_within``), and no cut comes before such a plateau could have
-  ended with :data:`MIN_STEADY` steps after it. Before, a plateau of 3 equal slow steps was cut
-  at step 3 58-99.8% of the time.
+  ended with :data:`MIN_STEADY` steps after it.
 - **the window's own luck.** The settled steps' own spread bounds where the rest of the
   window can land, at 99.5% one-sided, added to the run-noise bound at 99.5% (so together
   they are wrong at most 1% of the time: a union of the two).

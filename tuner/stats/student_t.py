@@ -4,9 +4,7 @@ One function for every interval of the tuner (the window's length at 95%, every 
 99%, the prune bar's and the gate's one-sided bounds). For integer degrees of freedom the
 distribution function has a closed form (Abramowitz & Stegun 26.7.3 and 26.7.4: a finite sum
 in ``cos(theta)``, ``theta = atan(t / sqrt(dof))``), so the quantile is that function inverted
-by bisection to 1e-12: exact where the two printed tables it replaces (95% and 99%, to 30
-degrees of freedom, then a Cornish-Fisher expansion) were rounded to three decimals, and
-available at the levels they lacked. No SciPy: the package does not otherwise need it.
+by bisection to 1e-12, at any level. No SciPy: the package does not otherwise need it.
 """
 
 from __future__ import annotations

@@ -26,8 +26,7 @@ CEILING_FROM_WINDOW_BELOW = 0.05
 """A window that waited for data less than this share of its time (on every rank) takes
 its stall-free ceiling from its own steps less their waits, instead of ten more steps: the
 ceiling is then at most 1/0.95 of the measured rate, too close for any verdict to turn on
-(data-bound needs a 10% wait), and on the benchmark's DeepSpeed job (a 4% wait) the extra
-steps were 0.4-0.6 s of a 3 s trial."""
+(data-bound needs a 10% wait), and the extra steps would cost a short trial a sixth of its time."""
 
 _FLOPS: dict[str, float | None] = {}
 """FLOPs per sample, counted once per task and task_args in this process."""

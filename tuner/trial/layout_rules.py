@@ -1,5 +1,5 @@
 """Which tensor- and pipeline-parallel degrees a task's model can take, decided before any
-trial (issue 27): each refused value leaves the space with a line naming the rule.
+trial: each refused value leaves the space with a line naming the rule.
 
 The model is built once on PyTorch's ``meta`` device (shapes, no memory, no weights
 initialised: a Llama-style model of any size builds in milliseconds), else, where the

@@ -1,4 +1,4 @@
-"""Pipeline stages of a decoder-only model: the second part of the parallel layout (issue 27).
+"""Pipeline stages of a decoder-only model: the second part of the parallel layout.
 
 Two families from transformers, by their module names: Llama-style decoders
 (``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb``, ``model.lm_head``)

@@ -223,12 +223,11 @@ def own_process() -> None:
 
 
 def _show_each_warning_once() -> None:
-    """A warning once, not once a step. DeepSpeed's CPU accelerator runs `numactl --hardware`
-    in every ZeRO-3 gradient reduce (its device_count); each subprocess enters
-    ``warnings.catch_warnings`` (``os.get_exec_path``), which clears the registries that show
-    a warning once per place, "once" filters' too: a 2-rank ZeRO-3 trial printed torch's
-    FutureWarning on ``reduce_scatter_tensor`` 212 times a rank. What is shown is remembered
-    here instead. A user's ``-W`` / ``PYTHONWARNINGS`` (``"always"`` among them) decides alone."""
+    """A warning once, not once a step. DeepSpeed's CPU accelerator starts a subprocess in
+    every ZeRO-3 gradient reduce, and each enters ``warnings.catch_warnings``, which clears
+    the registries that show a warning once per place ("once" filters' too). What is shown is
+    remembered here instead. A user's ``-W`` / ``PYTHONWARNINGS`` (``"always"`` among them)
+    decides alone."""
     if sys.warnoptions:
         return
     shown: set[tuple[str, type, str, int]] = set()
@@ -277,14 +276,12 @@ def freeze() -> None:
     """Move what is alive now (torch, DeepSpeed, Optuna, SQLAlchemy: ~225k objects) out of
     the garbage collector's sight with ``gc.freeze``.
 
-    Each trial collects twice (the engine's release and :func:`_release_memory`); with
-    those modules loaded one full collection took 65-190 ms, so the two were 0.4 s of a
-    3 s DeepSpeed trial, scanning objects that live as long as the process. Frozen, a
-    collection scans only what trials created. What is frozen is never collected, so only
-    objects alive before any trial are frozen: the search calls this before its one-time
-    DeepSpeed and compiler setup (whose throw-away engines collect too) and again after
-    it, since the ~600 modules DeepSpeed imports lazily come then (frozen only before,
-    teardown still read 0.26 s a trial; frozen after too, 0.05-0.07 s)."""
+    Each trial collects twice (the engine's release and :func:`_release_memory`), and a full
+    collection with those modules loaded scans objects that live as long as the process.
+    Frozen, a collection scans only what trials created. What is frozen is never collected,
+    so only objects alive before any trial are frozen: the search calls this before its
+    one-time DeepSpeed and compiler setup (whose throw-away engines collect too) and again
+    after it, since the modules DeepSpeed imports lazily come then."""
     global _FROZEN
     if not _OWN:
         return

@@ -1,4 +1,4 @@
-"""Tensor parallelism from the model's own plan: the first part of the parallel layout (issue 27).
+"""Tensor parallelism from the model's own plan: the first part of the parallel layout.
 
 A model family declares how its blocks shard: transformers ships the plan with the model's
 config (``config.base_model_tp_plan``, e.g. Llama's ``layers.*.self_attn.q_proj:

@@ -31,10 +31,8 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     the advice reads what the library ran (``ran``) where ``params`` left a lever to it, and
     suggests only what the search could run (``here``).
 
-    ``pooled``: each configuration's median over every run of it (the pool's). The evidence
-    then compares like with like: imagenet/main.py's baseline verdict said "1 worker(s) took
-    ... samples/s to -29%" from the baseline's median of four runs against the 1-worker
-    trial's single run, which had measured 11.8 samples/s against the baseline trial's 11.3.
+    ``pooled``: each configuration's median over every run of it (the pool's), so the
+    evidence compares like with like, never a median of four runs with one run.
     ``compare``: the interval between two configurations (the pool's), printed with what the
     evidence claims."""
     if not metrics or not params:

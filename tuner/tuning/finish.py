@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 FINALISTS = 3
 """Configurations of the search the finish starts from: one noisy search trial must not pick
-the winner (on the benchmark the true best was outrun by a lucky run of one 20% slower)."""
+the winner (a lucky run of a slower configuration outruns the true best)."""
 TIME_SHARE = 2.0
 """The finish measures for at most this share of the time the search's trials took
 (``--finish-minutes`` sets it instead), whatever remains of ``budget.minutes`` at most."""
@@ -131,11 +131,9 @@ def reference_of(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, 
 
     A finalist whose extra changes include a lever that stays only on evidence (``proven``:
     ZeRO, FSDP2, offload, checkpointing) is no reference: it would leave at the end unless
-    shown a gain, and while it stood, every other change was judged against a slower
-    configuration (the DeepSpeed benchmark's ZeRO 1 on top of the best, 32% slower: 4 rounds,
-    25 s, went to showing it). It is still a finalist, and becomes the reference when shown
-    faster. Nor is one the rule already shows slower than the best (``slower``): the
-    activations job's micro-batch 64, at 0.56x its best (the baseline), took four rounds."""
+    shown a gain, and while it stood every other change would be judged against a slower
+    configuration. It is still a finalist, and becomes the reference when shown faster. Nor
+    is one the rule already shows slower than the best (``slower``)."""
     top = finalists[0]
     mine = {k: top.get(k) for k in LEVERS if top.get(k) != baseline.get(k)}
     supersets = [p for p in finalists if all(p.get(k) == v for k, v in mine.items())
@@ -327,11 +325,8 @@ def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: 
                                  events: "SearchEvents | None") -> None:
     """At the end, an answer the rule has not shown faster than the baseline beyond the
     tolerance, and that measured slower than it (the paired estimate), gives way to the
-    baseline: at the limit the richer side stays, but not past what the user runs now.
-
-    timm's train.py beside a busy machine (~70% noise a run): bf16, measured at half the
-    baseline's rate, became the reference, and the answer pasted was 0.69x the baseline
-    ("amp_dtype=bf16 kept, undecided: 29.9% slower than without it")."""
+    baseline: at the limit the richer side stays, but not past what the user runs now (on a
+    very noisy machine a slower change can become the reference)."""
     if out.answer == base or not rules.fine(base):
         return
     s = pool.slowdown(out.answer, base)  # how much slower the baseline is than the answer (None: unmeasured)

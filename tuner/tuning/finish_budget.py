@@ -27,9 +27,8 @@ class Budget:
     """Seconds of each run the finish took, by configuration."""
     held: Callable[[], float] | None = None
     """Seconds the rounds leave for the attribution's runs after them, asked before each run
-    (:func:`tuner.tuning.path.hold_for`): the quickstart's rounds spent all 39 s of its
-    finish, and its one-at-a-time line then read "num_workers 0->8 (not measured)" for the
-    change that made its 9x."""
+    (:func:`tuner.tuning.path.hold_for`), so the rounds never spend the time that measures
+    the one-at-a-time line."""
 
     def held_s(self) -> float:
         """What :attr:`held` holds back now."""

@@ -72,9 +72,7 @@ def rev_rounds(measure: Side, tolerance: float, rounds: int, commit: str = "", n
     what ``scripts/gate_power.py`` runs on simulated rates for the published power table.
 
     A precise interval does not stop it, as it stops the finish: a finish may take either side
-    of a precise question at less than the tolerance's cost, but a gate must say pass or fail.
-    Beside two busy processes a 10%-slower step read 7.1% slower, "+4.9% to +9.2%" after 6
-    rounds: precise, so the gate stopped undecided (exit 4) where one more round decided it."""
+    of a precise question at less than the tolerance's cost, but a gate must say pass or fail."""
     rates: dict[str, list[float]] = {"rev": [], "work": []}
     failure = None
     for done in range(rounds):

@@ -73,9 +73,8 @@ def at_noise(noise: Mapping[str, float] | None, trials: int | None = None) -> st
 
 def too_noisy(noise: Mapping[str, float] | None) -> str | None:
     """The console's warning where a run's noise is above the table's noisiest row (``None``
-    below it, or where no noise was measured): its keeps and drops are then near coin flips.
-    A timm run beside a busy machine measured 69.4% a run; report.md said so, the console
-    did not, and its answer (0.69x before the finish's baseline rule) read like any other."""
+    below it, or where no noise was measured): its keeps and drops are then near coin flips,
+    and the console says so as report.md does."""
     sigma = _sigma(noise)
     if sigma is None or sigma <= sigmas()[-1]:
         return None

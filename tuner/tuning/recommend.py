@@ -11,8 +11,7 @@ finish's reference (:mod:`tuner.tuning.finish`), and its interval.
 
 Where the attribution's one-at-a-time step from the baseline and this verdict disagree in
 sign, one line says both figures and why both are true: the knobs interact (bf16 loses at the
-baseline's micro-batch and wins at the answer's). Before, a DeepSpeed job's log said
-``amp_dtype fp32->bf16 0.81x (-30%)`` and ``amp_dtype=bf16 kept: 43.6% faster`` with no word.
+baseline's micro-batch and wins at the answer's).
 """
 
 from __future__ import annotations
@@ -71,8 +70,8 @@ class Decision:
 
 def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
     """How much of the answer's speedup rests on undecided changes. Measured together in the
-    answer they can exceed the whole speedup (a decided change costs, or they interact):
-    timm's train.py printed "1.13x of the answer's 1.07x rests on", so there it says all."""
+    answer they can exceed the whole speedup (a decided change costs, or they interact), and
+    then it says all."""
     share, together = f"{gain:.2f}x of the answer's {speedup:.2f}x", ""
     if gain >= speedup:
         share, together = f"all of the answer's {speedup:.2f}x", f"; in the answer they measured {gain:.2f}x"
@@ -220,10 +219,8 @@ def imprecise(params: dict[str, Any], runs: "list[TrialResult]", reference: list
 def _not_dropped(s: "Slowdown", pool: "Pool", reference: dict[str, Any], answer: dict[str, Any],
                  without: dict[str, Any]) -> str:
     """Why the finish kept a change shown within the tolerance in the answer: a drop also needs
-    the answer without it shown within the tolerance of the reference, and two pairs. The
-    quickstart at ``--minutes 1`` printed nothing for ``persistent_workers`` and best.json read
-    "kept: 2.0% slower than without it" with the label ``dropped``: in the answer it was shown
-    cheap (-4.4% to +0.6%, 3 pairs), against the reference (with ``prefetch_factor`` 4) not."""
+    the answer without it shown within the tolerance of the reference, and two pairs: a change
+    shown cheap in the answer but not against the reference is kept, and says why."""
     if reference != answer:
         against = pool.slowdown(reference, without)
         shown = against.text() if against is not None else "no interval"

@@ -67,7 +67,7 @@ class SearchResult:
     paired: dict[str, Any] | None = None
     """The answer against the baseline over the rounds both ran in, paired: ``{"speedup",
     "low", "high", "pairs"}`` (the ratio and its 99% interval). The speedup above is a ratio of
-    medians; a char-LM search printed 1.08x there while the finish's own pairs read 1.06x."""
+    medians, which the pairs can read differently."""
     price: float | None = None
     """The recipe's price of a device-hour (``price.gpu_hour``), for the cost per million samples."""
     study: "Study | None" = field(default=None, repr=False, compare=False)

@@ -1,9 +1,8 @@
 """Which device a measurement is about.
 
-A probe on a GPU node must time the GPU's stream and read its allocator: a probe built
-without a device used to fall back to the host clock, no NVML and the host's PSS as the
-peak, then be compared with a GPU memory budget. These helpers pick the device the way
-the training loop does.
+A probe on a GPU node must time the GPU's stream and read its allocator, not the host clock
+and the host's PSS, to be compared with a GPU memory budget. These helpers pick the device
+the way the training loop does.
 """
 
 from __future__ import annotations

@@ -48,16 +48,14 @@ PEAKS: tuple[tuple[frozenset[str], frozenset[str], dict[str, float], int], ...] 
 """Sources: NVIDIA data sheets (H100/H200 SXM and NVL, H100 PCIe, GH200, A100, L40S, L40,
 L4, A10, A10G, V100, T4; HGX B200 and HGX B300 per GPU, GB200 NVL72 and GB300 NVL72 per
 GPU), dense figures (half the sparsity ones), and each whole GPU's streaming
-multiprocessors. ``fp8`` is the FP8 tensor-core peak, what an FP8-training trial's MFU is against
-(it was read against bf16's, an MFU up to 2x too high); a part without FP8 tensor cores has
-none, and such a trial gets no MFU. Blackwell Ultra (B300, GB300) raised FP4, not FP8 or
-BF16; its TF32 and FP32 are left out (not in its data sheets' dense form). A name is
-matched by whole tokens (split at spaces and hyphens), never by substring: ``NVIDIA L40``
-holds the text "L4" and once read the L4's 121 TFLOP/s (an MFU above 1 on an L40's 181);
-``NVIDIA H100 NVL`` once read the SXM's 989; ``NVIDIA GB200`` is not a B200. A MIG slice
-(``NVIDIA A100-SXM4-40GB MIG 3g.20gb``: 42 of the A100's 108 SMs) has its share of the
-peak, by its SMs: it once got the whole GPU's, an MFU 2.6x too low. Extend here;
-nothing else needs to change."""
+multiprocessors. ``fp8`` is the FP8 tensor-core peak, what an FP8-training trial's MFU is
+against; a part without FP8 tensor cores has none, and such a trial gets no MFU. Blackwell
+Ultra (B300, GB300) raised FP4, not FP8 or BF16; its TF32 and FP32 are left out (not in its
+data sheets' dense form). A name is matched by whole tokens (split at spaces and hyphens),
+never by substring: ``NVIDIA L40`` holds the text "L4", ``NVIDIA H100 NVL`` is not the SXM,
+``NVIDIA GB200`` is not a B200. A MIG slice (``NVIDIA A100-SXM4-40GB MIG 3g.20gb``: 42 of
+the A100's 108 SMs) has its share of the peak, by its SMs. Extend here; nothing else needs
+to change."""
 
 
 def peak_flops(device: torch.device, amp_dtype: str, convolutions: bool = False) -> float | None:

@@ -159,11 +159,10 @@ class HostMemory(_Sampler):
     not left to the sampling: its resident high-water mark is reset at :meth:`start`, and
     at :meth:`stop` the highest PSS reading is raised by how far resident memory rose above
     what it was at that reading. What is allocated and freed between two ticks (a wide
-    block's activations in the backward) is private memory, which PSS counts in full. Seen
-    without it: a 5-step window of a job with 64 MiB activations read 0.95 GiB at micro-batch
-    512 where an 8-step window read 1.21 (2 Hz ticks on 0.6 s steps). Loader workers' own
-    transients are still sampled. Off for a user's process (``tuner.Probe``): resetting the
-    mark also resets what ``getrusage`` reports there.
+    block's activations in the backward) is private memory, which PSS counts in full; without
+    it a short window's peak depends on where the ticks fall. Loader workers' own transients
+    are still sampled. Off for a user's process (``tuner.Probe``): resetting the mark also
+    resets what ``getrusage`` reports there.
     """
 
     name = "tuner-host-memory"

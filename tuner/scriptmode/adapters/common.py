@@ -56,8 +56,7 @@ def own_value(loader: Any, name: str) -> Any:
 def kept_by_script(loader: Any, knobs: Mapping[str, Any]) -> dict[str, Any]:
     """A script's DataLoader's own values of the loader levers, where they differ from the
     trial's ``knobs``: the script set them itself, the trial did not change them, and they
-    ran. imagenet/main.py builds ``DataLoader(pin_memory=True)``; trials.csv said ``False``
-    for trials in which the script still pinned. A lever is compared where it acts with
+    ran (``DataLoader(pin_memory=True)`` pins whatever the trial said). A lever is compared where it acts with
     the loader's own settings (its ``needs``): ``prefetch_factor`` means nothing without
     workers, ``pin_memory`` acts without them too (the main process pins). No loader lever's
     ``needs`` reads the world size: 1 is passed."""

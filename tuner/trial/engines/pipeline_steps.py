@@ -1,4 +1,4 @@
-"""A pipeline step: this rank's stages run by PyTorch's schedule (issue 27).
+"""A pipeline step: this rank's stages run by PyTorch's schedule.
 
 The micro-batches of one optimizer step are gathered and run together by the schedule
 (``grad_accum_steps`` micro-batches per pipeline step: 1F1B, GPipe or interleaved 1F1B), and

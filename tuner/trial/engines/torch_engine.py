@@ -3,8 +3,7 @@
 The model arrives prepared by :func:`tuner.trial.engines.parallelize.parallelize`: as it is
 on one process, wrapped in DDP, sharded by FSDP2's ``fully_shard``, or cut by the parallel
 layout (tensor parallelism, pipeline stages, FSDP2 or ``replicate`` over the data-parallel
-dimension). This engine runs its steps the same way for all of them (issue 35: one path for
-what were the torch, FSDP and layout engines):
+dimension). This engine runs its steps the same way for all of them:
 
 - Each micro-batch is the task's ``compute_loss`` (under the forward levers' autocast, entered by
   the loop: :func:`.stages.forward`), its loss divided by the

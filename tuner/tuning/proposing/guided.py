@@ -38,10 +38,8 @@ ORDERED = tuple(name for name, lever in levers.LEVERS.items() if lever.ordered)
 thing at a growing price: a larger micro-batch fewer collectives per sample for memory, a
 higher ZeRO stage memory for communication, more checkpointing memory for recompute.
 Along such a knob the next value past one that lost to the best is not tried by the
-guided step (the sampler may still): on the benchmark's DeepSpeed job ZeRO 1 at the best
-micro-batch ran 20% slower than ZeRO 0, and stages 2 and 3 cost two more trials to lose
-by more (5,573 and 4,092 against 7,140 samples/s). DeepSpeed's autotuner stops the same
-way, at the first ZeRO stage that does not improve on the one before."""
+guided step (the sampler may still). DeepSpeed's autotuner stops the same way, at the
+first ZeRO stage that does not improve on the one before."""
 
 
 @dataclass(frozen=True)
