@@ -298,6 +298,9 @@ def test_an_engine_is_named_only_in_its_table() -> None:
     from tuner.inputs import engine
 
     assert all(engine.ENGINES[name].library == name for name in engine.LIBRARIES)  # each library's plain engine
+    from tuner.trial.engines import RUNS
+
+    assert set(RUNS) == set(engine.LIBRARIES)  # each library's engine runs from one row of one table
     names = set(engine.ENGINES) | set(engine.LIBRARIES)
     root = Path(levers.__file__).resolve().parents[1]
 

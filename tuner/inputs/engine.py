@@ -18,6 +18,9 @@ Library = Literal["torch", "deepspeed"]
 """The recipe's ``engine`` other than ``auto``: the library that runs a configuration's steps."""
 LIBRARIES: dict[str, str] = {"torch": "PyTorch's engine", "deepspeed": "DeepSpeed"}
 """Each library, in words."""
+EngineName = Literal["auto", Library]
+"""The recipe's ``engine``: ``auto`` runs each configuration on the library its levers ask
+for (zero_stage 0 as DDP, stages 1-3 as DeepSpeed)."""
 
 
 @dataclass(frozen=True)

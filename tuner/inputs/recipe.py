@@ -20,10 +20,9 @@ import yaml
 
 from tuner.inputs import layout
 from tuner.inputs import space as space_mod
-from tuner.inputs.engine import engine_clash
+from tuner.inputs.engine import EngineName, engine_clash
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.script import SCRIPT_KEYS, Script, check_routes, parse_script
-from tuner.inputs.space import EngineName
 from tuner.inputs.task import Task, load_task
 from tuner.inputs.trackers import parse_track
 from tuner.inputs.yaml_file import read_yaml

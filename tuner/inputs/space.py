@@ -10,7 +10,7 @@ why). Everything downstream (engines, trial, exports) takes the ``Plan``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from tuner.inputs import layout
 from tuner.inputs.engine import engine_clash, engine_of
@@ -20,8 +20,6 @@ from tuner.inputs.levers import LEVERS
 from tuner.inputs.machine import Machine, native_bf16
 from tuner.inputs.plan import FIELDS, Plan
 
-EngineName = Literal["auto", "torch", "deepspeed"]
-"""The recipe's ``engine``: ``auto`` runs zero_stage 0 as DDP and stages 1-3 as DeepSpeed."""
 __all__ = ["Configs", "Machine", "applies", "conflict",
            "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
