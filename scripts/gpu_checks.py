@@ -812,8 +812,9 @@ def attention(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     """Each SDPA backend: the tuner refuses before a trial what a plain forward under
     ``sdpa_kernel`` cannot run, and a trial of the others runs with that backend alone
     enabled where the transformer's attention runs (recorded by the task)."""
+    from tuner.inputs import rules
     from tuner.inputs.levers.kernels import BACKENDS
-    from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
+    from tuner.inputs.space import Machine, make_config, unsupported
 
     machine = Machine.detect()
     refused = {value for name, value, _, _ in unsupported(machine) if name == "attention_backend"}
@@ -821,7 +822,7 @@ def attention(lab: Lab, seen: dict[str, Any]) -> list[Row]:
     for backend in BACKENDS:
         config, _ = make_config({"attention_backend": backend, "amp_dtype": "bf16"}, 64, 1, machine)
         truth = _plain_sdpa(lab, backend)
-        if backend in refused or lever_refusal(config, machine) is not None:
+        if backend in refused or rules.refusal(config, rules.Where(machine)) is not None:
             rows.append(judge(f"attention_backend {backend}: refused or runs, as a plain forward", "backend",
                               "refused", truth))
             continue

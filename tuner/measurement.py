@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from tuner.analysis.diagnose import Verdict, diagnose_run
 from tuner.harness.metrics import METRIC_NAMES, median_of
 from tuner.harness.system.environment import environment
-from tuner.inputs import layout
+from tuner.inputs import layout, rules
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.plan import Plan
-from tuner.inputs.space import Machine, lever_refusal
+from tuner.inputs.space import Machine
 from tuner.runner import runner_for
 from tuner.trial.trial_result import Instruments, State, TrialResult
 
@@ -98,8 +98,7 @@ def measured_config(recipe: "Recipe", machine: Machine) -> tuple[Plan, list[str]
     knobs.update(recipe.baseline)
     knobs.update(recipe.knob_overrides)
     config, notes = recipe.configs(machine).make(knobs)
-    refused = layout.refusal(config.params(), recipe.world_size, layout.ranks_per_node(recipe.world_size), None,
-                             machine.cuda) or lever_refusal(config, machine)
+    refused = rules.refusal(config, rules.Where(machine, layout.ranks_per_node(recipe.world_size)))
     if refused is not None:
         raise RecipeError(refused)
     return config, notes

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import tomllib
 
-from tuner.inputs import layout
+from tuner.inputs import layout, rules
+from tuner.inputs.plan import Plan
 from tuner.inputs.space import Machine, make_config
 from tuner.outputs import exports
 
@@ -53,17 +54,24 @@ def test_the_global_batch_is_counted_over_the_data_parallel_ranks():
      "interleave without fsdp or shard under 1f1b"),
 ])
 def test_each_impossible_layout_is_refused_with_its_rule(knobs, world, rule):
-    why = layout.refusal({"grad_accum_steps": 8, **knobs}, world, per_node=4, blocks=3, cuda=False)
+    why = rules.refusal(_plan(world, **{"grad_accum_steps": 8, **knobs}), rules.Where(CPU, per_node=4, blocks=3))
     assert why is not None and rule in why and "the rule" in why
 
 
+def _plan(world: int, **knobs) -> Plan:
+    return Plan.of(world, **{"micro_batch_size": 1, **knobs})
+
+
 def test_possible_layouts_and_batches_pass():
-    assert layout.refusal({"tensor_parallel": 2, "pipeline_parallel": 2, "grad_accum_steps": 2}, 8, 4, 3) is None
-    assert layout.refusal({"pipeline_parallel": 2, "pipeline_schedule": "gpipe", "grad_accum_steps": 1}, 2) is None
-    assert layout.batch_refusal({"micro_batch_size": 4, "tensor_parallel": 1}, 4, 8) == (
+    somewhere = rules.Where(CPU, per_node=4, blocks=3)
+    assert rules.refusal(_plan(8, tensor_parallel=2, pipeline_parallel=2, grad_accum_steps=2), somewhere) is None
+    assert rules.refusal(_plan(2, pipeline_parallel=2, pipeline_schedule="gpipe", grad_accum_steps=1),
+                         rules.Where(CPU)) is None
+    assert rules.refusal(_plan(4, micro_batch_size=4, grad_accum_steps=1), rules.Where(CPU, global_batch=8)) == (
         "micro_batch_size 4 x 4 data-parallel rank(s) does not divide global_batch_size 8 (the rule: global = "
         "micro x accumulation x data-parallel degree)")
-    assert layout.batch_refusal({"micro_batch_size": 4, "tensor_parallel": 2}, 4, 8) is None
+    assert rules.refusal(_plan(4, micro_batch_size=4, grad_accum_steps=1, tensor_parallel=2),
+                         rules.Where(CPU, global_batch=8)) is None
 
 
 def test_the_degrees_reach_torchtitan_accelerate_and_lightning(tmp_path):

@@ -194,8 +194,9 @@ def test_each_lever_that_moves_the_states_says_its_share() -> None:
 
 NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss")
 """The levers of a 2026 GPU, each added as its declaration, its functions and its exports."""
-DECLARATION = ("inputs/plan.py", "inputs/engine.py")
-"""Beside the registry package, where a lever is declared: its field, its engine label."""
+DECLARATION = ("inputs/plan.py", "inputs/engine.py", "inputs/rules.py")
+"""Beside the registry package, where a lever is declared: its field, its engine label, the
+rules that refuse a plan holding it."""
 EXPORTS = ("inputs/library_configs.py", "outputs/exports.py")
 """Where a lever's exports are written: the library configs a trial runs with and the writers
 of the configs to paste, one place (each file's writer names the fields it writes)."""

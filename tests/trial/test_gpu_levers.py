@@ -16,8 +16,9 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tuner
+from tuner.inputs import rules
 from tuner.inputs.levers.process import _expandable_env
-from tuner.inputs.space import Machine, lever_refusal, make_config, unsupported
+from tuner.inputs.space import Machine, make_config, unsupported
 from tuner.outputs import exports
 from tuner.trial.engines import model_levers as levers
 from tuner.trial.engines import stages
@@ -67,7 +68,7 @@ def test_the_gpu_decides_what_its_kernels_refuse():
 
 def _rule(machine: Machine, **knobs: object) -> str | None:
     config, _ = make_config(knobs, 8, 2, machine)
-    return lever_refusal(config, machine)
+    return rules.refusal(config, rules.Where(machine))
 
 
 def test_what_cannot_run_together_is_refused_by_its_rule():
@@ -83,13 +84,14 @@ def test_what_cannot_run_together_is_refused_by_its_rule():
     assert "without tensor parallelism" in _rule(H100, float8="rowwise", tensor_parallel=2, amp_dtype="bf16")
     assert _rule(H100, float8="tensorwise", fsdp="full_shard", amp_dtype="bf16") is None
     assert "fused_loss without tensor or pipeline" in _rule(H100, fused_loss=True, tensor_parallel=2)
-    assert "fused_loss without tensor or pipeline" in _rule(H100, fused_loss=True, pipeline_parallel=2)
+    staged = _rule(H100, fused_loss=True, pipeline_parallel=2, micro_batch_size=1)  # 8 micro-batches: 1f1b's rule holds
+    assert "fused_loss without tensor or pipeline" in staged
     assert _rule(H100, fused_loss=True, fsdp="full_shard") is None
 
 
 def test_compile_mode_is_inert_without_compile():
     config, _ = make_config({"compile_mode": "reduce-overhead"}, 8, 1, H100)
-    assert GraphShapes.of(config) is None and lever_refusal(config, H100) is None
+    assert GraphShapes.of(config) is None and rules.refusal(config, rules.Where(H100)) is None
 
 
 def test_the_allocator_setting_joins_the_jobs_own():

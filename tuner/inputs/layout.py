@@ -1,6 +1,6 @@
 """The parallel layout's arithmetic: how the tensor-parallel x pipeline x data-parallel
 degrees make up the world, whether the data-parallel dimension is sharded or replicated,
-where a rank sits in it, and the rules that refuse a layout before anything runs.
+and where a rank sits in it (what refuses a layout before anything runs: :mod:`tuner.inputs.rules`).
 
 :func:`of` is the one place that reads the layout levers' values: everything after it (the
 preparation, the exports, the memory model, the reports) reads the :class:`Layout`, as
@@ -104,58 +104,9 @@ def ranks_per_node(world: int) -> int | None:
     return int(value)
 
 
-def refusal(knobs: Mapping[str, Any], world: int, per_node: int | None = None,
-            blocks: int | None = None, cuda: bool = True) -> str | None:
-    """Why this layout cannot run on ``world`` ranks (``None``: it can), naming the rule;
-    ``cuda``: the ranks are GPUs (NCCL), else CPUs (gloo)."""
-    layout = of(knobs, world)
-    if not layout.model_parallel:
-        return None
-    copy = layout.tp * layout.pp
-    if world % copy:
-        return (f"tensor_parallel {layout.tp} x pipeline_parallel {layout.pp} = {copy} ranks per model copy does "
-                f"not divide the world of {world} ranks (the rule: world = tp x pp x data-parallel degree)")
-    if per_node is not None and layout.tp > per_node:
-        return (f"tensor_parallel {layout.tp} spans more than one node's {per_node} ranks (the rule: a "
-                "tensor-parallel group stays inside a node; its per-layer all-reduces need the node's links)")
-    if knobs.get("amp_dtype") == "fp16":
-        return ("amp_dtype fp16 with tensor or pipeline parallelism: its loss scaling is not composed with "
-                "them here (the rule: use bf16, as torchtitan does)")
-    schedule, accum = layout.schedule, knobs.get("grad_accum_steps")
-    if not cuda and layout.pp > 1 and schedule == "interleaved_1f1b" and layout.shard:
-        # measured: NaN from the first forward (1 micro-batch) or the second step (2), 4 gloo ranks, torch
-        # 2.13, tiny Llama; the same layout without FSDP2, and FSDP2 under 1f1b, train the reference curve
-        return ("pipeline_schedule interleaved_1f1b with fsdp trains NaN on CPU ranks (torch 2.13's runtime "
-                "schedule and FSDP2 over gloo; the rule: on CPUs, interleave without fsdp or shard under 1f1b)")
-    if layout.pp > 1 and isinstance(accum, int):
-        if schedule == "1f1b" and accum < layout.pp:
-            return (f"pipeline_schedule 1f1b runs {accum} micro-batch(es) per step through {layout.pp} stages (the "
-                    "rule: at least one micro-batch per stage; a smaller micro_batch_size gives more)")
-        rounds = max(1, accum // layout.pp)
-        if schedule == "interleaved_1f1b" and accum % rounds:
-            return (f"pipeline_schedule interleaved_1f1b runs {accum} micro-batches in rounds of {layout.pp} (the "
-                    "rule: a whole number of rounds)")
-    stages = layout.pp * layout.virtual_stages
-    if blocks is not None and layout.pp > 1 and blocks < stages:
-        return (f"pipeline_parallel {layout.pp} under {schedule} needs {stages} stages of at "
-                f"least one block each; the model has {blocks} (the rule: blocks >= stages)")
-    return None
-
-
 def smallest_data_parallel(values: Mapping[str, tuple[Any, ...]], world: int) -> int:
     """The fewest model copies any layout of these lever values makes on ``world`` ranks:
     each micro-batch size must fit at least that one (the rest are refused per layout)."""
     degrees = [world // (t * p) for t in values.get("tensor_parallel", (1,))
                for p in values.get("pipeline_parallel", (1,)) if world % (t * p) == 0]
     return min(degrees, default=world)
-
-
-def batch_refusal(params: Mapping[str, Any], world: int, global_batch: int) -> str | None:
-    """Why a micro-batch size does not make up the global batch on this layout's
-    data-parallel ranks (``None``: it does)."""
-    dp = of(params, world).dp
-    micro = params["micro_batch_size"]
-    if global_batch % (micro * dp):
-        return (f"micro_batch_size {micro} x {dp} data-parallel rank(s) does not divide global_batch_size "
-                f"{global_batch} (the rule: global = micro x accumulation x data-parallel degree)")
-    return None

@@ -148,10 +148,6 @@ class Lever:
     reference: Any = UNGUARDED
     """The value the precision guard's reference runs at, for a lever that changes a
     step's arithmetic (reduced precision and compiled kernels round differently)."""
-    refusal: Callable[[plan.Plan, Machine], str | None] | None = None
-    """Why a configuration cannot run with this lever's value on this machine,
-    naming the rule: the sampler's proposal is recorded ``skipped`` with it, never run
-    (flash attention with fp32; CUDA graphs with FSDP2)."""
     engine: str | None = None
     """The engine label a value away from the default gives a configuration (``deepspeed``, or
     a label of the PyTorch engine's for sharding or a layout: what trials.csv says ran it;

@@ -21,7 +21,7 @@ from tuner.inputs.machine import Machine, native_bf16
 from tuner.inputs.plan import FIELDS, Plan
 
 __all__ = ["Configs", "Machine", "applies", "conflict",
-           "defaults", "lever_refusal", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
+           "defaults", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
 
 
@@ -76,17 +76,6 @@ def conflict(knobs: Mapping[str, Any]) -> str | None:
     knobs = {**defaults(), **knobs}
     for lever in LEVERS.values():
         why = lever.conflict(knobs) if lever.conflict is not None else None
-        if why is not None:
-            return why
-    return None
-
-
-def lever_refusal(config: Plan, machine: Machine) -> str | None:
-    """Why this configuration cannot run here by one of its levers' rules (``Lever.refusal``:
-    flash attention with fp32, CUDA graphs with FSDP2), naming the rule; ``None``: it can.
-    The search records such a proposal ``skipped``, never runs it."""
-    for lever in LEVERS.values():
-        why = lever.refusal(config, machine) if lever.refusal is not None else None
         if why is not None:
             return why
     return None
@@ -179,7 +168,7 @@ def make_config(
 ) -> tuple[Plan, list[str]]:
     """Complete and normalise one configuration; returns it and notes on what changed.
     ``strict=False`` (the search, whose sampler may pair a micro-batch with a layout it does
-    not fit) leaves the batch's divisibility to :func:`tuner.inputs.layout.batch_refusal`."""
+    not fit) leaves the batch's divisibility to :mod:`tuner.inputs.rules`."""
     values = defaults()
     values.update(knobs)
     data_parallel = layout.data_parallel(values, world_size)  # the batch is counted over model copies

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tuner.inputs import layout
+from tuner.inputs import layout, rules
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.plan import Plan
@@ -18,7 +18,6 @@ from tuner.inputs.space import (
     Machine,
     applies,
     defaults,
-    lever_refusal,
     restrict,
     unsupported,
 )
@@ -42,15 +41,13 @@ class Space:
     cuda: bool = True
     """The ranks are GPUs (some layouts are refused on CPU ranks only)."""
     machine: Machine | None = None
-    """What this machine can do, for the levers' own rules (:func:`lever_refusal`)."""
+    """What this machine can do, for the rules (:mod:`tuner.inputs.rules`)."""
 
     def refusal(self, config: Plan, global_batch: int) -> str | None:
-        """Why this configuration cannot run: its parallel layout, or one of its levers' rules
-        (``None``: it can)."""
-        params, world_size = config.params(), config.world_size
-        return layout.batch_refusal(params, world_size, global_batch) or layout.refusal(
-            params, world_size, self.per_node, self.blocks, self.cuda) or lever_refusal(
-            config, self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda))
+        """Why this configuration cannot run (:mod:`tuner.inputs.rules`: its batch, its
+        parallel layout, its kernels), or ``None``: it can."""
+        machine = self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda)
+        return rules.refusal(config, rules.Where(machine, self.per_node, self.blocks, global_batch))
 
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or

@@ -5,7 +5,7 @@ The model is built once on PyTorch's ``meta`` device (shapes, no memory, no weig
 initialised: a Llama-style model of any size builds in milliseconds), else, where the
 task's builder refuses that device, as the trials build it. The rules that depend on one
 lever's value alone are applied here; those of a combination (tp x pp against the world,
-a schedule's micro-batches, fp16) by :func:`tuner.inputs.layout.refusal`, per
+a schedule's micro-batches, fp16) by :mod:`tuner.inputs.rules`, per
 configuration.
 """
 

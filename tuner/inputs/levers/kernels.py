@@ -11,25 +11,10 @@ from typing import Any
 
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.machine import Machine
-from tuner.inputs.plan import Plan
 
 BACKENDS = {"math": "MATH", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
             "cudnn": "CUDNN_ATTENTION"}
 """``attention_backend`` values and ``torch.nn.attention.SDPBackend``'s names for them."""
-
-
-def _graphs_refusal(p: Plan, m: Machine) -> str | None:
-    """What CUDA graphs (``reduce-overhead``) cannot capture."""
-    if not p.kernels.compile or p.kernels.compile_mode != "reduce-overhead":
-        return None
-    lay = p.layout
-    if lay.shard or p.sharding.zero_stage > 0:
-        return ("compile_mode reduce-overhead records CUDA graphs, which cannot capture FSDP2's or ZeRO's hooks and "
-                "collectives (the rule: reduce-overhead without sharding)")
-    if lay.model_parallel:
-        return ("compile_mode reduce-overhead with a parallel layout: CUDA graphs cannot capture its stages' sends "
-                "and DTensor's collectives here (the rule: reduce-overhead without tensor or pipeline parallelism)")
-    return None
 
 
 def _attention_refused(m: Machine) -> list[tuple[Any, str, Any]]:
@@ -43,32 +28,12 @@ def _attention_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     return []
 
 
-def _attention_refusal(p: Plan, m: Machine) -> str | None:
-    backend = p.kernels.attention_backend
-    if m.cuda and backend in ("flash", "cudnn") and p.precision.amp_dtype == "fp32":
-        return (f"attention_backend {backend} runs fp16 and bf16 inputs only, and amp_dtype fp32 gives it fp32 (the "
-                "rule: with amp_dtype bf16 or fp16; efficient and math take fp32)")
-    return None
-
-
 def _liger_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     if not m.cuda:
         return [(True, "Liger's fused linear cross-entropy is a triton kernel: it needs a CUDA device", False)]
     if "liger_kernel" not in m.packages:
         return [(True, "Liger-Kernel is not installed (pip install liger-kernel)", False)]
     return []
-
-
-def _fused_loss_refusal(p: Plan, m: Machine) -> str | None:
-    """Liger's kernel takes the whole head and the model's own forward: a tensor-parallel head
-    is a DTensor shard (its loss runs vocabulary-parallel instead), and pipeline stages call
-    the blocks, not the patched forward."""
-    if p.kernels.fused_loss and p.layout.model_parallel:
-        return ("fused_loss with a parallel layout: Liger's fused cross-entropy takes the whole head through the "
-                "model's own forward, which tensor parallelism shards and pipeline stages do not call (the rule: "
-                "fused_loss without tensor or pipeline parallelism; tensor parallelism's loss runs "
-                "vocabulary-parallel)")
-    return None
 
 
 DECLARED: tuple[Lever, ...] = (
@@ -105,7 +70,6 @@ DECLARED: tuple[Lever, ...] = (
                    "compile_mode: max-autotune-no-cudagraphs (autotuned kernels) or reduce-overhead (CUDA graphs)"),
           refused=lambda m: [] if m.cuda else [
               ("reduce-overhead", "reduce-overhead records CUDA graphs, which need a CUDA device", "default")],
-          refusal=_graphs_refusal,
           risk="max-autotune compiles for minutes on first use (inductor's cache keeps it); reduce-overhead's CUDA "
                "graphs hold static memory and record again for every new input shape", label="mode={}",
           applied=Applied("model"),
@@ -117,7 +81,7 @@ DECLARED: tuple[Lever, ...] = (
           "the kernel behind scaled_dot_product_attention (torch.nn.attention.sdpa_kernel)",
           group="kernels", reference="default",
           suggest=(("flash", "cudnn", "efficient"), "attention_backend: flash or cudnn (fused attention kernels)"),
-          acts_on="attention", refused=_attention_refused, refusal=_attention_refusal,
+          acts_on="attention", refused=_attention_refused,
           risk="the model must call scaled_dot_product_attention (transformers: attn_implementation='sdpa'); a "
                "backend that cannot take its inputs (masks, head size) fails the trial, said in one line",
           label="attn={}",
@@ -127,7 +91,7 @@ DECLARED: tuple[Lever, ...] = (
           "Liger-Kernel's fused linear cross-entropy: the language-model head and its loss in chunks", group="kernels",
           reference=False,
           suggest=((True,), "fused_loss: true (Liger's fused linear cross-entropy: the logits never whole)"),
-          refused=_liger_refused, refusal=_fused_loss_refusal,
+          refused=_liger_refused,
           risk="a transformers causal LM computing its own loss from labels, of a family Liger patches; numerics "
                "checked by the precision guard", label="fused_loss",
           applied=Applied("convert"),

@@ -44,18 +44,6 @@ def _float8_refused(m: Machine) -> list[tuple[Any, str, Any]]:
     return [(v, why, "off") for v in FLOAT8]
 
 
-def _float8_refusal(p: Plan, m: Machine) -> str | None:
-    if p.precision.float8 == "off":
-        return None
-    if p.sharding.zero_stage > 0:
-        return "float8 with DeepSpeed's ZeRO: its engine does not compose with torchao's float8 layers (the rule: " \
-               "float8 with FSDP2 or plain data parallelism, as torchtitan runs it)"
-    if p.layout.tp > 1:
-        return "float8 with tensor parallelism needs torchao's float8 parallel styles, not applied here (the rule: " \
-               "float8 without tensor parallelism)"
-    return None
-
-
 def matmul_dtype(config: Plan) -> str:
     """The dtype the peak table reads for a configuration's MFU: ``fp8`` where float8 training
     runs the linear layers' matmuls on FP8 tensor cores (against bf16's peak its MFU read up to
@@ -79,7 +67,6 @@ DECLARED: tuple[Lever, ...] = (
     Lever("float8", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
           aliases=((False, "off"),), group="precision", reference="off",
           suggest=(FLOAT8, "float8: tensorwise (torchao; Ada and Hopper GPUs)"), refused=_float8_refused,
-          refusal=_float8_refusal,
           risk="numerics: matmuls in float8 with dynamic scales, checked by the precision guard against the fp32 "
                "loss; small matmuls get slower (the casts cost more than they save)", label="float8={}",
           applied=Applied("convert"),

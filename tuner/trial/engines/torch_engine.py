@@ -15,7 +15,7 @@ dimension). This engine runs its steps the same way for all of them:
   backward run vocabulary-parallel (:attr:`.parallelize.Parallelized.loss_parallel`).
 - fp16 is scaled by a ``GradScaler`` (FSDP2's ``ShardedGradScaler`` for sharded
   parameters); bf16 and fp32 need none. fp16 is refused for the tensor and pipeline
-  layouts (:func:`tuner.inputs.layout.refusal`).
+  layouts (:mod:`tuner.inputs.rules`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,134 @@
+"""Why a plan cannot run here: each rule a small function of the plan, listed once
+(:data:`RULES`), each naming itself in its answer ("the rule: ...").
+
+The batch's (the global batch over the data-parallel ranks), the layout's (its degrees
+against the world and the node, fp16 with a layout, a pipeline schedule's micro-batches
+and blocks), and the kernels' (CUDA graphs with sharding or a layout, flash attention in
+fp32, float8 with ZeRO or tensor parallelism, Liger's fused loss with a layout). The search
+records a plan a rule refuses ``skipped``, with the rule, and never runs it; ``tuner.measure``
+stops on it in one line. What a machine cannot run at all, whatever the plan, is each
+lever's own ``refused`` (:class:`~tuner.inputs.lever.Lever`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tuner.inputs.machine import Machine
+from tuner.inputs.plan import Plan
+
+
+@dataclass(frozen=True)
+class Where:
+    """What the rules read besides the plan."""
+
+    machine: Machine
+    per_node: int | None = None
+    """Ranks per node (a tensor-parallel group stays inside one); ``None``: not known."""
+    blocks: int | None = None
+    """The model's blocks (a pipeline stage holds one at least); ``None``: not known."""
+    global_batch: int | None = None
+    """The global batch the micro-batch must make up; ``None``: checked where the plan was made."""
+
+
+def _batch(p: Plan, where: Where) -> str | None:
+    dp, micro = p.layout.dp, p.batch.micro_batch_size
+    if where.global_batch is not None and where.global_batch % (micro * dp):
+        return (f"micro_batch_size {micro} x {dp} data-parallel rank(s) does not divide global_batch_size "
+                f"{where.global_batch} (the rule: global = micro x accumulation x data-parallel degree)")
+    return None
+
+
+def _layout(p: Plan, where: Where) -> str | None:
+    lay, world = p.layout, p.world_size
+    if not lay.model_parallel:
+        return None
+    copy = lay.tp * lay.pp
+    if world % copy:
+        return (f"tensor_parallel {lay.tp} x pipeline_parallel {lay.pp} = {copy} ranks per model copy does "
+                f"not divide the world of {world} ranks (the rule: world = tp x pp x data-parallel degree)")
+    if where.per_node is not None and lay.tp > where.per_node:
+        return (f"tensor_parallel {lay.tp} spans more than one node's {where.per_node} ranks (the rule: a "
+                "tensor-parallel group stays inside a node; its per-layer all-reduces need the node's links)")
+    if p.precision.amp_dtype == "fp16":
+        return ("amp_dtype fp16 with tensor or pipeline parallelism: its loss scaling is not composed with "
+                "them here (the rule: use bf16, as torchtitan does)")
+    return _pipeline(p, where)
+
+
+def _pipeline(p: Plan, where: Where) -> str | None:
+    lay, accum = p.layout, p.batch.grad_accum_steps
+    if not where.machine.cuda and lay.pp > 1 and lay.schedule == "interleaved_1f1b" and lay.shard:
+        # measured: NaN from the first forward (1 micro-batch) or the second step (2), 4 gloo ranks, torch
+        # 2.13, tiny Llama; the same layout without FSDP2, and FSDP2 under 1f1b, train the reference curve
+        return ("pipeline_schedule interleaved_1f1b with fsdp trains NaN on CPU ranks (torch 2.13's runtime "
+                "schedule and FSDP2 over gloo; the rule: on CPUs, interleave without fsdp or shard under 1f1b)")
+    if lay.pp > 1:
+        if lay.schedule == "1f1b" and accum < lay.pp:
+            return (f"pipeline_schedule 1f1b runs {accum} micro-batch(es) per step through {lay.pp} stages (the "
+                    "rule: at least one micro-batch per stage; a smaller micro_batch_size gives more)")
+        rounds = max(1, accum // lay.pp)
+        if lay.schedule == "interleaved_1f1b" and accum % rounds:
+            return (f"pipeline_schedule interleaved_1f1b runs {accum} micro-batches in rounds of {lay.pp} (the "
+                    "rule: a whole number of rounds)")
+    stages = lay.pp * lay.virtual_stages
+    if where.blocks is not None and lay.pp > 1 and where.blocks < stages:
+        return (f"pipeline_parallel {lay.pp} under {lay.schedule} needs {stages} stages of at "
+                f"least one block each; the model has {where.blocks} (the rule: blocks >= stages)")
+    return None
+
+
+def _graphs(p: Plan, where: Where) -> str | None:
+    """What CUDA graphs (``reduce-overhead``) cannot capture."""
+    if not p.kernels.compile or p.kernels.compile_mode != "reduce-overhead":
+        return None
+    lay = p.layout
+    if lay.shard or p.sharding.zero_stage > 0:
+        return ("compile_mode reduce-overhead records CUDA graphs, which cannot capture FSDP2's or ZeRO's hooks and "
+                "collectives (the rule: reduce-overhead without sharding)")
+    if lay.model_parallel:
+        return ("compile_mode reduce-overhead with a parallel layout: CUDA graphs cannot capture its stages' sends "
+                "and DTensor's collectives here (the rule: reduce-overhead without tensor or pipeline parallelism)")
+    return None
+
+
+def _attention(p: Plan, where: Where) -> str | None:
+    backend = p.kernels.attention_backend
+    if where.machine.cuda and backend in ("flash", "cudnn") and p.precision.amp_dtype == "fp32":
+        return (f"attention_backend {backend} runs fp16 and bf16 inputs only, and amp_dtype fp32 gives it fp32 (the "
+                "rule: with amp_dtype bf16 or fp16; efficient and math take fp32)")
+    return None
+
+
+def _float8(p: Plan, where: Where) -> str | None:
+    if p.precision.float8 == "off":
+        return None
+    if p.sharding.zero_stage > 0:
+        return "float8 with DeepSpeed's ZeRO: its engine does not compose with torchao's float8 layers (the rule: " \
+               "float8 with FSDP2 or plain data parallelism, as torchtitan runs it)"
+    if p.layout.tp > 1:
+        return "float8 with tensor parallelism needs torchao's float8 parallel styles, not applied here (the rule: " \
+               "float8 without tensor parallelism)"
+    return None
+
+
+def _fused_loss(p: Plan, where: Where) -> str | None:
+    """Liger's kernel takes the whole head and the model's own forward: a tensor-parallel head
+    is a DTensor shard (its loss runs vocabulary-parallel instead), and pipeline stages call
+    the blocks, not the patched forward."""
+    if p.kernels.fused_loss and p.layout.model_parallel:
+        return ("fused_loss with a parallel layout: Liger's fused cross-entropy takes the whole head through the "
+                "model's own forward, which tensor parallelism shards and pipeline stages do not call (the rule: "
+                "fused_loss without tensor or pipeline parallelism; tensor parallelism's loss runs "
+                "vocabulary-parallel)")
+    return None
+
+
+RULES: tuple[Callable[[Plan, Where], str | None], ...] = (_batch, _layout, _graphs, _attention, _float8, _fused_loss)
+"""Every rule, asked in this order: the first that refuses is the one said."""
+
+
+def refusal(plan: Plan, where: Where) -> str | None:
+    """Why ``plan`` cannot run ``where`` (the first rule that refuses it), or ``None``: it can."""
+    return next((why for rule in RULES if (why := rule(plan, where)) is not None), None)
