@@ -192,8 +192,10 @@ def test_each_lever_that_moves_the_states_says_its_share() -> None:
         assert shares == (1, 1, 1), (name, shares)  # at its default a lever keeps everything
 
 
-NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss")
-"""The levers of a 2026 GPU, each added as its declaration, its functions and its exports."""
+NEW_LEVERS = ("compile_mode", "attention_backend", "float8", "expandable_segments", "fused_loss",
+              "gradient_as_bucket_view", "static_graph")
+"""The levers of a 2026 GPU and DDP's two added after the plan, each added as its declaration,
+its functions and its exports."""
 DECLARATION = ("inputs/plan.py", "inputs/engine.py", "inputs/rules.py")
 """Beside the registry package, where a lever is declared: its field, its engine label, the
 rules that refuse a plan holding it."""

@@ -101,6 +101,12 @@ class Sharding(_Section):
     """FSDP2 over the data-parallel ranks, resharding after the forward or not."""
     ddp_bucket_cap_mb: int = 25
     """DDP's gradient bucket size."""
+    gradient_as_bucket_view: bool = False
+    """DDP's gradients as views into its all-reduce buckets: no copy between the two, and one
+    gradient's memory fewer."""
+    static_graph: bool = False
+    """DDP told the model's graph is the same every step: no search for unused parameters,
+    and its buckets rebuilt once in the order the gradients arrive."""
     overlap_comm: bool = False
     """ZeRO's reduction overlapped with the backward."""
     reduce_bucket_size: int = 500_000_000
@@ -177,7 +183,7 @@ ORDER = (
     "activation_checkpointing", "compile", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
     "allgather_bucket_size", "offload_optimizer", "optimizer_impl", "matmul_precision", "channels_last",
     "cudnn_benchmark", "in_order", "compile_mode", "attention_backend", "float8", "expandable_segments",
-    "fused_loss", "intra_op_threads",
+    "fused_loss", "intra_op_threads", "gradient_as_bucket_view", "static_graph",
 )
 """Every knob in a configuration's order: the registry's (:data:`tuner.inputs.levers.LEVERS`),
 trials.csv's columns, the sampler's questions (a new knob goes last: the same seed then draws

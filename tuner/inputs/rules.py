@@ -3,8 +3,9 @@
 
 The batch's (the global batch over the data-parallel ranks), the layout's (its degrees
 against the world and the node, fp16 with a layout, a pipeline schedule's micro-batches
-and blocks), and the kernels' (CUDA graphs with sharding or a layout, flash attention in
-fp32, float8 with ZeRO or tensor parallelism, Liger's fused loss with a layout). The search
+and blocks), the kernels' (CUDA graphs with sharding or a layout, flash attention in
+fp32, float8 with ZeRO or tensor parallelism, Liger's fused loss with a layout) and DDP's
+(a static graph with accumulation). The search
 records a plan a rule refuses ``skipped``, with the rule, and never runs it; ``tuner.measure``
 stops on it in one line. What a machine cannot run at all, whatever the plan, is each
 lever's own ``refused`` (:class:`~tuner.inputs.lever.Lever`).
@@ -125,7 +126,18 @@ def _fused_loss(p: Plan, where: Where) -> str | None:
     return None
 
 
-RULES: tuple[Callable[[Plan, Where], str | None], ...] = (_batch, _layout, _graphs, _attention, _float8, _fused_loss)
+def _static_graph(p: Plan, where: Where) -> str | None:
+    """DDP's static graph counts its first iteration by backward calls, so the no-sync
+    backward of an accumulation's first micro-batch trips its reducer (torch 2.13)."""
+    if p.sharding.static_graph and p.batch.grad_accum_steps > 1:
+        return (f"static_graph with {p.batch.grad_accum_steps} micro-batches a step: PyTorch's DDP asserts in the "
+                "first backward that skips the all-reduce (pytorch/pytorch#143580) (the rule: static_graph without "
+                "gradient accumulation)")
+    return None
+
+
+RULES: tuple[Callable[[Plan, Where], str | None], ...] = (_batch, _layout, _graphs, _attention, _float8, _fused_loss,
+                                                         _static_graph)
 """Every rule, asked in this order: the first that refuses is the one said."""
 
 

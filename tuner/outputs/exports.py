@@ -98,6 +98,8 @@ def lightning_trainer(config: Plan, cuda: bool) -> str:
         strategy = {"class_path": "lightning.pytorch.strategies.FSDPStrategy",
                     "init_args": {"sharding_strategy": "FULL_SHARD" if lay.reshard else "SHARD_GRAD_OP",
                                   "cpu_offload": config.offload_optimizer == "cpu"}}
+    elif flags := {kwarg: value for kwarg, value in _ddp_kwargs(config).values() if kwarg != "bucket_cap_mb"}:
+        strategy = {"class_path": "lightning.pytorch.strategies.DDPStrategy", "init_args": flags}
     else:
         strategy = "ddp" if world_size > 1 else "auto"
     lines = ["# python train.py fit --config lightning_trainer.yaml   (LightningCLI)",
@@ -113,7 +115,7 @@ def lightning_trainer(config: Plan, cuda: bool) -> str:
             lines += ["  # ModelParallelStrategy hands configure_model() a (data_parallel, tensor_parallel) device "
                       "mesh:", "  # apply the tensor-parallel plan there, then fully_shard on the data-parallel "
                       "dimension"]
-        else:
+        elif lay.shard:
             lines += ["  # Lightning's FSDPStrategy is FSDP1 with the same sharding; the trials ran FSDP2 "
                       "(fully_shard),", "  # which Lightning runs as ModelParallelStrategy with fully_shard in "
                       "configure_model()"]
@@ -197,6 +199,16 @@ SAVED_OPS = ("mm", "addmm", "bmm", "_scaled_dot_product_flash_attention", "_scal
 of each block is recomputed."""
 
 
+def _ddp_kwargs(config: Plan) -> dict[str, tuple[str, Any]]:
+    """DDP's levers away from their defaults, where DDP runs: lever -> (DDP's keyword, value)."""
+    if not kind(config.engine).ddp:
+        return {}
+    moved = {"ddp_bucket_cap_mb": ("bucket_cap_mb", config.ddp_bucket_cap_mb, 25),
+             "gradient_as_bucket_view": ("gradient_as_bucket_view", config.gradient_as_bucket_view, False),
+             "static_graph": ("static_graph", config.static_graph, False)}
+    return {lever: (kwarg, value) for lever, (kwarg, value, default) in moved.items() if value != default}
+
+
 def torch_settings(config: Plan, cuda: bool = True) -> str:
     """Process-wide flags, the model's memory format, DDP's buckets, the selective
     checkpointing policy, compile's mode, the attention kernel, float8, the allocator and
@@ -204,9 +216,10 @@ def torch_settings(config: Plan, cuda: bool = True) -> str:
     before the model is wrapped."""
     lines = ["# Settings the tuner measured that no config file above carries: run them in the training",
              "# script, before the model is wrapped (levers at their defaults are left out).", "import torch"]
-    if config.ddp_bucket_cap_mb != 25 and kind(config.engine).ddp:
-        lines.append(f"model = DistributedDataParallel(model, bucket_cap_mb={config.ddp_bucket_cap_mb!r})  "
-                     "# ddp_bucket_cap_mb")
+    ddp = _ddp_kwargs(config)
+    if ddp:
+        lines.append(f"model = DistributedDataParallel(model, {', '.join(f'{k}={v!r}' for k, v in ddp.values())})  "
+                     f"# {', '.join(ddp)}")
     if config.matmul_precision != "highest":
         lines.append(f"torch.set_float32_matmul_precision({config.matmul_precision!r})  # matmul_precision")
     if config.channels_last:

@@ -16,8 +16,8 @@ PATH = (
     "matmul_precision", "activation_checkpointing", "micro_batch_size", "tensor_parallel", "pipeline_parallel",
     "pipeline_schedule", "sequence_parallel", "zero_stage", "fsdp", "offload_optimizer", "compile",
     "compile_mode", "attention_backend", "channels_last", "cudnn_benchmark", "intra_op_threads", "fused_loss",
-    "optimizer_impl", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size",
-    "expandable_segments",
+    "optimizer_impl", "ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "overlap_comm",
+    "reduce_bucket_size", "allgather_bucket_size", "expandable_segments",
 )
 
 WALK = (
@@ -25,8 +25,8 @@ WALK = (
     "pipeline_parallel", "pipeline_schedule", "sequence_parallel", "fsdp", "activation_checkpointing",
     "fused_loss", "compile", "compile_mode", "attention_backend", "channels_last", "cudnn_benchmark",
     "num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order", "optimizer_impl",
-    "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer",
-    "expandable_segments", "intra_op_threads",
+    "ddp_bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "overlap_comm", "reduce_bucket_size",
+    "allgather_bucket_size", "offload_optimizer", "expandable_segments", "intra_op_threads",
 )
 
 TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")
@@ -46,8 +46,8 @@ VERDICTS: dict[str, tuple[str, ...]] = {
         "cudnn_benchmark", "compile_mode", "attention_backend", "float8", "intra_op_threads",
     ),
     "communication-bound": (
-        "micro_batch_size", "zero_stage", "fsdp", "ddp_bucket_cap_mb", "overlap_comm", "reduce_bucket_size",
-        "allgather_bucket_size",
+        "micro_batch_size", "zero_stage", "fsdp", "ddp_bucket_cap_mb", "static_graph", "gradient_as_bucket_view",
+        "overlap_comm", "reduce_bucket_size", "allgather_bucket_size",
     ),
     "pipeline-bound": ("pipeline_schedule", "pipeline_parallel"),
 }

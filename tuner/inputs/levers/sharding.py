@@ -17,6 +17,11 @@ def _zero(k: Mapping[str, Any], world: int) -> bool:
     return k["zero_stage"] >= 1
 
 
+def _ddp(k: Mapping[str, Any], world: int) -> bool:
+    """DDP's own levers: several ranks replicating the whole model, neither ZeRO nor FSDP2."""
+    return world > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off" and _data_parallel_only(k, world)
+
+
 def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
     """DeepSpeed's engine and offload take no PyTorch tensor/pipeline layout: with one they
     mean nothing (the layout's data-parallel dimension shards with FSDP2 instead)."""
@@ -70,13 +75,27 @@ DECLARED: tuple[Lever, ...] = (
                              "lightning_trainer.yaml": "trainer.strategy"}),
           memory=MemoryTerm("states", states=sharded_states)),
     Lever("ddp_bucket_cap_mb", "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
-          needs=lambda k, w: w > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off"
-          and _data_parallel_only(k, w), ordered=True, risk="larger buckets start all-reducing later in the backward",
+          needs=_ddp, ordered=True, risk="larger buckets start all-reducing later in the backward",
           label="bucket={}MB",
           applied=Applied("engine"),
           exported=Exported({"hf_training_args.json": "ddp_bucket_cap_mb",
                              "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
           script=ScriptRoutes(frozenset({"hf"}))),
+    Lever("gradient_as_bucket_view", "DDP: gradients as views of its all-reduce buckets (DDP only)",
+          group="communication", needs=_ddp, label="grad_view",
+          risk="each gradient is a view into a DDP bucket: code that assigns p.grad, or keeps a gradient past the "
+               "step, sees it change (zero_grad and the optimizers are fine)",
+          applied=Applied("engine"),
+          exported=Exported({"torch_settings.py": "model = DistributedDataParallel(model, gradient_as_bucket_view="
+                                                  "True)",
+                             "lightning_trainer.yaml": "trainer.strategy (DDPStrategy gradient_as_bucket_view)"})),
+    Lever("static_graph", "DDP: the model's graph is the same every step (DDP only)",
+          group="communication", needs=_ddp, label="static_graph",
+          risk="a model whose graph or used parameters change between steps (a branch taken by the data, layers "
+               "frozen mid-run) errors or trains wrong",
+          applied=Applied("engine"),
+          exported=Exported({"torch_settings.py": "model = DistributedDataParallel(model, static_graph=True)",
+                             "lightning_trainer.yaml": "trainer.strategy (DDPStrategy static_graph)"})),
     Lever("overlap_comm", "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)",
           group="communication", needs=_zero,
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",

@@ -65,12 +65,16 @@ def replicate(module: nn.Module, blocks: list[nn.Module], mesh: Any) -> Any:
 
 
 def ddp(module: nn.Module, config: "Plan", device: torch.device) -> Any:
-    """DDP over the world: gradients in buckets of ``ddp_bucket_cap_mb`` (a lever),
-    all-reduced from C++ as each bucket fills during the backward."""
+    """DDP over the world: gradients in buckets of ``ddp_bucket_cap_mb``, all-reduced from C++
+    as each bucket fills during the backward, as views of them or copied
+    (``gradient_as_bucket_view``), the graph searched each step or taken as fixed
+    (``static_graph``): its three levers."""
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                   bucket_cap_mb=config.ddp_bucket_cap_mb)
+                                   bucket_cap_mb=config.ddp_bucket_cap_mb,
+                                   gradient_as_bucket_view=config.gradient_as_bucket_view,
+                                   static_graph=config.static_graph)
 
 
 def set_sync(parts: list[nn.Module], last: bool) -> None:
