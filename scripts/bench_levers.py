@@ -18,6 +18,11 @@ same rounds of the same process.
 
     torchrun --nproc_per_node=4 scripts/bench_levers.py --group layouts --rounds 5
 
+``--group ddp`` (2 ranks) measures DDP's levers: its gradients as views of its buckets, a
+static graph, both, and larger buckets, on the 4-layer GPT-2 (no accumulation).
+
+    torchrun --nproc_per_node=2 scripts/bench_levers.py --group ddp --rounds 5
+
 ``--group loss`` (2 ranks) measures tensor parallelism's vocabulary-parallel loss beside the
 logits gathered to every rank (what the head did before), on the layout recipe's Llama with
 a 32,768-entry vocabulary, the plan's loss-parallel head switched off in the same process.
@@ -70,7 +75,15 @@ LAYOUTS: dict[str, dict[str, object]] = {
     "tp 2 x dp 2, per block (replicate)": TP,
     "tp 2 x dp 2, per parameter (before)": {**TP, BEFORE: True},
 }
+DDP: dict[str, dict[str, object]] = {
+    "baseline (fp32, eager, DDP)": {},
+    "gradient_as_bucket_view": {"gradient_as_bucket_view": True},
+    "static_graph": {"static_graph": True},
+    "gradient_as_bucket_view + static_graph": {"gradient_as_bucket_view": True, "static_graph": True},
+    "ddp_bucket_cap_mb: 100": {"ddp_bucket_cap_mb": 100},
+}
 GROUPS = {"levers": ("gpt2_tiny (4 layers)", "activations (micro-batch 256 a rank)"),
+          "ddp": ("gpt2_tiny (4 layers), DDP's levers",),
           "layouts": ("gpt2_tiny (4 layers), layouts on 4 ranks",),
           "loss": ("llama (vocabulary 32,768), tp 2 on 2 ranks",)}
 RECIPES = {
@@ -85,6 +98,8 @@ RECIPES = {
         "micro-batch 256, activation_checkpointing: full": {"micro_batch_size": 256,
                                                              "activation_checkpointing": "full"},
     }),
+    "gpt2_tiny (4 layers), DDP's levers": (ROOT / "recipes" / "gpt2_tiny.yaml",
+                                           ["task_args.n_layer=4", "steps.warmup=3", "steps.measure=20"], DDP),
     "gpt2_tiny (4 layers), layouts on 4 ranks": (ROOT / "recipes" / "gpt2_tiny.yaml",
                                                  ["task_args.n_layer=4", "task_args.dropout=0.0",
                                                   "global_batch_size=32", "steps.warmup=3", "steps.measure=20"],
