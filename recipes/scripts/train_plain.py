@@ -32,7 +32,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     if distributed and dist.get_world_size() > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+        model = nn.parallel.DistributedDataParallel(model, **cfg.ddp_kwargs())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     data = SlowReads(4096, args.latency_ms)
     sampler = DistributedSampler(data) if distributed else None

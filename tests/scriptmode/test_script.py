@@ -20,6 +20,9 @@ def test_outside_the_tuner_the_scripts_defaults_come_back(monkeypatch):
     assert cfg.dataloader_kwargs() == {"batch_size": 8, "num_workers": 2, "pin_memory": False,
                                        "prefetch_factor": 2, "persistent_workers": False}
     assert cfg.accelerate_kwargs() == {"mixed_precision": "bf16", "gradient_accumulation_steps": 8}
+    assert cfg.ddp_kwargs() == {"bucket_cap_mb": 25, "gradient_as_bucket_view": False, "static_graph": False}
+    viewed = tuner.config(gradient_as_bucket_view=True, ddp_bucket_cap_mb=50, micro_batch_size=8)
+    assert viewed.ddp_kwargs() == {"bucket_cap_mb": 50, "gradient_as_bucket_view": True, "static_graph": False}
 
 
 def test_tuner_config_is_a_plain_function_beside_the_inputs_package():

@@ -1,6 +1,7 @@
 """The library configs a trial itself runs with: DeepSpeed's JSON (the DeepSpeed engine
-trains with exactly :func:`ds_config`) and ``TrainingArguments``' fields (script mode's
-Trainer gets :func:`hf_training_args`). The run folder writes them unchanged
+trains with exactly :func:`ds_config`), DDP's keywords (:func:`ddp_kwargs`, the trial's DDP
+and a script's) and ``TrainingArguments``' fields (script mode's Trainer gets
+:func:`hf_training_args`). The run folder writes them unchanged
 (:mod:`tuner.outputs.exports`), so what is measured is what is pasted.
 """
 
@@ -11,6 +12,16 @@ from typing import Any
 from tuner.inputs.engine import kind
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.plan import Plan
+
+DDP_KEYWORDS = {"ddp_bucket_cap_mb": "bucket_cap_mb", "gradient_as_bucket_view": "gradient_as_bucket_view",
+                "static_graph": "static_graph"}
+"""DDP's levers, and the ``DistributedDataParallel`` keyword each sets."""
+
+
+def ddp_kwargs(config: Plan) -> dict[str, Any]:
+    """``DistributedDataParallel(model, **ddp_kwargs(plan))``: every DDP lever's keyword (at
+    its default, DDP's own)."""
+    return {keyword: getattr(config, lever) for lever, keyword in DDP_KEYWORDS.items()}
 
 
 def ds_config(config: Plan, cuda: bool = False) -> dict[str, Any]:

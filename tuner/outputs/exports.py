@@ -17,8 +17,8 @@ from tuner.inputs.levers import dataloader_kwargs
 from tuner.inputs.levers.kernels import BACKENDS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION, LIGHTNING_PRECISION
 from tuner.inputs.levers.process import ALLOC_CONF
-from tuner.inputs.library_configs import ds_config, hf_training_args
-from tuner.inputs.plan import Plan
+from tuner.inputs.library_configs import DDP_KEYWORDS, ds_config, hf_training_args
+from tuner.inputs.plan import FIELDS, Plan
 
 
 def accelerate_config(config: Plan, cuda: bool) -> str:
@@ -203,10 +203,8 @@ def _ddp_kwargs(config: Plan) -> dict[str, tuple[str, Any]]:
     """DDP's levers away from their defaults, where DDP runs: lever -> (DDP's keyword, value)."""
     if not kind(config.engine).ddp:
         return {}
-    moved = {"ddp_bucket_cap_mb": ("bucket_cap_mb", config.ddp_bucket_cap_mb, 25),
-             "gradient_as_bucket_view": ("gradient_as_bucket_view", config.gradient_as_bucket_view, False),
-             "static_graph": ("static_graph", config.static_graph, False)}
-    return {lever: (kwarg, value) for lever, (kwarg, value, default) in moved.items() if value != default}
+    return {lever: (keyword, getattr(config, lever)) for lever, keyword in DDP_KEYWORDS.items()
+            if getattr(config, lever) != FIELDS[lever].default}
 
 
 def torch_settings(config: Plan, cuda: bool = True) -> str:

@@ -103,6 +103,11 @@ class TrialConfig:
             out[dtype] = section
         return out
 
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """``DistributedDataParallel(model, **cfg.ddp_kwargs())``: its bucket size, gradients as
+        views of its buckets, a static graph."""
+        return library_configs.ddp_kwargs(self.config)
+
     def accelerate_kwargs(self) -> dict[str, Any]:
         """``Accelerator(**cfg.accelerate_kwargs())``."""
         return {"mixed_precision": ACCELERATE_MIXED_PRECISION[self.amp_dtype],

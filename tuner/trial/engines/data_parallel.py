@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from tuner.inputs.library_configs import ddp_kwargs
 from tuner.trial.engines.model_levers import DTYPES
 
 if TYPE_CHECKING:
@@ -72,9 +73,7 @@ def ddp(module: nn.Module, config: "Plan", device: torch.device) -> Any:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                   bucket_cap_mb=config.ddp_bucket_cap_mb,
-                                   gradient_as_bucket_view=config.gradient_as_bucket_view,
-                                   static_graph=config.static_graph)
+                                   **ddp_kwargs(config))
 
 
 def set_sync(parts: list[nn.Module], last: bool) -> None:
