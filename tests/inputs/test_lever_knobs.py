@@ -12,7 +12,8 @@ import tomllib
 
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers.precision import LIGHTNING_PRECISION
-from tuner.inputs.space import Machine, conflict, make_config, numerics, parse_space, reference_knobs, restrict
+from tuner.inputs.rules import conflict
+from tuner.inputs.space import Machine, make_config, numerics, parse_space, reference_knobs, restrict
 from tuner.outputs import exports
 
 from conftest import parsed_by_lightning_cli, run

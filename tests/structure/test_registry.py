@@ -16,8 +16,9 @@ from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import ADAPTERS, EXPORT_FILES, Lever
 from tuner.inputs.levers import orders
 from tuner.inputs.plan import FIELDS, ORDER, SECTION_OF, SECTIONS, Plan
+from tuner.inputs.rules import applies, conflict
 from tuner.inputs.script import ADAPTER_ROUTES
-from tuner.inputs.space import Machine, conflict, make_config
+from tuner.inputs.space import Machine, make_config
 from tuner.memory import capacity
 from tuner.memory import model as memory
 from tuner.outputs import console, exports
@@ -136,7 +137,7 @@ def test_every_layer_shows_a_change_of_every_lever(name: str) -> None:
 def _where_it_applies(name: str) -> dict[str, Any]:
     for context in CONTEXTS:
         knobs = {**{k: v.default for k, v in LEVERS.items()}, **context}
-        if LEVERS[name].needs(knobs, WORLD) and conflict(context) is None:
+        if applies(name, knobs, WORLD) and conflict(context) is None:
             return dict(context)
     raise AssertionError(f"{name}: applies in none of {CONTEXTS}")
 

@@ -9,7 +9,8 @@ import optuna
 import pytest
 
 import tuner
-from tuner.inputs.space import Configs, Machine, conflict
+from tuner.inputs.rules import conflict
+from tuner.inputs.space import Configs, Machine
 from tuner.study.searchspace import Space, suggest
 from tuner.study.study import Asked
 

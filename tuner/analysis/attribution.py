@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tuner.inputs import levers
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import conflict
+from tuner.inputs.rules import conflict
 from tuner.stats.interval import Slowdown, slowdown
 
 ORDER = levers.by("path")

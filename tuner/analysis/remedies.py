@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping
 
 from tuner.inputs import levers
 from tuner.inputs.machine import Machine
+from tuner.inputs.rules import applies
 from tuner.inputs.space import written
 
 
@@ -54,7 +55,7 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
         if lever.suggest is None or name in said:
             continue
         already, words = lever.suggest
-        if knobs[name] in already or (lever.needs is not None and not lever.needs(knobs, 1)):
+        if knobs[name] in already or not applies(name, knobs, 1):
             continue
         if lever.acts_on is not None and (knobs.get("model") or {}).get(lever.acts_on) is False:
             continue  # the model has nothing it acts on (what the trial recorded it holds)

@@ -39,10 +39,6 @@ UNGUARDED = object()
 """:attr:`Lever.reference` of a lever that leaves a step's arithmetic alone."""
 
 
-def always(knobs: Mapping[str, Any], world_size: int) -> bool:
-    return True
-
-
 def never_refused(machine: Machine) -> list[tuple[Any, str, Any]]:
     return []
 
@@ -119,12 +115,6 @@ class Lever:
     aliases: tuple[tuple[Any, Any], ...] = ()
     """Values read as another: YAML 1.1 reads a bare ``off`` as false (``[off, full_shard]``)."""
     group: Group = "model"
-    needs: Callable[[Mapping[str, Any], int], bool] = always
-    """Whether it means anything given the other knobs (all of them) and the world size; a
-    lever that means nothing takes its default, so two configurations that train alike are
-    one, and the sampler is not asked for it."""
-    conflict: Callable[[Mapping[str, Any]], str | None] | None = None
-    """Why a set of knob values with this lever is no configuration at all."""
     refused: Callable[[Machine], list[tuple[Any, str, Any]]] = never_refused
     """(value, why it cannot run on this machine, what runs instead)."""
     ordered: bool = False

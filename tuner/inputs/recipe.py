@@ -22,6 +22,7 @@ from tuner.inputs import layout
 from tuner.inputs import space as space_mod
 from tuner.inputs.engine import EngineName, engine_clash
 from tuner.inputs.errors import RecipeError
+from tuner.inputs.rules import conflict
 from tuner.inputs.script import SCRIPT_KEYS, Script, check_routes, parse_script
 from tuner.inputs.task import Task, load_task
 from tuner.inputs.trackers import parse_track
@@ -292,7 +293,7 @@ def _check_combinations(space: Mapping[str, tuple[Any, ...]], baseline: Mapping[
     fixed = {name: values[0] for name, values in space.items() if len(values) == 1}
     for where, knobs in (("--set" if overrides else "baseline", {**defaults, **baseline, **overrides}),
                          ("--set" if overrides else "space", {**defaults, **fixed, **baseline, **overrides})):
-        why = space_mod.conflict(knobs)
+        why = conflict(knobs)
         if why is not None:
             raise RecipeError(f"{where}: {why}")
     why = engine_clash(_values_set(space, baseline, overrides), engine)

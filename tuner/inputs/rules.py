@@ -1,5 +1,13 @@
-"""Why a plan cannot run here: each rule a small function of the plan, listed once
-(:data:`RULES`), each naming itself in its answer ("the rule: ...").
+"""The rules of the knobs, each a small function, in one module: which knob means nothing
+given the others (:data:`NEEDS`), which values are no configuration at all
+(:data:`CONFLICTS`), and why a plan cannot run here (:data:`RULES`, each naming itself in its
+answer: "the rule: ...").
+
+A knob's meaning and a conflict are asked of a point of the space, before there is a plan:
+the sampler asks each knob only where it applies given those asked before it, and a plan is
+made from a point only once its conflicts are ruled out and its meaningless knobs reset to
+their defaults (:func:`tuner.inputs.space.make_config`), so two points that train alike are
+one plan. A refusal is asked of the plan.
 
 The batch's (the global batch over the data-parallel ranks), the layout's (its degrees
 against the world and the node, fp16 with a layout, a pipeline schedule's micro-batches
@@ -14,10 +22,95 @@ lever's own ``refused`` (:class:`~tuner.inputs.lever.Lever`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
+from tuner.inputs import layout
 from tuner.inputs.machine import Machine
-from tuner.inputs.plan import Plan
+from tuner.inputs.plan import ORDER, Plan, field_of
+
+Knobs = Mapping[str, Any]
+"""A point of the space: each knob's value (every knob's, where a rule reads the others)."""
+
+
+def _workers(k: Knobs, world: int) -> bool:
+    return k["num_workers"] > 0  # DataLoader refuses these without workers
+
+
+def _several(k: Knobs, world: int) -> bool:
+    return world > 1
+
+
+def _data_parallel_only(k: Knobs, world: int) -> bool:
+    """DeepSpeed's engine and offload take no PyTorch tensor/pipeline layout: with one they
+    mean nothing (the layout's data-parallel dimension shards with FSDP2 instead)."""
+    return not layout.of(k).model_parallel
+
+
+def _zero(k: Knobs, world: int) -> bool:
+    return k["zero_stage"] >= 1
+
+
+def _ddp(k: Knobs, world: int) -> bool:
+    """DDP's own levers: several ranks replicating the whole model, neither ZeRO nor FSDP2."""
+    return world > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off" and _data_parallel_only(k, world)
+
+
+NEEDS: dict[str, Callable[[Knobs, int], bool]] = {
+    "prefetch_factor": _workers,
+    "persistent_workers": _workers,
+    "in_order": _workers,
+    "tensor_parallel": _several,
+    "pipeline_parallel": _several,
+    "pipeline_schedule": lambda k, w: k["pipeline_parallel"] > 1,
+    "sequence_parallel": lambda k, w: k["tensor_parallel"] > 1 and k["pipeline_parallel"] == 1,
+    "zero_stage": _data_parallel_only,
+    "fsdp": lambda k, w: k["zero_stage"] == 0,
+    "ddp_bucket_cap_mb": _ddp,
+    "gradient_as_bucket_view": _ddp,
+    "static_graph": _ddp,
+    "overlap_comm": _zero,
+    "reduce_bucket_size": _zero,
+    "allgather_bucket_size": lambda k, w: k["zero_stage"] in (1, 2),
+    "offload_optimizer": lambda k, w: (k["zero_stage"] >= 1 or k["fsdp"] != "off") and _data_parallel_only(k, w),
+    "compile_mode": lambda k, w: k["compile"],
+}
+"""Each knob that means something only given others (and the world size); the rest always do."""
+
+
+def applies(name: str, knobs: Knobs, world_size: int) -> bool:
+    """Whether knob ``name`` means anything given the others (``knobs`` holds those its rule
+    reads). One rule for two uses: :func:`tuner.inputs.space.make_config` resets a knob that
+    means nothing to its default, and the search only asks the sampler for a knob where it
+    applies."""
+    rule = NEEDS.get(name)
+    return rule is None or rule(knobs, world_size)
+
+
+def _fsdp_and_zero(k: Knobs) -> str | None:
+    if k["fsdp"] != "off" and k["zero_stage"] > 0:
+        return (f"fsdp: {k['fsdp']} and zero_stage: {k['zero_stage']} are two ways to shard the same "
+                "model; choose one (fsdp: off, or zero_stage: 0)")
+    return None
+
+
+def _offload_unsharded(k: Knobs) -> str | None:
+    if k["offload_optimizer"] != "none" and k["zero_stage"] == 0 and k["fsdp"] == "off":
+        return ("offload_optimizer: cpu needs a sharded optimizer to offload; use it with zero_stage >= 1 "
+                "or fsdp: full_shard / shard_grad_op")
+    return None
+
+
+CONFLICTS: tuple[Callable[[Knobs], str | None], ...] = (_fsdp_and_zero, _offload_unsharded)
+"""Values that cannot go together, asked in this order."""
+DEFAULTS = {name: field_of(name)[1] for name in ORDER}
+"""Every knob at its field's default, for a point that names only some."""
+
+
+def conflict(knobs: Knobs) -> str | None:
+    """Why a set of knob values is not a configuration at all (``None`` if it is one); a knob
+    not given is at its default."""
+    point = {**DEFAULTS, **knobs}
+    return next((why for rule in CONFLICTS if (why := rule(point)) is not None), None)
 
 
 @dataclass(frozen=True)

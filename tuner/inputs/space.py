@@ -19,20 +19,11 @@ from tuner.inputs.lever import Lever
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.machine import Machine, native_bf16
 from tuner.inputs.plan import FIELDS, Plan
+from tuner.inputs.rules import applies, conflict
 
-__all__ = ["Configs", "Machine", "applies", "conflict",
+__all__ = ["Configs", "Machine",
            "defaults", "make_config", "native_bf16", "numerics", "parse_knobs", "parse_space",
            "reference_knobs", "restrict", "unsupported"]
-
-
-def applies(name: str, knobs: Mapping[str, Any], world_size: int) -> bool:
-    """Whether a knob means anything given the others (``knobs`` holds every knob).
-
-    One rule for two uses: :func:`make_config` resets a knob that means nothing to its
-    default (so two configurations that train the same way are one), and the search only
-    asks the sampler for a knob where it applies.
-    """
-    return LEVERS[name].needs(knobs, world_size)
 
 
 def defaults() -> dict[str, Any]:
@@ -69,16 +60,6 @@ def reference_knobs(params: Mapping[str, Any]) -> dict[str, Any]:
     if knobs.get("zero_stage", 0) == 0:
         knobs["offload_optimizer"] = "none"
     return knobs
-
-
-def conflict(knobs: Mapping[str, Any]) -> str | None:
-    """Why a set of knob values is not a configuration at all (``None`` if it is one)."""
-    knobs = {**defaults(), **knobs}
-    for lever in LEVERS.values():
-        why = lever.conflict(knobs) if lever.conflict is not None else None
-        if why is not None:
-            return why
-    return None
 
 
 RECORDED_DEFAULTS = {**{name: f.default for name, f in FIELDS.items() if f.default is not dataclasses.MISSING},

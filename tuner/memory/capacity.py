@@ -27,7 +27,8 @@ from tuner.inputs import levers
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.plan import Plan
 from tuner.inputs.recipe import Steps
-from tuner.inputs.space import Machine, conflict
+from tuner.inputs.rules import conflict
+from tuner.inputs.space import Machine
 from tuner.memory import model as memory
 from tuner.runner import InProcess
 from tuner.study import searchspace

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
-from tuner.inputs.space import conflict, defaults
+from tuner.inputs.rules import conflict
+from tuner.inputs.space import defaults
 from tuner.scriptmode import launcher
 from tuner.scriptmode.adapters.progress import never_stepped
 from tuner.scriptmode.output_log import without_traceback

@@ -25,6 +25,7 @@ from tuner.inputs.engine import engine_of
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.precision import ACCELERATE_MIXED_PRECISION
 from tuner.inputs.plan import Plan
+from tuner.inputs.rules import applies
 from tuner.inputs.space import defaults
 from tuner.scriptmode.trialfile import read_trial
 
@@ -169,7 +170,7 @@ def config(global_batch_size: int | None = None, **defaults: Any) -> TrialConfig
         raise ValueError(f"tuner.config(): global_batch_size {global_batch_size} is not divisible by "
                          f"micro_batch_size {values['micro_batch_size']} x world size {world}")
     for name, lever in LEVERS.items():  # a loader lever without workers: the DataLoader refuses it
-        if lever.group == "loader" and not lever.needs(values, world):
+        if lever.group == "loader" and not applies(name, values, world):
             values[name] = lever.default
     try:
         cfg = TrialConfig.of(global_batch_size, world, tuned, given, **values)

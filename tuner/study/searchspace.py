@@ -16,7 +16,6 @@ from tuner.inputs.space import (
     RECORDED_DEFAULTS,
     Configs,
     Machine,
-    applies,
     defaults,
     restrict,
     unsupported,
@@ -52,7 +51,7 @@ class Space:
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or
         meaning nothing there (loader knobs without workers, buckets without their engine)."""
-        return all(params[k] in values or not applies(k, params, world_size)
+        return all(params[k] in values or not rules.applies(k, params, world_size)
                    for k, values in self.choices.items() if k in params)
 
     def size(self) -> int:
@@ -134,14 +133,14 @@ def baseline_knobs(recipe: "Recipe", space: Space, machine: Machine) -> dict[str
 
 def suggest(trial: "Asked", space: Space, baseline: Mapping[str, Any], world_size: int = 1) -> dict[str, Any]:
     """Ask the sampler for one point, each knob only where it applies given those asked
-    before it (:func:`tuner.inputs.space.applies`: loader-only knobs with workers, FSDP2
+    before it (:func:`tuner.inputs.rules.applies`: loader-only knobs with workers, FSDP2
     without ZeRO, offload with sharding, buckets with their engine). The enqueued baseline
     trial keeps the baseline's values for knobs the space fixes."""
     if trial.attrs.get("baseline"):
         space = Space({k: (baseline[k],) if len(v) == 1 else v for k, v in space.choices.items()})
     knobs = defaults()
     for name, values in space.choices.items():  # LEVERS order: a knob's conditions come before it
-        if not applies(name, knobs, world_size):
+        if not rules.applies(name, knobs, world_size):
             knobs[name] = LEVERS[name].default
         elif len(values) > 1:
             knobs[name] = trial.choose(name, values)

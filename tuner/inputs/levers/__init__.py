@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from tuner.inputs.lever import Lever
 from tuner.inputs.levers import batch, checkpointing, kernels, loader, orders, parallel, precision, process, sharding
 from tuner.inputs.plan import ORDER, Plan
+from tuner.inputs.rules import applies
 
 FAMILIES = (loader, precision, batch, parallel, sharding, checkpointing, kernels, process)
 """The family modules, each with its ``DECLARED`` levers."""
@@ -48,7 +49,7 @@ def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
     workers, which the DataLoader enforces), one only recent DataLoaders take only away
     from its default."""
     return {lever.applied.loader_kwarg: values[name] for name, lever in LEVERS.items()
-            if lever.group == "loader" and lever.applied.loader_kwarg and lever.needs(values, 1)
+            if lever.group == "loader" and lever.applied.loader_kwarg and applies(name, values, 1)
             and (lever.applied.kwarg_at_default or values[name] != lever.default)}
 
 

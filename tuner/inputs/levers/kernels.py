@@ -65,7 +65,7 @@ DECLARED: tuple[Lever, ...] = (
                                                   "image batch: x.to(memory_format=torch.channels_last)"})),
     Lever("compile_mode", "torch.compile's mode (with compile: true)",
           group="kernels",
-          needs=lambda k, w: k["compile"], reference="default",
+          reference="default",
           suggest=(("max-autotune-no-cudagraphs", "reduce-overhead"),
                    "compile_mode: max-autotune-no-cudagraphs (autotuned kernels) or reduce-overhead (CUDA graphs)"),
           refused=lambda m: [] if m.cuda else [

@@ -6,14 +6,10 @@ and script mode's adapters rebuild the script's own loader with them.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.levers.common import ALL, REBUILT
-
-
-def _workers(k: Mapping[str, Any], world: int) -> bool:
-    return k["num_workers"] > 0  # DataLoader refuses these without workers
 
 
 def _no_cuda(value: Any, fallback: Any, why: str) -> Any:
@@ -30,7 +26,7 @@ DECLARED: tuple[Lever, ...] = (
                              "lightning_trainer.yaml": "data.num_workers"}),
           memory=MemoryTerm("workers"),
           script=ScriptRoutes(ALL)),
-    Lever("prefetch_factor", "batches each worker loads ahead", minimum=1, group="loader", needs=_workers,
+    Lever("prefetch_factor", "batches each worker loads ahead", minimum=1, group="loader",
           ordered=True, suggest=((), "a larger prefetch_factor"),
           risk="host memory: workers x prefetch_factor batches are in flight", label="prefetch={}",
           applied=Applied("loader", loader_kwarg="prefetch_factor"),
@@ -44,7 +40,7 @@ DECLARED: tuple[Lever, ...] = (
           applied=Applied("loader", loader_kwarg="pin_memory"),
           exported=Exported({"dataloader.json": "pin_memory", "hf_training_args.json": "dataloader_pin_memory"}),
           script=ScriptRoutes(ALL)),
-    Lever("persistent_workers", "keep workers alive between epochs", group="loader", needs=_workers,
+    Lever("persistent_workers", "keep workers alive between epochs", group="loader",
           label="persistent", suggest=((True,), "persistent_workers: true"),
           risk="workers keep their state between epochs (a dataset that changes per epoch must allow it)",
           applied=Applied("loader", loader_kwarg="persistent_workers"),
@@ -52,7 +48,7 @@ DECLARED: tuple[Lever, ...] = (
                              "hf_training_args.json": "dataloader_persistent_workers"}),
           script=ScriptRoutes(ALL)),
     Lever("in_order", "DataLoader in_order: false hands batches over as workers finish them",
-          group="loader", needs=_workers,
+          group="loader",
           refused=lambda m: [] if m.in_order else [
               (False, "this PyTorch's DataLoader has no in_order (needs torch >= 2.6)", True)],
           risk="batch order varies run to run (the same batches each epoch): not for order-sensitive training",

@@ -9,7 +9,7 @@ from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm
 
 DECLARED: tuple[Lever, ...] = (
     Lever("tensor_parallel", "ranks one layer's matmuls are split over (DTensor colwise/rowwise)", minimum=1,
-          group="layout", needs=lambda k, w: w > 1, ordered=True, label="tp={}",
+          group="layout", ordered=True, label="tp={}",
           risk="every block all-reduces its activations across the tensor-parallel group: keep it inside a node",
           engine="layout",
           applied=Applied("engine"),
@@ -19,7 +19,7 @@ DECLARED: tuple[Lever, ...] = (
                                                        "tensor_parallel_size)"}),
           memory=MemoryTerm("states")),
     Lever("pipeline_parallel", "pipeline stages the model's blocks are cut into", minimum=1, group="layout",
-          needs=lambda k, w: w > 1, ordered=True, label="pp={}",
+          ordered=True, label="pp={}",
           risk="the pipeline bubble: stages idle while the first micro-batches fill it", engine="layout",
           applied=Applied("engine"),
           exported=Exported({"torchtitan.toml": "parallelism.pipeline_parallel_degree",
@@ -27,7 +27,7 @@ DECLARED: tuple[Lever, ...] = (
                              "lightning_trainer.yaml": "comment: Lightning has no pipeline parallelism"}),
           memory=MemoryTerm("states")),
     Lever("pipeline_schedule", "how micro-batches flow through the stages",
-          group="layout", needs=lambda k, w: k["pipeline_parallel"] > 1,
+          group="layout",
           label="{}",
           suggest=(("interleaved_1f1b",), "pipeline_schedule: interleaved_1f1b "
                                                                           "(two stages per rank: half the bubble)"),
@@ -37,7 +37,7 @@ DECLARED: tuple[Lever, ...] = (
           exported=Exported({"torchtitan.toml": "parallelism.pipeline_parallel_schedule"}),
           memory=MemoryTerm("activations", prior={"1f1b": 1.0, "gpipe": 1.0, "interleaved_1f1b": 1.0})),
     Lever("sequence_parallel", "norms and residual stream sharded over the sequence (tensor_parallel)",
-          group="layout", needs=lambda k, w: k["tensor_parallel"] > 1 and k["pipeline_parallel"] == 1, label="sp",
+          group="layout", label="sp",
           risk="a reduce-scatter and an all-gather per region instead of one all-reduce; the sequence length must "
                "divide by tensor_parallel",
           applied=Applied("engine"),

@@ -5,41 +5,11 @@ model states say their share (:mod:`tuner.inputs.model_states`).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from tuner.inputs import layout
 from tuner.inputs.lever import Applied, Exported, Lever, MemoryTerm, ScriptRoutes
 from tuner.inputs.machine import Machine
 from tuner.inputs.model_states import offloaded_states, sharded_states, zero_states
-
-
-def _zero(k: Mapping[str, Any], world: int) -> bool:
-    return k["zero_stage"] >= 1
-
-
-def _ddp(k: Mapping[str, Any], world: int) -> bool:
-    """DDP's own levers: several ranks replicating the whole model, neither ZeRO nor FSDP2."""
-    return world > 1 and k["zero_stage"] == 0 and k["fsdp"] == "off" and _data_parallel_only(k, world)
-
-
-def _data_parallel_only(k: Mapping[str, Any], world: int) -> bool:
-    """DeepSpeed's engine and offload take no PyTorch tensor/pipeline layout: with one they
-    mean nothing (the layout's data-parallel dimension shards with FSDP2 instead)."""
-    return not layout.of(k).model_parallel
-
-
-def _fsdp_conflict(k: Mapping[str, Any]) -> str | None:
-    if k["fsdp"] != "off" and k["zero_stage"] > 0:
-        return (f"fsdp: {k['fsdp']} and zero_stage: {k['zero_stage']} are two ways to shard the same "
-                "model; choose one (fsdp: off, or zero_stage: 0)")
-    return None
-
-
-def _offload_conflict(k: Mapping[str, Any]) -> str | None:
-    if k["offload_optimizer"] != "none" and k["zero_stage"] == 0 and k["fsdp"] == "off":
-        return ("offload_optimizer: cpu needs a sharded optimizer to offload; use it with zero_stage >= 1 "
-                "or fsdp: full_shard / shard_grad_op")
-    return None
 
 
 def _no_lightning(m: Machine) -> list[tuple[Any, str, Any]]:
@@ -52,7 +22,7 @@ def _no_lightning(m: Machine) -> list[tuple[Any, str, Any]]:
 DECLARED: tuple[Lever, ...] = (
     Lever("zero_stage", "DeepSpeed ZeRO stage; 0 = plain data parallel", minimum=0, maximum=3, group="sharding",
           label="zero={}",
-          needs=_data_parallel_only, ordered=True, alternative=("fsdp", "off"),
+          ordered=True, alternative=("fsdp", "off"),
           risk="checkpoints are partitioned (DeepSpeed's zero_to_fp32.py consolidates them)", engine="deepspeed",
           runs_on="deepspeed", proven=True,
           applied=Applied("engine"),
@@ -62,7 +32,7 @@ DECLARED: tuple[Lever, ...] = (
           script=ScriptRoutes(frozenset({"hf", "lightning", "deepspeed"}), refused_under={"lightning": _no_lightning})),
     Lever("fsdp", "FSDP2 fully_shard per block and on the root",
           aliases=((False, "off"),), group="sharding",
-          needs=lambda k, w: k["zero_stage"] == 0, conflict=_fsdp_conflict, alternative=("zero_stage", 0),
+          alternative=("zero_stage", 0),
           refused=lambda m: [] if m.fsdp2 else [
               (mode, "this PyTorch has no torch.distributed.fsdp.fully_shard (FSDP2 needs torch >= 2.6)", "off")
               for mode in ("full_shard", "shard_grad_op")], reference="off",
@@ -75,14 +45,14 @@ DECLARED: tuple[Lever, ...] = (
                              "lightning_trainer.yaml": "trainer.strategy"}),
           memory=MemoryTerm("states", states=sharded_states)),
     Lever("ddp_bucket_cap_mb", "DDP gradient bucket size, MiB (DDP only)", minimum=1, group="communication",
-          needs=_ddp, ordered=True, risk="larger buckets start all-reducing later in the backward",
+          ordered=True, risk="larger buckets start all-reducing later in the backward",
           label="bucket={}MB",
           applied=Applied("engine"),
           exported=Exported({"hf_training_args.json": "ddp_bucket_cap_mb",
                              "torch_settings.py": "model = DistributedDataParallel(model, bucket_cap_mb={!r})"}),
           script=ScriptRoutes(frozenset({"hf"}))),
     Lever("gradient_as_bucket_view", "DDP: gradients as views of its all-reduce buckets (DDP only)",
-          group="communication", needs=_ddp, label="grad_view",
+          group="communication", label="grad_view",
           risk="each gradient is a view into a DDP bucket: code that assigns p.grad, or keeps a gradient past the "
                "step, sees it change (zero_grad and the optimizers are fine)",
           applied=Applied("engine"),
@@ -90,35 +60,34 @@ DECLARED: tuple[Lever, ...] = (
                                                   "True)",
                              "lightning_trainer.yaml": "trainer.strategy (DDPStrategy gradient_as_bucket_view)"})),
     Lever("static_graph", "DDP: the model's graph is the same every step (DDP only)",
-          group="communication", needs=_ddp, label="static_graph",
+          group="communication", label="static_graph",
           risk="a model whose graph or used parameters change between steps (a branch taken by the data, layers "
                "frozen mid-run) errors or trains wrong",
           applied=Applied("engine"),
           exported=Exported({"torch_settings.py": "model = DistributedDataParallel(model, static_graph=True)",
                              "lightning_trainer.yaml": "trainer.strategy (DDPStrategy static_graph)"})),
     Lever("overlap_comm", "DeepSpeed: overlap gradient reduction with the backward (ZeRO >= 1)",
-          group="communication", needs=_zero,
+          group="communication",
           risk="DeepSpeed holds extra buffers for the overlapped reduction (about 4.5x reduce_bucket_size)",
           label="overlap",
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.overlap_comm"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("reduce_bucket_size", "DeepSpeed: elements reduced at once (ZeRO >= 1)", minimum=1,
-          group="communication", needs=_zero, ordered=True,
+          group="communication", ordered=True,
           risk="larger buckets: more memory for the reduction, fewer and larger collectives", label="reduce={:.0e}",
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.reduce_bucket_size"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("allgather_bucket_size", "DeepSpeed: elements all-gathered at once (ZeRO 1-2)",
-          minimum=1, group="communication", needs=lambda k, w: k["zero_stage"] in (1, 2), ordered=True,
+          minimum=1, group="communication", ordered=True,
           risk="larger buckets: more memory for the gathered parameters, fewer collectives", label="gather={:.0e}",
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.allgather_bucket_size"}),
           script=ScriptRoutes(frozenset({"hf", "deepspeed"}))),
     Lever("offload_optimizer", "optimizer states (and step) on the host (ZeRO >= 1 or FSDP2)",
           aliases=((False, "none"), (None, "none")), group="sharding",
-          needs=lambda k, w: (k["zero_stage"] >= 1 or k["fsdp"] != "off") and _data_parallel_only(k, w),
-          conflict=_offload_conflict, risk="host memory and PCIe traffic: the optimizer state and step live on the CPU",
+          risk="host memory and PCIe traffic: the optimizer state and step live on the CPU",
           label="offload={}", proven=True,
           applied=Applied("engine"),
           exported=Exported({"ds_config.json": "zero_optimization.offload_optimizer"}),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from tuner.inputs.levers import LEVERS, loader_kwargs
+from tuner.inputs.rules import applies
 from tuner.inputs.script import LOADER_KNOBS
 from tuner.scriptmode.config import TrialConfig
 
@@ -63,7 +64,7 @@ def kept_by_script(loader: Any, knobs: Mapping[str, Any]) -> dict[str, Any]:
     own = {n: own_value(loader, n) for n in LOADER_KNOBS}
     ran = {**knobs, **own}
     return {n: own[n] for n in LOADER_KNOBS
-            if n in knobs and own[n] != knobs[n] and LEVERS[n].needs(ran, 1)}
+            if n in knobs and own[n] != knobs[n] and applies(n, ran, 1)}
 
 
 def patch_method(obj: Any, name: str, wrapper: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import Verdict
 from tuner.inputs import levers
-from tuner.inputs.space import conflict
+from tuner.inputs.rules import conflict
 from tuner.study.searchspace import Space
 
 WAIT_WORTH_FIXING = 0.05
