@@ -1,8 +1,10 @@
 """What the tuner knows of one lever, in one declaration (:class:`Lever`).
 
-Every layer reads its part from here: the recipe its type and values, the space what
-applies and what conflicts, the trial where it is applied, the memory model its effect, the attribution its risk, the
-console its label, script mode its routes, the exports the fields it sets: one declaration,
+Every layer reads its part from here: the recipe its values, the space what this machine
+refuses of them, the trial where it is applied, the memory model its effect, the
+attribution its risk, the console its label, script mode its routes, the exports the fields
+it sets (its kind and default are its plan field's; what it needs, conflicts with and
+refuses in a plan are :mod:`tuner.inputs.rules`): one declaration,
 which ``tests/structure`` checks is complete, so no layer silently misses a knob. Where a
 lever stands among the others (the search's orders, the verdicts that point at it) is
 :mod:`tuner.inputs.levers.orders`.

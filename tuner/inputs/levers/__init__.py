@@ -1,15 +1,16 @@
 """The levers, one declaration each (:class:`~tuner.inputs.lever.Lever`), in one module per
 family: :mod:`.loader`, :mod:`.precision`, :mod:`.batch`, :mod:`.parallel`,
 :mod:`.sharding`, :mod:`.checkpointing`, :mod:`.kernels`, :mod:`.process`. A family module
-holds its levers' entries and the functions they name in the config layer (refusals,
-conflicts, exports); the trial layer applies each lever where its stage runs
+holds its levers' entries and the functions they name in the config layer (what a machine
+refuses, a process lever's setter); the rules between knobs are :mod:`tuner.inputs.rules`;
+the trial layer applies each lever where its stage runs
 (:mod:`tuner.trial.engines.stages`, written out in order). Where each lever stands among
 the others (the configuration's fields, the attribution's path, the guided walk, each
 verdict's levers) is :mod:`.orders`.
 
 Adding a lever is its field in :mod:`tuner.inputs.plan` (its kind, default and values), its
-family's entry, its place in :mod:`.orders`, and its apply function called where its stage
-runs;
+family's entry, its place in :mod:`.orders`, its rules (if any) in :mod:`tuner.inputs.rules`,
+and its apply function called where its stage runs;
 ``tests/structure/test_registry.py`` fails when an entry lacks what a layer needs.
 """
 
