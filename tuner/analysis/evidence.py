@@ -48,7 +48,8 @@ MEMORY_PER_WORKER_GIB = 0.05
 
 @dataclass(frozen=True)
 class Seen:
-    """One measured trial: its knobs and metrics."""
+    """One measured trial: its knobs and metrics (of a trial the prune rule cut, only the
+    samples/s it was cut at)."""
 
     params: Mapping[str, Any]
     metrics: Mapping[str, Any]
@@ -225,8 +226,9 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
     here = Seen(params, metrics)
     if not tried or any(_gain(t, here, compare) >= NO_GAIN - 1 for t in tried):
         return None
-    cleared = [t for t in tried if (t.metrics.get("data_wait_share") or 0.0) < WAIT_GONE * wait
-               or _busy(t.metrics) >= SATURATED * cores]
+    cleared = [t for t in tried if (t.metrics.get("data_wait_share") is not None
+                                    and t.metrics["data_wait_share"] < WAIT_GONE * wait)
+               or _busy(t.metrics) >= SATURATED * cores]  # a trial cut before its window ended measured neither
     if not cleared:
         return None
     t = max(cleared, key=lambda s: s.metrics["samples_per_s"])
