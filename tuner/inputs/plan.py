@@ -177,6 +177,8 @@ def field_of(name: str) -> tuple[type, Any, tuple[Any, ...] | None]:
     if typing.get_origin(hint) is Literal:
         return str, default, typing.get_args(hint)
     return hint, default, None
+
+
 ORDER = (
     "num_workers", "prefetch_factor", "pin_memory", "persistent_workers", "amp_dtype", "micro_batch_size",
     "tensor_parallel", "pipeline_parallel", "pipeline_schedule", "sequence_parallel", "zero_stage", "fsdp",
@@ -188,6 +190,8 @@ ORDER = (
 """Every knob in a configuration's order: the registry's (:data:`tuner.inputs.levers.LEVERS`),
 trials.csv's columns, the sampler's questions (a new knob goes last: the same seed then draws
 the same configurations of the others)."""
+DEFAULTS: dict[str, Any] = {name: field_of(name)[1] for name in ORDER}
+"""Every knob at its field's default (``micro_batch_size`` ``None``: no accumulation)."""
 PARAMS = ("micro_batch_size", "grad_accum_steps", *(name for name in ORDER if name != "micro_batch_size"), "engine")
 """The order of :meth:`Plan.params` (best.json's keys)."""
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 
 from tuner.inputs import layout
 from tuner.inputs.machine import Machine
-from tuner.inputs.plan import ORDER, Plan, field_of
+from tuner.inputs.plan import DEFAULTS, Plan
 
 Knobs = Mapping[str, Any]
 """A point of the space: each knob's value (every knob's, where a rule reads the others)."""
@@ -102,8 +102,6 @@ def _offload_unsharded(k: Knobs) -> str | None:
 
 CONFLICTS: tuple[Callable[[Knobs], str | None], ...] = (_fsdp_and_zero, _offload_unsharded)
 """Values that cannot go together, asked in this order."""
-DEFAULTS = {name: field_of(name)[1] for name in ORDER}
-"""Every knob at its field's default, for a point that names only some."""
 
 
 def conflict(knobs: Knobs) -> str | None:

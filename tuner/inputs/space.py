@@ -18,7 +18,7 @@ from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import Lever
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.machine import Machine, native_bf16
-from tuner.inputs.plan import FIELDS, Plan
+from tuner.inputs.plan import DEFAULTS, Plan
 from tuner.inputs.rules import applies, conflict
 
 __all__ = ["Configs", "Machine",
@@ -27,8 +27,8 @@ __all__ = ["Configs", "Machine",
 
 
 def defaults() -> dict[str, Any]:
-    """Every knob at its default (``micro_batch_size`` ``None``: no accumulation)."""
-    return {name: knob.default for name, knob in LEVERS.items()}
+    """Every knob at its default (``micro_batch_size`` ``None``: no accumulation), a copy to change."""
+    return dict(DEFAULTS)
 
 
 GUARDED = tuple((name, lever.reference) for name, lever in LEVERS.items() if lever.guarded)
@@ -62,8 +62,7 @@ def reference_knobs(params: Mapping[str, Any]) -> dict[str, Any]:
     return knobs
 
 
-RECORDED_DEFAULTS = {**{name: f.default for name, f in FIELDS.items() if f.default is not dataclasses.MISSING},
-                     "engine": "torch"}
+RECORDED_DEFAULTS = {**{name: value for name, value in DEFAULTS.items() if value is not None}, "engine": "torch"}
 """What a trial's recorded params hold where a lever was added since: its default."""
 
 

@@ -84,11 +84,12 @@ def _record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
     if over:
         state, reason = State.OVER_BUDGET, over[1]
     ran = {"ran": result.ran} if result.ran else {}
-    if result.pruned_at is not None:  # the rate it was cut at: evidence of a move that did not pay
-        ran["pruned_at"] = list(result.pruned_at)
+    # a pruned trial's rate where it was cut: the evidence of a move that did not pay
+    cut = {"pruned_at": list(result.pruned_at)} if result.pruned_at is not None else {}
     shown = {f"metric.{name}": metrics[name] for name in SHOWN if metrics and metrics.get(name) is not None}
     for key, value in {"state": state.value, "reason": reason, "metrics": metrics, "params": result.params,
-                       "timings": result.timings, "losses": result.losses, **ran, **(extra or {}), **shown}.items():
+                       "timings": result.timings, "losses": result.losses, **ran, **cut, **(extra or {}),
+                       **shown}.items():
         trial.set(key, value)
     value = float(objective_value(metrics, objective) or 0.0)  # the search's objective (samples/s by default)
     if state == State.OK:

@@ -40,9 +40,10 @@ def verdicts(study: "Study", memory_budget_gib: float | None, environment: Mappi
     if pooled is not None:
         metrics = pooled(params) or metrics
     found = diagnose_run(metrics, {**params, **(ran or {})}, memory_budget_gib, environment, here)
+    measured = records.measured(study)
     seen = {params_key(t.params): Seen(t.params, (pooled(t.params) if pooled else None) or t.metrics)
-            for t in records.measured(study) if t.metrics and t.params}
-    for t in records.measured(study):  # cut as slower than the best: its rate at the cut, nothing else
+            for t in measured if t.metrics and t.params}
+    for t in measured:  # cut as slower than the best: its rate at the cut, nothing else
         if t.params and t.get("pruned_at") and params_key(t.params) not in seen:
             seen[params_key(t.params)] = Seen(t.params, {"samples_per_s": t.get("pruned_at")[1]})
     return revise(found, params, metrics, list(seen.values()), cores(), compare)
