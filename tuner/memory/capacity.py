@@ -101,13 +101,12 @@ class Profiler:
         """The smallest micro-batch per group that did not fit when profiled."""
         self._queue = self._groups()
 
-    def micros(self, knobs: dict[str, Any]) -> list[int]:
-        """The space's micro-batch sizes that make a configuration with ``knobs`` (ascending)."""
-        out = []
-        for m in sorted(set(self.space.choices["micro_batch_size"])):
-            if self.config({**knobs, "micro_batch_size": m}) is not None:
-                out.append(m)
-        return out
+    def plans(self, knobs: dict[str, Any]) -> list[Plan]:
+        """The configuration with ``knobs`` at each of the space's micro-batch sizes that makes
+        one, smallest first."""
+        sizes = sorted(set(self.space.choices["micro_batch_size"]))
+        made = (self.config({**knobs, "micro_batch_size": m}) for m in sizes)
+        return [p for p in made if p is not None]
 
     def config(self, knobs: dict[str, Any]) -> Plan | None:
         r = self.recipe
@@ -139,19 +138,20 @@ class Profiler:
         """The knobs of the next profiled trial; ``None`` when the profile is complete."""
         while self._queue:
             group = self._queue[0]
-            micros = [m for m in self.micros(group) if m < self.capped.get(_key(group), 1 << 62)]
+            plans = [p for p in self.plans(group) if p.batch.micro_batch_size < self.capped.get(_key(group), 1 << 62)]
             seen = [p["knobs"]["micro_batch_size"] for p in self.profiled if _key(p["knobs"]) == _key(group)]
-            pick = self._pick(group, micros, seen)
+            pick = self._pick(group, plans, seen)
             if pick is None:
                 self._queue.pop(0)
                 continue
             return {**self.base, **group, "micro_batch_size": pick}
         return None
 
-    def _pick(self, group: dict[str, Any], micros: list[int], seen: list[int]) -> int | None:
+    def _pick(self, group: dict[str, Any], plans: list[Plan], seen: list[int]) -> int | None:
         """The baseline's group: its smallest micro-batch, then one four times larger, then the
         largest predicted to fit (a check of the fit); every other group: the largest
         predicted to fit (its own slope, measured where it matters most)."""
+        micros = [p.batch.micro_batch_size for p in plans]
         if not micros:
             return None
         if group == self.base_group:
@@ -165,14 +165,9 @@ class Profiler:
                 return None
         elif seen:
             return None
-        fits = self.largest_fitting(group, micros)
+        fits = memory.largest_fitting(self.model, plans, self.budget_gib)
         pick = fits[0] if fits[0] is not None else micros[0]
         return None if pick in seen else pick
-
-    def largest_fitting(self, knobs: dict[str, Any], micros: list[int]) -> tuple[int | None, float | None]:
-        """The largest of ``micros`` predicted to fit with ``knobs`` (the baseline's other knobs)."""
-        plans = [self.config({**knobs, "micro_batch_size": m}) for m in micros]
-        return memory.largest_fitting(self.model, [p for p in plans if p is not None], self.budget_gib)
 
     def observe(self, plan: Plan, result: "TrialResult") -> None:
         predicted = self.model.predict(plan)
@@ -194,10 +189,10 @@ class Profiler:
         rows = []
         for values in itertools.product(*(c[k] for k in (*SHARDING, *memory.GROUP))):
             knobs = dict(zip((*SHARDING, *memory.GROUP), values))
-            micros = self.micros(knobs)
-            config = self.config({**knobs, "micro_batch_size": micros[0]}) if micros else None
-            if config is None:
+            plans = self.plans(knobs)
+            if not plans:
                 continue
+            config = plans[0]
             knobs = {k: getattr(config, k) for k in (*SHARDING, *memory.GROUP)}  # normalised: what really differs
             if all(r.knobs != knobs for r in rows):
                 rows.append(self._row(knobs))
@@ -209,15 +204,16 @@ class Profiler:
 
     def _row(self, knobs: dict[str, Any]) -> Row:
         cap = self.capped.get(_key(knobs))
-        micros = self.micros(knobs)
-        fit, predicted = self.largest_fitting(knobs, [m for m in micros if cap is None or m < cap])
-        larger = [m for m in micros if fit is None or m > fit]
-        nxt = self.config({**knobs, "micro_batch_size": larger[0]}) if larger else None
+        plans = self.plans(knobs)
+        fit, predicted = memory.largest_fitting(
+            self.model, [p for p in plans if cap is None or p.batch.micro_batch_size < cap], self.budget_gib)
+        nxt = next((p for p in plans if fit is None or p.batch.micro_batch_size > fit), None)
         nxt_gib = self.model.predict(nxt).peak_gib if nxt is not None else None
         measured = [p for p in self.profiled if {k: p["knobs"][k] for k in knobs} == knobs]
         said = ", ".join(f"{p['knobs']['micro_batch_size']}: " + (f"{p['measured_gib']:.2f}" if p["measured_gib"]
                                                                    else p["state"]) for p in measured)
-        return Row(knobs, fit, predicted, larger[0] if larger else None, nxt_gib, said or None)
+        return Row(knobs, fit, predicted, nxt.batch.micro_batch_size if nxt is not None else None, nxt_gib,
+                   said or None)
 
 
 def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:
