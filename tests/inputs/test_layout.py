@@ -38,7 +38,7 @@ def test_the_global_batch_is_counted_over_the_data_parallel_ranks():
     assert config.zero_stage == 0 and config.ddp_bucket_cap_mb == 25 and config.engine == "layout"
     config, _ = make_config({"pipeline_parallel": 1, "pipeline_schedule": "gpipe"}, 32, 8, CPU)
     assert config.pipeline_schedule == "1f1b" and config.engine == "torch"  # no stages, no schedule
-    assert layout.smallest_data_parallel({"tensor_parallel": (1, 2), "pipeline_parallel": (1, 4, 3)}, 8) == 1
+    assert rules.smallest_data_parallel({"tensor_parallel": (1, 2), "pipeline_parallel": (1, 4, 3)}, 8) == 1
 
 
 @pytest.mark.parametrize("knobs, world, rule", [

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping
 
 from tuner.analysis.remedies import Here, can_grow_micro, remedies
-from tuner.inputs import layout, levers
+from tuner.inputs import levers
 from tuner.inputs.engine import kind
 
 THRESHOLDS: dict[str, float] = {
@@ -156,7 +156,7 @@ def _buckets(params: Mapping[str, Any]) -> str:
     under FSDP2, which has no bucket knob."""
     if kind(params.get("engine")).wraps_model or (params.get("zero_stage") or 0) > 0:
         return ("larger buckets (reduce_bucket_size, allgather_bucket_size) and overlap_comm: true hide more of it")
-    if layout.of(params).shard:  # FSDP2: no bucket knob; its resharding is the sharding levers' own advice
+    if params.get("fsdp", "off") != "off":  # FSDP2: no bucket knob; its resharding is the sharding levers' own advice
         return ""
     return "larger buckets (ddp_bucket_cap_mb) hide more of it"
 
@@ -165,7 +165,7 @@ def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     bubble = f.get("bubble_share")
     if bubble is None or bubble <= THRESHOLDS["bubble_share"]:
         return None
-    pp, accum = layout.of(f.params).pp, f.params.get("grad_accum_steps")
+    pp, accum = f.params.get("pipeline_parallel", 1), f.params.get("grad_accum_steps")
     theory = f" ({pp} stages x {accum} micro-batches: (p - 1) / (m + p - 1) = {(pp - 1) / (accum + pp - 1):.0%} " \
              "in theory, the rest the stages' sends)" if isinstance(accum, int) and pp > 1 else ""
     more = remedies("pipeline-bound", f.params, f.device, here=f.here)

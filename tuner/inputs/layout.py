@@ -2,8 +2,8 @@
 degrees make up the world, whether the data-parallel dimension is sharded or replicated,
 and where a rank sits in it (what refuses a layout before anything runs: :mod:`tuner.inputs.rules`).
 
-:func:`of` is the one place that reads the layout levers' values: everything after it (the
-preparation, the exports, the memory model, the reports) reads the :class:`Layout`, as
+A plan derives its :class:`Layout` once (:attr:`tuner.inputs.plan.Plan.layout`): everything
+after it (the preparation, the exports, the memory model, the reports) reads the layout, as
 torchtitan's code reads its ``ParallelDims`` rather than its job config.
 
 The mesh is torchtitan's order, ``(pp, dp, tp)`` with tensor parallelism innermost: the
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b")
 """``pipeline_schedule`` values: torch.distributed.pipelining's Schedule1F1B,
@@ -80,19 +79,6 @@ class Layout:
         return self.coordinates(rank)[1]
 
 
-def of(knobs: Mapping[str, Any], world: int = 1) -> Layout:
-    """The layout these knob values make on ``world`` ranks (the degrees alone need no world)."""
-    shard = knobs.get("fsdp", "off")
-    return Layout(int(knobs.get("tensor_parallel", 1)), int(knobs.get("pipeline_parallel", 1)), world,
-                  shard=shard != "off", reshard=shard == "full_shard",
-                  schedule=str(knobs.get("pipeline_schedule", "1f1b")))
-
-
-def data_parallel(knobs: Mapping[str, Any], world: int) -> int:
-    """The data-parallel degree of these knobs on ``world`` ranks."""
-    return of(knobs, world).dp
-
-
 def ranks_per_node(world: int) -> int | None:
     """Ranks on one node, as torchrun says (``LOCAL_WORLD_SIZE``), for a job of ``world``
     ranks; ``None`` outside torchrun, or where the environment describes another job (a
@@ -102,11 +88,3 @@ def ranks_per_node(world: int) -> int | None:
     if not (value and value.isdigit() and job and job.isdigit()) or int(job) != world:
         return None
     return int(value)
-
-
-def smallest_data_parallel(values: Mapping[str, tuple[Any, ...]], world: int) -> int:
-    """The fewest model copies any layout of these lever values makes on ``world`` ranks:
-    each micro-batch size must fit at least that one (the rest are refused per layout)."""
-    degrees = [world // (t * p) for t in values.get("tensor_parallel", (1,))
-               for p in values.get("pipeline_parallel", (1,)) if world % (t * p) == 0]
-    return min(degrees, default=world)

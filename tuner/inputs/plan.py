@@ -229,6 +229,16 @@ class Plan:
         its default. ``ValueError``: a value its knob does not take."""
         return cls.of(world_size, **{k: v for k, v in params.items() if k in SECTION_OF or k == "engine"})
 
+    @classmethod
+    def batched(cls, world_size: int, global_batch: int, engine: str = "torch", **knobs: Any) -> "Plan":
+        """The plan of these knobs making up ``global_batch``: the accumulation derived over its
+        data-parallel degree, and a micro-batch not given (``None``) each model copy's whole share."""
+        micro = knobs.pop("micro_batch_size", None)
+        shape = cls.of(world_size, engine, micro_batch_size=1, grad_accum_steps=1, **knobs)
+        dp = shape.layout.dp
+        micro = global_batch // dp if micro is None else micro
+        return dataclasses.replace(shape, batch=Batch(micro, max(1, global_batch // (micro * dp))))
+
     def replace(self, **knobs: Any) -> "Plan":
         """The same plan with these knobs changed (flat names; ``engine`` too)."""
         return Plan.of(self.world_size, **{**self.params(), **knobs})
@@ -245,8 +255,11 @@ class Plan:
 
     @functools.cached_property
     def layout(self) -> layout.Layout:
-        """How this plan places one model on its ``world_size`` ranks, derived once
-        (:func:`tuner.inputs.layout.of`, the one reader of the layout levers)."""
-        return layout.of(self.params(), self.world_size)
+        """How this plan places one model on its ``world_size`` ranks, derived once: the one
+        reader of the layout levers (everything after reads the layout, as torchtitan's code
+        reads its ``ParallelDims``)."""
+        p, fsdp = self.parallel, self.sharding.fsdp
+        return layout.Layout(p.tensor_parallel, p.pipeline_parallel, self.world_size, shard=fsdp != "off",
+                             reshard=fsdp == "full_shard", schedule=p.pipeline_schedule)
 
 

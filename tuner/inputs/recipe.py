@@ -18,11 +18,10 @@ from typing import Any, Callable, Mapping, Sequence, get_args
 
 import yaml
 
-from tuner.inputs import layout
 from tuner.inputs import space as space_mod
 from tuner.inputs.engine import EngineName, engine_clash
 from tuner.inputs.errors import RecipeError
-from tuner.inputs.rules import conflict
+from tuner.inputs.rules import conflict, smallest_data_parallel
 from tuner.inputs.script import SCRIPT_KEYS, Script, check_routes, parse_script
 from tuner.inputs.task import Task, load_task
 from tuner.inputs.trackers import parse_track
@@ -237,7 +236,7 @@ def _build(raw: dict[str, Any], path: Path, world_size: int, knob_sets: dict[str
         raise RecipeError(
             f"global_batch_size: {global_batch} is not divisible by the world size {world_size}"
         )
-    smallest = layout.smallest_data_parallel(_values_set(space, baseline, overrides), world_size)
+    smallest = smallest_data_parallel(_values_set(space, baseline, overrides), world_size)
     for where, micros in (
         ("space.micro_batch_size", space.get("micro_batch_size", ())),
         ("baseline.micro_batch_size", [baseline["micro_batch_size"]] if "micro_batch_size" in baseline else []),

@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from tuner.inputs import layout
 from tuner.inputs.machine import Machine
 from tuner.inputs.plan import DEFAULTS, Plan
 
@@ -43,7 +42,7 @@ def _several(k: Knobs, world: int) -> bool:
 def _data_parallel_only(k: Knobs, world: int) -> bool:
     """DeepSpeed's engine and offload take no PyTorch tensor/pipeline layout: with one they
     mean nothing (the layout's data-parallel dimension shards with FSDP2 instead)."""
-    return not layout.of(k).model_parallel
+    return k["tensor_parallel"] == k["pipeline_parallel"] == 1
 
 
 def _zero(k: Knobs, world: int) -> bool:
@@ -109,6 +108,14 @@ def conflict(knobs: Knobs) -> str | None:
     not given is at its default."""
     point = {**DEFAULTS, **knobs}
     return next((why for rule in CONFLICTS if (why := rule(point)) is not None), None)
+
+
+def smallest_data_parallel(values: Mapping[str, tuple[Any, ...]], world: int) -> int:
+    """The fewest model copies any layout of these lever values makes on ``world`` ranks:
+    each micro-batch size must fit at least that one (the rest are refused per layout)."""
+    degrees = [world // (t * p) for t in values.get("tensor_parallel", (1,))
+               for p in values.get("pipeline_parallel", (1,)) if world % (t * p) == 0]
+    return min(degrees, default=world)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from tuner.inputs import layout
 from tuner.inputs.engine import engine_clash, engine_of
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.lever import Lever
@@ -118,11 +117,6 @@ def check_divisible(global_batch_size: int, micro_sizes: Sequence[int], world_si
             )
 
 
-def default_micro_batch(global_batch_size: int, world_size: int) -> int:
-    """No accumulation: each rank takes its whole share in one micro-batch."""
-    return global_batch_size // world_size
-
-
 def restrict(space: Mapping[str, tuple[Any, ...]], machine: Machine,
              adapt: str | None = None) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
     """Drop values this machine (or, under script mode's ``adapt``, its library here) cannot
@@ -151,16 +145,11 @@ def make_config(
     not fit) leaves the batch's divisibility to :mod:`tuner.inputs.rules`."""
     values = defaults()
     values.update(knobs)
-    data_parallel = layout.data_parallel(values, world_size)  # the batch is counted over model copies
-    if values["micro_batch_size"] is None:
-        values["micro_batch_size"] = default_micro_batch(global_batch_size, data_parallel)
     notes: list[str] = []
     for name, value, reason, fallback in unsupported(machine):
         if values[name] == value:
             notes.append(f"{name}={written(value)} cannot apply here ({reason}); using {written(fallback)}")
             values[name] = fallback
-    if strict:
-        check_divisible(global_batch_size, [values["micro_batch_size"]], data_parallel, "micro_batch_size")
     why = conflict(values)
     if why is not None:
         raise RecipeError(why)
@@ -170,11 +159,13 @@ def make_config(
     why = engine_clash({name: (value,) for name, value in values.items()}, engine)
     if why is not None:
         raise RecipeError(why)
-    accum = max(1, global_batch_size // (values["micro_batch_size"] * data_parallel))
     try:
-        return Plan.of(world_size, engine_of(values, engine), grad_accum_steps=accum, **values), notes
+        plan = Plan.batched(world_size, global_batch_size, engine_of(values, engine), **values)
     except ValueError as exc:  # a value its knob does not take (a hand-edited best.json, say)
         raise RecipeError(str(exc)) from None
+    if strict:  # the batch is counted over the model copies
+        check_divisible(global_batch_size, [plan.batch.micro_batch_size], plan.layout.dp, "micro_batch_size")
+    return plan, notes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +192,11 @@ class Configs:
         the engine, derived again; the sampler may pair a micro-batch with a layout it does not
         fit, which the layout's refusal says, so the batch's divisibility is not checked)."""
         return self({k: v for k, v in params.items() if k in LEVERS}, strict=False)
+
+    def normalised(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The recorded params of the configuration ``params`` make (:meth:`of_params`): the
+        form the pool, the finish and the attribution compare configurations in."""
+        return self.of_params(params).params()
 
 
 def unsupported(machine: Machine, adapt: str | None = None) -> list[tuple[str, Any, str, Any]]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.harness import distributed
 from tuner.inputs import levers
 from tuner.inputs.errors import RecipeError
+from tuner.inputs.layout import Layout
 from tuner.inputs.plan import Plan
 from tuner.inputs.recipe import Steps
 from tuner.inputs.rules import conflict
@@ -54,6 +55,8 @@ class Row:
 
     knobs: dict[str, Any]
     """Sharding, AMP dtype and checkpointing (the baseline's value of every other knob)."""
+    layout: Layout
+    """How these knobs place the model on the ranks."""
     micro_batch_size: int | None
     """``None``: not even the smallest micro-batch is predicted to fit."""
     predicted_gib: float | None
@@ -212,8 +215,8 @@ class Profiler:
         measured = [p for p in self.profiled if {k: p["knobs"][k] for k in knobs} == knobs]
         said = ", ".join(f"{p['knobs']['micro_batch_size']}: " + (f"{p['measured_gib']:.2f}" if p["measured_gib"]
                                                                    else p["state"]) for p in measured)
-        return Row(knobs, fit, predicted, nxt.batch.micro_batch_size if nxt is not None else None, nxt_gib,
-                   said or None)
+        return Row(knobs, plans[0].layout, fit, predicted, nxt.batch.micro_batch_size if nxt is not None else None,
+                   nxt_gib, said or None)
 
 
 def _key(knobs: dict[str, Any]) -> tuple[Any, ...]:

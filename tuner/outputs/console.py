@@ -14,7 +14,6 @@ from rich.table import Table
 
 from tuner.analysis.diagnose import Verdict, headline
 from tuner.harness.metrics import METRIC_NAMES
-from tuner.inputs import layout
 from tuner.inputs.levers import LEVERS, recomputing
 from tuner.inputs.levers.orders import TITLE
 from tuner.stats.interval import LEVEL
@@ -22,7 +21,7 @@ from tuner.stats.interval import LEVEL
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult, RevResult
     from tuner.measurement import Measurement
-    from tuner.memory.capacity import CapacityPlan
+    from tuner.memory.capacity import CapacityPlan, Row
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -147,12 +146,11 @@ def print_rev_check(result: "RevResult") -> None:
     out.print(f"{label} {escape(result.reason)} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
 
 
-def _layout_words(k: Mapping[str, Any]) -> str:
+def _layout_words(row: "Row") -> str:
     """``tp2 pp2 interleaved_1f1b sp`` for a row's parallel layout, empty without one."""
-    lay = layout.of(k, 1)
-    tp, pp = lay.tp, lay.pp
-    words = [f"tp{tp}" if tp > 1 else "", f"pp{pp} {lay.schedule}" if pp > 1 else "",
-             "sp" if k.get("sequence_parallel") else ""]
+    tp, pp = row.layout.tp, row.layout.pp
+    words = [f"tp{tp}" if tp > 1 else "", f"pp{pp} {row.layout.schedule}" if pp > 1 else "",
+             "sp" if row.knobs.get("sequence_parallel") else ""]
     return " ".join(w for w in words if w)
 
 
@@ -168,13 +166,12 @@ def print_plan(plan: "CapacityPlan") -> None:
     for name in ("sharding", "amp", "ckpt", "micro", "GiB", "next up", "profiled (micro: GiB)"):
         table.add_column(name, justify="right" if name in ("micro", "GiB") else "left")
     for row in plan.rows:
-        k = row.knobs
-        lay = layout.of(k)
+        k, lay = row.knobs, row.layout
         sharding = (f"FSDP2 {'full_shard' if lay.reshard else 'shard_grad_op'}" if lay.shard
                     else f"ZeRO-{k['zero_stage']}" if k["zero_stage"] else "none")
         if k["offload_optimizer"] != "none":
             sharding += f" + offload {k['offload_optimizer']}"
-        sharding = " ".join(w for w in (_layout_words(k), sharding if sharding != "none" or not _layout_words(k)
+        sharding = " ".join(w for w in (_layout_words(row), sharding if sharding != "none" or not _layout_words(row)
                                         else "") if w)
         nxt = (f"{row.next_micro_batch_size}: {row.next_predicted_gib:.2f}" if row.next_micro_batch_size
                else "-")

@@ -128,8 +128,8 @@ def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Lim
         limits.learn(elapsed, steps, recipe.global_batch_size, metrics)
     if pruned is not None:
         state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
-    return TrialResult(config.params(), state, reason, metrics, {"total": elapsed}, notes=notes, pruned_at=pruned,
-                       ran=ran)
+    return TrialResult.of(config, state, reason, metrics=metrics, timings={"total": elapsed}, notes=notes,
+                          pruned_at=pruned, ran=ran)
 
 
 def _trial_folder(folder: Path) -> tuple[Path, Path]:

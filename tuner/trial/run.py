@@ -126,7 +126,7 @@ def _run(recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule 
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
         window.gpu_mem_used_bytes, window.gpu_mem_process_bytes = gpu.peak_used, gpu.peak_own
     assert recipe.task is not None
-    trial = TrialResult(config.params(), state, reason, None, timings, losses, notes, pruned_at)
+    trial = TrialResult.of(config, state, reason, timings=timings, losses=losses, notes=notes, pruned_at=pruned_at)
     result = _agree(recipe.task, recipe.task_args, config, ctx, trial, window, convolutions)
     if result.state == State.OK:  # a model that was built: what it is made of
         result.ran["model"] = model_facts(recipe.task, recipe.task_args, convolutions)

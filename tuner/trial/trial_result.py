@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tuner.harness.metrics import Window
+from tuner.inputs.plan import Plan
 
 
 class State(str, enum.Enum):
@@ -84,6 +85,11 @@ class TrialResult:
     """Levers left to the library (``default``) and what it actually ran, as the script's
     probe read them there (an HF Trainer's default optimizer is fused AdamW:
     ``{"optimizer_impl": "fused"}``): the diagnosis advises from these."""
+
+    @classmethod
+    def of(cls, plan: Plan, state: str, reason: str | None = None, **rest: Any) -> "TrialResult":
+        """The result of a trial of ``plan``, its knobs recorded flat (:meth:`Plan.params`)."""
+        return cls(plan.params(), state, reason, **rest)
 
     @staticmethod
     def ran_of(runs: "list[TrialResult]") -> dict[str, Any]:

@@ -144,17 +144,15 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     configurations the pool lacks, on every rank; rank 0 says what to measure. One
     :class:`~tuner.tuning.finish.Budget` bounds both: ``confirm`` rounds a question, and its
     seconds (``finish_minutes``, else a share of the search's own time, inside ``budget.minutes``)."""
-    events = decider.events if decider else None
-
-    def make(knobs: Any) -> dict[str, Any]:
-        return recipe.configs(machine).of_params(knobs).params()
+    events, configs = decider.events if decider else None, recipe.configs(machine)
+    make = configs.normalised
 
     def valid(knobs: Any) -> bool:
         """A layout the world and the global batch allow (a change toward the best may need
         its layout first: a micro-batch a larger data-parallel share cannot hold)."""
-        return space.refusal(recipe.configs(machine).of_params(knobs), recipe.global_batch_size) is None
+        return space.refusal(configs.of_params(knobs), recipe.global_batch_size) is None
 
-    plan = distributed.broadcast({"finalists": decider.finalists(), "baseline": decider.baseline_config.params(),
+    plan = distributed.broadcast({"finalists": decider.finalists(), "baseline": decider.baseline_params,
                                   "seconds": decider.finish_seconds(finish_minutes),
                                   "typical": decider.typical_trial_s()} if decider else None)
     if not plan["finalists"]:
@@ -178,12 +176,12 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     ends = distributed.broadcast(decider.attribution_plan(answer) if decider and repeats > 0 else None)
     if not ends:
         return finished, None
-    configs = path.configs(ends["baseline"], ends["best"], make, valid)
-    todo = len(path.lacking(list(configs.values()), pool))
+    points = path.configs(ends["baseline"], ends["best"], make, valid)
+    todo = len(path.lacking(list(points.values()), pool))
     if todo and events is not None:
-        events.note(f"attributing the gain: {len(configs)} configurations on the path from the baseline, "
+        events.note(f"attributing the gain: {len(points)} configurations on the path from the baseline, "
                     f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")
-    path.describe(list(configs.values()), repeats, measure, pool, budget, distributed.broadcast)
+    path.describe(list(points.values()), repeats, measure, pool, budget, distributed.broadcast)
     return finished, path.table(ends["baseline"], ends["best"], pool, make, recipe.tolerance, valid)
 
 

@@ -68,7 +68,11 @@ class Decider:
         self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
         self.points = searchspace.every_key(space, recipe, machine)
+        self.configs = recipe.configs(machine)
+        self.config_of = self.configs.of_params  # a trial's full params too: the accumulation and engine derived again
         self.baseline_config = self.config_of(self.baseline)
+        self.baseline_params = self.baseline_config.params()
+        """The baseline as the study records it (the pool, the finish and best.json key on it)."""
         self.searching = time.monotonic()
         """When the search's trials began: the finish's share (:data:`TIME_SHARE`) is of their time."""
         self.started = started if started is not None else self.searching
@@ -210,7 +214,7 @@ class Decider:
         the second run gives it one, and the finish a baseline of two runs."""
         if self.baseline_again or best is None or self.pool.spread()[1] > 0:
             return None
-        entry = self.pool.entry(self.baseline_config.params())
+        entry = self.pool.entry(self.baseline_params)
         if len(entry.rates) != 1 or entry.failures:
             return None
         self.baseline_again = True
@@ -224,7 +228,7 @@ class Decider:
         if why is None:
             return False
         self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
-        self.record(TrialResult(config.params(), State.SKIPPED, why))
+        self.record(TrialResult.of(config, State.SKIPPED, why))
         return True
 
     def set_reference(self, result: TrialResult) -> None:
@@ -269,7 +273,7 @@ class Decider:
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""
         if self.trial is not None and self.current is not None:
-            self.record(TrialResult(self.current.params(), State.HUNG, reason))
+            self.record(TrialResult.of(self.current, State.HUNG, reason))
 
     def _count_saving(self, steps: int, rate: float) -> None:
         """A pruned trial skipped the rest of its window and the steps after it."""
@@ -301,11 +305,6 @@ class Decider:
         """The state a configuration was recorded with, if it was measured."""
         seen = self.known.get(searchspace.config_key(self.config_of(knobs)))
         return seen.outcome if seen is not None else None
-
-    def config_of(self, knobs: Mapping[str, Any]) -> Plan:
-        """The configuration of ``knobs`` (a trial's full params too: what is derived, the
-        accumulation and the engine, is derived again)."""
-        return self.recipe.configs(self.machine).of_params(knobs)
 
     def _known(self) -> dict[tuple, Record]:
         """Every configuration measured in the study (by any worker), by its key."""
@@ -370,7 +369,7 @@ class Decider:
         if best is None or not any(t.baseline and t.outcome == State.OK
                                    for t in study_mod.measured(self.study)):
             return None
-        return {"baseline": self.baseline_config.params(), "best": best}
+        return {"baseline": self.baseline_params, "best": best}
 
     def finish(self, stopped: str, finished: "Finished | None",
                attribution: "Attribution | None" = None) -> SearchResult:

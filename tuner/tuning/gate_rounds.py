@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from tuner.analysis.gate import CheckResult, Recorded, RevResult, differences, log_ratios, rev_verdict, settled, verdict
 from tuner.harness import distributed
 from tuner.inputs.errors import RecipeError
+from tuner.inputs.plan import Plan
 from tuner.runner import runner_for
 from tuner.stats import decision
 from tuner.stats.interval import paired
 
 if TYPE_CHECKING:
     from tuner.harness.distributed import DistContext
-    from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
     from tuner.inputs.space import Machine
 
 
-def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: "Plan", baseline: "Plan", recorded: Recorded,
+def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: Plan, baseline: Plan, recorded: Recorded,
                  tolerance: float, rounds: int, absolute: bool = False,
                  process_noise: float | None = None) -> CheckResult:
     """Measure ``answer`` and ``baseline`` in interleaved rounds until the gate is settled
@@ -120,12 +120,10 @@ def gate_revision(recipe: "Recipe", rev: str, tolerance: float, rounds: int, ove
 
 
 def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], machine: "Machine",
-              absolute: bool) -> tuple["Plan", "Plan", Recorded]:
+              absolute: bool) -> tuple[Plan, Plan, Recorded]:
     """What ``--against`` gates: the recorded answer's and baseline's configurations and their
     recorded rates, checked against ``recipe`` and this environment (``here``); what makes
     the comparison meaningless is refused in one line."""
-    from tuner.inputs import layout
-
     differ = differences(best.get("environment") or {}, here)
     if differ:
         raise RecipeError("the recorded result is not comparable here: " + "; ".join(differ)
@@ -135,8 +133,11 @@ def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], m
     params, base = best["params"], (best.get("baseline") or {}).get("params")
     if not base or not (best.get("baseline") or {}).get("metrics"):
         raise RecipeError("--against records no measured baseline: the gate compares the answer's speedup over it")
-    dp = layout.data_parallel(params, recipe.world_size)
-    batch = params.get("micro_batch_size", 0) * params.get("grad_accum_steps", 0) * dp
+    try:
+        ran = Plan.recorded(recipe.world_size, params)
+    except (TypeError, ValueError) as exc:
+        raise RecipeError(f"--against records a configuration tuner cannot read ({exc}); record it again") from None
+    batch = ran.batch.micro_batch_size * ran.batch.grad_accum_steps * ran.layout.dp
     if batch != recipe.global_batch_size:
         raise RecipeError(f"the recorded configuration trains {batch} samples per step, the recipe's "
                           f"global_batch_size is {recipe.global_batch_size}: they must match")

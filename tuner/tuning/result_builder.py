@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tuner.analysis.diagnose import Verdict
     from tuner.inputs.plan import Plan
     from tuner.inputs.recipe import Recipe
+    from tuner.inputs.space import Configs
     from tuner.runner import Runner
     from tuner.study.searchspace import Space
     from tuner.study.study import Study
@@ -40,6 +41,8 @@ class Searched(Protocol):
     workers: "Workers"
     runner: "Runner | None"
     baseline_config: "Plan"
+    baseline_params: dict[str, Any]
+    configs: "Configs"
     reference: list[float] | None
     memory: Any
     pruned: int
@@ -49,8 +52,6 @@ class Searched(Protocol):
     notes_seen: set[str]
 
     def summary_of(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
-
-    def config_of(self, knobs: Mapping[str, Any]) -> "Plan": ...
 
     def ruled_out(self, params: Mapping[str, Any]) -> str | None: ...
 
@@ -82,9 +83,8 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         speedup = best["metrics"]["samples_per_s"] / base["metrics"]["samples_per_s"]
     decision = None
     if best_params is not None:
-        make = d.config_of
-        decision = recommend.record(best_params, finished, attribution, pool, d.baseline_config.params(),
-                                    d.recipe.tolerance, lambda k: make(k).params(), d.valid, speedup,
+        decision = recommend.record(best_params, finished, attribution, pool, d.baseline_params,
+                                    d.recipe.tolerance, d.configs.normalised, d.valid, speedup,
                                     d.ruled_out)
         said = set(finished.moves) if finished is not None else set()  # the finish said its moves as they came
         for note in decision.notes:
