@@ -119,10 +119,10 @@ def combine(name: str, memory_budget_gib: float | None, config: Plan, runs: list
             metrics[metric] = median_of(values) if values else None
             if values and metric != "stall_free_method":
                 spread[metric] = [min(values), max(values)]
-    env = environment(world)
+    env, params = environment(world), config.params()
     return Measurement(
         recipe=name,
-        params=config.params(),
+        params=params,
         state=State.OK.value if first_bad is None else first_bad.state,
         reason=None if first_bad is None else first_bad.reason,
         metrics=metrics,
@@ -130,6 +130,6 @@ def combine(name: str, memory_budget_gib: float | None, config: Plan, runs: list
         repeats=runs,
         environment=env,
         notes=notes,
-        diagnosis=diagnose_run(metrics, {**config.params(), **TrialResult.ran_of(runs)},
+        diagnosis=diagnose_run(metrics, {**params, **TrialResult.ran_of(runs)},
                                memory_budget_gib, env),
     )

@@ -16,6 +16,7 @@ and its apply function called where its stage runs;
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping
 
 from tuner.inputs.lever import Lever
@@ -41,7 +42,7 @@ def dataloader_kwargs(config: Plan) -> dict[str, Any]:
     """Keyword arguments for ``torch.utils.data.DataLoader`` (without dataset/sampler): the
     micro-batch and every loader lever that means something here (``prefetch_factor`` only
     with workers, which the DataLoader enforces)."""
-    return {"batch_size": config.batch.micro_batch_size, **loader_kwargs(config.params())}
+    return {"batch_size": config.batch.micro_batch_size, **loader_kwargs(dataclasses.asdict(config.loader))}
 
 
 def loader_kwargs(values: Mapping[str, Any]) -> dict[str, Any]:
