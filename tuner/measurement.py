@@ -81,6 +81,7 @@ def measure_recipe(recipe: "Recipe", ctx: "DistContext", repeats: int, first: In
     runner = runner_for(recipe, ctx, recipe.out / "measure", command="measure")
     runs: list[TrialResult] = []
     try:
+        notes += [line] if (line := runner.largest_batch()) else []
         for i in range(repeats):
             runs.append(runner.run(config, instruments=first if i == 0 else rest))
             if runs[-1].restart:  # nothing more can run in this process

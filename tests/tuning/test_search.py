@@ -274,8 +274,9 @@ def test_ctrl_c_that_python_drops_still_stops_the_search(toy, tmp_path, monkeypa
     """A KeyboardInterrupt raised inside a __del__ is printed and dropped by Python (seen
     in CI inside SQLAlchemy's weakref callback): the search still stops as interrupted."""
     loaded = sys.modules.get("tuner_task_toy")  # the task as the tuner imports it, if it did
-    # the third build from here: the baseline, its second run (the noise the prune reads), then a trial
-    recipe = toy(task_args={"ctrl_c_in_del": (loaded._builds if loaded else 0) + 3}, steps={"warmup": 1, "measure": 3},
+    # the fourth build from here: the scan for the largest batch, the baseline, its second run (the
+    # noise the prune reads), then a trial
+    recipe = toy(task_args={"ctrl_c_in_del": (loaded._builds if loaded else 0) + 4}, steps={"warmup": 1, "measure": 3},
                  space={"micro_batch_size": [2, 4, 8, 16]})
     dropped: list[type] = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_type))

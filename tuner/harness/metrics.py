@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tuner.stats.window_length import rate_uncertainty, warm_up
 
@@ -35,6 +35,8 @@ METRIC_NAMES = (
     "peak_allocated_gib",
     # the node's GPUs (NVML) or CPU packages (powercap) over the window, per sample (DESIGN.md's)
     "energy_j_per_sample",
+    # peak_mem_gib's ruler over one step on the batch of the largest samples, after the window
+    "largest_batch_peak_gib",
 )
 
 
@@ -77,6 +79,11 @@ class Window:
     ``peak_device_bytes`` less this is what it held cached, unused (fragmentation,
     the allocator's settings' effect)."""
     peak_host_bytes: int | None = None
+    largest_host_bytes: int | None = None
+    """The process tree's peak PSS over one step on the batch of the dataset's largest samples
+    (:mod:`tuner.trial.largest_batch`), after the window."""
+    largest_device_bytes: int | None = None
+    """The CUDA allocator's peak reserve over that step."""
     gpu_util: float | None = None
     """Mean NVML utilization over the window (0..1), ``None`` without a GPU/NVML."""
     stall_free_step_times: list[float] = field(default_factory=list)
@@ -211,10 +218,20 @@ def summarize(
     out["host_mem_gib"] = host_gib
     # On a CPU-only machine the host is the device: its PSS is what runs out.
     out["peak_mem_gib"] = max(devices) / GIB if devices else host_gib
+    largest = [w.largest_device_bytes for w in windows if w.largest_device_bytes is not None] or \
+        [w.largest_host_bytes for w in windows if w.largest_host_bytes is not None]  # peak_mem_gib's ruler
+    out["largest_batch_peak_gib"] = max(largest) / GIB if largest else None
     allocated = [w.peak_allocated_bytes for w in windows if w.peak_allocated_bytes is not None]
     out["peak_allocated_gib"] = max(allocated) / GIB if allocated else None
     out["energy_j_per_sample"] = energy_per_sample(windows)
     return out
+
+
+def budget_peak(metrics: Mapping[str, Any]) -> float | None:
+    """The peak the memory budget holds at: the batch of the largest samples' where it was
+    stepped (:mod:`tuner.trial.largest_batch`), else the window's (``peak_mem_gib``)."""
+    peaks = [metrics.get(k) for k in ("peak_mem_gib", "largest_batch_peak_gib") if metrics.get(k) is not None]
+    return max(peaks) if peaks else None
 
 
 def energy_per_sample(windows: Sequence[Window]) -> float | None:

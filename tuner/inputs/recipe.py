@@ -66,6 +66,10 @@ class Budget:
     skip: bool = True
     """Record a configuration predicted over ``memory_gib`` as ``skipped`` instead of running
     it (:mod:`tuner.memory.model`); ``false`` runs everything."""
+    largest_batch: bool = True
+    """The memory budget holds at the batch of the dataset's largest samples, measured once per
+    configuration after its window (:mod:`tuner.trial.largest_batch`); ``false`` for a job whose
+    batches all cost the same."""
 
 
 @dataclass(frozen=True)
@@ -352,7 +356,7 @@ def _steps_value(value: Any, where: str) -> Any:
 
 
 def _budget_value(value: Any, where: str) -> Any:
-    if where.endswith((".converge", ".skip")):
+    if where.endswith((".converge", ".skip", ".largest_batch")):
         if not isinstance(value, bool):
             raise RecipeError(f"{where}: expected true or false, got {value!r}")
         return value

@@ -21,8 +21,8 @@ from typing import Any, Callable
 from tuner.inputs.errors import RecipeError
 
 REQUIRED = ("build_model", "build_dataset", "compute_loss")
-OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "flops_per_sample", "blocks", "parallelize",
-            "pipeline_split", "pipeline_loss")
+OPTIONAL = ("build_optimizer", "collate", "tokens_per_sample", "sample_size", "flops_per_sample", "blocks",
+            "parallelize", "pipeline_split", "pipeline_loss")
 ARITY = {"compute_loss": 2, "build_optimizer": 2, "parallelize": 3, "pipeline_split": 2, "pipeline_loss": 2}
 """Positional arguments of each function that takes more than one."""
 
@@ -38,6 +38,9 @@ class Task:
     build_optimizer: Callable[[Any, dict], Any] | None = None
     collate: Callable[[list], Any] | None = None
     tokens_per_sample: Callable[[dict], int] | None = None
+    sample_size: Callable[[Any], int] | None = None
+    """``sample_size(sample)``: what makes a batch costly (a sequence's length); else the
+    elements of the sample's tensors. The memory budget holds at the batch of the largest."""
     flops_per_sample: Callable[[dict], float] | None = None
     blocks: Callable[[Any], list] | None = None
     """The model's repeated blocks (FSDP2 wrapping, checkpointing, per-block compile)."""

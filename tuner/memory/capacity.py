@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tuner.harness import distributed
+from tuner.harness.metrics import budget_peak
 from tuner.inputs import levers
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.layout import Layout
@@ -82,6 +83,9 @@ class CapacityPlan:
     wall_s: float = 0.0
     restart: str | None = None
     """Why profiling stopped early: a trial left the process unable to run another."""
+    largest_batch: str | None = None
+    """What the scan for the batch of the largest samples read: each profiled peak is taken
+    there where batches differ (:mod:`tuner.trial.largest_batch`)."""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,7 +178,7 @@ class Profiler:
 
     def observe(self, plan: Plan, result: "TrialResult") -> None:
         predicted = self.model.predict(plan)
-        peak = (result.metrics or {}).get("peak_mem_gib") if result.ok else None
+        peak = budget_peak(result.metrics or {}) if result.ok else None
         over = peak is not None and peak > self.budget_gib
         entry = {"knobs": plan.params(),
                  "predicted_gib": predicted.peak_gib, "basis": predicted.basis, "measured_gib": peak,
@@ -250,6 +254,7 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
     budget = plan_budget(recipe, machine, ctx.device)  # on every rank: the GPUs' room is a collective
     profiler = Profiler(recipe, machine, budget) if ctx.is_main else None
     restart, runner = None, InProcess(short, ctx)
+    scanned = runner.largest_batch()
     while True:
         knobs = distributed.broadcast(profiler.next() if profiler else None)
         if knobs is None:
@@ -264,5 +269,5 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
     if profiler is None:
         return None
     plan = profiler.plan(time.monotonic() - started)
-    plan.restart = restart
+    plan.restart, plan.largest_batch = restart, scanned
     return plan

@@ -1,7 +1,8 @@
 """The memory model: a configuration's peak predicted before it runs, refined by every trial.
 
-Per rank, in bytes (what ``peak_mem_gib`` measures: the device's reserved memory on a GPU,
-the process tree's PSS on a CPU-only machine, where the host is the device)::
+Per rank, in bytes (the peak the budget holds at, :func:`~tuner.harness.metrics.budget_peak`:
+the device's reserved memory on a GPU, the process tree's PSS on a CPU-only machine, where the
+host is the device, at the batch of the largest samples where batches differ)::
 
     peak = overhead + states(config) + per_sample(amp, checkpointing) x micro_batch + per_worker x workers
 
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from tuner.harness.metrics import budget_peak
 from tuner.harness.system.monitors import HostMemory
 from tuner.inputs import levers
 from tuner.inputs.plan import Plan
@@ -99,7 +101,8 @@ def _prior(group: tuple[str, ...]) -> float:
 
 @dataclass
 class MemoryModel:
-    """Predicts ``peak_mem_gib`` for a configuration and learns from what trials measured."""
+    """Predicts a configuration's peak (:func:`~tuner.harness.metrics.budget_peak`) and learns
+    from what trials measured."""
 
     parameters: int
     overhead_bytes: float
@@ -272,8 +275,8 @@ def model_for(task: "Task | None", task_args: dict[str, Any], world_size: int, h
     for t in measured:
         metrics = t.metrics or {}
         plan = _recorded(world_size, t.params)
-        if metrics.get("peak_mem_gib") and plan is not None:
-            model.observe(plan, t.get("predicted_peak_gib"), metrics["peak_mem_gib"],
+        if budget_peak(metrics) and plan is not None:
+            model.observe(plan, t.get("predicted_peak_gib"), budget_peak(metrics),
                           t.get("prediction"))
     return model, None
 

@@ -162,6 +162,8 @@ def print_plan(plan: "CapacityPlan") -> None:
     # mid-phrase ("model error" / "bound ±10%"), whenever the profiled column was narrow.
     out.print(f"largest micro-batch predicted to fit {plan.budget_gib:.2f} GiB ({plan.budget_source}); "
               f"model error bound {bound}", highlight=False, soft_wrap=True)
+    if plan.largest_batch:
+        out.print(plan.largest_batch, highlight=False, soft_wrap=True)
     table = Table()
     for name in ("sharding", "amp", "ckpt", "micro", "GiB", "next up", "profiled (micro: GiB)"):
         table.add_column(name, justify="right" if name in ("micro", "GiB") else "left")

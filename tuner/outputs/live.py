@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.analysis.attribution import share_text
 from tuner.analysis.diagnose import headline
+from tuner.harness.metrics import budget_peak
 from tuner.outputs.console import levers, paired_text, title_words
 from tuner.scriptmode.output_log import without_traceback
 from tuner.trial.trial_result import State
@@ -79,7 +80,7 @@ class Live(SearchEvents):
         p, m = trial.params, trial.metrics or {}
         rate = m.get("samples_per_s")
         wait = m.get("data_wait_share")
-        peak = m.get("peak_mem_gib")
+        peak = budget_peak(m)  # the largest batch's, where it was stepped: what the budget holds at
         reason = trial.get("reason") or ""
         mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
         # the title's levers always, the others (the loader's prefetch, pinning and persistence

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.analysis.attribution import share_text
 from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import headline
+from tuner.harness.metrics import budget_peak
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
@@ -75,7 +76,7 @@ def render_markdown(data: ReportData) -> str:
     for t in trials:
         m = t["metrics"] or {}
         lines.append(f"| {t['number']}{' (baseline)' if t['baseline'] else ''} | {t['state']} | "
-                     f"{_fmt(m.get('samples_per_s'), ',.1f')} | {_fmt(m.get('peak_mem_gib'), '.2f')} | "
+                     f"{_fmt(m.get('samples_per_s'), ',.1f')} | {_fmt(budget_peak(m), '.2f')} | "
                      f"{_fmt(t.get('predicted_peak_gib'), '.2f')} | "
                      f"{_fmt(m.get('data_wait_share'), '.0%')} | {_knobs(t['params'])} |")
     lines += _memory_prediction(r.memory_prediction)
@@ -175,6 +176,9 @@ def _comparison_table(r: SearchResult) -> list[str]:
         out.append(f"| {label} | {before} | {after} |")
         if base.get(key) is None or best.get(key) is None:
             missing.append((label, key))
+    if best.get("largest_batch_peak_gib") or base.get("largest_batch_peak_gib"):  # stepped where batches differ
+        out.append(f"| peak memory at the largest batch (GiB) | {_fmt(base.get('largest_batch_peak_gib'), '.2f')} | "
+                   f"{_fmt(best.get('largest_batch_peak_gib'), '.2f')} |")
     if best.get("energy_j_per_sample") or base.get("energy_j_per_sample"):  # samples/s per watt = samples per joule
         out.append(f"| samples/s per watt | {_fmt(_per_joule(base), ',.3g')} | {_fmt(_per_joule(best), ',.3g')} |")
     if r.price:

@@ -8,6 +8,7 @@ import io
 import sys
 from typing import Any
 
+from tuner.harness.metrics import budget_peak
 from tuner.outputs.markdown import ReportData, render_markdown, to_html
 
 PLOT_SIZE = (7.0, 3.4)
@@ -88,12 +89,12 @@ def _plot_history(data: ReportData) -> str | None:
 
 
 def _plot_memory(data: ReportData) -> str | None:
-    ok = [t for t in data.trials if t["metrics"] and t["metrics"].get("peak_mem_gib") is not None]
+    ok = [t for t in data.trials if t["metrics"] and budget_peak(t["metrics"]) is not None]
     if not ok:
         return None
     fig, ax = _figure()
     colors = ["tab:blue" if t["feasible"] else "tab:red" for t in ok]
-    ax.scatter([t["metrics"]["peak_mem_gib"] for t in ok], [t["metrics"]["samples_per_s"] for t in ok],
+    ax.scatter([budget_peak(t["metrics"]) for t in ok], [t["metrics"]["samples_per_s"] for t in ok],
                c=colors, zorder=3)
     budget = data.result.memory_budget_gib
     if budget:
@@ -108,11 +109,11 @@ def _plot_prediction(data: ReportData) -> str | None:
     """Each measured trial's predicted peak (before it ran) against its measured peak, the
     identity line, and the budget; skipped trials (predicted only) on the budget's side."""
     pairs = [t for t in data.trials if t["predicted_peak_gib"] is not None and t["metrics"]
-             and t["metrics"].get("peak_mem_gib")]
+             and budget_peak(t["metrics"])]
     if not pairs:
         return None
     fig, ax = _figure()
-    measured = [t["metrics"]["peak_mem_gib"] for t in pairs]
+    measured = [budget_peak(t["metrics"]) for t in pairs]
     predicted = [t["predicted_peak_gib"] for t in pairs]
     ax.scatter(measured, predicted, zorder=3, label="measured trials")
     for t, x, y in zip(pairs, measured, predicted):

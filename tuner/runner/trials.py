@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from tuner.inputs.errors import RecipeError
 from tuner.stats.prune import PruneBar
-from tuner.trial import engines
+from tuner.trial import engines, largest_batch
 from tuner.trial.run import freeze, run_trial
 from tuner.trial.trial_result import Instruments
 
@@ -44,6 +44,11 @@ class Runner(ABC):
         """One-time setup for every kind of configuration a run may ask for, before the first
         trial, so the first trial measures like the tenth."""
 
+    def largest_batch(self) -> str | None:
+        """Before the first trial: what the scan for the batch of the largest samples read
+        (:mod:`tuner.trial.largest_batch`), in one line; ``None`` with ``budget.largest_batch: false``."""
+        return None
+
     @abstractmethod
     def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
@@ -63,6 +68,10 @@ class InProcess(Runner):
     def __init__(self, recipe: "Recipe", ctx: "DistContext",
                  on_hang: Callable[[str], None] | None = None) -> None:
         self.recipe, self.ctx, self.on_hang = recipe, ctx, on_hang
+
+    def largest_batch(self) -> str | None:
+        found = largest_batch.scan_once(self.recipe)
+        return found.line() if found is not None else None
 
     def prepare(self, configs: Sequence["Plan"]) -> None:
         freeze()  # what is alive now is the process's, not a trial's (see tuner.trial.run.freeze)
@@ -84,7 +93,11 @@ class Scripted(Runner):
     def __init__(self, recipe: "Recipe", out: Path) -> None:
         from tuner.scriptmode.launcher import ScriptTrials
 
-        self.trials = ScriptTrials(recipe, out)
+        self.trials, self.checks_largest = ScriptTrials(recipe, out), recipe.budget.largest_batch
+
+    def largest_batch(self) -> str | None:
+        return ("largest batch: not checked: a script's dataset is its own, so the memory budget holds at the "
+                "batches its trials ran (budget.largest_batch: false silences this)") if self.checks_largest else None
 
     def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":

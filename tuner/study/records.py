@@ -112,11 +112,15 @@ def over_budget(metrics: Mapping[str, Any], budget: "Budget") -> tuple[float, st
     too, which the allocator does not see)."""
     b = budget
     limits = (("peak_mem_gib", b.memory_gib, "memory_gib"), ("gpu_mem_process_gib", b.memory_gib, "memory_gib"),
-              ("host_mem_gib", b.host_memory_gib, "host_memory_gib"))
+              ("host_mem_gib", b.host_memory_gib, "host_memory_gib"),
+              ("largest_batch_peak_gib", b.memory_gib, "memory_gib"))
     for key, limit, name in limits:
         value = metrics.get(key)
         if limit is not None and value is not None and value > limit:
-            return value - limit, f"{key} {value:.2f} GiB is over budget.{name} {limit:g} GiB"
+            typical = metrics.get("peak_mem_gib")
+            beside = f" (the window's typical batches peaked at {typical:.2f} GiB)" \
+                if key == "largest_batch_peak_gib" and typical is not None else ""
+            return value - limit, f"{key} {value:.2f} GiB is over budget.{name} {limit:g} GiB{beside}"
     return None
 
 

@@ -27,7 +27,7 @@ from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
 from tuner.inputs.levers.precision import matmul_dtype
 from tuner.trial import ceiling_comm_flops as after
-from tuner.trial import watchdog
+from tuner.trial import largest_batch, watchdog
 from tuner.trial.data import quiet_worker_advice
 from tuner.trial.engines import process
 from tuner.trial.failures import TrialStop, classify, poisons
@@ -107,20 +107,21 @@ def _run(recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule 
         memory.stop()
         gpu.stop()
         raise
-    t_teardown = time.perf_counter()
     memory.sample()  # the loader workers, still alive: a trial shorter than one tick sees them here
+    peak_host = memory.stop()  # the window's: the largest batch's step is measured apart
+    gpu.stop()
     window_start, convolutions = job.window_start, job.convolutions
+    t_teardown = time.perf_counter()
     try:
+        if window is not None:
+            _allocator_end(window, ctx.device, alloc_before)
+            state, reason = _largest_batch(job, window, state, reason, timings)
         job.close()
         del job
         _release_memory(ctx.device)
-        if window is not None:
-            _allocator_end(window, ctx.device, alloc_before)
     except Exception as exc:  # noqa: BLE001 - a CUDA error is asynchronous: it can surface only here
         state, reason, window = *_teardown_failure(state, reason, exc), None
-    peak_host = memory.stop()
-    gpu.stop()
-    timings["teardown"] = time.perf_counter() - t_teardown
+    timings["teardown"] = time.perf_counter() - t_teardown - timings.get("largest_batch", 0.0)
     if window is not None:
         window.peak_host_bytes = peak_host
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
@@ -145,6 +146,18 @@ def model_facts(task: "Task", task_args: dict[str, Any], convolutions: bool) -> 
     if attention is not None:
         facts["attention"] = attention
     return facts
+
+
+def _largest_batch(job: TrialLoop, window: Window, state: str, reason: str | None,
+                   timings: dict[str, float]) -> tuple[str, str | None]:
+    """A measured trial's step on the batch of the largest samples, where batches differ."""
+    found = largest_batch.scan_once(job.recipe)
+    if state != State.OK or found is None or not found.varies:
+        return state, reason
+    start = time.perf_counter()
+    outcome = largest_batch.step(job, found, window)
+    timings["largest_batch"] = time.perf_counter() - start
+    return outcome
 
 
 def _teardown_failure(state: str, reason: str | None, exc: Exception) -> tuple[str, str | None]:

@@ -52,9 +52,12 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     if recipe.objective == "samples_per_joule":
         _check_energy(machine)
     runner = runner_for(recipe, ctx)
+    scanned = runner.largest_batch()  # a sample_size that fails stops the search here
     runner.prepare(_prepared_kinds(space, recipe, machine))  # one-time costs before the first trial
     pool = Pool(recipe.objective)
     decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner, began) if ctx.is_main else None
+    if decider is not None and scanned:
+        decider.events.note(scanned)
     runner.on_hang = decider.record_hung if decider else None
     if decider is not None:  # what the search leaves of budget.minutes for its finish
         decider.finish_after = (0.0, 0.0) if confirm < 1 else (

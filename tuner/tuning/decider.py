@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from tuner.analysis.diagnose import Verdict
 from tuner.analysis.remedies import Here
-from tuner.harness.metrics import objective_value
+from tuner.harness.metrics import budget_peak, objective_value
 from tuner.harness.system.environment import environment
 from tuner.inputs.plan import Plan
 from tuner.inputs.space import Machine, reference_knobs
@@ -252,9 +252,9 @@ class Decider:
             result = replace(result, state=State.ERROR, reason=f"objective {objective}: not measured ({why})")
         best_before = study_mod.best_feasible(self.study)
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra, objective)
-        if self.memory is not None and result.metrics and result.metrics.get("peak_mem_gib"):
+        if self.memory is not None and result.metrics and budget_peak(result.metrics):
             self.memory.observe(self.current, frozen.get("predicted_peak_gib"),
-                                result.metrics["peak_mem_gib"], frozen.get("prediction"),
+                                budget_peak(result.metrics), frozen.get("prediction"),
                                 process_gib=result.metrics.get("gpu_mem_process_gib"))
         self.convergence.record(best_before, frozen)
         if result.pruned_at is not None:

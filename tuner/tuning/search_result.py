@@ -54,7 +54,8 @@ class SearchResult:
     """Seconds from the search's start in this process to its answer."""
     memory_prediction: dict[str, Any] | None = None
     """How right the memory model's predictions were: median and worst relative error of
-    ``predicted_peak_gib`` against ``peak_mem_gib`` after the first trials."""
+    ``predicted_peak_gib`` against the measured peak (:func:`~tuner.harness.metrics.budget_peak`)
+    after the first trials."""
     decision: dict[str, Any] | None = None
     """How the answer was decided: the tolerance, the rule, each change kept or dropped with
     its interval (:class:`tuner.tuning.recommend.Decision`)."""
