@@ -169,3 +169,11 @@ def test_the_step_on_a_gpu_reads_the_allocators_peak_through_the_real_torch_cuda
     cuda.reset_peak_memory_stats.assert_called_once_with(device)
     cuda.max_memory_reserved.assert_called_once_with(device)
     assert stepped == [[5, 4]] and window.largest_device_bytes == 5 * 2**30 and window.largest_host_bytes > 0
+
+
+def test_a_configuration_is_stepped_at_its_largest_batch_once(tmp_path):
+    m = tuner.measure(_text_recipe(tmp_path, steps={"warmup": 1, "measure": 3}), repeats=2, micro_batch_size=8)
+    first, second = m.repeats
+    assert "largest_batch" in first.timings and "largest_batch" not in second.timings  # the peak read again
+    assert first.metrics["largest_batch_peak_gib"] == second.metrics["largest_batch_peak_gib"] > \
+        first.metrics["peak_mem_gib"]

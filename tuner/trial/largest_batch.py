@@ -58,6 +58,9 @@ class Scan:
     """How a sample's size was read (``sample_size``, or its ``elements``)."""
     why: str | None = None
     """Why nothing was scanned (the dataset could not be read here)."""
+    peaks: dict[Any, tuple[int | None, int | None]] = dataclasses.field(default_factory=dict, compare=False)
+    """Each configuration's (host, device) peak at the largest batch in this process: it is
+    stepped once, its repeats and the finish's runs read it here."""
 
     @property
     def varies(self) -> bool:
@@ -202,6 +205,9 @@ def step(job: "TrialLoop", found: Scan, window: "Window") -> tuple[str, str | No
     """One optimizer step on the micro-batch of the largest samples, its peaks set on
     ``window``; returns the trial's state after it (``ok``, or how the step failed)."""
     config, device = job.config, job.ctx.device
+    if config in found.peaks:
+        window.largest_host_bytes, window.largest_device_bytes = found.peaks[config]
+        return State.OK, None
     assert job.loader is not None and job.recipe.task is not None
     samples = found.samples(job.loader.dataset, config.micro_batch_size)
     collate = job.recipe.task.collate or default_collate
@@ -221,4 +227,5 @@ def step(job: "TrialLoop", found: Scan, window: "Window") -> tuple[str, str | No
     window.largest_host_bytes = host.stop()
     if device.type == "cuda":
         window.largest_device_bytes = torch.cuda.max_memory_reserved(device)
+    found.peaks[config] = (window.largest_host_bytes, window.largest_device_bytes)
     return State.OK, None

@@ -154,9 +154,10 @@ def _largest_batch(job: TrialLoop, window: Window, state: str, reason: str | Non
     found = largest_batch.scan_once(job.recipe)
     if state != State.OK or found is None or not found.varies:
         return state, reason
-    start = time.perf_counter()
+    start, stepped = time.perf_counter(), job.config not in found.peaks
     outcome = largest_batch.step(job, found, window)
-    timings["largest_batch"] = time.perf_counter() - start
+    if stepped:
+        timings["largest_batch"] = time.perf_counter() - start
     return outcome
 
 
