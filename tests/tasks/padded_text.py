@@ -2,12 +2,14 @@
 longest in it, each token through a wide MLP (activations grow with the padded length).
 
 task_args: size (samples), short (their length), long (the few long ones' length), every (one
-sample in this many is long), width (the MLP's hidden size), bad_size ("raise" or "float": a
-broken ``sample_size``, which otherwise gives a sample's length).
+sample in this many is long), width (the MLP's hidden size), step_ms (a fixed wait in each
+forward, as a host waits on an accelerator: fewer, larger micro-batches are faster), bad_size
+("raise" or "float": a broken ``sample_size``, which otherwise gives a sample's length).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 _bad: str | None = None
+_wait_s = 0.0
 
 
 class Texts(Dataset):
@@ -47,8 +50,9 @@ def build_model(args: dict) -> nn.Module:
 
 
 def build_dataset(args: dict) -> Dataset:
-    global _bad
-    _bad = args.get("bad_size")
+    global _bad, _wait_s
+    _bad, _wait_s = args.get("bad_size"), args.get("step_ms", 0.0) / 1000
+
     return Texts(args.get("size", 4000), args.get("short", 16), args.get("long", 2048), args.get("every", 1333))
 
 
@@ -61,6 +65,7 @@ def collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 def compute_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    time.sleep(_wait_s)
     return nn.functional.cross_entropy(model(batch["input_ids"]), batch["label"])
 
 

@@ -119,13 +119,14 @@ def test_the_answer_holds_the_budget_over_a_whole_epoch(tmp_path):
     """Without the check a configuration whose window fits passes, and a full epoch of it
     breaks the budget at the long batch; with it (the default) that configuration is
     over_budget naming both peaks, and the answer holds over the epoch."""
-    recipe = _text_recipe(tmp_path)
+    recipe = _text_recipe(tmp_path, task_args={"step_ms": 5.0})  # a forward's wait: micro-batch 32 is faster
     epoch = ["budget.largest_batch=false", "steps.measure=125"]  # 4,000 samples / 32: every batch once
     typical = tuner.measure(recipe, repeats=1, micro_batch_size=32, overrides=["budget.largest_batch=false"])
     budget = typical.metrics["peak_mem_gib"] + 0.45  # the window's short batches fit with room
     unchecked = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True, out=tmp_path / "off",
                              overrides=[f"budget.memory_gib={budget}", "budget.largest_batch=false"])
     assert {r["micro_batch_size"]: r["state"] for r in _rows(unchecked.out)} == {"32": "ok", "8": "ok"}
+    assert unchecked.best["params"]["micro_batch_size"] == 32  # its window fits, and it is the faster
     whole = tuner.measure(recipe, repeats=1, micro_batch_size=32, overrides=epoch)
     assert whole.metrics["peak_mem_gib"] > budget, (whole.metrics["peak_mem_gib"], budget)  # the long batch came
 

@@ -81,6 +81,7 @@ class InProcess(Runner):
     def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":
         engines.prepare(config, self.ctx.device)
+        largest_batch.scan_once(self.recipe)  # read once, before any trial's clock and time limit
         return run_trial(self.recipe, config, self.ctx, prune=prune, instruments=instruments, on_hang=self.on_hang)
 
 
