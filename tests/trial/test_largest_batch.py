@@ -73,7 +73,7 @@ def test_a_dataset_the_scan_cannot_read_is_said_not_checked():
     task = load_task(str(TOY), TESTS)
     task = type(task)(**{**task.__dict__, "build_dataset": lambda args: 1 / 0})
     found = largest_batch.scan(task, {}, keep=2)
-    assert not found.varies and found.line() == "largest batch: not checked: reading the dataset raised " \
+    assert not found.varies and found.line() == "largest batch: not checked: building the dataset raised " \
                                                 "ZeroDivisionError: division by zero"
 
 
@@ -178,3 +178,22 @@ def test_a_configuration_is_stepped_at_its_largest_batch_once(tmp_path):
     assert "largest_batch" in first.timings and "largest_batch" not in second.timings  # the peak read again
     assert first.metrics["largest_batch_peak_gib"] == second.metrics["largest_batch_peak_gib"] > \
         first.metrics["peak_mem_gib"]
+
+
+@pytest.mark.slow  # a script trial: its own process
+def test_a_trainer_script_is_stepped_at_its_collators_largest_batch(tmp_path):
+    """adapt: hf: the trial reads the Trainer's dataset, and its own training_step runs the
+    batch its collator pads to the longest sequences, after the window."""
+    recipe = write_recipe(tmp_path, {
+        "name": "hfpad", "script": str(TESTS / "helpers" / "hf_padded.py"), "adapt": "hf",
+        "args": ["--output_dir", str(tmp_path / "out"), "--max_steps", "100000", "--use_cpu", "--report_to", "none",
+                 "--save_strategy", "no", "--logging_strategy", "no", "--disable_tqdm", "true"],
+        "global_batch_size": 16, "steps": {"warmup": 2, "measure": 4}, "timeout_s": 120,
+        "out": str(tmp_path / "run"), "baseline": {"micro_batch_size": 8}})
+    m = tuner.measure(recipe, repeats=1)
+    assert m.state == "ok", m.reason
+    assert m.notes[0].startswith("largest batch: each trial reads its Trainer's dataset")
+    assert any(re.fullmatch(r"largest batch: 2,000 samples read in \d+\.\d\d s, sizes 32 to 2048 \(elements\): "
+                            r"the memory budget holds at the batch of the largest", n) for n in m.repeats[0].notes), \
+        m.repeats[0].notes
+    assert m.metrics["largest_batch_peak_gib"] > m.metrics["peak_mem_gib"] + 0.1, m.metrics

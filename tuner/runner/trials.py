@@ -94,11 +94,16 @@ class Scripted(Runner):
     def __init__(self, recipe: "Recipe", out: Path) -> None:
         from tuner.scriptmode.launcher import ScriptTrials
 
-        self.trials, self.checks_largest = ScriptTrials(recipe, out), recipe.budget.largest_batch
+        self.trials, self.recipe = ScriptTrials(recipe, out), recipe
 
     def largest_batch(self) -> str | None:
+        if not self.recipe.budget.largest_batch:
+            return None
+        if self.recipe.script is not None and self.recipe.script.adapt == "hf":
+            return ("largest batch: each trial reads its Trainer's dataset and steps once on its collator's batch "
+                    "of the largest samples, after its window (its trial notes say what it read)")
         return ("largest batch: not checked: a script's dataset is its own, so the memory budget holds at the "
-                "batches its trials ran (budget.largest_batch: false silences this)") if self.checks_largest else None
+                "batches its trials ran (adapt: hf checks a Trainer's; budget.largest_batch: false silences this)")
 
     def run(self, config: "Plan", prune: "PruneRule | None" = None,
             instruments: Instruments = Instruments()) -> "TrialResult":

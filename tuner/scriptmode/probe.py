@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from tuner.harness.metrics import live_figures, unmeasured_notes, window_rate
+from tuner.harness.metrics import Window, live_figures, unmeasured_notes, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
 from tuner.inputs.script import LOADER_KNOBS
@@ -100,8 +100,16 @@ class Probe(ProbeCore):
         """The watched DataLoader's own loader levers: what :func:`tuner.diagnose` advises from."""
         self._trace_to = Path(trace) if trace is not None else None
         self._profiler: Any = None
+        self.before_report: Callable[[Window], None] | None = None
+        """Run on every rank when the window has closed, before its summary is reported: a
+        trainer's step on the batch of the largest samples (:attr:`checks_largest_batch`)."""
         self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
         self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
+
+    @property
+    def checks_largest_batch(self) -> bool:
+        """The trial asks for the peak at the batch of the largest samples (``budget.largest_batch``)."""
+        return bool(self._trial and self._trial.get("largest_batch"))
 
     def live(self) -> dict[str, float]:
         """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the
@@ -203,4 +211,9 @@ def _reporter(trial: dict[str, Any] | None) -> Any:
     """At the window's close, the summary (a collective: every rank is there) to the search."""
     if trial is None:
         return None
-    return lambda probe: trialfile.report(probe.summary(), trial, probe.notes, getattr(probe, "ran", {}))
+    def report(probe: Any) -> None:
+        if getattr(probe, "before_report", None) is not None:
+            probe.before_report(probe.window)
+        trialfile.report(probe.summary(), trial, probe.notes, getattr(probe, "ran", {}))
+
+    return report

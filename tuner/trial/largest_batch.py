@@ -129,16 +129,27 @@ def _checked(size: Any, position: int) -> int:
 
 def scan(task: "Task", task_args: dict[str, Any], keep: int, workers: int = 0, limit: int = LIMIT,
          seconds: float = SECONDS) -> Scan:
-    """The ``keep`` largest of the dataset's samples read in order, at most ``limit`` of them
-    and for about ``seconds``, sized in ``workers`` loader workers (a map-style dataset's).
-    A task whose dataset cannot be read here gets a scan that says why; a ``sample_size``
-    that fails is a :class:`RecipeError`."""
+    """:func:`scan_dataset` of the task's dataset, by its ``sample_size`` where it has one; a
+    dataset that cannot be built here gets a scan that says why."""
     start = time.perf_counter()
-    measure = task.sample_size or default_size
+    try:
+        dataset = task.build_dataset(task_args)
+    except Exception as exc:  # noqa: BLE001 - the task's data fails its trials too, where it is said
+        return Scan([], 0, 0, False, time.perf_counter() - start, "", _raised("building", exc))
+    return scan_dataset(dataset, task.sample_size, keep, workers, limit, seconds)
+
+
+def scan_dataset(dataset: Any, sample_size: Callable[[Any], Any] | None, keep: int, workers: int = 0,
+                 limit: int = LIMIT, seconds: float = SECONDS) -> Scan:
+    """The ``keep`` largest of the dataset's samples read in order, at most ``limit`` of them
+    and for about ``seconds``, sized by ``sample_size`` (else :func:`default_size`) in
+    ``workers`` loader workers (a map-style dataset's). A dataset that cannot be read here
+    gets a scan that says why; a ``sample_size`` that fails is a :class:`RecipeError`."""
+    start = time.perf_counter()
+    measure = sample_size or default_size
     largest: list[tuple[int, int, Any]] = []  # a min-heap of (size, -position, reference)
     smallest, read, complete, chunks = None, 0, False, None
     try:
-        dataset = task.build_dataset(task_args)
         iterable = isinstance(dataset, IterableDataset)
         n = limit if iterable else min(len(dataset), limit)
         if iterable:
@@ -148,7 +159,7 @@ def scan(task: "Task", task_args: dict[str, Any], keep: int, workers: int = 0, l
                                      collate_fn=lambda c: (None, _sizes(measure, c))))
         for samples, sizes in chunks:
             for i, raw in enumerate(sizes):
-                size = _checked(raw, read + i) if task.sample_size else raw
+                size = _checked(raw, read + i) if sample_size else raw
                 smallest = size if smallest is None else min(smallest, size)
                 entry = (size, -(read + i), samples[i] if iterable else read + i)
                 if len(largest) < keep:
@@ -161,14 +172,18 @@ def scan(task: "Task", task_args: dict[str, Any], keep: int, workers: int = 0, l
         complete = not iterable and read == len(dataset)
     except RecipeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the task's data fails its trials too, where it is said
-        why = f"reading the dataset raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return Scan([], 0, read, False, time.perf_counter() - start, "", why)
+    except Exception as exc:  # noqa: BLE001 - the data fails its trials too, where it is said
+        return Scan([], 0, read, False, time.perf_counter() - start, "", _raised("reading", exc))
     finally:  # the loader's workers end here, however the scan ends (its error holds this frame)
         getattr(chunks, "_shutdown_workers", lambda: None)()
     ranked = [(size, ref) for size, _, ref in sorted(largest, key=lambda e: (-e[0], -e[1]))]
-    measured = "sample_size" if task.sample_size else "elements"
+    measured = "sample_size" if sample_size else "elements"
     return Scan(ranked, smallest or 0, read, complete, time.perf_counter() - start, measured)
+
+
+def _raised(doing: str, exc: Exception) -> str:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{doing} the dataset raised {type(exc).__name__}: {first}"
 
 
 def _batched(samples: Iterable[Any]) -> Iterator[list[Any]]:
@@ -201,6 +216,22 @@ def scan_once(recipe: "Recipe") -> Scan | None:
     return _SCANS[key]
 
 
+def peak_of(run: Callable[[], None], device: torch.device, window: "Window") -> None:
+    """Run ``run`` (one optimizer step on the batch of the largest samples, after the window)
+    and set its peaks on ``window``: the process tree's PSS, and on a GPU the allocator's
+    reserve (its counter reset first: the window's own peak was read at its close)."""
+    host = HostMemory(exact_peak=True).start()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        run()
+    finally:
+        peak = host.stop()
+    window.largest_host_bytes = peak
+    if device.type == "cuda":
+        window.largest_device_bytes = torch.cuda.max_memory_reserved(device)
+
+
 def step(job: "TrialLoop", found: Scan, window: "Window") -> tuple[str, str | None]:
     """One optimizer step on the micro-batch of the largest samples, its peaks set on
     ``window``; returns the trial's state after it (``ok``, or how the step failed)."""
@@ -212,20 +243,12 @@ def step(job: "TrialLoop", found: Scan, window: "Window") -> tuple[str, str | No
     samples = found.samples(job.loader.dataset, config.micro_batch_size)
     collate = job.recipe.task.collate or default_collate
     batch = to_device(collate(samples), device, False, config.channels_last)
-    host = HostMemory(exact_peak=True).start()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
     try:
-        job.extra_step(itertools.repeat(batch))
+        peak_of(lambda: job.extra_step(itertools.repeat(batch)), device, window)
     except TrialStop as stop:
-        host.stop()
         return stop.state, f"{stop.reason} (one step on the batch of the largest samples, after the window)"
     except Exception as exc:  # noqa: BLE001 - a failure at the largest batch is the configuration's
-        host.stop()
         state, reason = classify(exc)
         return state, f"{reason} (one step on the batch of the largest samples, after the window)"
-    window.largest_host_bytes = host.stop()
-    if device.type == "cuda":
-        window.largest_device_bytes = torch.cuda.max_memory_reserved(device)
     found.peaks[config] = (window.largest_host_bytes, window.largest_device_bytes)
     return State.OK, None

@@ -57,7 +57,7 @@ def install(cfg: TrialConfig, trial: dict[str, Any]) -> None:
             raise AdaptError(f"tuner (adapt: hf): {type(self).__name__} overrides get_train_dataloader, so the "
                              "trial's loader knobs (dataloader_num_workers, ...) may not reach its DataLoader; "
                              "build it from self.args, or tune it with tuner.config()")
-        self.add_callback(ProbeCallback(report=False))
+        self.add_callback(ProbeCallback(report=False, trainer=self))
 
     args_cls.__post_init__ = __post_init__  # type: ignore[method-assign]
     trainer_cls.__init__ = __init__  # type: ignore[method-assign]

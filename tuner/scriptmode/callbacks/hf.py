@@ -15,11 +15,13 @@ waiting for data. A step is an optimizer step (``on_step_end``).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
+from tuner.harness.metrics import Window
 from tuner.harness.system.flops import holds_convolutions
 from tuner.scriptmode.callbacks.common import ProbeCallbackBase
 
@@ -30,8 +32,12 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
 
     trainer_name = "transformers.Trainer"
 
-    def __init__(self, warmup: int = 5, measure: int | str | None = None, **kwargs: Any) -> None:
+    def __init__(self, warmup: int = 5, measure: int | str | None = None, trainer: Any = None,
+                 **kwargs: Any) -> None:
         super().__init__(warmup, measure, **kwargs)
+        self.trainer = trainer
+        """The Trainer (``adapt: hf`` hands it over): in a trial that asks, it steps once on the
+        batch of its dataset's largest samples after the window (:meth:`_largest`)."""
         self._loader: Any = None
         self._loader_class: type | None = None
 
@@ -47,6 +53,8 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
             raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
                                "this transformers version is not supported by tuner's callback")
         self._wrap(train_dataloader)
+        if self.trainer is not None and probe.checks_largest_batch:
+            probe.before_report = functools.partial(self._largest, train_dataloader)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         assert self.probe is not None
@@ -59,6 +67,32 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._unwrap()
         self._finish()
+
+    def _largest(self, loader: Any, window: Window) -> None:
+        """The Trainer's own step (its ``training_step`` x accumulation, then its optimizer) on
+        the batch its collator makes of the dataset's largest samples, its peak on ``window``."""
+        from tuner.trial import largest_batch  # the trial's scan: loaded where a trial asks for it
+
+        trainer, probe = self.trainer, self.probe
+        assert probe is not None
+        if getattr(trainer, "is_deepspeed_enabled", False) or getattr(trainer, "is_fsdp_enabled", False):
+            probe.notes.append("largest batch: not checked: DeepSpeed and FSDP under the Trainer step through "
+                               "their own engines")
+            return
+        micro = trainer.args.per_device_train_batch_size
+        found = largest_batch.scan_dataset(loader.dataset, None, micro)
+        probe.notes.append(found.line())
+        if not found.varies:
+            return
+        batch = loader.collate_fn(found.samples(loader.dataset, micro))
+
+        def step() -> None:
+            for _ in range(trainer.args.gradient_accumulation_steps):
+                trainer.training_step(trainer.model_wrapped, batch)
+            trainer.optimizer.step()
+            trainer.optimizer.zero_grad()
+
+        largest_batch.peak_of(step, trainer.args.device, window)
 
     def _wrap(self, loader: Any) -> None:
         """Time every ``next()`` on the Trainer's loader: its ``__iter__`` goes through the
