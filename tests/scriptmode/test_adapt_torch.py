@@ -168,6 +168,7 @@ def test_a_trainer_script_with_hf_argument_parser_is_tuned_unchanged(tmp_path):
         "global_batch_size": 16, "steps": {"warmup": 2, "measure": 8}, "timeout_s": 120, "out": str(tmp_path / "run"),
         "baseline": {"num_workers": 0, "micro_batch_size": 16},
         "space": {"num_workers": [0, 2], "micro_batch_size": [16, 8]},
+        "budget": {"largest_batch": False},  # fixed-length sequences read 8 ms each: the scan would find one size
     })
     # two trials: the baseline, then the guided step to more workers (the loop waits on data)
     result = tuner.search(recipe, trials=2, confirm=0, attribute=0, quiet=True)

@@ -197,3 +197,25 @@ def test_a_trainer_script_is_stepped_at_its_collators_largest_batch(tmp_path):
                             r"the memory budget holds at the batch of the largest", n) for n in m.repeats[0].notes), \
         m.repeats[0].notes
     assert m.metrics["largest_batch_peak_gib"] > m.metrics["peak_mem_gib"] + 0.1, m.metrics
+
+
+def test_a_script_runs_trials_read_the_scan_once(tmp_path):
+    """Each script trial is a process of its own: the first keeps its scan in the run's
+    trials folder, the next reads it there instead of reading every sample again."""
+    class Counted(torch.utils.data.Dataset):
+        reads = 0
+
+        def __len__(self):
+            return 300
+
+        def __getitem__(self, i):
+            Counted.reads += 1
+            return {"input_ids": [1] * (200 if i == 150 else 10)}
+
+    kept = tmp_path / "largest_batch.json"
+    first = largest_batch.scan_kept(Counted(), 8, 0, kept)
+    assert Counted.reads == 300 and kept.exists() and first.largest[0] == (200, 150)
+    again = largest_batch.scan_kept(Counted(), 8, 0, kept)
+    assert Counted.reads == 300 and again.largest == first.largest and again.line() == first.line()
+    largest_batch.scan_kept(Counted(), 16, 0, kept)  # a larger batch than was kept: read again
+    assert Counted.reads == 600

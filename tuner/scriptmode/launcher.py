@@ -115,7 +115,8 @@ def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Lim
              "rdzv_id": f"tuner-{recipe.name}-{os.getpid()}-{time.time_ns()}",
              "prune": {**prune.to_json(), "checks": sorted(prune_checks(recipe.steps.most))} if prune else None,
              "trace": str(instruments.trace_dir.resolve()) if instruments.trace_dir is not None else None,
-             "nvtx": instruments.nvtx, "largest_batch": recipe.budget.largest_batch}
+             "nvtx": instruments.nvtx,
+             "largest_batch": str(folder.parent / "largest_batch.json") if recipe.budget.largest_batch else None}
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     began = time.monotonic()

@@ -102,14 +102,16 @@ class Probe(ProbeCore):
         self._profiler: Any = None
         self.before_report: Callable[[Window], None] | None = None
         """Run on every rank when the window has closed, before its summary is reported: a
-        trainer's step on the batch of the largest samples (:attr:`checks_largest_batch`)."""
+        trainer's step on the batch of the largest samples (:attr:`largest_batch_file`)."""
         self._prune = PruneBar.from_json(trial["prune"]) if trial is not None and trial.get("prune") else None
         self._checks = frozenset(trial["prune"]["checks"]) if self._prune is not None else frozenset()
 
     @property
-    def checks_largest_batch(self) -> bool:
-        """The trial asks for the peak at the batch of the largest samples (``budget.largest_batch``)."""
-        return bool(self._trial and self._trial.get("largest_batch"))
+    def largest_batch_file(self) -> Path | None:
+        """Where the run's trials keep the scan of the dataset's sizes, when the trial asks for
+        the peak at the batch of the largest samples (``budget.largest_batch``); else ``None``."""
+        kept = self._trial.get("largest_batch") if self._trial else None
+        return Path(kept) if kept else None
 
     def live(self) -> dict[str, float]:
         """Figures over the latest steps (up to :data:`RECENT_STEPS`) and totals: what the

@@ -15,7 +15,10 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
+import json
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
@@ -179,6 +182,28 @@ def scan_dataset(dataset: Any, sample_size: Callable[[Any], Any] | None, keep: i
     ranked = [(size, ref) for size, _, ref in sorted(largest, key=lambda e: (-e[0], -e[1]))]
     measured = "sample_size" if sample_size else "elements"
     return Scan(ranked, smallest or 0, read, complete, time.perf_counter() - start, measured)
+
+
+def scan_kept(dataset: Any, keep: int, workers: int, path: Path) -> Scan:
+    """:func:`scan_dataset` by the default size, read once for the trials of one run: a
+    map-style dataset's scan is kept in ``path``, where a later trial of a dataset of the
+    same length reads it (each script trial is a process of its own)."""
+    iterable = isinstance(dataset, IterableDataset)
+    try:
+        data = json.loads(path.read_text()) if not iterable else None
+        if data is not None and data["length"] == len(dataset) and data["keep"] >= keep:
+            return Scan([(size, i) for size, i in data["largest"]], data["smallest"], data["read"],
+                        data["complete"], data["seconds"], data["measure"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not there yet, or another run's: read it again
+    found = scan_dataset(dataset, None, keep, workers)
+    if not iterable and found.why is None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"length": len(dataset), "keep": keep, "largest": found.largest,
+                                   "smallest": found.smallest, "read": found.read, "complete": found.complete,
+                                   "seconds": found.seconds, "measure": found.measure}))
+        os.replace(tmp, path)
+    return found
 
 
 def _raised(doing: str, exc: Exception) -> str:

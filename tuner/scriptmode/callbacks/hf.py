@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from tuner.harness import distributed
 from tuner.harness.metrics import Window
 from tuner.harness.system.flops import holds_convolutions
 from tuner.scriptmode.callbacks.common import ProbeCallbackBase
@@ -53,7 +54,7 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
             raise RuntimeError("the Trainer passed no train_dataloader to on_train_begin; "
                                "this transformers version is not supported by tuner's callback")
         self._wrap(train_dataloader)
-        if self.trainer is not None and probe.checks_largest_batch:
+        if self.trainer is not None and probe.largest_batch_file is not None:
             probe.before_report = functools.partial(self._largest, train_dataloader)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
@@ -79,8 +80,12 @@ class ProbeCallback(ProbeCallbackBase, TrainerCallback):
             probe.notes.append("largest batch: not checked: DeepSpeed and FSDP under the Trainer step through "
                                "their own engines")
             return
-        micro = trainer.args.per_device_train_batch_size
-        found = largest_batch.scan_dataset(loader.dataset, None, micro)
+        args, base = trainer.args, getattr(loader, "base_dataloader", loader)
+        micro, kept = args.per_device_train_batch_size, probe.largest_batch_file
+        assert kept is not None
+        keep = micro * args.gradient_accumulation_steps * args.world_size  # the global batch: every trial's
+        found = distributed.broadcast(largest_batch.scan_kept(loader.dataset, keep, base.num_workers, kept)
+                                      if distributed.is_main_process() else None)
         probe.notes.append(found.line())
         if not found.varies:
             return
