@@ -166,10 +166,11 @@ def test_the_step_on_a_gpu_reads_the_allocators_peak_through_the_real_torch_cuda
     monkeypatch.setattr(largest_batch, "to_device", lambda batch, *args: batch)
     window = Window()
     with mock.patch.object(torch, "cuda", cuda):
-        assert largest_batch.step(job, found, window) == ("ok", None)
+        assert largest_batch.step(job, found, window, timings := {}) == ("ok", None)
     cuda.reset_peak_memory_stats.assert_called_once_with(device)
     cuda.max_memory_reserved.assert_called_once_with(device)
     assert stepped == [[5, 4]] and window.largest_device_bytes == 5 * 2**30 and window.largest_host_bytes > 0
+    assert timings["largest_batch"] >= 0
 
 
 def test_a_configuration_is_stepped_at_its_largest_batch_once(tmp_path):

@@ -214,7 +214,7 @@ def _reporter(trial: dict[str, Any] | None) -> Any:
     if trial is None:
         return None
     def report(probe: Any) -> None:
-        if getattr(probe, "before_report", None) is not None:
+        if probe.before_report is not None:
             probe.before_report(probe.window)
         trialfile.report(probe.summary(), trial, probe.notes, getattr(probe, "ran", {}))
 

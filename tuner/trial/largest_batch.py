@@ -189,19 +189,17 @@ def scan_kept(dataset: Any, keep: int, workers: int, path: Path) -> Scan:
     map-style dataset's scan is kept in ``path``, where a later trial of a dataset of the
     same length reads it (each script trial is a process of its own)."""
     iterable = isinstance(dataset, IterableDataset)
+    kept = ("largest", "smallest", "read", "complete", "seconds", "measure")  # what a Scan says, no samples
     try:
         data = json.loads(path.read_text()) if not iterable else None
         if data is not None and data["length"] == len(dataset) and data["keep"] >= keep:
-            return Scan([(size, i) for size, i in data["largest"]], data["smallest"], data["read"],
-                        data["complete"], data["seconds"], data["measure"])
+            return Scan(**{**{k: data[k] for k in kept}, "largest": [tuple(e) for e in data["largest"]]})
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not there yet, or another run's: read it again
     found = scan_dataset(dataset, None, keep, workers)
     if not iterable and found.why is None:
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"length": len(dataset), "keep": keep, "largest": found.largest,
-                                   "smallest": found.smallest, "read": found.read, "complete": found.complete,
-                                   "seconds": found.seconds, "measure": found.measure}))
+        tmp.write_text(json.dumps({"length": len(dataset), "keep": keep, **{k: getattr(found, k) for k in kept}}))
         os.replace(tmp, path)
     return found
 
@@ -257,23 +255,29 @@ def peak_of(run: Callable[[], None], device: torch.device, window: "Window") -> 
         window.largest_device_bytes = torch.cuda.max_memory_reserved(device)
 
 
-def step(job: "TrialLoop", found: Scan, window: "Window") -> tuple[str, str | None]:
-    """One optimizer step on the micro-batch of the largest samples, its peaks set on
-    ``window``; returns the trial's state after it (``ok``, or how the step failed)."""
+def step(job: "TrialLoop", found: Scan, window: "Window", timings: dict[str, float]) -> tuple[str, str | None]:
+    """One optimizer step on the micro-batch of the largest samples (its seconds in
+    ``timings["largest_batch"]``), its peaks set on ``window``, or the peaks this process took
+    for the configuration before; returns the trial's state after it (``ok``, or how the step
+    failed)."""
     config, device = job.config, job.ctx.device
     if config in found.peaks:
         window.largest_host_bytes, window.largest_device_bytes = found.peaks[config]
         return State.OK, None
     assert job.loader is not None and job.recipe.task is not None
+    start = time.perf_counter()
     samples = found.samples(job.loader.dataset, config.micro_batch_size)
     collate = job.recipe.task.collate or default_collate
     batch = to_device(collate(samples), device, False, config.channels_last)
     try:
         peak_of(lambda: job.extra_step(itertools.repeat(batch)), device, window)
     except TrialStop as stop:
-        return stop.state, f"{stop.reason} (one step on the batch of the largest samples, after the window)"
+        state, reason = stop.state, stop.reason
     except Exception as exc:  # noqa: BLE001 - a failure at the largest batch is the configuration's
         state, reason = classify(exc)
-        return state, f"{reason} (one step on the batch of the largest samples, after the window)"
-    found.peaks[config] = (window.largest_host_bytes, window.largest_device_bytes)
-    return State.OK, None
+    else:
+        found.peaks[config] = (window.largest_host_bytes, window.largest_device_bytes)
+        return State.OK, None
+    finally:
+        timings["largest_batch"] = time.perf_counter() - start
+    return state, f"{reason} (one step on the batch of the largest samples, after the window)"

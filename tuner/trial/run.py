@@ -154,11 +154,7 @@ def _largest_batch(job: TrialLoop, window: Window, state: str, reason: str | Non
     found = largest_batch.scan_once(job.recipe)
     if state != State.OK or found is None or not found.varies:
         return state, reason
-    start, stepped = time.perf_counter(), job.config not in found.peaks
-    outcome = largest_batch.step(job, found, window)
-    if stepped:
-        timings["largest_batch"] = time.perf_counter() - start
-    return outcome
+    return largest_batch.step(job, found, window, timings)
 
 
 def _teardown_failure(state: str, reason: str | None, exc: Exception) -> tuple[str, str | None]:
