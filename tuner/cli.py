@@ -90,16 +90,12 @@ def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], 
 def _exit_now(code: int) -> NoReturn:
     """Exit once the output is flushed, without the interpreter's finalization.
 
-    After a CUDA error or a broken collective a barrier or a communicator's destruction
-    can wait forever. And a rank of a torchrun job that has said everything and taken its
-    process group down can still abort in finalization ("terminate called without an
-    active exception", seen twice on the two-rank ``tuner plan`` in loaded CI runs): C++
-    threads of torch (gloo's workers, the autograd engine's, a comm hook's callbacks) that
-    touch Python objects while the interpreter is being torn down are ended by a forced
-    unwind that C++ turns into ``std::terminate`` (pytorch/pytorch#179291 describes the
-    gloo case). Nothing is left to do in finalization here: the study and the run folder
-    are written, the group is destroyed, loader workers and compile workers end with
-    their parent."""
+    After a CUDA error or a broken collective a barrier or a communicator's destruction can
+    wait forever, and torch's C++ threads (gloo's workers, the autograd engine's) touching
+    Python objects during teardown can abort the process (pytorch/pytorch#179291). Nothing is
+    left to do in finalization here: the study and the run folder are written, the group is
+    destroyed, loader and compile workers end with their parent.
+    """
     import logging
 
     logging.shutdown()
@@ -339,10 +335,9 @@ COMMANDS: dict[str, Callable[[Sequence[str] | None], int]] = {
 
 def process_began() -> float:
     """When the command a user timed began, on the monotonic clock: this process's start, or
-    under torchrun its launcher's. ``budget.minutes`` bounds the whole command, and what ran
-    before the search was called counted for nothing: a 2-minute search of a small task took
-    121.4 s by ``/usr/bin/time`` (116.3 s from the call; Python's and PyTorch's imports the
-    rest, more where CUDA loads)."""
+    under torchrun its launcher's. ``budget.minutes`` bounds the whole command, imports
+    included.
+    """
     import time
 
     import psutil

@@ -1,24 +1,15 @@
 """The performance regression gate users put in CI (``python -m tuner.check``): the verdict.
 
-What is gated is a ratio measured inside one run: the recorded answer's speedup over the
-recorded baseline, both re-measured interleaved now, against the speedup the search
-recorded, by the one rule (:mod:`tuner.stats.decision`) at the gate's tolerance. An
-absolute rate from another process is no measure of a regression on a shared machine (one
-configuration's rate differs between processes by more than the tolerances users gate at).
-Absolute rates are printed; gating on them is asked for (``--absolute``).
+What is gated is a ratio measured in one run: the recorded answer's speedup over the
+recorded baseline, both re-measured interleaved now, against the recorded speedup, by the
+one rule (:mod:`tuner.stats.decision`). A rate from another process is no measure on a
+shared machine; absolute rates are gated only when asked (``--absolute``).
+``regression`` (exit 1), ``pass``, or ``undecided`` (exit 4, never a pass).
 
-- ``regression`` (exit 1): the interval shows the speedup now below the recorded one by
-  more than the tolerance (or, with ``--absolute``, the answer's rate).
-- ``pass``: the interval shows it within the tolerance.
-- ``undecided``: neither after the rounds the gate may take: exit 4, its own status, with its
-  interval and about how many more rounds would decide it, never a pass.
-
-``--rev`` (:func:`rev_verdict`) gates the code itself: the recipe at a git revision against
-the working tree, each side in fresh processes, interleaved, read as pairs. The ratio gate
-cannot see a slowdown every configuration shares (a log line added to the training step):
-the speedup over the baseline stays what it was.
-
-Pure functions of rates; measuring them is :mod:`tuner.tuning.gate_rounds`'s.
+``--rev`` (:func:`rev_verdict`) gates the code: the recipe at a git revision against the
+working tree, each side in fresh processes, interleaved, read as pairs (it sees a slowdown
+every configuration shares, which the ratio cannot). Measuring is
+:mod:`tuner.tuning.gate_rounds`'s.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
-"""Two runs side by side: one configuration of each (the best, the baseline, or any trial),
-every metric with its ratio, and whether the difference is beyond the tolerance.
+"""Two runs side by side: one configuration of each, every metric with its ratio, and whether
+the difference is beyond the tolerance.
 
-Pure functions of what the run folders hold (``best.json``, ``trials.csv``): the caller
-reads them (:func:`tuner.outputs.comparison.compare`). Each row reads the interval every
-decision of a search reads (:mod:`tuner.stats.interval`) against the tolerance (the
-search's, recorded in ``best.json``, unless given): ``beyond`` when it shows the
-difference larger than the tolerance, ``within`` when it shows it smaller, ``undecided``
-otherwise, ``unknown`` with no interval at all (a single run against a single run with no
-repeats anywhere), never "same" on a guess. The noise is each side's own repeats and,
-where those are too few, each run's pooled noise (``noise`` in ``best.json``), each run
-counted once: two sides of one run folder share one noise.
-
-Two run folders are two processes, and a rate differs between processes by more than one
-process's noise. So the rates of two runs are judged only with a between-process noise
-given (``process_noise``: one run's relative noise between two processes, counted once for
-each); without it the row says so (``not judged: two processes``), never ``beyond`` on one
-process's noise.
-
-Environments are compared first: a different device, device count, world size or torch
-makes the numbers describe two machines, not two configurations, and the comparison is
-refused (``anyway`` shows it with those differences on top).
+Pure functions of what the run folders hold (the caller reads them:
+:func:`tuner.outputs.comparison.compare`). Each row reads the interval of
+:mod:`tuner.stats.interval` against the tolerance: ``beyond``, ``within``, ``undecided``, or
+``unknown`` with no interval, never "same" on a guess. A rate differs between processes by
+more than one process's noise, so two runs are judged only with a between-process noise
+given (``process_noise``). Different environments (device, count, world, torch) are refused
+(``anyway`` shows them with the differences on top).
 """
 
 from __future__ import annotations

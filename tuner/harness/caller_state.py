@@ -1,35 +1,14 @@
 """A library call leaves the caller's process as it found it.
 
-``tuner.measure()``, ``tuner.search()``, ``tuner.plan()`` and ``tuner.check()`` run inside
-a user's own Python process (a notebook, a trainer, a test suite). What the tuner changes
-for its own sake there is put back when the call returns, normally or not:
-
-- the garbage collector (enabled, thresholds; nothing frozen: :mod:`tuner.trial.run`);
-- the warnings filters, and the level, handlers and propagation of every logger that
-  existed before the call (optuna's verbosity, DeepSpeed's logger);
-- the environment variables (a lone process's rendezvous variables, Slurm's node groups);
-- the random number generators a trial seeds (torch's, on the CPU and every CUDA device
-  already initialised; Python's ``random``; NumPy's global one);
-- torch's process-wide settings: float32 matmul precision, cuDNN's flags, TF32 matmuls,
-  intra-op threads;
-- the SIGINT, SIGTERM and SIGCHLD handlers (a DataLoader's workers set SIGCHLD's) and
-  ``sys.excepthook`` (``init_process_group`` sets its own);
-- the multiprocessing start method: a DataLoader's workers fix it to ``fork``, after which a
-  caller's ``set_start_method("spawn")`` raised; it is unset again;
-- the default process group: a world of one the call formed on a rendezvous of its own
-  (a lone process's ZeRO or FSDP2 trial) is destroyed on the way out, its variables with
-  it; one the caller had is used and kept; under torchrun the group is the job's
-  (:func:`tuner.harness.distributed.formed_alone`);
-- the threads the call started (monitors, watchdogs, heartbeats) are waited for; the
-  study's database connections are closed (:meth:`tuner.study.study.Study.release`), a
-  destroyed group's device meshes forgotten (their sockets with them), and the group's
-  ``atexit`` callback registered once for the process, not once per group. What torch
-  itself keeps for the process from its first FSDP2 group (about 15 descriptors, the same
-  after any number of groups) is torch's.
-
-Only the tuner's own command-line processes, which own their whole life, freeze the heap
-(``gc.freeze``: :func:`tuner.trial.run.freeze`); pandas, torch and optuna never freeze a
-caller's either.
+``tuner.measure()``, ``search()``, ``plan()`` and ``check()`` run inside a user's own
+process (a notebook, a trainer, a test suite). What the tuner changes there is put back when
+the call returns, normally or not: the garbage collector, warnings filters and existing
+loggers, environment variables, the random generators a trial seeds, torch's process-wide
+settings (matmul precision, cuDNN, TF32, threads), the SIGINT/SIGTERM/SIGCHLD handlers and
+``sys.excepthook``, the multiprocessing start method (a DataLoader's workers fix it), and a
+process group the call formed on a rendezvous of its own (one the caller had, or torchrun's,
+is kept). The threads the call started are waited for and its database connections closed.
+Only the tuner's own command-line processes freeze the heap (:func:`tuner.trial.run.freeze`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """Exposed communication where the host clock cannot see it: a short profiled span right after
 the measured window.
 
-Under NCCL the host only enqueues a collective; it runs on the device, overlapped with compute
-or not, and a host timer reads nothing of it. So the tuner's own trial
-(:func:`tuner.trial.ceiling_comm_flops.profiled_comm_share`) and a script's ``tuner.Probe`` (its
-window's tail, :class:`CommTail`) read it the same way: one profiled step of warm-up (ranks
-start profiling at different moments, and a rank that starts early sees its first collective
-wait for the others: skew, not communication), then :data:`STEPS` steps whose events are read
-in memory (:func:`tuner.harness.comm.trace_events`) and given to
-:func:`tuner.harness.comm.exposed_share`: communication kernels not covered by compute kernels,
-over the span the device ran kernels. The measured window is not perturbed: the profiler runs
-after it. On CPU (gloo) the same span reads the host's collectives in flight, higher than the
-host timer on a user's DDP loop (docs/limitations.md); the tuner's own trial, profiled over its
-measured window, lands within 0.02 of the timer (``scripts/check_comm_share.py``).
+Under NCCL the host only enqueues a collective, so a host timer reads nothing of it. The
+tuner's own trial (:func:`tuner.trial.ceiling_comm_flops.profiled_comm_share`) and a script's
+``tuner.Probe`` (:class:`CommTail`) read it the same way: one profiled step of warm-up (ranks
+start profiling at different moments), then :data:`STEPS` steps whose events go to
+:func:`tuner.harness.comm.exposed_share`: communication kernels not covered by compute
+kernels, over the span the device ran kernels. The profiler runs after the window, so the
+window is not perturbed. On gloo the same span reads the host's collectives in flight
+(docs/limitations.md; ``scripts/check_comm_share.py`` compares it with the host timer).
 """
 
 from __future__ import annotations

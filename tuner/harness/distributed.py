@@ -228,13 +228,11 @@ def broadcast(obj: Any) -> Any:
 
 
 def _lone_rendezvous() -> dict[str, Any]:
-    """A world of one's store, listening on a port the kernel picked as it bound it.
-
-    Asking for a free port, closing it and letting the store bind it later raced: two such
-    processes on one machine (two library calls, two searches) were handed the same port and
-    the second failed ``EADDRINUSE`` (measured: a test beside another file's ranks). The
-    environment a launcher would have set is set to what was bound, for the libraries that read
-    it (DeepSpeed reads ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``)."""
+    """A world of one's store, listening on a port the kernel picked as it bound it (a port
+    asked for, closed and bound later can be handed to two processes). The environment a
+    launcher would have set is set to what was bound, for the libraries that read it
+    (DeepSpeed reads ``RANK``/``LOCAL_RANK``/``WORLD_SIZE``).
+    """
     store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, timeout=timedelta(minutes=10))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
     return {"store": store, "rank": 0, "world_size": 1}

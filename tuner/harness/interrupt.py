@@ -1,11 +1,9 @@
 """Ctrl-C that the search never loses.
 
-Python's own SIGINT handler raises ``KeyboardInterrupt`` wherever the main thread happens
-to be. When that is inside a ``__del__`` or a weakref callback (SQLAlchemy's
-``_collection_gced``, a DataLoader iterator shutting its workers down), Python prints
-"Exception ignored in ..." and drops it: the search went on and finished as if nothing had
-been pressed (seen in CI). This handler raises the same exception and also remembers the
-press, so the search can check the flag at its next decision and stop all the same.
+Python's SIGINT handler raises ``KeyboardInterrupt`` wherever the main thread is; inside a
+``__del__`` or a weakref callback Python prints "Exception ignored in ..." and drops it.
+This handler raises the same exception and also remembers the press, so the search checks
+the flag at its next decision and stops all the same.
 """
 
 from __future__ import annotations

@@ -2,24 +2,12 @@
 
 The probe wraps the batch iterator (time blocked in ``next()`` is data wait) and is told
 when an optimizer step has finished. It never synchronises the device: on a GPU the step
-boundaries are CUDA events read once, after the window. The same object measures the
-tuner's own loop and, as ``tuner.Probe``, a loop the tuner does not own::
+boundaries are CUDA events read after the window. The same object measures the tuner's own
+loop and, as ``tuner.Probe``, a user's loop; what happens when a step is counted or the
+window closes (script mode's report) is a hook from the layer above.
 
-    probe = ProbeCore()          # tuner.Probe for users
-    for batch in probe.loader(train_loader):
-        ...                      # forward, backward, optimizer.step()
-        probe.step()
-        if probe.done: break
-    print(probe.summary())
-
-This is the core: it knows nothing of script mode. What happens when a step is counted or
-the window closes (script mode's report to the search) is a hook from the layer above.
-
-Under torchrun every rank runs its own probe; :meth:`Probe.summary` is then a collective
-that returns the metrics of all ranks combined (on every rank). On CPU (gloo) the time
-the loop is blocked on collectives is timed as exposed communication: the Python-level
-ones (``torch.distributed``, ``deepspeed.comm``) by themselves, DDP's all-reduces once
-the model is given to :meth:`Probe.watch`.
+Under torchrun every rank runs its own probe, and :meth:`summary` is a collective returning
+all ranks' metrics combined. On gloo, time blocked on collectives is exposed communication.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Where the probe's clock comes from: the host's, or the device's own timeline.
 
-On a CPU the loop and the device are one: seconds the host spends blocked in ``next()`` are
-seconds training does not run. On a GPU they are not. The host runs ahead of the device
-(kernels are queued), so host time inside ``next()`` while the device still works through
-the previous step is not exposed at all; and a pageable ``.to("cuda")`` (``pin_memory`` off)
-is a copy the stream orders after every kernel queued before it, so the host blocks until
-the previous step's GPU work is done: timed on the host, that work reads as input
-transfer (a false "input-transfer-bound" verdict, and an attribution that credits
-``pin_memory`` with the step's compute).
-
-So the probe marks points, and a timing source says what a mark is and how far apart two
-marks are. :class:`HostClock`: a mark is ``time.perf_counter()``. :class:`CudaEvents`: a
-mark is a CUDA event recorded on the training stream. An event completes when the stream
-reaches it, so between a mark made before ``next()`` and one made after it, with nothing
-queued in between, ``elapsed_time`` is ``max(0, host ready - device done)``: the device's
-idle gap waiting for the batch, which is exactly the exposed data wait. A mark after the
-copy to the device gives the copy as the stream saw it. Events are read after the window
-(reading one that has not completed would wait for the device); inside it, decisions use
-only the marks the device has reached (:meth:`CudaEvents.reached`).
-
-The arithmetic that turns marks into each step's wait and copy (:func:`step_waits`) is
-shared by both sources, so what a CPU test shows of it holds for the CUDA path too.
+On a GPU the host runs ahead of the device, so host time in ``next()`` is not all exposed,
+and a pageable ``.to("cuda")`` blocks until the previous step's kernels finish: timed on the
+host, that reads as input transfer. So the probe marks points and a timing source says what
+a mark is: :class:`HostClock` ``time.perf_counter()``, :class:`CudaEvents` an event on the
+training stream, where the gap between marks around ``next()`` is the device's idle wait
+for the batch. Events are read after the window; inside it only the marks the device has
+reached count (:meth:`CudaEvents.reached`). :func:`step_waits` turns marks into each step's
+wait and copy for both sources, so a CPU test of it holds for the CUDA path.
 """
 
 from __future__ import annotations

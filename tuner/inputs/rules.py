@@ -1,22 +1,13 @@
 """The rules of the knobs, each a small function, in one module: which knob means nothing
 given the others (:data:`NEEDS`), which values are no configuration at all
-(:data:`CONFLICTS`), and why a plan cannot run here (:data:`RULES`, each naming itself in its
-answer: "the rule: ...").
+(:data:`CONFLICTS`), and why a plan cannot run here (:data:`RULES`, each naming itself:
+"the rule: ...").
 
-A knob's meaning and a conflict are asked of a point of the space, before there is a plan:
-the sampler asks each knob only where it applies given those asked before it, and a plan is
-made from a point only once its conflicts are ruled out and its meaningless knobs reset to
-their defaults (:func:`tuner.inputs.space.make_config`), so two points that train alike are
-one plan. A refusal is asked of the plan.
-
-The batch's (the global batch over the data-parallel ranks), the layout's (its degrees
-against the world and the node, fp16 with a layout, a pipeline schedule's micro-batches
-and blocks), the kernels' (CUDA graphs with sharding or a layout, flash attention in
-fp32, float8 with ZeRO or tensor parallelism, Liger's fused loss with a layout) and DDP's
-(a static graph with accumulation). The search
-records a plan a rule refuses ``skipped``, with the rule, and never runs it; ``tuner.measure``
-stops on it in one line. What a machine cannot run at all, whatever the plan, is each
-lever's own ``refused`` (:class:`~tuner.inputs.lever.Lever`).
+Needs and conflicts are asked of a point of the space, before there is a plan (the sampler
+asks a knob only where it applies; :func:`tuner.inputs.space.make_config` resets the
+meaningless ones, so two points that train alike are one plan). A refusal is asked of the
+plan, and the search records it ``skipped`` without running it. What a machine cannot run
+whatever the plan is a lever's own ``refused``.
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """The memory model: a configuration's peak predicted before it runs, refined by every trial.
 
-Per rank, in bytes (the peak the budget holds at, :func:`~tuner.harness.metrics.budget_peak`:
-the device's reserved memory on a GPU, the process tree's PSS on a CPU-only machine, where the
-host is the device, at the batch of the largest samples where batches differ)::
+Per rank, in bytes, of the peak the budget holds (:func:`~tuner.harness.metrics.budget_peak`)::
 
     peak = overhead + states(config) + per_sample(amp, checkpointing) x micro_batch + per_worker x workers
 
-- ``states`` is analytic, from the parameter count: fp32 parameters and gradients (4 + 4
-  bytes each) and AdamW's two moments (8), times the share each sharding or offload lever
-  keeps on the device (its ``Lever.memory.states`` term, :mod:`tuner.inputs.model_states`: ZeRO's
-  stages and DeepSpeed's half-precision engine, FSDP2 with or without resharding, offload).
-- ``overhead`` starts as what the process held before its first trial (the runtime) and
-  becomes the fitted intercept; ``per_sample`` (the activations) and ``per_worker`` (what
-  each loader worker copies) are fitted from the trials by least squares. A group of
-  (amp dtype, checkpointing) not measured yet scales the fp32 / no-checkpointing slope by
-  a prior (half for reduced precision and for selective checkpointing, a tenth for full);
-  a group measured at one micro-batch has its own slope through the common intercept.
-- The parallel layout: a rank's states are its layout's parameters (its
-  pipeline stages' blocks, the tensor-parallel plan's modules divided by ``tp``:
-  :func:`~tuner.trial.layout_rules.rank_parameters`, counted on the meta device), sharded
-  over the data-parallel ranks; its activations are its stage's share of the micro-batches
-  in flight (:func:`activation_units`); each pipeline schedule has its own slope.
-- Until two trials differ in micro-batch or in loader workers, the prediction is the
-  analytic part alone and says so (``analytic``); while only the workers have varied, a
-  configuration at another micro-batch is predicted ``analytic`` too.
+- ``states``: analytic from the parameters a rank holds under its layout
+  (:func:`~tuner.trial.layout_rules.rank_parameters`): fp32 parameters, gradients and AdamW's
+  moments, times the share each sharding or offload lever keeps (:mod:`tuner.inputs.model_states`).
+- ``overhead`` (first the runtime before any trial, then the fitted intercept), ``per_sample``
+  and ``per_worker``: least squares over the trials. An (amp, checkpointing) group not yet
+  measured scales the fp32 slope by a prior; the activations are a rank's stage's share of
+  the micro-batches in flight (:func:`activation_units`), a slope per pipeline schedule.
+- Until two trials differ in micro-batch or workers, the prediction is the analytic part
+  alone and says so (``analytic``).
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """The search in the experiment tracker the user already has: MLflow, TensorBoard, W&B.
 
-``--track mlflow,tensorboard`` (or ``track:`` in the recipe; several at once) logs every
-trial as it is recorded and the result when the run folder is written:
-
-- **MLflow**: the search is a parent run, each trial a nested run (params, numeric metrics,
-  ``tuner.state`` / ``tuner.reason`` tags; FINISHED, KILLED when pruned, FAILED otherwise);
-  the best trial's run is tagged ``tuner.best``; the parent gets the best's metrics
-  (``best.*``), the speed-up and, as artifacts, report.html, best.json, trials.csv,
-  search.log and the exported configs. Where it goes is MLflow's own configuration
-  (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``; else experiment ``tuner-NAME`` in
-  MLflow's default local store).
-- **TensorBoard**: event files under ``RUN_DIR/tensorboard`` (``TUNER_TENSORBOARD_DIR``
-  moves them): each trial a step of ``trials/METRIC`` scalars and one HParams run, the best
-  as ``best/*`` scalars and a text with its params and the artifacts' paths (TensorBoard
-  keeps no files).
-- **W&B**: one run (``WANDB_PROJECT``, default ``tuner``), each trial a step of
-  ``trial/*`` values, the best in the run's summary, the trials as a table, the files as an
-  artifact. ``WANDB_MODE`` decides where it goes; without it and without W&B credentials
-  (``WANDB_API_KEY``, ``~/.netrc``) the run is offline, in ``RUN_DIR/wandb`` (``wandb
-  sync`` sends it later), and a line says so: nothing leaves the machine unless the user's
-  own configuration says it should.
-
-A tracker that fails mid-search is dropped with one line; the search and its run folder go
-on (what is recorded is never lost to a tracker).
+``--track mlflow,tensorboard`` (or ``track:`` in the recipe) logs each trial as it is
+recorded and the result when the run folder is written: MLflow a parent run with a nested
+run a trial, TensorBoard event files under ``RUN_DIR/tensorboard``, W&B one run with a step
+a trial (offline in ``RUN_DIR/wandb`` without credentials or ``WANDB_MODE``). Where each
+goes is the tracker's own configuration; docs/outputs.md lists what each gets. A tracker
+that fails mid-search is dropped with one line; the search goes on.
 """
 
 from __future__ import annotations

@@ -85,11 +85,10 @@ class Claim:
     def wait_free(self, wait_s: float = FREE_WAIT_S) -> str | None:
         """Block until every claimed GPU's used memory is back to its baseline (a killed
         trial's memory given back); ``None`` when it is, else the one line saying where it
-        is not, after ``wait_s``. What they hold then becomes the baseline: memory another
-        job keeps would otherwise cost every later trial the same wait. This process's own
-        memory is not counted at all: a caller that uses CUDA itself (a notebook, the GPU
-        acceptance, whose in-process checks grew its cache by 0.9 GiB after the claim) is no
-        trial's leftover, and the launcher had waited its 60 s for it."""
+        is not, after ``wait_s``. What they hold then becomes the baseline, so memory another job
+        keeps costs one wait, not one a trial. This process's own memory is not counted: a caller
+        that uses CUDA itself is no trial's leftover.
+        """
         deadline = time.monotonic() + wait_s
         while True:
             now = used_bytes(list(self.baseline), _own_pids())

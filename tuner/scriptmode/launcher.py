@@ -256,9 +256,8 @@ def end_tree(proc: Any) -> None:
     """End the trial's whole process tree: torchrun, its ranks, their loader workers.
 
     SIGTERM, then SIGKILL: each waits for the leader (up to :data:`GRACE_S`) and then for the
-    rest of the group (up to :data:`LINGER_S`), looking every 10 ms. A fixed 0.2 s pause
-    here was most of the tuner's own share of a trial (0.12 s median, 0.21 s at most, of a
-    pre-warmed one-process trial: ``scripts/bench_trial_overhead.py --phases``)."""
+    rest of the group (up to :data:`LINGER_S`), looking every 10 ms.
+    """
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)

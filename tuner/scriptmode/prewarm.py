@@ -1,33 +1,16 @@
 """A pre-warmed launcher for ``launcher: python``: each trial forked from a process that has
-already imported torch, so a trial no longer pays for the interpreter and ``import torch``.
+already imported torch, so a trial does not pay for the interpreter and ``import torch``
+(``scripts/bench_trial_overhead.py`` measures it; docs/benchmarks.md).
 
-Measured (``python scripts/bench_trial_overhead.py --script-recipe recipes/script_python.yaml``,
-this 2-core machine): a fresh ``python`` script trial spends 2.3-2.9 s before its first
-step, 1.4-1.8 s of it importing torch; forked from this process the same trial starts in
-well under half that. The search starts one such process per worker (``python -m
-tuner.scriptmode.prewarm``), with the trial's own environment and folder, and sends it one
-JSON line per trial; it forks, and the child becomes the trial:
+The search starts one such process per worker, with the trial's environment and folder, and
+sends it one JSON line per trial. The child becomes the trial as a fresh process would be:
+its own session, ``output.log`` for stdout and stderr, the trial's environment, folder,
+``sys.argv`` and ``sys.path[0]``, the random generators reseeded from the OS, ``SIGCHLD`` at
+its default; the script runs as ``__main__`` and its exit status goes beside the log.
 
-- its own session (the launcher ends its whole tree with one ``killpg``, as a fresh trial's),
-  stdout and stderr to the trial's ``output.log``, stdin ``/dev/null``;
-- the trial's environment (``os.environ``), folder and ``sys.argv``; ``sys.path[0]`` as
-  ``python script.py`` (the script's folder) or ``python -m`` (the folder) sets it;
-- Python's ``random``, NumPy's global generator and torch's default generators reseeded
-  from the OS, as a fresh interpreter seeds them (each has a random seed per process:
-  ``torch.initial_seed()`` differs between two fresh runs, and every forked trial would
-  otherwise share this process's);
-  ``SIGCHLD`` back to its default (``subprocess`` in the script needs it);
-- the script runs as ``__main__`` (``runpy``, as the adapters already run it), its
-  ``atexit`` handlers run when it ends, and its exit status goes to a file beside the log.
-
-What a script could still tell apart is kept out by construction: variables read when a
-library is imported (seen: ``OMP_NUM_THREADS`` set after ``import torch`` does not change
-``torch.get_num_threads()``) cannot differ, because the launcher forks only when the
-trial's environment equals this process's in everything but :data:`RUNTIME_ENV` (read when
-the script runs); otherwise, or when this process is not ready, the trial starts fresh.
-CUDA is never initialised here (``torch.cuda.is_available`` would make forked children
-unable to use the device): torch is imported with ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` and
-the process refuses to serve if CUDA was initialised anyway.
+It forks only when the trial's environment equals this process's in all but
+:data:`RUNTIME_ENV` (variables read at import would otherwise differ); else the trial starts
+fresh. CUDA is never initialised here: forked children could not use the device.
 """
 
 from __future__ import annotations

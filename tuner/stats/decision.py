@@ -1,28 +1,18 @@
 """The one rule for every keep, drop, stop, pass and fail.
 
-A decision is always between a *richer* configuration ``a`` (it has the change: the
-fastest finalist, the answer with bf16, the recorded speedup) and a *simpler* one ``b``
-(without it), read from the interval of how much slower ``b`` is
+A decision is between a *richer* configuration ``a`` (with the change) and a *simpler* one
+``b`` (without it), read from the interval of how much slower ``b`` is
 (:func:`tuner.stats.interval.slowdown`):
 
-- ``drop``: the interval shows ``b`` costs less than the tolerance (its upper bound is
-  below it). The change goes: it is not worth keeping.
-- ``keep``: the interval shows ``b`` slower by more than the tolerance (its lower bound is
-  above it). The change stays, on evidence.
-- ``undecided``: neither. More is measured, interleaved, until the interval decides, or is
-  precise (half its width below half the tolerance: whichever is chosen then costs less
-  than the tolerance), or a cap (``--confirm`` rounds, and a share of the budget's time).
-  At the cap the richer configuration (the one with the change) stays, labelled
-  ``undecided`` with its interval: a measured change leaves the answer only on evidence,
-  never on a coin flip of the point estimate.
+- ``drop``: the interval shows ``b`` within the tolerance (its upper bound below it).
+- ``keep``: the interval shows ``b`` slower by more than the tolerance.
+- ``undecided``: neither. More is measured until the interval decides, or is precise (half
+  its width below half the tolerance), or a cap is reached; then the richer configuration
+  stays, labelled ``undecided`` with its interval: a measured change leaves only on evidence.
 
-Never on a point estimate. The interval is looked at on a schedule (:data:`LOOKS`: 1, 2,
-3, 5, 8, 12, 18, ... runs, each 1.5 times the last), at 99% each time. What the whole
-procedure achieves is measured on the finish as it ships (``scripts/operating_characteristics.py``,
-1,000 simulated searches a cell; docs/search.md has the table, :mod:`tuner.tuning.promises`
-says it above every report): inside the finish's budget, a real 5% gain after a 12-trial
-search is dropped at most a few percent of the time up to 5% noise a run and about a fifth
-at 10%, and a real 5% loss kept about half the time from 5% noise a run.
+The interval is looked at on a schedule (:data:`LOOKS`, each 1.5 times the last), at 99%
+each time. The error rates of the procedure as it ships are in docs/search.md
+(``scripts/operating_characteristics.py``).
 """
 
 from __future__ import annotations
@@ -91,14 +81,11 @@ more pairs would settle (``scripts/operating_characteristics.py`` measures the c
 def pairs_to_settle(s: Slowdown | None, tolerance: float, most: int = 10_000) -> int | None:
     """About how many pairs in all the paired interval ``s`` needs to be :func:`settled`
     (decided, or precise), were the estimate to stay and the noise to be :data:`OPTIMISM`
-    of what its pairs show: the half-width goes as ``t(k-1) / sqrt(k)``. ``None`` for an unpaired interval or one of
-    fewer than :data:`PROJECT_AFTER` pairs (too few to project from); ``most + 1`` where
-    even ``most`` would not do.
-
-    Why: a change whose true effect sits on the tolerance cannot be settled in any budget,
-    and the finish spent all of its own on one. On the workers-grid test a
-    ``persistent_workers`` question (1.2% faster without it, 99% interval -6.2% to +3.5%
-    after 11 pairs) took 36 s of a 54 s search; settling it needed about 25 pairs."""
+    of what its pairs show: the half-width goes as ``t(k-1) / sqrt(k)``. ``None`` for an
+    unpaired interval or one of fewer than :data:`PROJECT_AFTER` pairs; ``most + 1`` where
+    even ``most`` would not do. A change whose true effect sits on the tolerance cannot be
+    settled in any budget; this keeps the finish from spending its own on one.
+    """
     if s is None or s.pairs < PROJECT_AFTER or not math.isfinite(s.half_log):
         return None
     n = s.pairs

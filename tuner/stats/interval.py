@@ -1,29 +1,16 @@
 """How much slower one configuration is than another, with the interval every decision reads.
 
-Paired first: where the two were measured in the same interleaved rounds, the interval is
-the within-round log-ratios' (:func:`paired`), so what the machine does to both in a round (a
-busier minute, a slow drift) cancels instead of widening it; a 3% random walk of the
-machine's speed let a 0% change be kept 86% of the time through the unpaired interval. The
-unpaired interval (:func:`slowdown`) only where no round holds both (a search trial against
-another).
+Paired where the two were measured in the same interleaved rounds (:func:`paired`): the
+within-round log-ratios, so what the machine does to both in a round cancels; unpaired
+(:func:`slowdown`) only where no round holds both. Every keep, drop, stop, pass and fail
+reads this interval through :mod:`tuner.stats.decision`.
 
-Every keep, drop, stop, pass and fail of the tuner reads this one interval (the rule that
-reads it is :mod:`tuner.stats.decision`): the finish's choice among finalists, each
-change of the answer, the convergence stop, the regression gate, ``tuner compare``.
-
-The interval is Student's t on the log of the rates (gains multiply; a rate's noise is
-relative): the difference of mean log-rates, its standard error from the two
-configurations' own repeats pooled (``s^2 = SS / dof``, ``dof = n_a + n_b - 2``), or, while
-those give fewer than :data:`MIN_DOF` degrees of freedom, from every repeated configuration
-of the run pooled the same way (honest degrees of freedom, no floor). With neither, there
-is no interval: nothing is decided on an assumed noise.
-
-Its level is :data:`LEVEL` (99%) at each look, not 95%: a decision is looked at again and
-again as runs come in, and a 95% interval looked at after every round gave a real 5% gain
-away 9.3% of the time at 22% noise a run (each look another chance for chance; simulated,
-2,000 decisions). At 99%, looked at on the schedule of :mod:`tuner.stats.decision`, the
-procedure as a whole keeps each side's error under 2.5%
-(``tests/analysis/test_operating_characteristics.py`` measures it; the table is in docs/search.md).
+Student's t on the log of the rates (gains multiply; a rate's noise is relative): the
+difference of mean log-rates, its standard error from the two configurations' repeats
+pooled, or, below :data:`MIN_DOF` degrees of freedom, from every repeated configuration of
+the run. With neither there is no interval: nothing is decided on an assumed noise. The
+level is :data:`LEVEL` (99%) at each look, since a decision is looked at again as runs come
+in; the error rates of the whole procedure are in docs/search.md.
 """
 
 from __future__ import annotations
@@ -262,21 +249,15 @@ def _groups(data: Sequence[tuple[Hashable, Hashable, float]]) -> int:
 def contrast(now: Sequence[float], then: tuple[LogStats, LogStats],
              then_wide: tuple[float, int] = (0.0, 0)) -> Slowdown | None:
     """How much smaller the ratio ``a / b`` is now than it was then (``1 - ratio_now /
-    ratio_then``), with the :data:`LEVEL` t-interval; the regression gate's question: is the
-    answer's speedup over the baseline, measured in this run, smaller than the one recorded?
+    ratio_then``), with the :data:`LEVEL` t-interval: the regression gate's question.
 
-    ``now`` holds this run's ``log(rate_a / rate_b)`` of each interleaved round, a pair, with
-    its own noise (``n - 1`` degrees of freedom: what the machine does to both in a round
-    cancels); ``then`` the record's two groups, unpaired, with their own noise or, while that
-    gives fewer than :data:`MIN_DOF` degrees of freedom, the recorded run's (``then_wide``).
-    Each side's noise is its own, added as variances (Welch; the degrees of freedom
-    Satterthwaite's, rounded down): pooled into one figure, the record's quiet noise set the
-    width of an interval on rounds measured beside two busy processes, and one round of them
-    could read as a regression the rounds' own spread would not show. Below :data:`MIN_DOF`
-    degrees of freedom of the rounds' own (three rounds), no interval: with one, a chance
-    small spread of two busy rounds narrowed the interval to the record's width and an
-    unchanged speedup read smaller beyond 5% in 2.0% of gates (20% noise a run now, 2% then;
-    0.3% from three rounds, within the interval's one side; tests/stats/test_interval.py)."""
+    ``now`` holds this run's ``log(rate_a / rate_b)`` of each interleaved round (paired, ``n -
+    1`` degrees of freedom); ``then`` the record's two groups, unpaired, with their own noise or,
+    below :data:`MIN_DOF` degrees of freedom, the recorded run's (``then_wide``). Each side's
+    noise is its own, added as variances (Welch, Satterthwaite's degrees of freedom): a quiet
+    record's noise must not set the width for rounds measured on a busy machine. Below
+    :data:`MIN_DOF` degrees of freedom of the rounds' own, no interval.
+    """
     n = len(now)
     if n - 1 < MIN_DOF or then[0].n == 0 or then[1].n == 0:
         return None

@@ -1,26 +1,18 @@
 """The prune rule: cut a trial whose settled steps show it slower than the best so far by
 more than the tolerance, on a noise the run has measured.
 
-One rule for both places a trial runs: the tuner's own loop and a script's ``tuner.Probe``
-(the rule travels in the trial file as data, so the script applies the very rule the search
-would). It is asked at :func:`checks` on the steps the device has finished.
+One rule for the tuner's loop and a script's ``tuner.Probe`` (it travels in the trial file
+as data), asked at :func:`checks` on the steps the device has finished. It never cuts on:
 
-Three things it never cuts on:
+- **an assumed noise**: the bar counts the run's pooled noise twice (this trial against the
+  best) with its t quantile; with no repeated configuration there is no cut;
+- **a first-use plateau**: leading slow steps are warm-up
+  (:func:`tuner.stats.window_length.warm_up`), and no cut comes before :data:`MIN_STEADY`
+  steps after one could have ended;
+- **the window's own luck**: the settled steps' spread bounds the rest of the window, at
+  99.5% one-sided beside the noise bound's 99.5%.
 
-- **an assumed noise.** The bar counts one run's noise twice (this run against the best's):
-  the pooled noise of the configurations this run measured more than once, with the t
-  quantile of its degrees of freedom. With none measured there is no cut (an assumed noise
-  cut equal trials a third of the time at a busy machine's noise).
-- **a first-use plateau.** Leading steps slower than every later one are the trial's warm-up
-  (:func:`tuner.stats.window_length.warm_up`), set aside up to half of the window the trial
-  would have measured (``settle_within``), and no cut comes before such a plateau could have
-  ended with :data:`MIN_STEADY` steps after it.
-- **the window's own luck.** The settled steps' own spread bounds where the rest of the
-  window can land, at 99.5% one-sided, added to the run-noise bound at 99.5% (so together
-  they are wrong at most 1% of the time: a union of the two).
-
-Its false cuts of a trial exactly as fast as the best are measured in
-``tests/stats/test_prune_characteristics.py`` and published in docs/search.md.
+Its false cuts are measured in ``tests/stats/test_prune_characteristics.py`` (docs/search.md).
 """
 
 from __future__ import annotations
@@ -94,10 +86,10 @@ class PruneBar:
 
 def checks(most: int) -> frozenset[int]:
     """Measured step counts at which the rule is asked: more and more sparsely (2, 3, 4, 6,
-    9, 13, ...), up to the step before the window's last. Every rank asks at the same counts
-    (rank 0 decides, all follow), whatever the bar: :meth:`PruneBar.earliest` is the bar's own
-    floor. Asked once, after a quarter of the window, pruned trials cost more than finished
-    ones on the issue's job (7-8 s against 3-5 s): they ran their slow steps until then."""
+    9, 13, ...), up to the step before the window's last, so a slow trial stops early. Every
+    rank asks at the same counts (rank 0 decides, all follow), whatever the bar:
+    :meth:`PruneBar.earliest` is the bar's own floor.
+    """
     out, n = set(), 2
     while n < max(3, most):
         out.add(n)

@@ -1,20 +1,12 @@
 """How long to measure, and which of the measured steps count: until the number is
 trustworthy, not after a fixed count, and never on a first-use cost.
 
-A fixed count of steps over-measures a 2 s step and under-measures a 2 ms one (whose
-window is then a few hundredths of a second of noise). ``steps.measure: auto`` measures
-until the 95% confidence interval of the mean step time is within :attr:`Auto.half_width`
-(8%) of it, after at least :attr:`Auto.min_steps` steps and :attr:`Auto.min_s` seconds, and at
-most :attr:`Auto.max_steps` steps or :attr:`Auto.max_s` seconds. Consecutive step times
-are correlated (loader workers deliver in bursts, the allocator and the OS come and go),
-so the interval counts them as fewer independent steps than there are, by their lag-1
-autocorrelation.
-
-First-use costs past the recipe's warm-up (a loader worker's first batches, bf16's first
-kernels, an allocator growing) are set aside, not averaged in (:func:`warm_up`): a window whose
-first 2 steps were 3x slower read x0.93 (0.25 s steps) to x0.74 (1 s steps) of its rate
-before, and a plateau of 3 equal slow steps was not seen at all by the rule this replaces
-("each slower than every step after it").
+``steps.measure: auto`` measures until the 95% confidence interval of the mean step time is
+within :attr:`Auto.half_width` of it, between :attr:`Auto.min_steps` / :attr:`Auto.min_s`
+and :attr:`Auto.max_steps` / :attr:`Auto.max_s`. Consecutive step times are correlated
+(workers deliver in bursts), so the interval counts them as fewer independent steps, by
+their lag-1 autocorrelation. First-use costs past the recipe's warm-up (a worker's first
+batches, first kernels, a growing allocator) are set aside, not averaged in (:func:`warm_up`).
 """
 
 from __future__ import annotations
@@ -91,14 +83,9 @@ class Auto:
 
     half_width: float = 0.08
     """Relative half-width of the 95% interval of the mean step time to reach. Tighter buys
-    little: whole trials of one configuration differ by 5-11% here (a rebuild, the other
-    processes), more than the window adds, and the confirmation repeats what must be
-    compared closely. Measured (``python scripts/bench_windows.py --repeats 5 --half-widths
-    0.05,0.08,0.10``): where steps are steady the 8 steps and 1 s minimums end the window
-    first at any of the three (a 6 ms step: 312 steps; a 0.2 s step: 8), with spreads
-    between repeats of 2.6-2.9% and 5.9-8.1%; where they are not (the DeepSpeed bench job,
-    36 ms steps +-20% each), ±5% took 44-74 steps (1.9-4.2 s a window) and ±8% 19-44
-    (1.0-1.5 s, one of 2.5 s), for the same answer. At ±3% a 0.5 s CPU step measured for 28 s."""
+    little: whole trials of one configuration differ by more than the window adds, and the
+    finish repeats what must be compared closely (docs/benchmarks.md: ``scripts/bench_windows.py``).
+    """
     min_steps: int = 8
     min_s: float = 1.0
     """Measured seconds at least: timer and scheduler noise need some length to average out."""

@@ -67,10 +67,10 @@ def record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
     """Tell the study what ``result`` was (over ``budget``'s memory, it is ``over_budget``);
     returns the outcome recorded and the finished trial.
 
-    Another worker may have ended the trial meanwhile (it judged this one dead: a heartbeat
-    late on a loaded machine; seen once in CI with two Slurm workers on one host). Then what
+    Another worker may have ended the trial meanwhile (it judged this one dead). Then what
     that worker recorded stands, and is returned: the result stays in this process's pool,
-    and the configuration, put back by that worker, is measured again."""
+    and the configuration, put back by that worker, is measured again.
+    """
     try:
         return _record(study, trial, result, budget, extra, objective)
     except Finished:

@@ -187,12 +187,11 @@ class Study:
 
     def ask(self, who: Mapping[str, Any] | None = None) -> Asked:
         """The next trial: an enqueued one first, else the sampler's. ``who`` (the worker) is
-        stamped at once, before its claim: a process killed between the two leaves a trial
-        others can tell is dead (unstamped, a resumed search waited out the 60 s grace). A
-        Ctrl-C between the two is held until the stamp is written, then raised (seen in a
-        loaded CI run: an unstamped trial, failed 60 s later without its reason). Optuna's
-        warning that heartbeats are meant for ``optimize`` is silenced: the workers beat for
-        the asked trial themselves."""
+        stamped at once, before its claim, so a process killed between the two leaves a trial
+        others can tell is dead; a Ctrl-C between the two is held until the stamp is written.
+        Optuna's warning that heartbeats are meant for ``optimize`` is silenced: the workers beat
+        for the asked trial themselves.
+        """
         with interrupt.deferred():
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage")

@@ -1,27 +1,19 @@
 """Several searches on one study: heartbeats, claims, and one worker to finish.
 
-The same ``tuner.search`` command started N times against one ``storage`` URL (PostgreSQL
-for several nodes; SQLite on one) works one search together. What this needs, and how it
-is had from the storage alone, with no process of ours in between:
+The same ``tuner.search`` started N times against one ``storage`` URL works one search,
+coordinated through the storage alone:
 
-- A dead worker's trial is re-run by another. Optuna's RDB heartbeats: this worker beats
-  for its trial in flight every :data:`HEARTBEAT_S`; any worker, before each decision,
-  fails the trials whose beat is older than :data:`GRACE_S` (``fail_stale_trials``), and
-  Optuna's retry callback puts each back, WAITING, for the next ``ask``. A trial left by a
-  dead process of this very host is failed at once (its pid is gone; no grace to wait).
-- No configuration measured by two workers at once. Every trial about to run writes its
-  configuration as a ``claim`` and then reads the other trials' claims (in flight, or
-  measured since this worker last read the study: seen once, a configuration measured
-  twice in a row by two workers in the test of three); one that sees the same claim
-  withdraws (its trial FAIL, ``yielded``) and waits a moment at random.
-  Write-then-read makes this safe on any linearisable store: of two claimants, the one that
-  read last saw the other's claim. Both may withdraw (then the jitter separates them), never
-  both run. The sampler is TPE with constant liar, so it steers away from trials in flight.
-- The budget is the study's: finished trials plus the other workers' trials in flight.
-- Confirmation and attribution once. The first worker to stop creates a lock study
-  (``<name>.finishing``; study names are unique in every Optuna storage, so one create
-  wins), waits for the others' trials in flight, then confirms and writes the run folder;
-  the others stop at their next decision and exit 0, saying who finishes.
+- A dead worker's trial is re-run by another: Optuna's RDB heartbeats (every
+  :data:`HEARTBEAT_S`, stale after :data:`GRACE_S`) and its retry callback; a trial left by a
+  dead process of this host is failed at once.
+- No configuration measured by two workers at once: a trial writes its configuration as a
+  ``claim`` and then reads the others'; one that sees the same claim withdraws (``yielded``)
+  and waits at random. Write-then-read is safe on any linearisable store: both may withdraw,
+  never both run.
+- The budget is the study's: finished trials plus the others' trials in flight.
+- One finish: the first worker to stop creates a lock study (``<name>.finishing``; one
+  create wins), waits for the trials in flight, confirms and writes the run folder; the
+  others stop at their next decision and exit 0.
 """
 
 from __future__ import annotations
@@ -187,12 +179,11 @@ class Workers:
 
     def claim(self, trial: Asked, key: str) -> str | None:
         """Claim ``key`` (a configuration) for ``trial``, inside the budget.
-        ``None``: claimed; else why ``trial`` was withdrawn: ``"taken"`` (another worker
-        measures it), ``"budget"`` (the trials in flight fill the budget: the same
-        write-then-read keeps workers from overshooting it; seen: 10 trials on a budget of 9)
-        or ``"finishing"`` (the worker finishing the search has stopped waiting for trials in
-        flight since this one last looked: nobody would wait for this one). A trial another
-        worker ended meanwhile is ``"taken"`` too: it is not this worker's to run."""
+        ``None``: claimed; else why ``trial`` was withdrawn: ``"taken"`` (another worker measures
+        it, or ended this trial meanwhile), ``"budget"`` (the trials in flight fill the budget;
+        write-then-read keeps workers from overshooting it) or ``"finishing"`` (the worker
+        finishing the search has stopped waiting for trials in flight).
+        """
         try:
             return self._claim(trial, key)
         except Finished:

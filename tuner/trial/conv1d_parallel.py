@@ -1,28 +1,13 @@
 """Megatron-LM's tensor parallelism for transformers' ``Conv1D`` (GPT-2), by hand.
 
-PyTorch's ``ColwiseParallel`` / ``RowwiseParallel`` accept only ``nn.Linear`` and
-``nn.Embedding``; GPT-2's projections are ``Conv1D`` (``y = x @ W + b`` with ``W`` stored
-``[in, out]``), and its ``c_attn`` packs query, key and value side by side. Each rank keeps
-plain local parameters, as Megatron-LM does:
-
-- colwise (``c_fc``): its slice of ``W``'s output columns and of the bias; its input goes
-  through :class:`_CopyToGroup` (identity forward, gradient all-reduced backward: every
-  rank's slice contributed to the input's gradient);
-- colwise packed (``c_attn``): its heads' columns of each of query, key and value, laid
-  side by side, and the attention's ``split_size`` cut to match (the attention finds its
-  head count from the width, ``view(..., -1, head_dim)``);
-- rowwise (the ``c_proj`` s): its slice of ``W``'s input rows; the partial outputs are
-  summed by :class:`_ReduceFromGroup` (all-reduce forward, identity backward) before the
-  bias, which every rank holds whole (so it is added once).
-
-- the vocabulary (``wte`` and the tied ``lm_head``): each rank its rows of the one shared
-  matrix; a lookup outside them reads zero and the ranks' lookups are summed
-  (:class:`VocabEmbedding`); the head's logits are gathered along the vocabulary for the
-  loss (:class:`VocabHead`, the gradient split back). The tie stays one parameter.
-
-Replicated parameters (biases of the rowwise projections, the norms, the position
-embeddings) get the same gradient on every rank of the group, so they stay equal without
-a collective.
+PyTorch's ``ColwiseParallel`` / ``RowwiseParallel`` take only ``nn.Linear`` and
+``nn.Embedding``; GPT-2's projections are ``Conv1D`` (``y = x @ W + b``, ``W`` stored
+``[in, out]``) and ``c_attn`` packs query, key and value. Each rank keeps plain local
+parameters: colwise (``c_fc``, and ``c_attn`` by heads of each of q, k, v) its output
+columns, its input through :class:`_CopyToGroup`; rowwise (``c_proj``) its input rows, the
+partial outputs summed by :class:`_ReduceFromGroup` before the bias; the tied vocabulary
+its rows (:class:`VocabEmbedding`, :class:`VocabHead`). Replicated parameters get the same
+gradient on every rank, so they stay equal without a collective.
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
 """Pipeline stages of a decoder-only model: the second part of the parallel layout.
 
-Two families from transformers, by their module names: Llama-style decoders
-(``model.model.embed_tokens``, ``.layers``, ``.norm``, ``.rotary_emb``, ``model.lm_head``)
-and GPT-2 (``model.transformer.wte``, ``.wpe``, ``.drop``, ``.h``, ``.ln_f``,
-``model.lm_head``). The blocks are cut into ``n`` stages of consecutive blocks, split as
-evenly as they go (the first stages take the remainder, as torchtitan's even split does);
-the first stage also embeds, the last also normalises and projects to the vocabulary.
-Each stage is an ``nn.Module`` that PyTorch's own
-``torch.distributed.pipelining.PipelineStage`` runs under any of its schedules (GPipe,
-1F1B, interleaved); micro-batches per step follow from micro-batch x accumulation. The
-stage computes what the whole model's forward computes between its blocks: the position
-embeddings (Llama's rotary ones, GPT-2's learned ones on the first stage), and causal
-attention as the model would: under ``sdpa`` and FlashAttention (transformers'
-``attn_implementation``) no mask, so the kernel's own causal path runs (``is_causal``: the
-flash and memory-efficient kernels, no L x L tensor); under any other attention (eager,
-flex) an explicit additive mask, since they read no mask as attending both ways.
+Two transformers families, by module names: Llama-style decoders (``model.model.layers``)
+and GPT-2 (``model.transformer.h``). The blocks are cut into ``n`` stages of consecutive
+blocks, the first stages taking the remainder (torchtitan's even split); the first stage
+also embeds, the last also normalises and projects to the vocabulary. Each stage is an
+``nn.Module`` that ``torch.distributed.pipelining.PipelineStage`` runs under any schedule,
+computing what the whole model computes between its blocks (position embeddings, causal
+attention: no mask under ``sdpa`` and FlashAttention, an additive mask otherwise).
 
-GPT-2 ties its output projection to its token embedding: one parameter that the first and
-the last stage each hold a copy of. :func:`tied` names it, and the layout engine sums the
-two copies' gradients before each optimizer step, as Megatron-LM does for its embeddings,
-so the copies stay one parameter.
-
-The levers ``pipeline_parallel`` and ``pipeline_schedule`` run it
-(:mod:`tuner.trial.engines.parallelize`). A pipeline feeds the first stage a tensor and
-the last stage's loss a target: a batch is token ids (a tensor) or a mapping with
-``input_ids`` (and ``labels``, else the ids are the labels, shifted by the loss).
+GPT-2's output projection is tied to its token embedding; :func:`tied` names it, and the
+layout engine sums the two stages' copies' gradients before each optimizer step (as
+Megatron-LM does), so they stay one parameter. A batch is token ids, or a mapping with
+``input_ids`` (and ``labels``, else the ids shifted).
 """
 
 from __future__ import annotations

@@ -257,10 +257,9 @@ def _show_each_warning_once() -> None:
 def frozen_for_the_call() -> Iterator[None]:
     """Inside a library call (``tuner.measure()`` in a user's process): :func:`freeze` may
     freeze the heap for the call's trials, and it is unfrozen on the way out, so the caller's
-    collector is as it was. Without it every trial's two collections scanned the caller's
-    whole heap (65-190 ms each with torch, DeepSpeed and Optuna loaded; a test file of
-    searches ran 35% slower). A caller that froze objects of its own keeps them frozen: then
-    nothing is frozen or unfrozen here."""
+    collector is as it was and a trial's collections do not scan the caller's heap. A caller
+    that froze objects of its own keeps them frozen: then nothing is frozen or unfrozen here.
+    """
     global _OWN, _FROZEN
     if _OWN or gc.get_freeze_count():
         yield

@@ -1,22 +1,11 @@
 """Tensor parallelism from the model's own plan: the first part of the parallel layout.
 
-A model family declares how its blocks shard: transformers ships the plan with the model's
-config (``config.base_model_tp_plan``, e.g. Llama's ``layers.*.self_attn.q_proj:
-colwise`` ... ``layers.*.mlp.down_proj: rowwise``), the same colwise/rowwise split
-torchtitan applies. This module reads that plan and applies it with PyTorch's own tensor
-parallelism (``torch.distributed.tensor.parallel.parallelize_module`` on a 1-D
-``DeviceMesh``): each projection's weight becomes a DTensor shard, colwise outputs stay
-local, rowwise inputs are local and their outputs all-reduced.
-
-GPT-2 ships no plan, and PyTorch's styles take only ``nn.Linear`` / ``nn.Embedding``, not
-its ``Conv1D`` (a transposed linear), whose ``c_attn`` packs query, key and value in one
-matrix. The tuner has its own plan for it (:data:`GPT2_PLAN`), Megatron-LM's split done
-by hand (:mod:`tuner.trial.conv1d_parallel`): each rank keeps its heads' columns of the
-packed projection and its rows of the output projections, with the all-reduce of the
-rowwise outputs in the forward and of the colwise inputs' gradient in the backward.
-
-A degree the model's shapes cannot split is refused before anything runs, with the rule.
-The lever ``tensor_parallel`` runs it (:mod:`tuner.trial.engines.parallelize`).
+transformers ships a plan with the model's config (``base_model_tp_plan``, the colwise /
+rowwise split torchtitan applies); this module applies it with PyTorch's
+``parallelize_module`` on a 1-D ``DeviceMesh``. GPT-2 ships none and its ``Conv1D`` is no
+``nn.Linear``, so :data:`GPT2_PLAN` is Megatron-LM's split done by hand
+(:mod:`tuner.trial.conv1d_parallel`). A degree the model's shapes cannot split is refused
+before anything runs, with the rule.
 """
 
 from __future__ import annotations

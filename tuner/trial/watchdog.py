@@ -1,24 +1,13 @@
-"""No hang anywhere: every in-process trial has a time limit, and a trial past it ends,
-after saying where each rank was.
+"""No hang anywhere: every in-process trial has a time limit, and a trial past it ends after
+saying where each rank was.
 
-A rank stuck in the task's code, or waiting in a collective for a rank that is (a failure
-inside the backward on one rank, a ZeRO-3 gather, a rank killed mid-trial), cannot be
-interrupted from Python: the main thread is inside C++ or a system call. So a thread per
-rank waits for the trial's end; past the limit it publishes the main thread's innermost
-Python frame (``compute_loss (toy.py:112)``, or ``_engine_run_backward`` for a rank
-waiting in the backward's all-reduce) through the process group's store, rank 0 reads
-every rank's, has the trial recorded ``hung`` with that reason (``on_hang``: the search's
-record of the trial in flight), and then, in the tuner's own command lines, every rank
-exits with :data:`EXIT_HUNG`; in a library call (``tuner.measure()`` in a user's process,
-which is the user's to keep) the thread that runs the trial gets
-:class:`~tuner.trial.failures.TrialHung` instead, through a signal its handler turns into
-the exception (a rank waiting inside native code, a collective, takes it when the call
-returns to Python: the group's timeout at the latest). Re-running the same command
-resumes: the hung trial is recorded, not run again. (``torchrun --max-restarts=N`` is not
-advised: its restarted gloo ranks sat in their rendezvous for 480 s and more without
-forming a group, as in pytorch/pytorch#167288 for NCCL, where a re-run resumes in
-seconds.) The limit is script mode's (:class:`~tuner.trial.limits.Limits`): ``steps.timeout_s``
-until a trial of the recipe has finished here, then what its measured steps say.
+A rank stuck in native code or a collective cannot be interrupted from Python, so a thread
+per rank waits for the trial's end; past the limit it publishes the main thread's innermost
+frame through the process group's store, rank 0 records the trial ``hung`` with every
+rank's, and the command-line ranks exit with :data:`EXIT_HUNG` (a library call raises
+:class:`~tuner.trial.failures.TrialHung` in the trial's thread instead). Re-running the
+command resumes past the hung trial. The limit is :class:`~tuner.trial.limits.Limits`':
+``steps.timeout_s`` until a trial of the recipe has finished here, then its measured steps'.
 """
 
 from __future__ import annotations

@@ -28,10 +28,9 @@ if TYPE_CHECKING:
 CONVERGED_AFTER = (2, 5)
 """Sampler trials, after the guided neighbourhood is exhausted, each shown by the one rule
 (:mod:`tuner.stats.decision`) to be no gain beyond the tolerance over the best, before
-the search has converged: a fifth of the space not yet measured, at least 2, at most 5. A
-fixed 5 was a third of the benchmark's 16-point space (micro-batch x ZeRO stage): 5 of its
-12 trials went to sampler trials that found nothing, where DeepSpeed's autotuner had
-stopped after 5 experiments in all."""
+the search has converged: a fifth of the space not yet measured, at least 2, at most 5
+(a small space does not spend its budget on a sampler that finds nothing).
+"""
 
 
 def converged_after(space_size: int, measured: int) -> int:

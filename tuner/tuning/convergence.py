@@ -1,13 +1,11 @@
 """When the search has converged: the sampler's trials, past the guided neighbourhood of the
 best, read by the one rule (:mod:`tuner.stats.decision`) against the best before each.
 
-A trial counts toward convergence when the rule shows it is no gain beyond the tolerance
-over the best (or it did not run fine: it cannot be the answer); one shown a gain starts
-the count again; one the interval cannot place yet changes nothing (the search goes on
-rather than stop on a guess). The interval needs the run's noise, so once the guided
-neighbourhood is measured the best is measured again until the run has :data:`NOISE_DOF`
-degrees of freedom (runs the finish reuses: the best is a finalist). Before the rule
-the stop read a fixed 5% bar on single runs, not the tolerance and the run's noise.
+A trial counts toward convergence when the rule shows it no gain beyond the tolerance over
+the best (or it did not run fine); one shown a gain starts the count again; one the
+interval cannot place yet changes nothing. The interval needs the run's noise, so once the
+guided neighbourhood is measured the best is measured again until the run has
+:data:`NOISE_DOF` degrees of freedom (runs the finish reuses).
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """The end of a search: the answer decided by the one rule, in interleaved rounds, inside a
-budget the finish plans run by run.
+budget the finish plans run by run. ``tests/tuning/test_operating_characteristics.py``
+simulates this function; docs/search.md's error rates are its output at its defaults.
 
-This is the one function the search calls for its finish and the one
-``tests/tuning/test_operating_characteristics.py`` simulates; the error rates in
-docs/search.md and above every report are its output at its defaults.
-
-- **The reference** is the search's best finalist, or the finalist that holds every change of it
-  and more (:func:`reference_of`). A change the search measured on top of its best leaves the
-  answer only when the rule shows that the answer without it costs less than the tolerance
-  *against the reference*, so drops never add up past it. A re-sort by geometric mean ("the
-  fastest stays") dropped a real +10% gain 25.5% of the time at 22% noise a run.
-- **The questions**: each other finalist against the reference (a simpler one may replace the
-  answer when shown within the tolerance, any one the reference when shown faster beyond it),
-  each change of the answer (the answer with that change put back, the attribution's
-  leave-one-out), and the baseline (the speedup). Each is settled by the rule: decided, or
-  precise (:func:`tuner.stats.decision.settled`).
-- **The rounds**: the reference and every open question's configuration once, the widest
-  intervals first, the reference first in even rounds and last in odd ones; every run keeps its
-  round, so the questions are read as pairs (:mod:`tuner.stats.interval`).
-- **The budget**: :attr:`Budget.seconds` (``--finish-minutes``; by default :data:`TIME_SHARE` of
-  the search's own time), checked before every run against what that run is expected to take,
-  and :attr:`Budget.rounds` (``--confirm``) per question. A question the rounds left would
-  likely not settle (its effect on the tolerance: :func:`tuner.stats.decision.pairs_to_settle`)
-  is asked no more, and the finish ends once no other is open. What is open at its end stays
-  as it is, reported ``undecided`` with its interval.
+- **The reference**: the search's best finalist, or the finalist holding all its changes and
+  more (:func:`reference_of`). A change leaves the answer only when the rule shows the answer
+  without it within the tolerance *of the reference*, so drops never add up past it.
+- **The questions**: each other finalist against the reference, each change of the answer
+  (leave-one-out), and the baseline (the speedup), each until decided or precise
+  (:func:`tuner.stats.decision.settled`).
+- **The rounds**: every open question's configuration once beside the reference, widest
+  intervals first, read as pairs (:mod:`tuner.stats.interval`).
+- **The budget**: :attr:`Budget.seconds` (``--finish-minutes``, else :data:`TIME_SHARE` of
+  the search's time), checked before every run, and :attr:`Budget.rounds` (``--confirm``) a
+  question. A question the rounds left would likely not settle is asked no more; what is
+  open at the end stays as it is, ``undecided`` with its interval.
 """
 
 from __future__ import annotations

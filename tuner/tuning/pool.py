@@ -28,10 +28,9 @@ if TYPE_CHECKING:
 
 BLOCKED_DOF = 6
 """Degrees of freedom the rounds' own noise needs before a paired interval reads it alone
-(t 3.7 at 99%). On the DeepSpeed benchmark two finish rounds of four configurations gave it
-3 (t 5.8) while the search's repeats had given the pooled spread 18 (t 2.9): the pairs'
-interval came out wider than the unpaired one of the round before, and a question it had
-decided (micro-batch 64 against 128, 5% to 26%) was open again for a third round."""
+(t 3.7 at 99%): below it the pairs' interval can come out wider than the pooled unpaired
+one and reopen a question already decided.
+"""
 
 
 def key(params: Mapping[str, Any]) -> str:

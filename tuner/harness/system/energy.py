@@ -1,18 +1,12 @@
 """Energy over a measured window: each process's own GPU through NVML's total-energy counter,
-or on a CPU-only host the Linux powercap (RAPL) package counters, read at the window's two ends.
+or on a CPU-only host the Linux powercap (RAPL) package counters, read at the window's ends.
 
-Two counters, because a GPU node's energy is the GPUs' (an H100 SXM draws up to 700 W against
-a few hundred for both host sockets) and a CPU host's is its packages'. Each reading carries
-the key of what it counted (:attr:`Energy.key`: the GPU's NVML UUID, or the host's name for
-its packages), and :func:`tuner.harness.metrics.energy_per_sample` counts each key once: so
-``energy_j_per_sample`` is the joules of **the job's own GPUs**, each once, whatever the ranks
-per GPU (two gloo ranks sharing one), the ranks' ``CUDA_VISIBLE_DEVICES`` (one GPU each, all
-``cuda:0``), or other jobs and tuner workers on the node's other GPUs. The powercap packages
-are the host's, read by its first process (``LOCAL_RANK`` 0).
-
-Where no counter can be read (a VM without powercap, as this project's CI machine; powercap
-files readable by root only; NVML before Volta; a MIG instance, which has no counter of its
-own) the figure is ``None`` and :attr:`Energy.why` says why: never a zero, never a part.
+Each reading carries the key of what it counted (:attr:`Energy.key`: the GPU's NVML UUID, or
+the host's name), and :func:`tuner.harness.metrics.energy_per_sample` counts each key once:
+``energy_j_per_sample`` is the joules of the job's own GPUs, each once, however ranks share
+or name them. The powercap packages are read by the host's first process (``LOCAL_RANK`` 0).
+Where no counter can be read (no powercap, root-only files, NVML before Volta, a MIG
+instance) the figure is ``None`` and :attr:`Energy.why` says why: never a zero, never a part.
 """
 
 from __future__ import annotations

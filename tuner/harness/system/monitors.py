@@ -146,23 +146,14 @@ def peak_rss_bytes() -> int | None:
 class HostMemory(_Sampler):
     """Peak PSS of the process tree, sampled every ``interval`` seconds in a thread.
 
-    Reading ``/proc/<pid>/smaps_rollup`` costs the kernel ~3 ms for a process with
-    PyTorch loaded (it walks the page tables; the read releases the GIL): at 1 Hz that kept
-    the sampler busy 1.7% of a 2.6 ms training loop's wall time (``scripts/
-    bench_probe_overhead.py``). So the thread reads the tree's resident memory first (a
-    few microseconds a process) and PSS only when that reaches a new high, by more than
-    :data:`RSS_GATE`: PSS moves with the pages a process holds, so the peak is taken where
-    resident memory peaks. Explicit :meth:`sample` calls (start, stop, phase boundaries)
-    always read PSS.
-
-    With ``exact_peak`` (the tuner's own trials) the main process's short-lived peaks are
-    not left to the sampling: its resident high-water mark is reset at :meth:`start`, and
-    at :meth:`stop` the highest PSS reading is raised by how far resident memory rose above
-    what it was at that reading. What is allocated and freed between two ticks (a wide
-    block's activations in the backward) is private memory, which PSS counts in full; without
-    it a short window's peak depends on where the ticks fall. Loader workers' own transients
-    are still sampled. Off for a user's process (``tuner.Probe``): resetting the mark also
-    resets what ``getrusage`` reports there.
+    Reading ``smaps_rollup`` costs the kernel milliseconds a process, so the thread reads the
+    tree's resident memory first and PSS only when that reaches a new high by more than
+    :data:`RSS_GATE` (the peak is where resident memory peaks); explicit :meth:`sample` calls
+    always read PSS. With ``exact_peak`` (the tuner's own trials) the main process's resident
+    high-water mark is reset at :meth:`start`, and at :meth:`stop` the highest PSS reading is
+    raised by how far resident memory rose above it, so a transient between two ticks counts.
+    Off for a user's process (``tuner.Probe``): resetting the mark changes what ``getrusage``
+    reports there.
     """
 
     name = "tuner-host-memory"

@@ -1,21 +1,15 @@
 """Zero-change script mode: tune a script with no tuner code in it.
 
-``adapt: torch | hf | lightning | accelerate | deepspeed`` in a script recipe launches each trial as
-``torchrun ... -m tuner.scriptmode.adapters SCRIPT ARGS`` (or ``-m MODULE ARGS``). This
-package applies the trial's knobs the way the script's library takes them, measures the
-loop through that library's own objects, then runs the script unchanged (as ``__main__``):
-``torch.py`` for any PyTorch loop (optimizer steps from PyTorch's global step hook, the
-training DataLoader found by what feeds the first step), ``hf.py`` through
-``TrainingArguments`` and a Trainer callback, ``lightning.py`` through the Trainer's
-arguments and the torch adapter's measurement, ``accelerate.py`` and ``deepspeed.py``
-through those libraries' objects. Knobs a library does not carry reach
-the script through the recipe's ``knobs:`` (command-line words) or ``env:`` placeholders.
+``adapt: torch | hf | lightning | accelerate | deepspeed`` in a script recipe launches each
+trial as ``torchrun ... -m tuner.scriptmode.adapters SCRIPT ARGS`` (or ``-m MODULE ARGS``).
+This package applies the trial's knobs the way the script's library takes them, measures the
+loop through that library's own objects, then runs the script unchanged as ``__main__``.
+Knobs a library does not carry reach the script through the recipe's ``knobs:`` or ``env:``.
 
 Never silently half-applied: a script that keeps a knob from applying (an explicit
-``mixed_precision`` given to ``Accelerator``, a loader with a ``batch_sampler``, optimizer
-steps that do not take global batch / world size samples: the probe's check on the second
-step) stops with a message saying which and what to do; the trial is recorded as an error
-with that reason.
+``mixed_precision`` given to ``Accelerator``, a loader with a ``batch_sampler``, steps that do
+not take the global batch) stops with a message saying which and what to do; the trial is
+recorded as an error with that reason.
 """
 
 from __future__ import annotations

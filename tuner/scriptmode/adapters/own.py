@@ -1,26 +1,14 @@
 """The script's own configuration, read from its library before the search measures anything.
 
-The baseline is what the user runs. Under an adapter, the search first runs the script once
-with a trial file that says ``"look": true``: nothing is applied, and the hooks below read
-what the script sets where its library decides it, then report it and end the run:
-
-- ``hf``: its ``TrainingArguments`` once they have validated themselves (batch, accumulation,
-  bf16/fp16, the four ``dataloader_*`` fields, the DeepSpeed config's ZeRO stage,
-  ``gradient_checkpointing``, ``torch_compile``, ``tf32``). Nothing else runs: the model is
-  never loaded.
-- ``accelerate``: the ``Accelerator``'s ``mixed_precision`` and accumulation, and the first
-  DataLoader given to ``prepare``.
-- ``deepspeed``: the config given to ``deepspeed.initialize`` (micro-batch, accumulation,
-  bf16/fp16, ZeRO stage), and the first DataLoader iterated after it.
-- ``lightning``: the Trainer's ``precision``, ``accumulate_grad_batches`` and DeepSpeed
-  strategy, and the DataLoader that fed the first optimizer step.
-- ``torch``: the DataLoader that fed the first optimizer step, the micro-batches it gave
-  until the second (the script's accumulation), and the dtype of any ``torch.autocast``
-  entered in between (none: fp32).
-
-Without it a script's own batch would be measured as the recipe's (a speedup that is only
-"drop the accumulation the script never had"). What a library does not say (a loop's
-autocast under ``adapt: hf``'s own Trainer is its ``bf16`` field) is left out, never guessed.
+The baseline is what the user runs. The search first runs the script with a trial file
+saying ``"look": true``: nothing is applied, and the hooks below read what the script sets
+where its library decides it, report it and end the run: ``hf`` its validated
+``TrainingArguments`` (the model never loads), ``accelerate`` the ``Accelerator`` and the
+first prepared DataLoader, ``deepspeed`` the config given to ``deepspeed.initialize``,
+``lightning`` the Trainer's precision, accumulation and strategy, ``torch`` the DataLoader
+that fed the first optimizer step, its micro-batches until the second and any autocast.
+Without it a script's own batch would be measured as the recipe's. What a library does not
+say is left out, never guessed.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """How far an adapted script got: the one line that says why it ended without a window.
 
-``adapt: torch`` counts a step at ``optimizer.step()`` (PyTorch's global step hook). A
-script that trains without one ran to its end unmeasured, and the trial said only "the
-script finished without reporting: does it use tuner.Probe ...", a question about code the
-adapter exists to make unnecessary: pytorch/examples' ``word_language_model/main.py`` updates
-its parameters by hand (``p.data.add_(p.grad, alpha=-lr)``) unless given
-``--use-optimizer``, and ran a 71 s epoch twice (the look at its own configuration, then the
-trial) to say so. The script's process counts its backward passes and optimizer steps, and
-when it returns without a report, prints :data:`MARK` and what it saw; the launcher gives
-that line as the trial's reason.
+``adapt: torch`` counts a step at ``optimizer.step()``; a script that updates its
+parameters by hand ran to its end unmeasured. The script's process counts its backward
+passes and optimizer steps, and when it returns without a report prints :data:`MARK` and
+what it saw; the launcher gives that line as the trial's reason.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """``adapt: torch``: any PyTorch training loop, unchanged, measured through PyTorch itself.
 
-- A step is an optimizer step: PyTorch's global post-step hook
-  (``torch.optim.optimizer.register_optimizer_step_post_hook``) fires after every
-  ``optimizer.step()``; the first optimizer that steps is the training one (a second one,
-  a GAN's, is not counted again). Gradient accumulation is the script's: its micro-batches
-  between two steps make one step.
-- The training DataLoader is the one that fed the first optimizer step: every DataLoader's
-  iterator is watched, and the one whose batch came last before that step is it. An eval
-  loader run before training (no optimizer step follows its batches) is never taken for
-  it, nor one iterated inside training (only the training loader's ``next()`` is data wait).
-- Loader knobs the script does not take itself (no ``knobs:`` or ``env:`` route) are applied
-  by rebuilding that loader (dataset, sampler or shuffling, collate function, ``drop_last``
-  and batch size kept) from the step after the first one on: the warm-up absorbs the switch.
-- No DataLoader at all (batches sliced from an array): step times and samples/s (from the
-  trial's global batch) are measured; ``data_wait_share`` is ``null`` with a note, never 0.
-- DDP's all-reduces are timed through a communication hook on every
-  ``DistributedDataParallel`` the script builds, attached at its first forward: a script
-  that registers a hook of its own first keeps it (DDP takes one), and ``comm_share`` is
-  then reported unknown (null) with the reason.
+- A step is an optimizer step: PyTorch's global post-step hook; the first optimizer that
+  steps is the training one. Accumulation is the script's own.
+- The training DataLoader is the one whose batch came last before the first optimizer step
+  (an eval loader is never taken for it). Loader knobs the script does not take itself are
+  applied by rebuilding that loader from the second step on.
+- With no DataLoader, steps and samples/s are measured and ``data_wait_share`` is null.
+- DDP's all-reduces are timed by a communication hook attached at its first forward; a
+  script with a hook of its own keeps it, and ``comm_share`` is then unknown, with why.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
-"""The data-parallel dimension of the own-loop engines: FSDP2's ``fully_shard`` or its
-``replicate``, per block and on the root, over the ``dp`` mesh, or DDP for a whole model.
-The one module that calls them (:func:`tuner.trial.engines.parallelize.parallelize` does).
+"""The data-parallel dimension of the own-loop engines, the one module that calls it: FSDP2's
+``fully_shard`` or ``replicate``, per block and on the root, over the ``dp`` mesh, or DDP
+for a whole model.
 
 - ``fully_shard`` (``fsdp: full_shard / shard_grad_op``): parameters, gradients and the
-  optimizer's state sharded; mixed precision is its ``MixedPrecisionPolicy`` (parameters
-  cast for compute, gradients reduced in fp32).
-- ``replicate`` (``fsdp: off`` with several model copies beside tensor or pipeline
-  parallelism): DDP's arithmetic on FSDP2's machinery. Each block's gradients are averaged
-  in one all-reduce issued as soon as its backward ends, so communication overlaps the
-  backward of the blocks below it, as DDP's buckets do. Before it, the layout engine
-  averaged each parameter after the backward: one collective per parameter and none of it
-  overlapped (a 4-block GPT-2 in 2 interleaved stages beside 2 copies, rank 0: 29
-  all-reduces a step; 6 with ``replicate``, ``tests/trial/test_layouts.py``), a cost a
-  GPU's search would have charged to the layouts, not to the hardware. torchtitan refuses
-  DDP beside other parallelism; FSDP2's ``replicate`` takes DTensor parameters (tensor
-  parallelism) as ``fully_shard`` does.
+  optimizer's state sharded; mixed precision is its ``MixedPrecisionPolicy``.
+- ``replicate`` (several model copies beside tensor or pipeline parallelism): DDP's
+  arithmetic on FSDP2's machinery, each block's gradients all-reduced as its backward ends,
+  overlapping the backward below it; it takes DTensor parameters (torchtitan refuses DDP
+  beside other parallelism).
 
 Both accumulate without communicating until the last micro-batch
 (``set_requires_gradient_sync``, which PyTorch's pipeline schedules also drive).

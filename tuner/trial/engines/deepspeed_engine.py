@@ -132,17 +132,12 @@ class DeepSpeedEngine(Engine):
 
 
 def _forget_zero3_globals() -> None:
-    """Drop what ZeRO-3 keeps in module and class globals after ``engine.destroy()``.
-
-    Found by following the referrers of parameters still alive after a ZeRO-3 trial
-    (DeepSpeed 0.19): ``parameter_offload.FWD_MODULE_STACK`` still lists the model, and
-    ``PartitionedParameterCoordinator.__params_to_release`` is an ``lru_cache`` on the
-    class keyed by (coordinator, submodule, step), so it holds every submodule and its
-    partitioned parameters for the life of the process. And ZeRO-3 replaces
-    ``torch.nn.functional.linear`` with its memory-efficient autograd function, which
-    "will persist unless manually reset": every later trial's ``nn.Linear`` would run
-    through it. Only one engine lives at a time in a trial process, so resetting all
-    three here is safe.
+    """Drop what ZeRO-3 keeps in module and class globals after ``engine.destroy()``
+    (DeepSpeed 0.19): ``parameter_offload.FWD_MODULE_STACK`` lists the model, the class-level
+    ``lru_cache`` ``PartitionedParameterCoordinator.__params_to_release`` holds every submodule
+    and its partitioned parameters, and ZeRO-3's replacement of ``torch.nn.functional.linear``
+    would run every later trial's ``nn.Linear``. One engine lives at a time in a trial process,
+    so resetting all three here is safe.
     """
     try:
         from deepspeed.runtime.zero import parameter_offload, partition_parameters, partitioned_param_coordinator

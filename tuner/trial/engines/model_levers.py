@@ -1,21 +1,15 @@
 """What every engine does to the model before wrapping it: find the repeated blocks, put
 activation checkpointing and ``torch.compile`` on them, channels-last (the ``model``
-stage, :func:`.stages.model`, calls them on each part :func:`.parallelize.parallelize`
-keeps); autocast around each forward; and the optimizer's kernels.
+stage, :func:`.stages.model`, on each part :func:`.parallelize.parallelize` keeps);
+autocast around each forward; and the optimizer's kernels.
 
 The order is torchtitan's (checkpointing, then compile, then sharding), so a compiled
 block contains its checkpointed region and FSDP2 shards the compiled block:
-- Checkpointing replaces a block's ``forward`` with one that runs it under
-  ``torch.utils.checkpoint`` (non-reentrant). A plain closure, not
-  ``functools.partial(checkpoint, ...)``: dynamo captured nothing through the partial (0
-  graphs, no error: the "compiled" model ran eagerly), while the closure is traced into
-  its checkpoint operator (2 graphs for 4 blocks, measured on torch 2.13).
-- ``selective`` checkpoints every other block: half the activation memory saved for half
-  the recompute, the knob torchtitan calls ``selective_ac_option: "2"``.
+- Checkpointing replaces a block's ``forward`` with a closure running it under
+  ``torch.utils.checkpoint`` (non-reentrant); dynamo traces a closure, not a ``partial``.
+- ``selective`` checkpoints every other block (torchtitan's ``selective_ac_option: "2"``).
 - Compile is per block (``Module.compile``, in place, so parameter names and FSDP2's
-  wrapping are unchanged); without blocks the whole model. Inductor caches compiled
-  graphs on disk, so a later trial with the same shapes compiles in a fraction of the
-  first's time (6.8 s, then 0.36 s for the same graphs in one process, here).
+  wrapping are unchanged); without blocks the whole model.
 """
 
 from __future__ import annotations
@@ -185,11 +179,10 @@ def compile_model(module: torch.nn.Module, blocks: list[torch.nn.Module], config
     config's mode (:func:`~.gpu_levers.compile_kwargs`).
 
     ``Module.compile()`` compiles ``_call_impl``, and dynamo skips frames of torch's own
-    files: where the forward it reaches is torch's (``nn.Linear``, ``nn.Sequential``,
-    ``nn.TransformerEncoderLayer``) nothing compiled at all (torch 2.13: no graph, the first
-    step 1 ms; an H200's acceptance read ``compile_s`` 0). Such a block's forward is compiled
-    instead (one graph, 6.8 s for a TransformerEncoderLayer here); any other block keeps
-    ``Module.compile()``, its hooks traced with it."""
+    files, so a block whose forward is torch's (``nn.Linear``, ``nn.TransformerEncoderLayer``)
+    has its forward compiled instead; any other block keeps ``Module.compile()``, its hooks
+    traced with it.
+    """
     kwargs = compile_kwargs(config) if config is not None else {}
     for block in blocks or [module]:
         if torchs_own_forward(block):
@@ -301,17 +294,13 @@ def compiled_so_far() -> tuple[frozenset[int], frozenset[int]]:
 def release_compiled(before: tuple[frozenset[int], frozenset[int]] | None = None) -> None:
     """Forget what dynamo compiled since ``before`` (:func:`compiled_so_far`) and the real
     tensors it still holds; inductor's disk cache stays, so the next trial's compile of the
-    same graphs is a cache hit. What was compiled before, the caller's own compiled models
-    in a library call, is left as it was: ``torch._dynamo.reset()`` would make them compile
-    again on their next call.
+    same graphs is a cache hit. What was compiled before (a caller's own compiled models) is
+    left as it was: ``torch._dynamo.reset()`` would compile them again.
 
-    Dropping the code caches is not enough on torch 2.13: every compiled trial left its
-    parameters alive (48, then 76 ``Parameter`` objects after two compiled GPT-2 trials,
-    +44% PSS on the next trial), held by ``ShapeEnv.tracked_fakes`` of guards that outlive
-    the reset (a known leak, fixed upstream by pytorch/pytorch#193015 in August 2026).
-    Dropping the tracked fakes of every live ``ShapeEnv`` frees them (0 left; a finished
-    compile never reads them again); it is one scan of the garbage collector's objects at
-    teardown, outside any measurement.
+    On torch 2.13 the guards' ``ShapeEnv.tracked_fakes`` outlive the reset and keep every
+    compiled trial's parameters alive (fixed upstream by pytorch/pytorch#193015), so the
+    tracked fakes of every live ``ShapeEnv`` are dropped too: one scan of the collector's
+    objects at teardown, outside any measurement.
     """
     import gc
 

@@ -1,24 +1,16 @@
 """One model preparation for every engine: :func:`parallelize`, in torchtitan's order.
 
-1. The model converters (``float8``: :func:`tuner.trial.engines.stages.convert`), on the
-   whole model's layers before any cut or shard.
-2. Tensor (and sequence) parallelism: the plan matched on the whole model's module names
-   (the task's own ``parallelize`` wins; else the model's shipped plan,
-   :mod:`tuner.trial.tensor_parallel`).
-3. The pipeline split: this rank keeps its stage (two under the interleaved schedule:
-   ``s`` and ``s + pp``) and drops the rest.
-4. On each part this rank kept: the sharding plan over the ``tp`` sub-mesh, channels-last,
-   activation checkpointing and compile on its blocks.
-5. The data-parallel dimension: FSDP2 (the layout's ``shard``) or its ``replicate`` (model copies
-   beside tensor or pipeline parallelism) over the ``dp`` sub-mesh
-   (:mod:`.data_parallel`), or DDP's buckets when the model is whole (its
-   ``bucket_cap_mb`` is a lever). DeepSpeed's engine wraps the model itself.
+1. The converters (``float8``), on the whole model.
+2. Tensor (and sequence) parallelism: the task's own ``parallelize``, else the model's plan
+   (:mod:`tuner.trial.tensor_parallel`).
+3. The pipeline split: this rank keeps its stage (two, interleaved).
+4. On each kept part: the sharding plan, channels-last, activation checkpointing, compile.
+5. The data-parallel dimension: FSDP2's ``fully_shard`` or ``replicate`` over the ``dp``
+   sub-mesh (:mod:`.data_parallel`), or DDP's buckets for a whole model. DeepSpeed wraps the
+   model itself.
 
-The layout is always built (``tensor_parallel`` x ``pipeline_parallel`` x the rest of the
-world, 1 x 1 x world by default; :class:`tuner.inputs.layout.Layout`), and one
-``DeviceMesh`` of shape ``(pp, dp, tp)`` per shape serves every trial of the process: a new
-mesh makes new process groups, which torch never frees before the process ends (the FSDP2
-engine made a 1-D mesh each trial before).
+One ``DeviceMesh`` of shape ``(pp, dp, tp)`` per shape serves every trial of the process: a
+new mesh makes process groups that torch never frees.
 """
 
 from __future__ import annotations

@@ -21,10 +21,10 @@ WAIT_WORTH_FIXING = 0.05
 """A data-wait share above this says the loader is (part of) the bottleneck."""
 CLIMB_TIE = 0.10
 """A step up in loader workers that measured at most this much slower than the best is a tie,
-and the climb goes on to the next: one worker against none buys only the overlap of one
-reader with the step, so the two run alike where more workers win outright (the quick
-start's job: 458 against 453 samples/s, and 8 workers 8x), and one run on a busy machine
-moves 10% and more (41% seen). Read as a loss, such a tie ended the climb below the gain."""
+and the climb goes on to the next: one worker against none buys only one reader's overlap
+with the step, so the two run alike where more workers win outright, and one run on a busy
+machine moves 10% and more.
+"""
 COORDINATE_ORDER = levers.by("walk")
 """Knobs tried one at a time around the best so far, the likeliest large effects first."""
 SMALLER_FIRST = ("memory-bound", "memory-bound (loader workers)")
