@@ -12,6 +12,7 @@ import tomllib
 
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers.precision import LIGHTNING_PRECISION
+from tuner.inputs.plan import Plan
 from tuner.inputs.rules import conflict
 from tuner.inputs.space import Machine, make_config, numerics, parse_space, reference_knobs, restrict
 from tuner.outputs import exports
@@ -68,6 +69,9 @@ def test_the_precision_guard_covers_compile_checkpointing_and_sharding():
     ref = reference_knobs({"amp_dtype": "bf16", "compile": True, "fsdp": "full_shard", "offload_optimizer": "cpu",
                            "activation_checkpointing": "full", "micro_batch_size": 4})
     assert numerics(ref) is None and conflict(ref) is None and ref["micro_batch_size"] == 4
+    plan = Plan.batched(2, 8, amp_dtype="bf16", fsdp="full_shard", compile=True)
+    assert numerics(plan) == numerics(plan.params()) == "bf16 + fsdp=full_shard + compile"  # a plan or its record
+    assert numerics(Plan.batched(2, 8)) is None
 
 
 @pytest.mark.parametrize("knobs", [

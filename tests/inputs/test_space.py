@@ -40,6 +40,12 @@ def test_a_plan_reads_flat_and_changes_by_flat_names():
     changed = config.replace(expandable_segments=True)
     assert changed.expandable_segments and changed.params() == {**config.params(), "expandable_segments": True}
     assert changed.world_size == 2 and changed.engine == config.engine
+    moved = config.replace(fsdp="off", engine="deepspeed", zero_stage=2)  # a section re-made, its layout anew
+    assert (moved.sharding.zero_stage, moved.engine, moved.layout.shard) == (2, "deepspeed", False)
+    with pytest.raises(TypeError, match="nvme"):
+        config.replace(nvme=True)
+    with pytest.raises(ValueError, match="fsdp"):
+        config.replace(fsdp="sometimes")
 
 
 def test_zero_stage_picks_deepspeed():

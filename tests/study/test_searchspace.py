@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import tuner
@@ -81,7 +83,7 @@ def test_baseline_joins_searched_knobs_but_fixed_knobs_stay_fixed(toy):
 
 
 def test_space_enumerates_distinct_configurations():
-    configs = SPACE.configs(Configs(16, 1, CPU))
+    configs = dataclasses.replace(SPACE, make=Configs(16, 1, CPU)).configs()
     # workers 0: 2 amp x 3 micro; workers 1/2/4: x 2 prefetch x 2 persistent
     assert len(configs) == 6 + 3 * 2 * 2 * 2 * 3
     assert len(set(configs)) == len(configs)

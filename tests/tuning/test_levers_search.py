@@ -108,7 +108,7 @@ def test_the_sampler_never_proposes_fsdp_with_zero_or_offload_without_sharding()
         seen.add((knobs["zero_stage"], knobs["fsdp"], knobs["offload_optimizer"]))
         study.tell(trial, 1.0)
     assert (0, "full_shard", "cpu") in seen and (2, "off", "cpu") in seen and (0, "off", "none") in seen
-    assert len(Space(space.choices).configs(Configs(16, 2, Machine(cuda=False, bf16=True, fp16=False)))) == 2 * (
+    assert len(Space(space.choices, make=Configs(16, 2, Machine(cuda=False, bf16=True, fp16=False))).configs()) == 2 * (
         1 * 2 * 1          # DDP: buckets
         + 2 * 2 * 2        # ZeRO 1-2: offload x overlap
         + 2                # FSDP2: offload

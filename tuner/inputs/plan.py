@@ -241,7 +241,14 @@ class Plan:
 
     def replace(self, **knobs: Any) -> "Plan":
         """The same plan with these knobs changed (flat names; ``engine`` too)."""
-        return Plan.of(self.world_size, **{**self.params(), **knobs})
+        engine = knobs.pop("engine", self.engine)
+        unknown = set(knobs) - set(SECTION_OF)
+        if unknown:
+            raise TypeError(f"Plan.replace() got unexpected knob(s) {', '.join(sorted(unknown))}")
+        sections = {name: dataclasses.replace(getattr(self, name), **{k: v for k, v in knobs.items()
+                                                                      if SECTION_OF[k] == name})
+                    for name in {SECTION_OF[k] for k in knobs}}
+        return dataclasses.replace(self, engine=engine, **sections)
 
     def __getattr__(self, name: str) -> Any:
         section = SECTION_OF.get(name)

@@ -10,6 +10,7 @@ why). Everything downstream (engines, trial, exports) takes the ``Plan``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Sequence
 
 from tuner.inputs.engine import engine_clash, engine_of
@@ -38,14 +39,16 @@ PRECISION = "amp_dtype"
 """The guarded knob every label starts with."""
 
 
-def numerics(params: Mapping[str, Any]) -> str | None:
+def numerics(config: Plan | Mapping[str, Any]) -> str | None:
     """How a configuration's arithmetic differs from the guard's reference ("bf16",
-    "fp32 + compile", ...), or ``None`` when it is reference-like."""
-    changed = [name for name, ref in GUARDED if name != PRECISION and params.get(name, ref) != ref]
-    if params.get(PRECISION, "fp32") == "fp32" and not changed:
+    "fp32 + compile", ...), or ``None`` when it is reference-like; ``config`` a plan or a
+    trial's recorded params."""
+    get = config.get if isinstance(config, Mapping) else functools.partial(getattr, config)
+    changed = [name for name, ref in GUARDED if name != PRECISION and get(name, ref) != ref]
+    if get(PRECISION, "fp32") == "fp32" and not changed:
         return None
-    words = [str(params.get(PRECISION, "fp32"))]
-    words += [name if LEVERS[name].kind is bool else f"{name}={params[name]}" for name in changed]
+    words = [str(get(PRECISION, "fp32"))]
+    words += [name if LEVERS[name].kind is bool else f"{name}={get(name, None)}" for name in changed]
     return " + ".join(words)
 
 

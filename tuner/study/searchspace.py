@@ -41,6 +41,8 @@ class Space:
     """The ranks are GPUs (some layouts are refused on CPU ranks only)."""
     machine: Machine | None = None
     """What this machine can do, for the rules (:mod:`tuner.inputs.rules`)."""
+    make: Configs | None = None
+    """How the recipe's configurations are made on this machine (:meth:`configs`, the search's)."""
 
     def refusal(self, config: Plan, global_batch: int) -> str | None:
         """Why this configuration cannot run (:mod:`tuner.inputs.rules`: its batch, its
@@ -59,9 +61,11 @@ class Space:
         that do not apply make it fewer; :meth:`configs` counts them exactly, slowly)."""
         return math.prod(len(v) for v in self.choices.values())
 
-    def configs(self, make: Configs) -> list[Plan]:
+    def configs(self) -> list[Plan]:
         """Every distinct configuration (a knob that does not apply collapses to its default;
         values that cannot go together, FSDP2 with ZeRO, are no configuration)."""
+        make = self.make
+        assert make is not None, "a space made by build_space"
         keys = list(self.choices)
         out: dict[Plan, None] = {}
         for values in itertools.product(*(self.choices[k] for k in keys)):
@@ -80,11 +84,11 @@ search that has measured every one stops at once as ``exhausted`` instead of ask
 sampler again (seen: a 12-point job wrote 111 trials.csv rows for 11 measured trials)."""
 
 
-def every_key(space: Space, recipe: "Recipe", machine: Machine) -> set[tuple] | None:
+def every_key(space: Space) -> set[tuple] | None:
     """Every configuration of the space, by :func:`config_key` (``None``: too many to count)."""
     if space.size() > COUNTED_UP_TO:
         return None
-    return {config_key(c) for c in space.configs(recipe.configs(machine))}
+    return {config_key(c) for c in space.configs()}
 
 
 def build_space(recipe: "Recipe", machine: Machine) -> Space:
@@ -104,7 +108,7 @@ def build_space(recipe: "Recipe", machine: Machine) -> Space:
     per_node = layout.ranks_per_node(recipe.world_size)
     blocks = layout_rules.restrict(restricted, recipe.task, recipe.task_args, recipe.world_size, per_node,
                                    recipe.script is not None, notes)
-    return Space(restricted, tuple(notes), blocks, per_node, machine.cuda, machine)
+    return Space(restricted, tuple(notes), blocks, per_node, machine.cuda, machine, recipe.configs(machine))
 
 
 def _adapt(recipe: "Recipe") -> str | None:

@@ -147,7 +147,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     configurations the pool lacks, on every rank; rank 0 says what to measure. One
     :class:`~tuner.tuning.finish.Budget` bounds both: ``confirm`` rounds a question, and its
     seconds (``finish_minutes``, else a share of the search's own time, inside ``budget.minutes``)."""
-    events, configs = decider.events if decider else None, recipe.configs(machine)
+    events, configs = decider.events if decider else None, space.make
     make = configs.normalised
 
     def valid(knobs: Any) -> bool:
@@ -216,4 +216,4 @@ def _prepared_kinds(space: "searchspace.Space", recipe: "Recipe", machine: Machi
     if True in c["compile"]:
         knobs.append({"compile": True})
     base = searchspace.baseline_knobs(recipe, space, machine)
-    return [recipe.configs(machine)({**base, **k}) for k in knobs]
+    return [space.make({**base, **k}) for k in knobs]

@@ -67,8 +67,8 @@ class Decider:
             events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
         self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
-        self.points = searchspace.every_key(space, recipe, machine)
-        self.configs = recipe.configs(machine)
+        self.points = searchspace.every_key(space)
+        self.configs = space.make
         self.config_of = self.configs.of_params  # a trial's full params too: the accumulation and engine derived again
         self.baseline_config = self.config_of(self.baseline)
         self.baseline_params = self.baseline_config.params()

@@ -65,7 +65,7 @@ class PrecisionGuard:
     def needs_reference(self, config: "Plan") -> bool:
         """Whether ``config`` changes the arithmetic with no reference yet: an fp32 trial
         runs first (only where the batches come in order)."""
-        return numerics(config.params()) is not None and self.reference is None
+        return numerics(config) is not None and self.reference is None
 
     def set_reference(self, result: "TrialResult") -> str:
         """Take the extra reference trial's curve; returns what to say about it."""
@@ -80,7 +80,7 @@ class PrecisionGuard:
     def judge(self, result: "TrialResult", config: "Plan") -> "TrialResult":
         """``result``, or ``imprecise`` when its curve left the reference; an fp32 eager trial
         in order is itself the reference when there is none yet."""
-        label = numerics(config.params())
+        label = numerics(config)
         if result.ok and label is None and not self.reference and result.losses and config.in_order:
             self.reference = result.losses
         elif result.state in (State.OK, State.PRUNED) and label is not None and self.reference and result.losses:
