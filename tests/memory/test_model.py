@@ -132,6 +132,26 @@ def test_with_skipping_off_every_configuration_runs(toy, tmp_path):
     assert decider.next(False)["config"].micro_batch_size == 16  # predicted 0.46 GiB, run anyway
 
 
+def test_the_plan_seed_weighs_each_micro_batch_at_its_own_accumulation(toy, tmp_path, monkeypatch):
+    """The seed's candidates make up the global batch: a GPipe stage holds every micro-batch of
+    a step, so a candidate at the baseline's accumulation over-predicts a larger micro-batch."""
+    import tuner
+    from tuner.memory import model as memory
+    from tuner.study.searchspace import build_space
+    from tuner.tuning.decider import Decider
+    from tuner.tuning.events import SearchEvents
+
+    recipe = tuner.load_recipe(toy(space={"micro_batch_size": [1, 2, 4, 8]}, baseline={"micro_batch_size": 1},
+                                   budget={"memory_gib": 0.36}, out=str(tmp_path / "run")))
+    machine = Machine.detect()
+    decider = Decider(recipe, build_space(recipe, machine), machine, SearchEvents())
+    weighed: list[Plan] = []
+    monkeypatch.setattr(memory, "feed_plan", lambda *args: (3, None))  # as if tuner plan had profiled 3 trials
+    monkeypatch.setattr(memory, "largest_fitting", lambda model, plans, limit: (weighed.extend(plans), (None, None))[1])
+    decider._seed()
+    assert {p.micro_batch_size: p.grad_accum_steps for p in weighed} == {1: 16, 2: 8, 4: 4, 8: 2}
+
+
 def test_loader_workers_alone_are_enough_to_fit_their_memory():
     """The issue's job: each loader worker holds a 256 MiB index, the micro-batch never
     changes. Two worker counts fit the per-worker bytes; the third prediction is exact, and

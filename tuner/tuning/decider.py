@@ -121,7 +121,7 @@ class Decider:
         limit = self.recipe.budget.memory_gib
         if not fed or limit is None or not self.recipe.budget.skip:
             return proposers.PlanSeed(None)
-        micro, gib = memory.largest_fitting(self.memory, [self.baseline_config.replace(micro_batch_size=m)
+        micro, gib = memory.largest_fitting(self.memory, [self.config_of({**self.baseline, "micro_batch_size": m})
                                                           for m in self.space.choices["micro_batch_size"]], limit)
         if micro is None or micro == self.baseline_config.micro_batch_size:
             return proposers.PlanSeed(None)
