@@ -135,9 +135,8 @@ def test_a_layout_space_profiles_each_group_once_and_lists_each_layout(tmp_path,
                   "pipeline_schedule": ["1f1b", "interleaved_1f1b"], "fsdp": ["off", "full_shard"]}}), world_size=4)
     profiler = Profiler(recipe, Machine.detect())
     asked = []
-    while (knobs := profiler.next()) is not None and len(asked) < 10:
-        asked.append(knobs)
-        plan = recipe.configs(profiler.machine)(knobs)  # as tuner plan makes each profiled trial's
+    while (plan := profiler.next()) is not None and len(asked) < 10:
+        asked.append(plan)
         profiler.observe(plan, TrialResult(plan.params(), State.OK, metrics={"peak_mem_gib": 0.3 + 0.01 * len(asked)}))
     assert profiler.next() is None and len(asked) == 1, asked  # the one group, at the one micro-batch
     layouts = {(r.knobs["tensor_parallel"], r.knobs["pipeline_parallel"], r.knobs["pipeline_schedule"],

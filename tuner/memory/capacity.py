@@ -120,7 +120,7 @@ class Profiler:
         if conflict(knobs) is not None:
             return None
         try:
-            config = r.configs(self.machine)({**self.base, **knobs})
+            config = self.space.make({**self.base, **knobs})
         except RecipeError:
             return None
         return None if self.space.refusal(config, r.global_batch_size) else config
@@ -141,8 +141,9 @@ class Profiler:
         self.base_group = out[0]
         return out
 
-    def next(self) -> dict[str, Any] | None:
-        """The knobs of the next profiled trial; ``None`` when the profile is complete."""
+    def next(self) -> Plan | None:
+        """The plan of the next profiled trial (made here, on rank 0, and broadcast); ``None``
+        when the profile is complete."""
         while self._queue:
             group = self._queue[0]
             plans = [p for p in self.plans(group) if p.batch.micro_batch_size < self.capped.get(_key(group), 1 << 62)]
@@ -151,7 +152,7 @@ class Profiler:
             if pick is None:
                 self._queue.pop(0)
                 continue
-            return {**self.base, **group, "micro_batch_size": pick}
+            return next(p for p in plans if p.batch.micro_batch_size == pick)
         return None
 
     def _pick(self, group: dict[str, Any], plans: list[Plan], seen: list[int]) -> int | None:
@@ -256,10 +257,9 @@ def plan_recipe(recipe: "Recipe", ctx: "DistContext") -> CapacityPlan | None:
     restart, runner = None, InProcess(short, ctx)
     scanned = runner.largest_batch()
     while True:
-        knobs = distributed.broadcast(profiler.next() if profiler else None)
-        if knobs is None:
+        config = distributed.broadcast(profiler.next() if profiler else None)
+        if config is None:
             break
-        config = recipe.configs(machine)(knobs)
         result = runner.run(config)
         if profiler:
             profiler.observe(config, result)
