@@ -50,6 +50,14 @@ class Space:
         machine = self.machine or Machine(cuda=self.cuda, bf16=True, fp16=self.cuda)
         return rules.refusal(config, rules.Where(machine, self.per_node, self.blocks, global_batch))
 
+    def valid(self, params: Mapping[str, Any]) -> bool:
+        """Whether a recorded configuration's layout is one the world and the global batch allow
+        (a change toward the best may need its layout first: a micro-batch a larger
+        data-parallel share cannot hold)."""
+        make = self.make
+        assert make is not None, "a space made by build_space"
+        return self.refusal(make.of_params(params), make.global_batch_size) is None
+
     def holds(self, params: Mapping[str, Any], world_size: int) -> bool:
         """Whether ``params`` is a point of the space: each knob at one of its values, or
         meaning nothing there (loader knobs without workers, buckets without their engine)."""

@@ -147,13 +147,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     configurations the pool lacks, on every rank; rank 0 says what to measure. One
     :class:`~tuner.tuning.finish.Budget` bounds both: ``confirm`` rounds a question, and its
     seconds (``finish_minutes``, else a share of the search's own time, inside ``budget.minutes``)."""
-    events, configs = decider.events if decider else None, space.make
-    make = configs.normalised
-
-    def valid(knobs: Any) -> bool:
-        """A layout the world and the global batch allow (a change toward the best may need
-        its layout first: a micro-batch a larger data-parallel share cannot hold)."""
-        return space.refusal(configs.of_params(knobs), recipe.global_batch_size) is None
+    events, make, valid = decider.events if decider else None, space.make.normalised, space.valid
 
     plan = distributed.broadcast({"finalists": decider.finalists(), "baseline": decider.baseline_params,
                                   "seconds": decider.finish_seconds(finish_minutes),

@@ -335,10 +335,6 @@ class Decider:
         durations = [t.duration_s for t in study_mod.measured(self.study) if t.duration_s]
         return statistics.median(durations) if durations else None
 
-    def valid(self, knobs: Mapping[str, Any]) -> bool:
-        """A layout the world and the global batch allow (the attribution's leave-one-outs)."""
-        return self.space.refusal(self.config_of(knobs), self.recipe.global_batch_size) is None
-
     def answerable(self, params: dict[str, Any]) -> bool:
         """Whether ``params`` may be the answer (:func:`tuner.tuning.recommend.answerable`)."""
         return recommend.answerable(params, self.pool, self.recipe, self.reference, self.space)

@@ -84,7 +84,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
     decision = None
     if best_params is not None:
         decision = recommend.record(best_params, finished, attribution, pool, d.baseline_params,
-                                    d.recipe.tolerance, d.configs.normalised, d.valid, speedup,
+                                    d.recipe.tolerance, d.configs.normalised, d.space.valid, speedup,
                                     d.ruled_out)
         said = set(finished.moves) if finished is not None else set()  # the finish said its moves as they came
         for note in decision.notes:
