@@ -5,8 +5,10 @@ a long one."""
 from __future__ import annotations
 
 import csv
+import os
 import re
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -51,6 +53,16 @@ def test_the_scan_keeps_the_largest_samples_in_order(workers):
     assert found.largest[:3] == [(2048, 299), (2048, 599), (2048, 899)] and found.largest[3][0] == 16
     assert found.smallest == 16
     assert "1,000 samples read" in found.line() and "sizes 16 to 2048 (sample_size)" in found.line()
+
+
+def test_the_scan_keeps_torchs_advice_on_worker_counts_to_itself():
+    """A search scans with the space's largest worker count, often more than the cores: torch's
+    advice against it printed twice above the search's first line."""
+    task = load_task(str(TEXT), TESTS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        largest_batch.scan(task, {"size": 64, "every": 30}, keep=4, workers=(os.cpu_count() or 1) + 1)
+    assert not [w for w in caught if "This DataLoader will create" in str(w.message)]
 
 
 def test_an_iterable_dataset_is_read_as_far_as_the_limit_and_its_samples_kept():

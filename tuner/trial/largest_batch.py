@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate
 from tuner.harness import distributed
 from tuner.harness.system.monitors import HostMemory
 from tuner.inputs.errors import RecipeError
-from tuner.trial.data import to_device
+from tuner.trial.data import quiet_worker_advice, to_device
 from tuner.trial.failures import TrialStop, classify
 from tuner.trial.trial_result import State
 
@@ -158,6 +158,7 @@ def scan_dataset(dataset: Any, sample_size: Callable[[Any], Any] | None, keep: i
         if iterable:
             chunks = ((c, _sizes(measure, c)) for c in _batched(itertools.islice(iter(dataset), n)))
         else:
+            quiet_worker_advice()  # the space's worker count, chosen on purpose
             chunks = iter(DataLoader(dataset, batch_size=CHUNK, sampler=range(n), num_workers=workers,
                                      collate_fn=lambda c: (None, _sizes(measure, c))))
         for samples, sizes in chunks:
