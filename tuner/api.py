@@ -98,6 +98,7 @@ def search(
     storage: str | None = None,
     overrides: Sequence[str] = (),
     quiet: bool = False,
+    explain: bool = False,
     full_budget: bool = False,
     no_skip: bool = False,
     tolerance: float | None = None,
@@ -113,15 +114,14 @@ def search(
         confirm: the most interleaved rounds one question of the finish may take (a
             finalist, a change of the answer, the baseline; 0 skips the finish and reports
             the search trials' own numbers, each change undecided).
-        attribute: runs of each configuration on the baseline-to-answer attribution path
-            the search and the finish have not measured, inside what is left of the
-            finish's budget (default 1; 0 skips the attribution).
-        finish_minutes: the finish's budget (default: as long as the search's own trials
-            took, :data:`tuner.tuning.finish.TIME_SHARE`); ``minutes`` bounds search and
-            finish together either way.
+        attribute: runs of each configuration on the attribution path not yet measured, inside
+            what is left of the finish's budget (default 1; 0 skips the attribution).
+        finish_minutes: the finish's budget (default: :data:`tuner.tuning.finish.TIME_SHARE` of
+            the search's own time); ``minutes`` bounds search and finish together.
         out / storage: override the run folder / the Optuna storage URL.
         overrides: ``key=value`` recipe overrides, as ``--set``.
         quiet: no live table on the terminal (the log file is still written).
+        explain: every decision and finding on the terminal too (search.log has them).
         full_budget: spend the whole budget once converged too (``budget.converge: false``).
         no_skip: run what the memory model predicts over budget (``budget.skip: false``).
         tolerance: override the recipe's ``tolerance``, the largest slowdown a simpler answer
@@ -148,7 +148,7 @@ def search(
     live, events = None, None
     if ctx.is_main:
         recipe.out.mkdir(parents=True, exist_ok=True)
-        live = Live(recipe, quiet)
+        live = Live(recipe, quiet, explain)
         for line in ([said] if said else []) + own:
             live.note(line)
         events = tracking.Tracked(live, recipe.track, recipe, recipe.out) if recipe.track else live

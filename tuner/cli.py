@@ -129,6 +129,8 @@ def search_main(argv: Sequence[str] | None = None) -> int:
                         help="runs of each knob-by-knob attribution configuration not already measured, inside "
                              "what is left of the finish's budget (default: 1; 0 skips)")
     parser.add_argument("--quiet", action="store_true", help="no live table (search.log is still written)")
+    parser.add_argument("--explain", action="store_true",
+                        help="print every decision and finding, not only the answer (search.log has them anyway)")
     parser.add_argument("--full-budget", action="store_true",
                         help="keep searching once converged, until the trial or time budget is spent")
     parser.add_argument("--no-skip", action="store_true",
@@ -157,7 +159,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         result = search(args.recipe, trials=args.trials, minutes=args.minutes, confirm=args.confirm,
                         attribute=args.attribute, finish_minutes=args.finish_minutes, out=args.out,
                         storage=args.storage, overrides=args.sets,
-                        quiet=args.quiet, full_budget=args.full_budget, no_skip=args.no_skip,
+                        quiet=args.quiet, explain=args.explain, full_budget=args.full_budget, no_skip=args.no_skip,
                         tolerance=args.tolerance, track=args.track, began=process_began())
     except RecipeError as exc:
         if distributed.is_main_process():

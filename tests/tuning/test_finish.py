@@ -82,10 +82,14 @@ def test_a_gain_beside_a_lucky_best_stays_where_the_rule_cannot_decide():
     assert done is not None and done.reference == c["w4bf16"] and done.answer["amp_dtype"] == "bf16"
     assert done.out_of_budget and done.open and world.clock <= 3.0  # the budget, checked before every run
     # an open finalist question says which finalist (a run left three, each "a finalist against the reference")
-    finalist = [t for t in done.open if t.startswith("a finalist")]
-    assert finalist and all(t.startswith(("a finalist against the reference (amp_dtype fp32 rather than bf16): ",
-                                          "a finalist against the reference (num_workers 0 rather than 4, amp_dtype "
-                                          "fp32 rather than bf16): ")) for t in finalist), done.open
+    finalist = [q for q in done.open if q["kind"] == "finalist"]
+    assert finalist and all(q["differs"] in ({"amp_dtype": ["bf16", "fp32"]},
+                                             {"num_workers": [4, 0], "amp_dtype": ["bf16", "fp32"]})
+                            for q in finalist), done.open
+    said = [finish_mod.open_text(q) for q in finalist]
+    assert all(t.startswith(("a finalist against the reference (amp_dtype fp32 rather than bf16): ",
+                             "a finalist against the reference (num_workers 0 rather than 4, amp_dtype fp32 rather "
+                             "than bf16): ")) for t in said), said
 
 
 def test_a_loss_in_the_reference_goes_once_the_interval_shows_it():
@@ -289,6 +293,9 @@ class Notes:
         self.said: list[str] = []
 
     def note(self, text: str) -> None:
+        self.said.append(text)
+
+    def detail(self, text: str) -> None:
         self.said.append(text)
 
 

@@ -12,13 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from tuner.analysis.attribution import share_text
-from tuner.analysis.diagnose import headline
 from tuner.harness.metrics import budget_peak
-from tuner.outputs.console import levers, paired_text, title_words
+from tuner.outputs import closing
+from tuner.outputs.console import levers, title_words
 from tuner.scriptmode.output_log import without_traceback
 from tuner.trial.trial_result import State
-from tuner.tuning import promises, recommend
+from tuner.tuning import summary
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
@@ -33,8 +32,10 @@ STYLE = {State.OK: "green", State.PRUNED: "yellow"}
 class Live(SearchEvents):
     """The live table on stderr (rank 0) and ``search.log``."""
 
-    def __init__(self, recipe: "Recipe", quiet: bool) -> None:
-        self.recipe = recipe
+    def __init__(self, recipe: "Recipe", quiet: bool, explain: bool = False) -> None:
+        self.recipe, self.explain = recipe, explain
+        self.said: set[str] = set()
+        """What the console said while the search ran (``--explain`` does not say it twice)."""
         self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)
         self.log = logging.getLogger(f"tuner.search.{recipe.name}")
         self.log.setLevel(logging.INFO)
@@ -53,6 +54,13 @@ class Live(SearchEvents):
     def note(self, text: str) -> None:
         self.console.print(f"[yellow]note:[/] {escape(text)}")
         self.log.info("note: %s", text)
+        self.said.add(text)
+
+    def detail(self, text: str) -> None:
+        if self.explain:
+            self.note(text)
+        else:
+            self.log.info("note: %s", text)
 
     def start(self, done: int, measured: int) -> None:
         b = self.recipe.budget
@@ -98,52 +106,13 @@ class Live(SearchEvents):
         self.progress.stop()
 
     def summary(self, result: "SearchResult") -> None:
-        best, base = result.best, result.baseline
-        lines = [f"stopped: {result.stopped} after {result.trials} measured trial(s)"]
-        if best["metrics"] and base["metrics"]:
-            lines.append(f"baseline {base['metrics']['samples_per_s']:.1f} samples/s -> best "
-                         f"{best['metrics']['samples_per_s']:.1f} samples/s: {result.speedup:.2f}x "
-                         f"({best['source']}){paired_text(result.paired)}")
-        elif best["metrics"]:
-            lines.append(f"best {best['metrics']['samples_per_s']:.1f} samples/s (the baseline did not run)")
-        else:
-            lines.append("no configuration ran successfully inside the budget")
-        if warning := promises.too_noisy(result.noise):
-            lines.append(warning)
-        if result.pruned:
-            lines.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s "
-                         "of measuring")
-        for note in result.notes:
-            if recommend.in_summary(note):
-                lines.append(note)
-        if self.recipe.target.samples_per_s or self.recipe.target.tokens_per_s:
-            lines.append(f"target {'met' if result.target_met else 'not met'}")
-        same = bool(best.get("params")) and best.get("params") == base.get("params")
-        for name in ("baseline", "best"):
-            verdicts = result.diagnosis.get(name)
-            if name == "best" and same and result.diagnosis.get("baseline") is not None and base.get("metrics"):
-                lines.append("best: the baseline itself (its verdict above)")  # not the same two lines again
-            elif verdicts is not None and result.__dict__[name].get("metrics"):
-                lines.append(f"{name}: {headline(verdicts, result.__dict__[name].get('metrics'))}")
-                if verdicts:
-                    lines.append(f"  next: {verdicts[0].next_step}")
-        if result.attribution is not None and result.attribution.rows:
-            # the share is of the whole speedup, on a log scale: "0.64x (-50%)" read as 50% slower
-            rows = result.attribution.rows
-            measured = [bool(r.gain) and r.share is not None for r in rows]
-            parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({share_text(r.share)} of the speedup)" if ok
-                     else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
-                     for r, ok in zip(rows, measured)]
-            unmeasured = any(not ok and not r.failed for r, ok in zip(rows, measured))
-            # the path's runs come after the finish's rounds, inside what is left of its budget
-            lines.append("gain by knob, one at a time: " + ", ".join(parts)
-                         + ("; the finish's budget ended before the rest of the path was measured "
-                            "(--finish-minutes gives it more)" if unmeasured else ""))
-        lines.append(f"outputs: {result.out}/ (best.json, report.html, report.md, ds_config.json, trials.csv, ...)")
-        command = (result.best.get("command") if result.best else None)
-        if command:
-            lines.append(f"run it again: {command}")
-        for line in lines:
+        """The closing lines (:func:`tuner.outputs.closing.lines`), after every decision and
+        finding with ``--explain``; the log holds both."""
+        for line in closing.explanation(result, self.said):
+            if self.explain:
+                self.console.print(line, markup=False)
+            self.log.info(line)
+        for line in closing.lines(summary.of(result)):
             self.console.print(line, markup=False)
             self.log.info(line)
         self.log.removeHandler(self._handler)

@@ -18,6 +18,7 @@ from tuner.inputs.script import set_by_script
 from tuner.outputs.console import paired_text
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
+from tuner.tuning.finish import open_text
 from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
     if rests:  # said only where undecided changes carry a gain
         lines += ["", rests[0].upper() + rests[1:] + "."]
     if decision.get("open"):
-        lines += ["", "Left open when the finish's budget ended:", ""] + [f"- {q}" for q in decision["open"]]
+        lines += ["", "Left open when the finish's budget ended:", ""] + [f"- {open_text(q)}" for q in decision["open"]]
     return lines
 
 

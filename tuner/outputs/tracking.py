@@ -259,6 +259,9 @@ class Tracked(SearchEvents):
     def note(self, text: str) -> None:
         self.inner.note(text)
 
+    def detail(self, text: str) -> None:
+        self.inner.detail(text)
+
     def start(self, done: int, measured: int) -> None:
         self.inner.start(done, measured)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Sequence
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 from tuner.stats import student_t
 
@@ -153,6 +153,12 @@ class Slowdown:
     def to_json(self) -> dict[str, float | int | list[int]]:
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "runs": list(self.runs),
                 "dof": self.dof, "level": LEVEL, "pairs": self.pairs}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Slowdown":
+        runs = data.get("runs") or (0, 0)
+        return cls(float(data["estimate"]), float(data["low"]), float(data["high"]), (int(runs[0]), int(runs[1])),
+                   int(data.get("dof") or 0), int(data.get("pairs") or 0))
 
 
 def slowdown(a: Sequence[float] | LogStats, b: Sequence[float] | LogStats,

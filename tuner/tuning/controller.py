@@ -57,7 +57,7 @@ def run_search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: in
     pool = Pool(recipe.objective)
     decider = Decider(recipe, space, machine, events or SearchEvents(), pool, runner, began) if ctx.is_main else None
     if decider is not None and scanned:
-        decider.events.note(scanned)
+        decider.events.detail(scanned)
     runner.on_hang = decider.record_hung if decider else None
     if decider is not None:  # what the search leaves of budget.minutes for its finish
         decider.finish_after = (0.0, 0.0) if confirm < 1 else (
@@ -176,7 +176,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     points = path.configs(ends["baseline"], ends["best"], make, valid)
     todo = len(path.lacking(list(points.values()), pool))
     if todo and events is not None:
-        events.note(f"attributing the gain: {len(points)} configurations on the path from the baseline, "
+        events.detail(f"attributing the gain: {len(points)} configurations on the path from the baseline, "
                     f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")
     path.describe(list(points.values()), repeats, measure, pool, budget, distributed.broadcast)
     return finished, path.table(ends["baseline"], ends["best"], pool, make, recipe.tolerance, valid)

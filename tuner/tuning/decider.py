@@ -97,7 +97,7 @@ class Decider:
                                            study_mod.measured(self.study))
         """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
         if why:
-            events.note(why)
+            events.detail(why)
         self.proposers: list[proposers.Proposer] = [
             proposers.Baseline(self.baseline, _claim(self.baseline_config), self.workers),
             self._seed() if not self.known else proposers.PlanSeed(None),
@@ -117,7 +117,7 @@ class Decider:
             return proposers.PlanSeed(None)
         fed, note = memory.feed_plan(self.memory, self.recipe.out, self.recipe.path)
         if note:
-            self.events.note(note)
+            self.events.detail(note)
         limit = self.recipe.budget.memory_gib
         if not fed or limit is None or not self.recipe.budget.skip:
             return proposers.PlanSeed(None)
@@ -168,7 +168,7 @@ class Decider:
             self.recipe.budget.converge else None
         if repeat is not None:
             if self.convergence.repeats == 1:
-                self.events.note("the neighbourhood of the best is measured: measuring the best again to learn this "
+                self.events.detail("the neighbourhood of the best is measured: measuring the best again to learn this "
                                  "machine's noise, which the convergence stop reads (the finish reuses it)")
             return {"stop": None, "repeat": Plan.recorded(self.recipe.world_size, repeat)}
         if step is None and self.recipe.budget.converge and \
@@ -218,7 +218,7 @@ class Decider:
         if len(entry.rates) != 1 or entry.failures:
             return None
         self.baseline_again = True
-        self.events.note("measuring the baseline again: the prune rule cuts only on a noise this run has measured")
+        self.events.detail("measuring the baseline again: the prune rule cuts only on a noise this run has measured")
         return self.baseline_config
 
     def _predict(self, trial: "Asked", config: Plan) -> bool:
@@ -234,7 +234,7 @@ class Decider:
     def set_reference(self, result: TrialResult) -> None:
         """The fp32 loss curve the precision guard compares with (an extra trial, run only
         when the first reduced-precision trial comes before any fp32 one, batches in order)."""
-        self.events.note(self.guard.set_reference(result))
+        self.events.detail(self.guard.set_reference(result))
 
     def record(self, result: TrialResult) -> None:
         assert self.trial is not None and self.current is not None
@@ -268,7 +268,7 @@ class Decider:
         """Say ``note`` in the search log, once however often it comes up."""
         if note not in self.notes_seen:
             self.notes_seen.add(note)
-            self.events.note(note)
+            self.events.detail(note)
 
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""

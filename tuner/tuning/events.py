@@ -18,7 +18,12 @@ class SearchEvents:
     """Every event of a running search; each does nothing here."""
 
     def note(self, text: str) -> None:
-        """Something the user should know (a knob dropped, a reference curve measured)."""
+        """What the user should know while it runs: what asks them to act, or why a wait is
+        long (a knob of theirs that cannot run here, the finish starting)."""
+
+    def detail(self, text: str) -> None:
+        """A step of the search's reasoning (a decision, an extra run): the log's, and the
+        console's with ``--explain``."""
 
     def start(self, done: int, measured: int) -> None:
         """The study is open: ``done`` trials count against the budget already."""

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from tuner.analysis import attribution as attribution_mod
 from tuner.inputs.levers import LEVERS
 from tuner.stats import decision
+from tuner.stats.interval import Slowdown
 from tuner.tuning.finish_budget import Budget
 from tuner.tuning.pool import Pool, key
 
 if TYPE_CHECKING:
-    from tuner.stats.interval import Slowdown
     from tuner.trial.trial_result import TrialResult
     from tuner.tuning.events import SearchEvents
 
@@ -102,8 +102,8 @@ class Finished:
     """Each change that left the answer: ``step``, ``value``, the interval that let it go."""
     moves: list[str] = field(default_factory=list)
     """What changed the reference or the answer, in order, in words."""
-    open: list[str] = field(default_factory=list)
-    """The questions still open at the end, in words, with their intervals."""
+    open: list[dict[str, Any]] = field(default_factory=list)
+    """The questions still open at the end (:func:`open_record`)."""
 
 
 def changes(params: Mapping[str, Any], baseline: Mapping[str, Any]) -> int:
@@ -174,10 +174,9 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
     if events and not others:
         events.note("finishing: the search's only finalist is the baseline itself: nothing to decide")
     elif events:
-        limit = f"{budget.seconds:.0f} s" if budget.seconds is not None else "no time limit"
-        events.note(f"finishing: {len(others)} finalist(s) and the baseline, interleaved, against the one with the "
-                    f"most changes, until each question is settled at a {rules.tolerance:.0%} tolerance ({limit}, "
-                    f"at most {budget.rounds} round(s) a question)")
+        limit = f"up to {budget.seconds:.0f} s" if budget.seconds is not None else "no time limit"
+        events.note(f"finishing: {len(others)} finalist(s) and the baseline, interleaved, to settle each at "
+                    f"{rules.tolerance:.0%} ({limit})")
     while True:
         asked = questions(out.answer, out.reference, ranked, base, rules)
         if len(out.moves) < MAX_MOVES and _move(out, asked, pool, rules, base, events):
@@ -192,13 +191,13 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
             break
     _prove(out, questions(out.answer, out.reference, ranked, base, rules), pool, rules, base, events)
     _no_slower_than_the_baseline(out, pool, rules, base, events)
-    out.open = [_open_text(q, pool, out.answer) for q in questions(out.answer, out.reference, ranked, base, rules)
+    out.open = [open_record(q, pool, out.answer) for q in questions(out.answer, out.reference, ranked, base, rules)
                 if not _settled(q, pool, rules, budget, base, out.answer)]
     out.seconds = budget.clock() - start
     if events and out.open:
         why = ("its budget" if out.out_of_budget else "settling them would take more rounds than its budget holds"
                if out.out_of_reach else "the rounds a question may take")
-        events.note(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) ({why}); "
+        events.detail(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) ({why}); "
                     "the summary lists each with its interval")
     return out
 
@@ -278,7 +277,7 @@ def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: 
     _, _, simpler, s = min(drops, key=lambda d: (d[0], d[1]))
     gone = [k for k in attribution_mod.changed(base, out.answer) if simpler.get(k) != out.answer.get(k)]
     for k in gone:
-        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(),
+        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "cheap",
                             "text": f"{k}={out.answer.get(k)} dropped: without it {s.text()} against the "
                                     f"reference, below the {tol:.0%} tolerance"})
     out.answer = dict(simpler)
@@ -303,6 +302,7 @@ def _prove(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base:
         value = out.answer.get(q.step.split("+")[0])
         if all(q.simpler.get(k) == out.answer.get(k) for k in LEVERS if k not in q.step.split("+")):
             out.dropped.append({"step": q.step, "value": value, "slowdown": s.to_json() if s else None,
+                                "reason": "memory_unneeded",
                                 "text": f"{q.step}={value} dropped: not shown a gain beyond the {tol:.0%} tolerance "
                                         f"({s.text() if s else 'no interval'} without it), and what it buys is "
                                         "memory the answer does without"})
@@ -325,7 +325,7 @@ def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: 
     why = (f"the answer was not shown faster than the baseline beyond the {rules.tolerance:.0%} tolerance, and the "
            f"baseline measured {s.text()} than it")
     for k in attribution_mod.changed(base, out.answer):
-        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(),
+        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "baseline_stays",
                             "text": f"{k}={out.answer.get(k)} dropped: {why}; the baseline stays"})
     out.answer = dict(base)
     out.moves.append(f"{why}: the baseline stays")
@@ -368,17 +368,29 @@ def _width(pool: Pool, q: Question) -> float:
     return s.half_log if s is not None else math.inf
 
 
-def _open_text(q: Question, pool: Pool, answer: Mapping[str, Any]) -> str:
+def open_record(q: Question, pool: Pool, answer: Mapping[str, Any]) -> dict[str, Any]:
+    """A question left open, as data: its ``kind`` and ``step``, the ``side`` it was asked of
+    (after a drop, the answer or the reference), what the simpler side ``differs`` in (which
+    finalist: ``{knob: [richer, simpler]}``), and its interval (``slowdown``; ``None``: none yet)."""
     s = pool.slowdown(q.richer, q.simpler)
-    side = "the answer" if q.richer == answer else "the reference"  # after a drop, two sides
-    differs = ", ".join(f"{k} {q.simpler.get(k)} rather than {v}" for k, v in q.richer.items()
-                        if k in LEVERS and q.simpler.get(k) != v)  # which finalist: a run left three unnamed
-    what = {"change": f"{q.step} in {side}: without it, {side}",
+    return {"kind": q.kind, "step": q.step, "side": "answer" if q.richer == answer else "reference",
+            "differs": {k: [v, q.simpler.get(k)] for k, v in q.richer.items() if k in LEVERS and q.simpler.get(k) != v},
+            "slowdown": s.to_json() if s is not None else None}
+
+
+def open_text(record: Mapping[str, Any] | str) -> str:
+    """A question left open in words (a run folder written before records holds the words)."""
+    if isinstance(record, str):
+        return record
+    side = f"the {record['side']}"
+    differs = ", ".join(f"{k} {simpler} rather than {richer}" for k, (richer, simpler) in record["differs"].items())
+    what = {"change": f"{record['step']} in {side}: without it, {side}",
             "finalist": f"a finalist against the reference ({differs}): the one with fewer changes",
-            "baseline": "the answer against the baseline: the baseline"}[q.kind]
-    return f"{what} {'is ' + s.text() if s is not None else 'has no interval yet'}"
+            "baseline": "the answer against the baseline: the baseline"}[record["kind"]]
+    s = record.get("slowdown")
+    return f"{what} {'is ' + Slowdown.from_json(s).text() if s else 'has no interval yet'}"
 
 
 def _say(events: "SearchEvents | None", text: str) -> None:
     if events is not None:
-        events.note("finish: " + text)
+        events.detail("finish: " + text)

@@ -25,7 +25,7 @@ from tuner.analysis.guard import divergence
 from tuner.inputs.space import numerics
 from tuner.stats import decision
 from tuner.study import records as study_mod
-from tuner.tuning.finish import ANSWER_PAIRS
+from tuner.tuning.finish import ANSWER_PAIRS, open_text
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution, Row
@@ -49,11 +49,11 @@ class Decision:
     ``search`` (no finish ran: the best search trial)."""
     knobs: list[dict[str, Any]] = field(default_factory=list)
     """One entry per change from the baseline: ``knob``, ``value``, ``kept``, ``label``
-    (``kept``, ``dropped``, ``undecided``), ``slowdown`` without it (the interval's JSON, or
-    None), ``text``."""
+    (``kept``, ``dropped``, ``undecided``), ``reason`` (:data:`tuner.tuning.summary.REASONS`),
+    ``slowdown`` without it (the interval's JSON, or None), ``text``."""
     notes: list[str] = field(default_factory=list)
-    open: list[str] = field(default_factory=list)
-    """The questions the finish left open at its end, with their intervals."""
+    open: list[dict[str, Any]] = field(default_factory=list)
+    """The questions the finish left open at its end (:func:`tuner.tuning.finish.open_record`)."""
     reference: dict[str, Any] | None = None
     rounds: int = 0
     finish_s: float | None = None
@@ -95,9 +95,9 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
     if finished is None:
         out = Decision(dict(best), tolerance, "search")
         out.notes.append("no finish ran: the answer is the best search trial, each of its changes undecided")
-        out.knobs = [{"knob": step, "value": attribution_mod.values(best, step), "kept": True, "label": "undecided",
-                      "slowdown": None, "text": f"{step}={attribution_mod.values(best, step)} kept, undecided: "
-                                                "no finish measured it"}
+        out.knobs = [{"knob": step, "value": (value := attribution_mod.values(best, step)), "kept": True,
+                      "label": "undecided", "reason": "no_finish", "slowdown": None,
+                      "text": f"{step}={value} kept, undecided: no finish measured it"}
                      for step, _ in attribution_mod.leave_one_out(baseline, best, valid)]
         return out
     reference = finished.reference
@@ -122,20 +122,23 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
                  "slowdown": s.to_json() if s is not None else None}
         why = ruled_out(without)
         if why is not None:
-            entry |= {"label": "kept", "needed": why,
+            entry |= {"label": "kept", "reason": "needed", "needed": why,
                       "text": f"{step}={value} kept, needed: the answer without it {why}"}
             out.knobs.append(entry)
             continue
         if s is None:
+            entry["reason"] = "no_interval"
             entry["text"] = f"{step}={value} kept, undecided: the answer without it has no interval"
         elif call.decided and call.verdict == decision.KEEP:
+            entry["reason"] = "gain"
             entry["text"] = f"{step}={value} kept: {s.gain_text('than without it')}, {s.counted}"
         elif call.decided:  # shown cheap in the answer, yet the finish kept it: say why, not "kept: 2% slower"
-            entry["label"] = decision.UNDECIDED
+            entry["label"], entry["reason"] = decision.UNDECIDED, "unproven_drop"
             why = _not_dropped(s, pool, reference, against, without)
             entry["text"] = (f"{step}={value} kept, undecided: {s.gain_text('than without it')}, {s.counted}, "
                              f"within the {tolerance:.0%} tolerance; {why}")
         else:
+            entry["reason"] = "straddles"
             entry["text"] = (f"{step}={value} kept, undecided: {s.gain_text('than without it')}, {s.counted}; "
                              f"the interval straddles the {tolerance:.0%} tolerance, and a change the search "
                              "measured leaves the answer only on evidence")
@@ -147,7 +150,7 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
         out.knobs.append(entry)
     for d in finished.dropped:
         out.knobs.append({"knob": d["step"], "value": d["value"], "kept": False, "label": "dropped",
-                          "slowdown": d["slowdown"], "text": d["text"]})
+                          "reason": d["reason"], "slowdown": d["slowdown"], "text": d["text"]})
     out.undecided_gain = math.prod(g for _, g in gains) if gains else 1.0
     if gains and speedup:
         out.notes.append(rests_on(out.undecided_gain, speedup, [step for step, _ in gains]))
@@ -158,7 +161,7 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
         when = (f", since settling them would take more rounds than the finish's budget ({budget}) holds"
                 if finished.out_of_reach and not finished.out_of_budget
                 else f" when the finish's budget ({budget}) ended")
-        out.notes.append(f"left open{when}: " + "; ".join(finished.open))
+        out.notes.append(f"left open{when}: " + "; ".join(open_text(q) for q in finished.open))
     return out
 
 

@@ -6,6 +6,7 @@ the diagnosis of both ends, the run's noise."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
@@ -90,7 +91,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         for note in decision.notes:
             notes.append(note)
             if not recommend.in_summary(note) and note not in said:  # the summary says it once, right below
-                d.events.note(note)
+                d.events.detail(note)
     r = d.recipe
     notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
     if r.objective != "samples_per_s":
@@ -110,6 +111,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         wall_s=time.monotonic() - d.started, study=d.study,
         memory_prediction=d.memory.error(memory.SETTLED_AFTER) if d.memory is not None else None,
         decision=decision.to_json() if decision is not None else None, broken=d.broken, price=r.price.gpu_hour,
+        target={k: v for k, v in dataclasses.asdict(r.target).items() if v is not None} or None,
         noise=dict(zip(("ss", "dof"), pool.spread())), paired=_paired(pool, best["params"], base["params"]),
     )
 

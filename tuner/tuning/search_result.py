@@ -14,6 +14,7 @@ from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import Verdict
 from tuner.inputs.levers import LEVERS
 from tuner.runner import launch_words
+from tuner.tuning import summary
 
 if TYPE_CHECKING:
     from tuner.runner import Runner
@@ -71,6 +72,8 @@ class SearchResult:
     medians, which the pairs can read differently."""
     price: float | None = None
     """The recipe's price of a device-hour (``price.gpu_hour``), for the cost per million samples."""
+    target: dict[str, float] | None = None
+    """The recipe's target (``samples_per_s``, ``tokens_per_s``), where it sets one."""
     study: "Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
@@ -108,6 +111,8 @@ class SearchResult:
             "wall_s": self.wall_s,
             "memory_prediction": self.memory_prediction,
             "decision": self.decision,
+            "target": self.target,
+            "summary": summary.of(self).to_json(),  # the decisions as data (tuner.tuning.summary)
             "notes": list(self.notes),  # what the run said about its figures (why one is not measured)
             "price": None if self.price is None else {
                 "gpu_hour": self.price,
@@ -143,6 +148,7 @@ class SearchResult:
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
             memory_prediction=data.get("memory_prediction"), decision=data.get("decision"), noise=data.get("noise"),
             price=(data.get("price") or {}).get("gpu_hour"), notes=list(data.get("notes") or []),
+            target=data.get("target"),
         )
 
 
