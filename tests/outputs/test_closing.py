@@ -69,6 +69,15 @@ def test_a_short_answer_says_everything_it_has():
         "run it again: python -m tuner.measure r.yaml --set num_workers=8"]
 
 
+def test_an_answer_that_is_the_baseline_says_so_and_no_speedup():
+    lines = closing.lines(crowded(answer={}, speedup=1.0, rate=12.5, paired=None, decisions=(), warnings=(),
+                                  after=None, command="python -m tuner.measure r.yaml"))
+    assert lines == ["answer (30 trial(s), converged): the baseline as it is",
+                     "bottleneck: data-bound (80% of the step)",
+                     "configs to paste, report.md, best.json: runs/crowded/",
+                     "run it again: python -m tuner.measure r.yaml"]
+
+
 def test_the_summary_reads_back_as_it_was_written():
     s = crowded()
     data = json.loads(json.dumps(s.to_json()))  # strict JSON: the unbounded interval end is null

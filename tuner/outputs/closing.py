@@ -57,7 +57,7 @@ def lines(s: "Summary") -> list[str]:
     else:
         answer = head + " ".join(f"{k}={_word(v)}" for k, v in s.answer.items())
     top = _wrap(answer)
-    if s.speedup is not None and s.baseline_rate and s.rate:
+    if s.speedup is not None and s.baseline_rate and s.rate and s.answer:  # the baseline's own 1.00x says nothing
         speed = f"speedup: {s.speedup:.2f}x ({_rate(s.baseline_rate)} -> {_rate(s.rate)} samples/s)"
         if s.paired:
             speed += (f"; side by side {s.paired.speedup:.2f}x, 99% interval {s.paired.low:.2f}x to "

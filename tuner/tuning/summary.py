@@ -222,7 +222,7 @@ def of(result: Result) -> Summary:
     same = not best or best == base
     return Summary(
         stopped=result.stopped, trials=result.trials,
-        answer={k: best[k] for k in changed(base, best)} if best and base else {},
+        answer={k: best[k] for k in changed(base, best)},  # no baseline recorded: the changes from the defaults
         baseline_rate=rates[0], rate=rates[1], speedup=result.speedup,
         paired=Ratio(**result.paired) if result.paired else None,
         noise=relative_sd(float(result.noise["ss"]), int(result.noise["dof"])) if result.noise else None,
