@@ -27,7 +27,7 @@ def crowded(**changes) -> Summary:
     answer = {f"knob_number_{i}": f"value_{i}" for i in range(9)}
     sets = " ".join(f"--set {k}={v}" for k, v in answer.items())
     fields = dict(
-        stopped="converged", trials=30, answer=answer, baseline_rate=12.5, rate=40.0, speedup=3.2,
+        tolerance=0.02, stopped="converged", trials=30, answer=answer, baseline_rate=12.5, rate=40.0, speedup=3.2,
         paired=Ratio(3.1, 2.9, 3.4, 5), noise=0.31,
         decisions=(Change("knob_number_0", "value_0", "kept", "gain", Effect(1.5, 1.2, 1.9, 5)),
                    Change("knob_number_1", "value_1", "undecided", "straddles", Effect(0.01, -0.2, math.inf, 2))),

@@ -165,19 +165,6 @@ def test_a_part_of_the_speedup_larger_than_the_whole_is_found(tmp_path):
     assert found and "larger than the whole" in found[0], found
 
 
-def test_the_summary_says_what_was_left_open_whichever_way_the_finish_ended():
-    """"left open when the finish's budget ... ended" and "left open, since settling them would
-    take more rounds ...": both are the summary's (recommend.in_summary), never a note above
-    it too. The second form slipped past a check for "left open " and was printed only as a
-    note (the quickstart, 2026-12-05)."""
-    from tuner.tuning.recommend import in_summary, rests_on
-
-    assert in_summary("left open when the finish's budget (39 s) ended: a; b")
-    assert in_summary("left open, since settling them would take more rounds than the finish's budget (45 s) holds: a")
-    assert in_summary(rests_on(1.06, 9.09, ["prefetch_factor"]))
-    assert not in_summary("num_workers=8 kept: 789.3% faster than without it")
-
-
 def test_a_share_that_rounds_to_nothing_reads_zero_in_the_console_and_the_report():
     """The quickstart's persistent_workers step (0.99x) read "-0% of the speedup"; the console
     and report.md's attribution table format a share with the same function."""

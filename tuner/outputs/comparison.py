@@ -30,7 +30,7 @@ def side(run: str | Path, which: str = "best") -> Side:
     wide = (float(noise.get("ss") or 0.0), int(noise.get("dof") or 0))
     env = dict(record.get("environment") or {})
     env.setdefault("world_size", record.get("world_size"))
-    tolerance = (record.get("decision") or {}).get("tolerance")
+    tolerance = (record.get("summary") or record.get("decision") or {}).get("tolerance")
     if which in ("best", "baseline"):
         part = record if which == "best" else (record.get("baseline") or {})
         if not part.get("metrics"):

@@ -17,7 +17,7 @@ from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
 from tuner.outputs.console import paired_text
 from tuner.trial.trial_result import State
-from tuner.tuning import promises
+from tuner.tuning import promises, recommend
 from tuner.tuning.finish import open_text
 from tuner.tuning.search_result import SearchResult
 
@@ -51,7 +51,7 @@ def render_markdown(data: ReportData) -> str:
         lines += _comparison_table(r)
     else:
         lines.append("No configuration ran successfully inside the budget.")
-    lines += _decision_lines(r.decision)
+    lines += _decision_lines(r.decision, r.speedup)
     lines += _attribution_lines(r.attribution)
     failures = [t for t in trials if t["state"] != State.OK]
     lines += ["", f"Trials: {len(trials)} measured, {len(failures)} failed or infeasible"
@@ -112,7 +112,7 @@ RULES = {
 """What each decision rule means, in the report's words."""
 
 
-def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
+def _decision_lines(decision: dict[str, Any] | None, speedup: float | None) -> list[str]:
     """How the answer was decided: the rule, the tolerance, each change with its interval,
     what rests on undecided changes, what the budget left open."""
     if not decision:
@@ -127,7 +127,9 @@ def _decision_lines(decision: dict[str, Any] | None) -> list[str]:
              "dropped only when the interval shows that dropping it costs less, kept when it shows more, and "
              f"kept undecided when the measuring ran out first.{cost}", ""]
     lines += [f"- {k['text']}" for k in decision.get("knobs", [])]
-    rests = next((n for n in decision.get("notes", []) if "rests on change(s)" in n), None)
+    rests = (recommend.rests_on(decision["undecided_gain"], speedup, decision["rests_on"])
+             if decision.get("rests_on") and speedup else  # a run folder written before: its words
+             next((n for n in decision.get("notes", []) if "rests on change(s)" in n), None))
     if rests:  # said only where undecided changes carry a gain
         lines += ["", rests[0].upper() + rests[1:] + "."]
     if decision.get("open"):

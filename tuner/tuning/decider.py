@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tuner.analysis.diagnose import Verdict
 from tuner.analysis.remedies import Here
@@ -152,7 +152,7 @@ class Decider:
             self._once(said)  # asked again after the other workers' trials
         if stop is None and (broken := why_broken(study_mod.measured(self.study))):
             self.broken = broken
-            self._once(f"stopped: {broken}")  # asked again by each worker's next turn
+            self._once(f"stopped: {broken}", self.events.note)  # asked again by each worker's next turn
             return {"stop": "broken"}
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}
@@ -264,11 +264,12 @@ class Decider:
         self.trial = self.current = None
         self.workers.end()
 
-    def _once(self, note: str) -> None:
-        """Say ``note`` in the search log, once however often it comes up."""
+    def _once(self, note: str, say: Callable[[str], None] | None = None) -> None:
+        """Say ``note`` once however often it comes up: in the search log (``say``: the
+        events' ``note`` where the user must act on it)."""
         if note not in self.notes_seen:
             self.notes_seen.add(note)
-            self.events.detail(note)
+            (say or self.events.detail)(note)
 
     def record_hung(self, reason: str) -> None:
         """The trial in flight ran past its limit (:mod:`tuner.trial.watchdog`): recorded, never run again."""

@@ -98,6 +98,8 @@ class Finished:
     """The budget ended it with questions still open."""
     out_of_reach: bool = False
     """It ended early: what was open would take more rounds than the budget holds."""
+    faster: bool = False
+    """A configuration of the questions was shown faster than the search's pick and became the reference."""
     dropped: list[dict[str, Any]] = field(default_factory=list)
     """Each change that left the answer: ``step``, ``value``, the interval that let it go."""
     moves: list[str] = field(default_factory=list)
@@ -252,7 +254,7 @@ def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: 
         s = pool.slowdown(p, out.reference)
         if p != out.reference and decision.judge(s, tol) == decision.KEEP and rules.fine(p):
             assert s is not None
-            out.reference, out.answer = dict(p), dict(p)
+            out.reference, out.answer, out.faster = dict(p), dict(p), True
             out.dropped.clear()
             out.moves.append(f"a configuration with {changes(p, base)} change(s) is faster than the reference: the "
                              f"reference {s.text()} than it, beyond the {tol:.0%} tolerance; it is the reference now")

@@ -61,11 +61,13 @@ class Decision:
     undecided_gain: float | None = None
     """The part of the speedup that rests on undecided changes (their point estimates
     multiplied; 1.0: none)."""
+    rests_on: list[str] = field(default_factory=list)
+    """The undecided changes that part rests on (those measured as gains)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"tolerance": self.tolerance, "rule": self.rule, "knobs": self.knobs, "notes": self.notes,
                 "open": self.open, "reference": self.reference, "rounds": self.rounds, "finish_s": self.finish_s,
-                "budget_s": self.budget_s, "undecided_gain": self.undecided_gain}
+                "budget_s": self.budget_s, "undecided_gain": self.undecided_gain, "rests_on": self.rests_on}
 
 
 def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
@@ -77,12 +79,6 @@ def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
         share, together = f"all of the answer's {speedup:.2f}x", f"; in the answer they measured {gain:.2f}x"
     return (f"{share} rests on change(s) the rule has not shown to be gains: {', '.join(steps)} "
             f"(undecided, kept{together})")
-
-
-def in_summary(note: str) -> bool:
-    """Whether the search's closing summary repeats ``note`` (what the speedup rests on, what
-    the budget left open): printed there once, not also as a note just above it."""
-    return "rests on change(s) the rule has not shown" in note or note.startswith("left open")
 
 
 def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attribution | None", pool: "Pool",
@@ -102,7 +98,7 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
         return out
     reference = finished.reference
     rule = "simpler" if finished.dropped else "reference"
-    if finished.moves and any("faster than the reference" in m for m in finished.moves):
+    if finished.faster:
         rule = "faster" if not finished.dropped else "simpler"
     out = Decision(dict(best), tolerance, rule, reference=dict(reference), rounds=finished.rounds,
                    finish_s=finished.seconds, budget_s=finished.budget_s, open=list(finished.open))
@@ -152,6 +148,7 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
         out.knobs.append({"knob": d["step"], "value": d["value"], "kept": False, "label": "dropped",
                           "reason": d["reason"], "slowdown": d["slowdown"], "text": d["text"]})
     out.undecided_gain = math.prod(g for _, g in gains) if gains else 1.0
+    out.rests_on = [step for step, _ in gains]
     if gains and speedup:
         out.notes.append(rests_on(out.undecided_gain, speedup, [step for step, _ in gains]))
     out.notes += finished.moves

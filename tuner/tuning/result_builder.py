@@ -90,7 +90,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         said = set(finished.moves) if finished is not None else set()  # the finish said its moves as they came
         for note in decision.notes:
             notes.append(note)
-            if not recommend.in_summary(note) and note not in said:  # the summary says it once, right below
+            if note not in said:
                 d.events.detail(note)
     r = d.recipe
     notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report

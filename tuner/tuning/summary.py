@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from tuner.analysis.attribution import changed
 from tuner.inputs import levers
+from tuner.inputs.levers import LEVERS
 from tuner.stats.interval import Slowdown, relative_sd
 from tuner.tuning import promises
 
@@ -130,6 +131,8 @@ class Ratio:
 
 @dataclass(frozen=True)
 class Summary:
+    tolerance: float | None
+    """The largest slowdown a simpler answer may cost: what each verdict was read against."""
     stopped: str
     """Why the search stopped (``trials``, ``minutes``, ``converged``, ``exhausted``, ``target``,
     ``interrupted``, ``broken``)."""
@@ -174,7 +177,8 @@ class Summary:
             return Bottleneck(b["kind"], b["share"], b["ceiling"], tuple(b["next"])) if b else None
 
         return cls(
-            data["stopped"], data["trials"], data["answer"], data["baseline_rate"], data["rate"], data["speedup"],
+            data["tolerance"], data["stopped"], data["trials"], data["answer"], data["baseline_rate"], data["rate"],
+            data["speedup"],
             Ratio(**data["paired"]) if data.get("paired") else None, data["noise"],
             tuple(Change(c["knob"], c["value"], c["verdict"], c["reason"], effect(c["effect"]))
                   for c in data["decisions"]),
@@ -221,8 +225,8 @@ def of(result: Result) -> Summary:
     rates = [(part.get("metrics") or {}).get("samples_per_s") for part in (result.baseline, result.best)]
     same = not best or best == base
     return Summary(
-        stopped=result.stopped, trials=result.trials,
-        answer={k: best[k] for k in changed(base, best)},  # no baseline recorded: the changes from the defaults
+        tolerance=decision.get("tolerance"), stopped=result.stopped, trials=result.trials,
+        answer={k: best.get(k, LEVERS[k].default) for k in changed(base, best)} if best else {},
         baseline_rate=rates[0], rate=rates[1], speedup=result.speedup,
         paired=Ratio(**result.paired) if result.paired else None,
         noise=relative_sd(float(result.noise["ss"]), int(result.noise["dof"])) if result.noise else None,
