@@ -12,7 +12,6 @@ import jsonschema
 import pytest
 
 from tuner.outputs import closing
-from tuner.tuning import summary
 from tuner.tuning.search_result import SearchResult
 from tuner.tuning.summary import Bottleneck, Change, Effect, Ratio, Summary, Warning
 
@@ -46,13 +45,24 @@ def test_the_closing_lines_fit_twelve_of_a_hundred_characters():
     assert len(lines) <= closing.MOST and all(len(line) <= closing.WIDTH for line in lines), lines
     assert lines[0].startswith("answer (30 trial(s), converged): knob_number_0=value_0")
     assert "speedup: 3.20x (12.5 -> 40 samples/s); side by side 3.10x, 99% interval 2.90x to 3.40x" in lines
-    assert "bottleneck: data-bound (80% of the step) -> none stands out" in lines
+    assert not any(line.startswith("bottleneck:") for line in lines)  # what goes first when crowded
     assert any(line.startswith("kept, not shown to help: knob_number_1") for line in lines)
     assert re.fullmatch(r"warning: \d more \(--explain\)", next(x for x in lines if "more (--explain)" in x))
     run_it = lines[lines.index(next(x for x in lines if x.startswith("run it again: "))):]
     assert all(line.endswith(" \\") for line in run_it[:-1]) and len(run_it) > 1
     words = " ".join(line.removesuffix(" \\").strip() for line in run_it).removeprefix("run it again: ")
     assert words == crowded().command  # pasted whole, the same command
+
+
+def test_notes_below_the_table_leave_fewer_lines_and_the_bottleneck_goes_first():
+    """Notes printed after the trial table (the finish's wait, say) leave fewer lines: the
+    bottleneck goes, then the warnings are counted in one line; the unproven changes stay."""
+    short = crowded(answer={"num_workers": 8}, command="python -m tuner.measure r.yaml --set num_workers=8")
+    assert len(closing.lines(short)) == 11 and "bottleneck: data-bound (80% of the step) -> none stands out" \
+        in closing.lines(short)
+    fitted = closing.lines(short, most=7)
+    assert len(fitted) == 7 and not any(x.startswith("bottleneck:") for x in fitted), fitted
+    assert fitted[2].startswith("kept, not shown to help:") and fitted[-3] == "warning: 4 more (--explain)", fitted
 
 
 def test_a_short_answer_says_everything_it_has():
@@ -95,7 +105,7 @@ def test_a_run_folder_written_before_reasons_gets_a_summary_that_says_so(tmp_pat
                                    "slowdown": {"estimate": 0.66, "low": 0.6, "high": 0.7, "runs": [3, 3], "dof": 4,
                                                 "pairs": 3}, "text": "num_workers=4 kept: ..."}],
                         "open": ["a question in words, as written before records"]}}
-    s = summary.of(SearchResult.from_json(old, tmp_path))
+    s = SearchResult.from_json(old, tmp_path).summary  # what tuner.search() returns carries it too
     jsonschema.validate(s.to_json(), SCHEMA)
     assert s.answer == {"num_workers": 4} and s.decisions[0].reason == "unrecorded" and s.open == ()
     assert s.decisions[0].effect is not None and math.isclose(s.decisions[0].effect.gain, 1 / 0.34 - 1)

@@ -46,9 +46,11 @@ WARNINGS: dict[str, Callable[[Mapping[str, Any]], str] | None] = {
 """Each warning's words (``None``: shown with ``--explain`` only)."""
 
 
-def lines(s: "Summary") -> list[str]:
-    """The closing lines of a search, at most :data:`MOST`, each at most :data:`WIDTH` wide
-    (a word longer than that, a path, stays whole)."""
+def lines(s: "Summary", most: int = MOST) -> list[str]:
+    """The closing lines of a search, at most ``most`` (the notes since the trial table count
+    against :data:`MOST`), each at most :data:`WIDTH` wide (a word longer than that, a path,
+    stays whole). Where they do not fit, the bottleneck goes first, then the warnings (one
+    line counts them), then the unproven changes; the answer, the speedup and the command stay."""
     head = f"answer ({s.trials} trial(s), {STOPPED.get(s.stopped, s.stopped)}): "
     if s.rate is None:
         answer = head + "none: nothing ran successfully"
@@ -63,25 +65,27 @@ def lines(s: "Summary") -> list[str]:
             speed += (f"; side by side {s.paired.speedup:.2f}x, 99% interval {s.paired.low:.2f}x to "
                       f"{s.paired.high:.2f}x")
         top += _wrap(speed)
-    if s.before is not None:
-        top += _wrap("bottleneck: " + _bottleneck(s.before) + (f" -> {_bottleneck(s.after)}" if s.after else ""))
+    bottleneck = _wrap("bottleneck: " + _bottleneck(s.before) + (f" -> {_bottleneck(s.after)}" if s.after else "")) \
+        if s.before is not None else []
     unproven = s.kept_unproven()
-    if unproven:
-        top += _wrap(f"kept, not shown to help: {', '.join(unproven)} (--explain says why)")
+    kept = _wrap(f"kept, not shown to help: {', '.join(unproven)} (--explain says why)") if unproven else []
     warned = [_wrap("warning: " + say(w.figures)) for w in s.warnings if (say := WARNINGS[w.code]) is not None]
     end = _wrap(f"configs to paste, report.md, best.json: {s.out}/")
     if s.command:
         end += _command("run it again: ", s.command)
-    room = MOST - len(top) - len(end)
-    shown = []
+    room = most - len(top) - len(end)  # for the unproven changes, then the warnings, then the bottleneck
+    kept = kept if len(kept) <= room else []
+    room -= len(kept)
+    shown: list[str] = []
     for i, w in enumerate(warned):
         rest = len(warned) - i
         if len(w) > room - (1 if rest > 1 else 0):
-            shown.append(f"warning: {rest} more (--explain)")
+            shown += [f"warning: {rest} more (--explain)"] if room > 0 else []
             break
         shown += w
         room -= len(w)
-    return top + shown + end
+    bottleneck = bottleneck if len(bottleneck) <= most - len(top) - len(end) - len(kept) - len(shown) else []
+    return top + bottleneck + kept + shown + end
 
 
 def explanation(result: "SearchResult", said: AbstractSet[str] = frozenset()) -> list[str]:

@@ -17,7 +17,6 @@ from tuner.outputs import closing
 from tuner.outputs.console import levers, title_words
 from tuner.scriptmode.output_log import without_traceback
 from tuner.trial.trial_result import State
-from tuner.tuning import summary
 from tuner.tuning.events import SearchEvents
 
 if TYPE_CHECKING:
@@ -36,6 +35,9 @@ class Live(SearchEvents):
         self.recipe, self.explain = recipe, explain
         self.said: set[str] = set()
         """What the console said while the search ran (``--explain`` does not say it twice)."""
+        self.below = 0
+        """Lines printed since the last trial row: the closing lines fit in what is left of
+        :data:`tuner.outputs.closing.MOST`."""
         self.console = Console(stderr=True, highlight=False, soft_wrap=True, quiet=quiet)
         self.log = logging.getLogger(f"tuner.search.{recipe.name}")
         self.log.setLevel(logging.INFO)
@@ -55,6 +57,7 @@ class Live(SearchEvents):
         self.console.print(f"[yellow]note:[/] {escape(text)}")
         self.log.info("note: %s", text)
         self.said.add(text)
+        self.below += 1
 
     def detail(self, text: str) -> None:
         if self.explain:
@@ -99,6 +102,7 @@ class Live(SearchEvents):
         said = without_traceback(reason)  # the row names the error and its line; the log keeps the rest
         self.console.print(f"{escape(row)}[{style}]{outcome}[/]{mark} {escape(said)}".rstrip())
         self.log.info("%s%s%s %s", row, outcome, mark, reason)
+        self.below = 0
         if self._task is not None:
             self.progress.advance(self._task)
 
@@ -112,7 +116,7 @@ class Live(SearchEvents):
             if self.explain:
                 self.console.print(line, markup=False)
             self.log.info(line)
-        for line in closing.lines(summary.of(result)):
+        for line in closing.lines(result.summary, most=closing.MOST - (0 if self.explain else self.below)):
             self.console.print(line, markup=False)
             self.log.info(line)
         self.log.removeHandler(self._handler)

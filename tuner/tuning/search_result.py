@@ -14,7 +14,7 @@ from tuner.analysis.cost import per_million
 from tuner.analysis.diagnose import Verdict
 from tuner.inputs.levers import LEVERS
 from tuner.runner import launch_words
-from tuner.tuning import summary
+from tuner.tuning import summary as summary_mod
 
 if TYPE_CHECKING:
     from tuner.runner import Runner
@@ -77,6 +77,11 @@ class SearchResult:
     study: "Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
 
+    @property
+    def summary(self) -> summary_mod.Summary:
+        """What the search decided, as data (:mod:`tuner.tuning.summary`; best.json's ``summary``)."""
+        return summary_mod.of(self)
+
     def to_json(self) -> dict[str, Any]:
         """``best.json``'s content (also kept in the study, for ``tuner.report``)."""
         return {
@@ -112,7 +117,7 @@ class SearchResult:
             "memory_prediction": self.memory_prediction,
             "decision": self.decision,
             "target": self.target,
-            "summary": summary.of(self).to_json(),  # the decisions as data (tuner.tuning.summary)
+            "summary": self.summary.to_json(),
             "notes": list(self.notes),  # what the run said about its figures (why one is not measured)
             "price": None if self.price is None else {
                 "gpu_hour": self.price,
