@@ -47,6 +47,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from tuner.outputs import wording
+
 PAIRED = re.compile(r"paired with the baseline in (\d+) round\(s\): ([\d.]+)x \(99% interval ([\d.]+)x to ([\d.]+)x\)")
 SUMMARY = re.compile(r"baseline ([\d,.]+) samples/s -> best ([\d,.]+) samples/s: ([\d.]+)x")
 WAIT = re.compile(r"^(baseline|best): [\w-]+: the loop waits for data (\d+)% of the step")
@@ -151,8 +153,9 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
                 found.append(f"{line!r}: best.json's pruning is {pruning}")
         if m := re.search(r"settled at a (\d+)% tolerance", line):
             tolerance = int(m.group(1)) / 100
-    for entry in (best.get("decision") or {}).get("knobs", []):
-        text, label = entry.get("text", ""), entry.get("label")
+    decided = best.get("decision") or {}
+    for entry in decided.get("knobs", []):
+        text, label = wording.change(entry, decided.get("tolerance", 0.0)), entry.get("label")
         checked.add(f"decision {label}")
         m = KEPT.search(text)
         if label == "kept" and m and (m.group(3) == "slower" or tolerance and float(m.group(2)) / 100 < tolerance):

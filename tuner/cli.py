@@ -265,7 +265,7 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     if not out.is_dir():
         print(f"error: {out} is not a folder (give the search's run folder)", file=sys.stderr)
         return 2
-    from tuner.outputs.report_builder import build_report
+    from tuner.outputs.report.build import build_report
 
     try:
         md, page = build_report(out, storage=args.storage)

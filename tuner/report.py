@@ -1,6 +1,6 @@
 """``python -m tuner.report RUN_DIR [--storage URL]``: rebuild a search's report from its study.
 
-Only the command lives here; the report itself is ``tuner.outputs.report_builder``.
+Only the command lives here; the report itself is ``tuner.outputs.report.build``.
 """
 
 from tuner.cli import report_main, run_command

@@ -84,7 +84,7 @@ def test_report_command_rebuilds_both_from_the_study_alone(searched, tmp_path):
     # the Python API takes the search's study, or Optuna's own (``result.study.optuna``)
     import optuna
 
-    from tuner.outputs.report_builder import build_report
+    from tuner.outputs.report.build import build_report
 
     again = tmp_path / "again"
     again.mkdir()
@@ -163,7 +163,7 @@ def _with_attribution(top: str):
 
 
 def test_importance_shows_only_on_enough_trials_and_never_against_the_attribution():
-    from tuner.outputs.report_builder import _importance, collect
+    from tuner.outputs.report.build import _importance, collect
 
     few = _study(7, "num_workers")
     importance, note = _importance(few, collect(few, None).trials, _with_attribution("num_workers"))
@@ -181,7 +181,7 @@ def test_a_metric_not_measured_says_why_in_the_words_the_run_said_it():
     """pytorch/examples' word_language_model under adapt: torch: its report read "data wait,
     not measured: nothing in this run measures it here" beside the adapter's note that said
     why, in words ("data wait is not measured"), not by the metric's key."""
-    from tuner.outputs.markdown import _comparison_table
+    from tuner.outputs.report.markdown import _comparison_table
     from tuner.tuning.search_result import SearchResult
 
     metrics = {"samples_per_s": 113.1, "data_wait_share": None, "comm_share": 0.0}

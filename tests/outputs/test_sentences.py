@@ -154,7 +154,7 @@ def test_an_interval_that_does_not_hold_its_estimate_as_read_is_found(tmp_path):
 
 def test_a_part_of_the_speedup_larger_than_the_whole_is_found(tmp_path):
     """timm's train.py printed "1.13x of the answer's 1.07x rests on"; it now says "all of"."""
-    from tuner.tuning.recommend import rests_on
+    from tuner.outputs.wording import rests_on
 
     said = rests_on(1.13, 1.07, ["num_workers", "amp_dtype"])
     assert said.startswith("all of the answer's 1.07x rests on") and "measured 1.13x" in said

@@ -9,9 +9,11 @@ import random
 from typing import Any
 
 from tuner.inputs.space import Machine, make_config
+from tuner.outputs import wording
 from tuner.stats import decision
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning import finish as finish_mod
+from tuner.tuning.events import Said, SearchEvents
 from tuner.tuning.pool import Pool, key
 
 CPU = Machine(cuda=False, bf16=True, fp16=False)
@@ -86,7 +88,7 @@ def test_a_gain_beside_a_lucky_best_stays_where_the_rule_cannot_decide():
     assert finalist and all(q["differs"] in ({"amp_dtype": ["bf16", "fp32"]},
                                              {"num_workers": [4, 0], "amp_dtype": ["bf16", "fp32"]})
                             for q in finalist), done.open
-    said = [finish_mod.open_text(q) for q in finalist]
+    said = [wording.open_question(q) for q in finalist]
     assert all(t.startswith(("a finalist against the reference (amp_dtype fp32 rather than bf16): ",
                              "a finalist against the reference (num_workers 0 rather than 4, amp_dtype fp32 rather "
                              "than bf16): ")) for t in said), said
@@ -132,7 +134,7 @@ def test_a_memory_lever_stays_only_when_shown_a_gain_or_needed_to_fit():
     budget = finish_mod.Budget(8.0, typical_s=1.0, clock=world.time)
     done = finish_mod.finish([c["w4ac"], c["w4"], c["base"]], c["base"], world.run, pool, rules(), budget)
     assert done is not None and done.answer == c["w4"]
-    assert any(d["step"] == "activation_checkpointing" and "memory" in d["text"] for d in done.dropped)
+    assert any(d["step"] == "activation_checkpointing" and d["reason"] == "memory_unneeded" for d in done.dropped)
     world, pool, c = setup(factors, named, searched, sigma=0.05)
     budget = finish_mod.Budget(8.0, typical_s=1.0, clock=world.time)
     fits = lambda p: p["activation_checkpointing"] != "none" or p["num_workers"] == 0  # noqa: E731
@@ -148,7 +150,7 @@ def test_a_configuration_shown_faster_than_the_reference_becomes_it():
     budget = finish_mod.Budget(60.0, typical_s=1.0, clock=world.time)
     done = finish_mod.finish([c["w4"], c["w4bf16"], c["base"]], c["base"], world.run, pool, rules(), budget)
     assert done is not None and done.reference == c["w4"] == done.answer
-    assert any("faster than the reference" in m for m in done.moves) or done.dropped
+    assert any(m["reason"] == "faster" for m in done.moves) or done.dropped
 
 
 def test_rounds_measure_the_reference_and_the_widest_open_question_first():
@@ -279,24 +281,24 @@ def test_an_answer_measured_slower_than_the_baseline_and_not_shown_faster_gives_
         if done.answer == c["bf16"]:
             assert shown or s.estimate >= 0, (effect, seed, s)  # never an answer measured slower, unshown
             kept += not shown
-        elif any("the baseline stays" in m for m in done.moves):
+        elif any(m["reason"] == "baseline_stays" for m in done.moves):
             assert not shown and s.estimate < 0 and done.answer == c["base"], (effect, seed, s)
             assert [d["step"] for d in done.dropped] == ["amp_dtype"], done.dropped
             gave_way += 1
     assert gave_way and kept, (gave_way, kept)  # both sides of the rule were exercised
 
 
-class Notes:
-    """What the finish says, as the search's events take it."""
+class Notes(SearchEvents):
+    """What the finish says, as the console words it."""
 
     def __init__(self) -> None:
         self.said: list[str] = []
 
-    def note(self, text: str) -> None:
-        self.said.append(text)
+    def note(self, text: str | Said) -> None:
+        self.said.append(wording.said(text))
 
-    def detail(self, text: str) -> None:
-        self.said.append(text)
+    def detail(self, text: str | Said) -> None:
+        self.said.append(wording.said(text))
 
 
 def test_the_finish_counts_no_baseline_as_a_finalist():
@@ -307,11 +309,11 @@ def test_the_finish_counts_no_baseline_as_a_finalist():
                            [("base", 100.0), ("w4", 200.0), ("w4bf16", 199.0)])
     notes = Notes()
     finish_mod.finish([c["base"]], c["base"], world.run, pool, rules(), finish_mod.Budget(5.0, clock=world.time),
-                      events=notes)  # type: ignore[arg-type]
+                      events=notes)
     assert notes.said[0] == "finishing: the search's only finalist is the baseline itself: nothing to decide"
     notes = Notes()
     finish_mod.finish([c["w4"], c["w4bf16"], c["base"]], c["base"], world.run, pool, rules(),
-                      finish_mod.Budget(5.0, clock=world.time), events=notes)  # type: ignore[arg-type]
+                      finish_mod.Budget(5.0, clock=world.time), events=notes)
     assert notes.said[0].startswith("finishing: 2 finalist(s) and the baseline, interleaved"), notes.said
 
 
@@ -326,7 +328,7 @@ def test_a_side_its_runs_ruled_out_is_not_measured_again_and_its_change_is_neede
     named = {"big": {"micro_batch_size": 16}, "bigac": {"micro_batch_size": 16, "activation_checkpointing": "full"}}
     factors = {("micro_batch_size", 16): 1.5, ("activation_checkpointing", "full"): 0.95}
     world, pool, c = setup(factors, named, [("base", 100.0), ("big", 151.0), ("bigac", 142.0)], sigma=0.05)
-    over = "is over the memory budget (peak_mem_gib 1.06 GiB is over budget.memory_gib 0.9 GiB)"
+    over = {"code": "over_budget", "over": "peak_mem_gib 1.06 GiB is over budget.memory_gib 0.9 GiB"}
 
     def ruled_out(p):
         return over if p == c["big"] else None
@@ -339,8 +341,9 @@ def test_a_side_its_runs_ruled_out_is_not_measured_again_and_its_change_is_neede
     out = recommend.record(dict(done.answer), done, None, pool, c["base"], 0.02, make, ruled_out=ruled_out)
     ac = next(k for k in out.knobs if k["knob"] == "activation_checkpointing")
     assert ac["label"] == "kept" and ac["needed"] == over
-    assert ac["text"] == f"activation_checkpointing=full kept, needed: the answer without it {over}"
-    assert not any("activation_checkpointing" in n and "rests on" in n for n in out.notes)
+    assert wording.change(ac, 0.02) == "activation_checkpointing=full kept, needed: the answer without it is over " \
+        "the memory budget (peak_mem_gib 1.06 GiB is over budget.memory_gib 0.9 GiB)"
+    assert "activation_checkpointing" not in out.rests_on
 
 
 def test_a_finalist_the_rule_shows_slower_than_the_best_is_not_the_reference():
@@ -435,7 +438,8 @@ def test_a_change_shown_cheap_in_the_answer_but_kept_says_why_on_the_console():
     out = recommend.record(dict(done.answer), done, None, pool, c["base"], 0.02, make)
     bf16 = next(k for k in out.knobs if k["knob"] == "amp_dtype")
     assert bf16["kept"] and bf16["label"] == "undecided", bf16
-    assert bf16["text"].startswith("amp_dtype=bf16 kept, undecided: 0.7% slower than without it")
+    said = wording.change(bf16, 0.02)
+    assert said.startswith("amp_dtype=bf16 kept, undecided: 0.7% slower than without it")
     assert "within the 2% tolerance; a drop needs the answer without it within the tolerance of the reference " \
-           "too, where it is" in bf16["text"]
-    assert bf16["text"] in out.notes  # what the console prints
+           "too, where it is" in said
+    assert said in wording.decision_lines(out.to_json(), 2.0)  # what --explain prints

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tuner.outputs.report.markdown import at_noise, promise
 from tuner.tuning import characteristics_table as measured
 from tuner.tuning import promises
 
@@ -59,7 +60,7 @@ def test_the_docs_show_the_table_the_module_holds():
 
 
 def test_the_promise_says_the_tables_rates_and_holds_where_it_is_strong():
-    text = promises.promise()
+    text = promise()
     for sigma in promises.sigmas():
         gain, loss = promises.rates(sigma, promises.TYPICAL_TRIALS)
         assert f"{gain:.0%}" in text and f"{loss:.0%}" in text
@@ -68,5 +69,5 @@ def test_the_promise_says_the_tables_rates_and_holds_where_it_is_strong():
     for row, r in measured.PRUNE.items():
         assert r["equal"] <= 0.01, row  # the prune rule's false cuts of an equal trial, at every noise
     assert promises.at_noise({"ss": 0.0, "dof": 0}) is None
-    here = promises.at_noise({"ss": 0.0036 * 5, "dof": 5}, trials=20)
+    here = at_noise(promises.at_noise({"ss": 0.0036 * 5, "dof": 5}, trials=20))
     assert "6.0% a run" in here and "at 10% after a search of 12 or more trials" in here

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Mapping
 
 from tuner.analysis.attribution import share_text
 from tuner.analysis.diagnose import headline
+from tuner.outputs import wording
 from tuner.outputs.console import paired_text
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ def _target(f: Mapping[str, Any]) -> str:
 WARNINGS: dict[str, Callable[[Mapping[str, Any]], str] | None] = {
     "noisy": lambda f: (f"this run's noise ({f['noise']:.0%} a run) is above the table's {f['noisiest_row']:.0%}: "
                         "keeps and drops are near coin flips"),
-    "open": lambda f: (f"{f['questions']} question(s) left open when the finish's budget ended "
-                       "(--finish-minutes gives it more)"),
+    "open": lambda f: f"{f['questions']} question(s) left open " + (
+        "beyond what the finish's budget settles" if f.get("out_of_reach")
+        else "when the finish's budget ended") + " (--finish-minutes)",
     "target_not_met": _target,
     "no_baseline": lambda f: "the baseline did not run: no speedup (search.log has its error)",
     "nothing_ran": lambda f: "no configuration ran successfully inside the budget (search.log has each error)",
@@ -92,7 +94,7 @@ def explanation(result: "SearchResult", said: AbstractSet[str] = frozenset()) ->
     """Every decision and finding of the search (``--explain``), above the closing lines:
     the notes the search made (those already ``said`` while it ran left out), the pruning, the
     bottleneck of each end with its next step, and the attribution's path."""
-    out = [note for note in result.notes if note not in said]
+    out = [note for note in result.notes if note not in said] + wording.decision_lines(result.decision, result.speedup)
     if result.pruned:
         out.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s of measuring")
     best, base = result.best, result.baseline

@@ -16,7 +16,9 @@ from tuner.analysis.diagnose import Verdict, headline
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.levers import LEVERS, recomputing
 from tuner.inputs.levers.orders import TITLE
+from tuner.outputs import wording
 from tuner.stats.interval import LEVEL
+from tuner.tuning.events import Said
 
 if TYPE_CHECKING:
     from tuner.analysis.gate import CheckResult, RevResult
@@ -97,7 +99,9 @@ def measurement_table(m: "Measurement", every: bool = False) -> Table:
 
 
 def print_measurement(m: "Measurement", every: bool = False) -> None:
-    for note in dict.fromkeys([*m.notes, *(n for r in m.repeats for n in r.notes)]):
+    batch_norm = [wording.said(Said("batch_norm", {"micro_batch_size": m.params.get("micro_batch_size")}))
+                  ] if any(r.batch_norm for r in m.repeats) else []
+    for note in dict.fromkeys([*m.notes, *(n for r in m.repeats for n in r.notes), *batch_norm]):
         err.print(f"[yellow]note:[/] {escape(note)}")
     for i, r in enumerate(m.repeats):
         if not r.ok:

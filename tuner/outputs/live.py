@@ -13,11 +13,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.harness.metrics import budget_peak
-from tuner.outputs import closing
+from tuner.outputs import closing, wording
 from tuner.outputs.console import levers, title_words
 from tuner.scriptmode.output_log import without_traceback
 from tuner.trial.trial_result import State
-from tuner.tuning.events import SearchEvents
+from tuner.tuning.events import Said, SearchEvents
 
 if TYPE_CHECKING:
     from tuner.inputs.plan import Plan
@@ -53,17 +53,18 @@ class Live(SearchEvents):
         self._task: Any = None
         self._started = 0.0
 
-    def note(self, text: str) -> None:
+    def note(self, text: "str | Said") -> None:
+        text = wording.said(text)
         self.console.print(f"[yellow]note:[/] {escape(text)}")
         self.log.info("note: %s", text)
         self.said.add(text)
         self.below += 1
 
-    def detail(self, text: str) -> None:
+    def detail(self, text: "str | Said") -> None:
         if self.explain:
             self.note(text)
         else:
-            self.log.info("note: %s", text)
+            self.log.info("note: %s", wording.said(text))
 
     def start(self, done: int, measured: int) -> None:
         b = self.recipe.budget

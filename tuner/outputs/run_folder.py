@@ -32,7 +32,7 @@ PARAM_COLUMNS = (*LEVERS, "grad_accum_steps", "engine")
 
 def write_run(result: "SearchResult") -> None:
     """Every file of the run folder, from the search's result and its study."""
-    from tuner.outputs.report_builder import build_report
+    from tuner.outputs.report.build import build_report
 
     out = Path(result.out)
     out.mkdir(parents=True, exist_ok=True)

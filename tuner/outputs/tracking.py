@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.trackers import TRACKERS
 from tuner.trial.trial_result import State
-from tuner.tuning.events import SearchEvents
+from tuner.tuning.events import Said, SearchEvents
 
 if TYPE_CHECKING:
     from tuner.inputs.plan import Plan
@@ -256,10 +256,10 @@ class Tracked(SearchEvents):
                 self.trackers.remove(tracker)
             return False
 
-    def note(self, text: str) -> None:
+    def note(self, text: "str | Said") -> None:
         self.inner.note(text)
 
-    def detail(self, text: str) -> None:
+    def detail(self, text: "str | Said") -> None:
         self.inner.detail(text)
 
     def start(self, done: int, measured: int) -> None:

@@ -84,9 +84,6 @@ def _run(recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule 
         job.build()
         timings["build"] = time.perf_counter() - t0
         notes = job.engine.notes  # what it says during the steps too (a loss that falls back)
-        if job.batch_norm:  # said whatever happens next (a pruned trial too)
-            notes.append("the model has BatchNorm layers: their statistics are per micro-batch, so the "
-                         f"micro-batch size ({config.micro_batch_size}) changes what the model learns")
         memory.sample()
         window = _measure(job, timings)
         if job.nonfinite():
@@ -110,7 +107,7 @@ def _run(recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule 
     memory.sample()  # the loader workers, still alive: a trial shorter than one tick sees them here
     peak_host = memory.stop()  # the window's: the largest batch's step is measured apart
     gpu.stop()
-    window_start, convolutions = job.window_start, job.convolutions
+    window_start, convolutions, batch_norm = job.window_start, job.convolutions, job.batch_norm
     t_teardown = time.perf_counter()
     try:
         if window is not None:
@@ -127,7 +124,8 @@ def _run(recipe: "Recipe", config: "Plan", ctx: "DistContext", prune: PruneRule 
         window.gpu_util = gpu.mean(window_start, window_start + window.wall_s)
         window.gpu_mem_used_bytes, window.gpu_mem_process_bytes = gpu.peak_used, gpu.peak_own
     assert recipe.task is not None
-    trial = TrialResult.of(config, state, reason, timings=timings, losses=losses, notes=notes, pruned_at=pruned_at)
+    trial = TrialResult.of(config, state, reason, timings=timings, losses=losses, notes=notes, pruned_at=pruned_at,
+                           batch_norm=batch_norm)  # a pruned trial's too
     result = _agree(recipe.task, recipe.task_args, config, ctx, trial, window, convolutions)
     if result.state == State.OK:  # a model that was built: what it is made of
         result.ran["model"] = model_facts(recipe.task, recipe.task_args, convolutions)

@@ -75,7 +75,9 @@ class TrialResult:
     averaged over the ranks), warm-up included: what the precision guard compares with the
     fp32 reference."""
     notes: list[str] = field(default_factory=list)
-    """What the user should know about this configuration (BatchNorm with micro-batches)."""
+    """What the user should know about this configuration (a loss that fell back)."""
+    batch_norm: bool = False
+    """The model holds BatchNorm layers: the micro-batch size changes what it learns."""
     pruned_at: tuple[int, float] | None = None
     """(measured steps, samples/s) where a pruned trial was cut, for the sampler (reported
     to Optuna after the trial, never from inside the measured loop)."""

@@ -24,7 +24,7 @@ from tuner.study import searchspace
 from tuner.trial.failures import ProcessPoisoned
 from tuner.tuning import budget, finish, path
 from tuner.tuning.decider import Decider
-from tuner.tuning.events import SearchEvents
+from tuner.tuning.events import Said, SearchEvents
 from tuner.tuning.pool import Pool
 
 ATTRIBUTE_REPEATS = 1
@@ -94,8 +94,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 other = distributed.broadcast(decider.workers.lead() if decider else None)
                 if other is not None:  # another worker shares this study and finishes it
                     if decider:
-                        decider.events.note(f"worker done ({decider.workers.id}): {other} confirms the finalists "
-                                            "and writes the run folder")
+                        decider.events.note(Said("worker_done", {"worker": decider.workers.id, "other": other}))
                         decider.events.stop()
                     return None
                 leading = True
@@ -176,8 +175,7 @@ def _finalise(recipe: "Recipe", machine: Machine, space: "searchspace.Space", de
     points = path.configs(ends["baseline"], ends["best"], make, valid)
     todo = len(path.lacking(list(points.values()), pool))
     if todo and events is not None:
-        events.detail(f"attributing the gain: {len(points)} configurations on the path from the baseline, "
-                    f"{todo} not yet measured ({repeats} run(s) each, inside what is left of the finish's budget)")
+        events.detail(Said("attributing", {"configurations": len(points), "todo": todo, "repeats": repeats}))
     path.describe(list(points.values()), repeats, measure, pool, budget, distributed.broadcast)
     return finished, path.table(ends["baseline"], ends["best"], pool, make, recipe.tolerance, valid)
 

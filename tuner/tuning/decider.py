@@ -28,7 +28,7 @@ from tuner.study.workers import Workers, fingerprint
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning import budget, config_view, recommend, result_builder
 from tuner.tuning.convergence import Convergence
-from tuner.tuning.events import SearchEvents
+from tuner.tuning.events import Said, SearchEvents
 from tuner.tuning.failing_job import why_broken
 from tuner.tuning.finish import FINALISTS, TIME_SHARE
 from tuner.tuning.pool import Pool
@@ -240,9 +240,10 @@ class Decider:
         assert self.trial is not None and self.current is not None
         result = self.guard.judge(result, self.current)
         changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size
-        for note in result.notes:  # each once; BatchNorm's only where the micro-batch changed
-            if changed_micro or "BatchNorm" not in note:
-                self._once(note)
+        for note in result.notes:
+            self._once(note)
+        if result.batch_norm and changed_micro:
+            self._once(Said("batch_norm", {"micro_batch_size": self.current.micro_batch_size}))
         extra: dict[str, Any] = {"env": fingerprint(self.environment())}
         if self.current == self.baseline_config:
             extra["baseline"] = True
@@ -264,11 +265,12 @@ class Decider:
         self.trial = self.current = None
         self.workers.end()
 
-    def _once(self, note: str, say: Callable[[str], None] | None = None) -> None:
+    def _once(self, note: "str | Said", say: "Callable[[str | Said], None] | None" = None) -> None:
         """Say ``note`` once however often it comes up: in the search log (``say``: the
         events' ``note`` where the user must act on it)."""
-        if note not in self.notes_seen:
-            self.notes_seen.add(note)
+        seen = note if isinstance(note, str) else repr(note)
+        if seen not in self.notes_seen:
+            self.notes_seen.add(seen)
             (say or self.events.detail)(note)
 
     def record_hung(self, reason: str) -> None:
@@ -340,7 +342,7 @@ class Decider:
         """Whether ``params`` may be the answer (:func:`tuner.tuning.recommend.answerable`)."""
         return recommend.answerable(params, self.pool, self.recipe, self.reference, self.space)
 
-    def ruled_out(self, params: Mapping[str, Any]) -> str | None:
+    def ruled_out(self, params: Mapping[str, Any]) -> dict[str, Any] | None:
         """Why measured ``params`` cannot be the answer (:func:`tuner.tuning.recommend.ruled_out`)."""
         return recommend.ruled_out(dict(params), self.pool, self.recipe, self.reference)
 

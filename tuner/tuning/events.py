@@ -7,21 +7,31 @@ implements it, and a caller that wants silence passes this no-op base.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tuner.inputs.plan import Plan
     from tuner.study.trial_record import Record
 
 
+@dataclass(frozen=True)
+class Said:
+    """A step of the search as data: ``code`` names its sentence (one template a code, in
+    :data:`tuner.outputs.wording.SAID`), ``figures`` fill it."""
+
+    code: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
 class SearchEvents:
     """Every event of a running search; each does nothing here."""
 
-    def note(self, text: str) -> None:
+    def note(self, text: "str | Said") -> None:
         """What the user should know while it runs: what asks them to act, or why a wait is
         long (a knob of theirs that cannot run here, the finish starting)."""
 
-    def detail(self, text: str) -> None:
+    def detail(self, text: "str | Said") -> None:
         """A step of the search's reasoning (a decision, an extra run): the log's, and the
         console's with ``--explain``."""
 

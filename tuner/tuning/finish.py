@@ -25,11 +25,12 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from tuner.analysis import attribution as attribution_mod
 from tuner.inputs.levers import LEVERS
 from tuner.stats import decision
-from tuner.stats.interval import Slowdown
+from tuner.tuning.events import Said
 from tuner.tuning.finish_budget import Budget
 from tuner.tuning.pool import Pool, key
 
 if TYPE_CHECKING:
+    from tuner.stats.interval import Slowdown
     from tuner.trial.trial_result import TrialResult
     from tuner.tuning.events import SearchEvents
 
@@ -66,7 +67,7 @@ class Rules:
     proven: Callable[[str], bool] = lambda step: False
     """Whether an attribution step's levers stay only on evidence of a gain (what they buy is
     memory: sharding, offload, checkpointing), where the others stay while undecided."""
-    ruled_out: Callable[[Mapping[str, Any]], str | None] = lambda p: None
+    ruled_out: Callable[[Mapping[str, Any]], dict[str, Any] | None] = lambda p: None
     """Why its runs rule a configuration out of the answer (over the memory budget, failed, off
     the loss curve; ``None``: not so). A question with such a side is settled."""
 
@@ -101,9 +102,11 @@ class Finished:
     faster: bool = False
     """A configuration of the questions was shown faster than the search's pick and became the reference."""
     dropped: list[dict[str, Any]] = field(default_factory=list)
-    """Each change that left the answer: ``step``, ``value``, the interval that let it go."""
-    moves: list[str] = field(default_factory=list)
-    """What changed the reference or the answer, in order, in words."""
+    """Each change that left the answer: ``step``, ``value``, ``reason``
+    (:data:`tuner.tuning.summary.REASONS`), the interval that let it go (``slowdown``)."""
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    """What changed the reference or the answer, in order: ``reason`` (``faster``, or a drop's
+    reason), the ``steps`` that left, ``changes`` (a new reference's), ``slowdown``."""
     open: list[dict[str, Any]] = field(default_factory=list)
     """The questions still open at the end (:func:`open_record`)."""
 
@@ -173,12 +176,9 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
     out = Finished(answer=dict(reference), reference=dict(reference), budget_s=budget.seconds)
     start = budget.clock()
     others = [p for p in ranked if p != base]  # the baseline is measured anyway, never "a finalist and the baseline"
-    if events and not others:
-        events.note("finishing: the search's only finalist is the baseline itself: nothing to decide")
-    elif events:
-        limit = f"up to {budget.seconds:.0f} s" if budget.seconds is not None else "no time limit"
-        events.note(f"finishing: {len(others)} finalist(s) and the baseline, interleaved, to settle each at "
-                    f"{rules.tolerance:.0%} ({limit})")
+    if events:
+        events.note(Said("finishing", {"finalists": len(others), "tolerance": rules.tolerance,
+                                       "budget_s": budget.seconds}))
     while True:
         asked = questions(out.answer, out.reference, ranked, base, rules)
         if len(out.moves) < MAX_MOVES and _move(out, asked, pool, rules, base, events):
@@ -197,10 +197,8 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
                 if not _settled(q, pool, rules, budget, base, out.answer)]
     out.seconds = budget.clock() - start
     if events and out.open:
-        why = ("its budget" if out.out_of_budget else "settling them would take more rounds than its budget holds"
-               if out.out_of_reach else "the rounds a question may take")
-        events.detail(f"finish: {len(out.open)} question(s) left open after {out.rounds} round(s) ({why}); "
-                    "the summary lists each with its interval")
+        why = "budget" if out.out_of_budget else "reach" if out.out_of_reach else "rounds"
+        events.detail(Said("left_open", {"questions": len(out.open), "rounds": out.rounds, "why": why}))
     return out
 
 
@@ -256,9 +254,8 @@ def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: 
             assert s is not None
             out.reference, out.answer, out.faster = dict(p), dict(p), True
             out.dropped.clear()
-            out.moves.append(f"a configuration with {changes(p, base)} change(s) is faster than the reference: the "
-                             f"reference {s.text()} than it, beyond the {tol:.0%} tolerance; it is the reference now")
-            _say(events, out.moves[-1])
+            _moved(out, events, tol, {"reason": "faster", "steps": [], "changes": changes(p, base),
+                                      "slowdown": s.to_json()})
             return True
     sides: dict[str, list[Question]] = {}
     for q in asked:
@@ -278,14 +275,9 @@ def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: 
         return False
     _, _, simpler, s = min(drops, key=lambda d: (d[0], d[1]))
     gone = [k for k in attribution_mod.changed(base, out.answer) if simpler.get(k) != out.answer.get(k)]
-    for k in gone:
-        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "cheap",
-                            "text": f"{k}={out.answer.get(k)} dropped: without it {s.text()} against the "
-                                    f"reference, below the {tol:.0%} tolerance"})
+    out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "cheap"} for k in gone]
     out.answer = dict(simpler)
-    out.moves.append(f"the answer without {', '.join(gone)}: {s.text()} against the reference, below the "
-                     f"{tol:.0%} tolerance")
-    _say(events, out.moves[-1])
+    _moved(out, events, tol, {"reason": "cheap", "steps": gone, "slowdown": s.to_json()})
     return True
 
 
@@ -303,14 +295,10 @@ def _prove(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base:
             continue
         value = out.answer.get(q.step.split("+")[0])
         if all(q.simpler.get(k) == out.answer.get(k) for k in LEVERS if k not in q.step.split("+")):
-            out.dropped.append({"step": q.step, "value": value, "slowdown": s.to_json() if s else None,
-                                "reason": "memory_unneeded",
-                                "text": f"{q.step}={value} dropped: not shown a gain beyond the {tol:.0%} tolerance "
-                                        f"({s.text() if s else 'no interval'} without it), and what it buys is "
-                                        "memory the answer does without"})
+            slowdown = s.to_json() if s else None
+            out.dropped.append({"step": q.step, "value": value, "slowdown": slowdown, "reason": "memory_unneeded"})
             out.answer = dict(q.simpler)
-            out.moves.append(out.dropped[-1]["text"])
-            _say(events, out.moves[-1])
+            _moved(out, events, tol, {"reason": "memory_unneeded", "steps": [q.step], "slowdown": slowdown})
 
 
 def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: dict[str, Any],
@@ -324,14 +312,11 @@ def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: 
     s = pool.slowdown(out.answer, base)  # how much slower the baseline is than the answer (None: unmeasured)
     if s is None or s.estimate >= 0 or decision.judge(s, rules.tolerance) == decision.KEEP:
         return
-    why = (f"the answer was not shown faster than the baseline beyond the {rules.tolerance:.0%} tolerance, and the "
-           f"baseline measured {s.text()} than it")
-    for k in attribution_mod.changed(base, out.answer):
-        out.dropped.append({"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "baseline_stays",
-                            "text": f"{k}={out.answer.get(k)} dropped: {why}; the baseline stays"})
+    gone = attribution_mod.changed(base, out.answer)
+    out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "baseline_stays"}
+                    for k in gone]
     out.answer = dict(base)
-    out.moves.append(f"{why}: the baseline stays")
-    _say(events, out.moves[-1])
+    _moved(out, events, rules.tolerance, {"reason": "baseline_stays", "steps": gone, "slowdown": s.to_json()})
 
 
 def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Budget, agree: Agree) -> bool:
@@ -380,19 +365,8 @@ def open_record(q: Question, pool: Pool, answer: Mapping[str, Any]) -> dict[str,
             "slowdown": s.to_json() if s is not None else None}
 
 
-def open_text(record: Mapping[str, Any] | str) -> str:
-    """A question left open in words (a run folder written before records holds the words)."""
-    if isinstance(record, str):
-        return record
-    side = f"the {record['side']}"
-    differs = ", ".join(f"{k} {simpler} rather than {richer}" for k, (richer, simpler) in record["differs"].items())
-    what = {"change": f"{record['step']} in {side}: without it, {side}",
-            "finalist": f"a finalist against the reference ({differs}): the one with fewer changes",
-            "baseline": "the answer against the baseline: the baseline"}[record["kind"]]
-    s = record.get("slowdown")
-    return f"{what} {'is ' + Slowdown.from_json(s).text() if s else 'has no interval yet'}"
-
-
-def _say(events: "SearchEvents | None", text: str) -> None:
+def _moved(out: Finished, events: "SearchEvents | None", tolerance: float, move: dict[str, Any]) -> None:
+    """Record a move of the reference or the answer, and tell it (a detail: ``--explain``)."""
+    out.moves.append(move)
     if events is not None:
-        events.detail("finish: " + text)
+        events.detail(Said("move", {**move, "tolerance": tolerance}))

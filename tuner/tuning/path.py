@@ -35,7 +35,7 @@ def table(base: dict[str, Any], best: dict[str, Any], pool: "Pool", make: Make, 
     points = configs(base, best, make, valid)
     failures = {k: why for k, c in points.items()
                 if (why := next((f"{r.state}: {r.reason}" for r in pool.entry(c).runs if not r.ok), None))}
-    batch_norm = any("BatchNorm" in n for e in pool.entries.values() for r in e.runs for n in r.notes)
+    batch_norm = any(r.batch_norm for e in pool.entries.values() for r in e.runs)
     rates = {k: pool.rates(c) for k, c in points.items()}
 
     def interval(a: Any, b: Any) -> Any:

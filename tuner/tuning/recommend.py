@@ -1,6 +1,7 @@
-"""The answer as the finish decided it, in words and in ``best.json``'s ``decision``: each
-change from the baseline with the one rule's verdict on the answer without it, against the
-finish's reference (:mod:`tuner.tuning.finish`), and its interval.
+"""The answer as the finish decided it, as ``best.json``'s ``decision``: each change from the
+baseline with the one rule's verdict on the answer without it, against the finish's reference
+(:mod:`tuner.tuning.finish`), its interval and a reason code; :mod:`tuner.outputs.wording`
+says it.
 
 - ``kept``: the interval shows the answer without it slower than the reference by more than
   the tolerance: a gain, on evidence.
@@ -10,7 +11,7 @@ finish's reference (:mod:`tuner.tuning.finish`), and its interval.
   reference (or, for a lever whose point is memory, it was not shown a gain).
 
 Where the attribution's one-at-a-time step from the baseline and this verdict disagree in
-sign, one line says both figures and why both are true: the knobs interact (bf16 loses at the
+sign, the entry holds both figures (``interaction``): the knobs interact (bf16 loses at the
 baseline's micro-batch and wins at the answer's).
 """
 
@@ -25,7 +26,7 @@ from tuner.analysis.guard import divergence
 from tuner.inputs.space import numerics
 from tuner.stats import decision
 from tuner.study import records as study_mod
-from tuner.tuning.finish import ANSWER_PAIRS, open_text
+from tuner.tuning.finish import ANSWER_PAIRS
 
 if TYPE_CHECKING:
     from tuner.analysis.attribution import Attribution, Row
@@ -50,10 +51,16 @@ class Decision:
     knobs: list[dict[str, Any]] = field(default_factory=list)
     """One entry per change from the baseline: ``knob``, ``value``, ``kept``, ``label``
     (``kept``, ``dropped``, ``undecided``), ``reason`` (:data:`tuner.tuning.summary.REASONS`),
-    ``slowdown`` without it (the interval's JSON, or None), ``text``."""
-    notes: list[str] = field(default_factory=list)
+    ``slowdown`` without it (the interval's JSON, or None); ``needed`` (why the answer without
+    it is ruled out), ``held`` (:func:`_held`: why a change shown cheap stayed) and
+    ``interaction`` (``alone``, ``together``: its gain one at a time from the baseline and in
+    the answer, of opposite signs) where they apply."""
+    moves: list[dict[str, Any]] = field(default_factory=list)
+    """What the finish moved, in order (:attr:`tuner.tuning.finish.Finished.moves`)."""
     open: list[dict[str, Any]] = field(default_factory=list)
     """The questions the finish left open at its end (:func:`tuner.tuning.finish.open_record`)."""
+    out_of_reach: bool = False
+    """They were left since settling them would take more rounds than the budget holds."""
     reference: dict[str, Any] | None = None
     rounds: int = 0
     finish_s: float | None = None
@@ -65,35 +72,24 @@ class Decision:
     """The undecided changes that part rests on (those measured as gains)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"tolerance": self.tolerance, "rule": self.rule, "knobs": self.knobs, "notes": self.notes,
-                "open": self.open, "reference": self.reference, "rounds": self.rounds, "finish_s": self.finish_s,
-                "budget_s": self.budget_s, "undecided_gain": self.undecided_gain, "rests_on": self.rests_on}
-
-
-def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
-    """How much of the answer's speedup rests on undecided changes. Measured together in the
-    answer they can exceed the whole speedup (a decided change costs, or they interact), and
-    then it says all."""
-    share, together = f"{gain:.2f}x of the answer's {speedup:.2f}x", ""
-    if gain >= speedup:
-        share, together = f"all of the answer's {speedup:.2f}x", f"; in the answer they measured {gain:.2f}x"
-    return (f"{share} rests on change(s) the rule has not shown to be gains: {', '.join(steps)} "
-            f"(undecided, kept{together})")
+        return {"tolerance": self.tolerance, "rule": self.rule, "knobs": self.knobs, "moves": self.moves,
+                "open": self.open, "out_of_reach": self.out_of_reach, "reference": self.reference,
+                "rounds": self.rounds, "finish_s": self.finish_s, "budget_s": self.budget_s,
+                "undecided_gain": self.undecided_gain, "rests_on": self.rests_on}
 
 
 def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attribution | None", pool: "Pool",
            baseline: dict[str, Any], tolerance: float, make: Callable[[dict[str, Any]], dict[str, Any]],
            valid: "attribution_mod.Valid | None" = None, speedup: float | None = None,
-           ruled_out: Callable[[dict[str, Any]], str | None] = lambda p: None) -> Decision:
-    """The answer and why: each change's verdict, the drops, the open questions, one line for
-    the speedup's undecided part. A change without which the answer is ruled out by its own
-    runs (``ruled_out``: over the memory budget, failed) is ``kept`` as needed, whatever its speed."""
+           ruled_out: Callable[[dict[str, Any]], dict[str, Any] | None] = lambda p: None) -> Decision:
+    """The answer and why: each change's verdict, the drops, the open questions, the part of
+    the speedup that rests on undecided changes. A change without which the answer is ruled out
+    by its own runs (``ruled_out``: over the memory budget, failed) is ``kept`` as needed,
+    whatever its speed."""
     if finished is None:
         out = Decision(dict(best), tolerance, "search")
-        out.notes.append("no finish ran: the answer is the best search trial, each of its changes undecided")
-        out.knobs = [{"knob": step, "value": (value := attribution_mod.values(best, step)), "kept": True,
-                      "label": "undecided", "reason": "no_finish", "slowdown": None,
-                      "text": f"{step}={value} kept, undecided: no finish measured it"}
+        out.knobs = [{"knob": step, "value": attribution_mod.values(best, step), "kept": True,
+                      "label": "undecided", "reason": "no_finish", "slowdown": None}
                      for step, _ in attribution_mod.leave_one_out(baseline, best, valid)]
         return out
     reference = finished.reference
@@ -101,7 +97,8 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
     if finished.faster:
         rule = "faster" if not finished.dropped else "simpler"
     out = Decision(dict(best), tolerance, rule, reference=dict(reference), rounds=finished.rounds,
-                   finish_s=finished.seconds, budget_s=finished.budget_s, open=list(finished.open))
+                   finish_s=finished.seconds, budget_s=finished.budget_s, open=list(finished.open),
+                   moves=list(finished.moves), out_of_reach=finished.out_of_reach and not finished.out_of_budget)
     rows = {r.knob: r for r in attribution.rows} if attribution is not None else {}
     gains: list[tuple[str, float]] = []
     # Each change is judged in the answer the user pastes. After a drop the reference still
@@ -118,61 +115,38 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
                  "slowdown": s.to_json() if s is not None else None}
         why = ruled_out(without)
         if why is not None:
-            entry |= {"label": "kept", "reason": "needed", "needed": why,
-                      "text": f"{step}={value} kept, needed: the answer without it {why}"}
-            out.knobs.append(entry)
+            out.knobs.append(entry | {"label": "kept", "reason": "needed", "needed": why})
             continue
         if s is None:
             entry["reason"] = "no_interval"
-            entry["text"] = f"{step}={value} kept, undecided: the answer without it has no interval"
         elif call.decided and call.verdict == decision.KEEP:
             entry["reason"] = "gain"
-            entry["text"] = f"{step}={value} kept: {s.gain_text('than without it')}, {s.counted}"
-        elif call.decided:  # shown cheap in the answer, yet the finish kept it: say why, not "kept: 2% slower"
+        elif call.decided:  # shown cheap in the answer, yet the finish kept it: why, not "kept: 2% slower"
             entry["label"], entry["reason"] = decision.UNDECIDED, "unproven_drop"
-            why = _not_dropped(s, pool, reference, against, without)
-            entry["text"] = (f"{step}={value} kept, undecided: {s.gain_text('than without it')}, {s.counted}, "
-                             f"within the {tolerance:.0%} tolerance; {why}")
+            entry["held"] = _held(s, pool, reference, against, without)
         else:
             entry["reason"] = "straddles"
-            entry["text"] = (f"{step}={value} kept, undecided: {s.gain_text('than without it')}, {s.counted}; "
-                             f"the interval straddles the {tolerance:.0%} tolerance, and a change the search "
-                             "measured leaves the answer only on evidence")
             # a gain as printed, 1.01x or more: nanoGPT's "1.00x of the answer's 1.18x rests on" said nothing
             ratio = 1 + s.gains[0]
             if 0 < s.estimate < 1 and round(ratio, 2) > 1.0:
                 gains.append((step, ratio))
-        entry["text"] += _interaction(rows.get(step), s)
-        out.knobs.append(entry)
+        interaction = _interaction(rows.get(step), s)
+        out.knobs.append(entry | ({"interaction": interaction} if interaction else {}))
     for d in finished.dropped:
         out.knobs.append({"knob": d["step"], "value": d["value"], "kept": False, "label": "dropped",
-                          "reason": d["reason"], "slowdown": d["slowdown"], "text": d["text"]})
+                          "reason": d["reason"], "slowdown": d["slowdown"]})
     out.undecided_gain = math.prod(g for _, g in gains) if gains else 1.0
     out.rests_on = [step for step, _ in gains]
-    if gains and speedup:
-        out.notes.append(rests_on(out.undecided_gain, speedup, [step for step, _ in gains]))
-    out.notes += finished.moves
-    out.notes += [e["text"] for e in out.knobs if e["label"] != "dropped"]
-    if finished.open:
-        budget = f"{finished.budget_s:.0f} s" if finished.budget_s is not None else "its rounds"
-        when = (f", since settling them would take more rounds than the finish's budget ({budget}) holds"
-                if finished.out_of_reach and not finished.out_of_budget
-                else f" when the finish's budget ({budget}) ended")
-        out.notes.append(f"left open{when}: " + "; ".join(open_text(q) for q in finished.open))
     return out
 
 
-def _interaction(row: "Row | None", s: Any) -> str:
-    """Where the step from the baseline and the verdict on the answer disagree in sign: both
-    figures and why both are true."""
+def _interaction(row: "Row | None", s: "Slowdown | None") -> dict[str, float] | None:
+    """Where the step from the baseline and the verdict on the answer disagree in sign, both
+    gains (``alone``, ``together``): its worth depends on the other changes."""
     if row is None or row.gain is None or s is None:
-        return ""
-    alone = row.gain
-    with_others = 1 / (1 - s.estimate) if s.estimate < 1 else math.inf
-    if (alone < 1) == (with_others < 1):
-        return ""
-    return (f" (one at a time from the baseline it measured {alone:.2f}x, in the answer {with_others:.2f}x: its worth "
-            "depends on the other changes, an interaction)")
+        return None
+    together = 1 / (1 - s.estimate) if s.estimate < 1 else math.inf
+    return {"alone": row.gain, "together": together} if (row.gain < 1) != (together < 1) else None
 
 
 def answerable(params: dict[str, Any], pool: "Pool", recipe: "Recipe", reference: list[float] | None,
@@ -183,26 +157,25 @@ def answerable(params: dict[str, Any], pool: "Pool", recipe: "Recipe", reference
             and ruled_out(params, pool, recipe, reference) is None)
 
 
-def ruled_out(params: dict[str, Any], pool: "Pool", recipe: "Recipe", reference: list[float] | None) -> str | None:
-    """Why a configuration its runs have ruled out may not be the answer, as a predicate ("is
-    over the memory budget (...)"); ``None`` when it may, or when it was never measured.
-
-    The finish asks nothing more of a question whose simpler side is ruled out, and the
-    decision says the change is needed: the activations job's answer (micro-batch 256 with
-    checkpointing) spent two finish rounds measuring 256 without checkpointing, over the
-    budget in its search trial, and read the checkpointing "kept, undecided"."""
+def ruled_out(params: dict[str, Any], pool: "Pool", recipe: "Recipe",
+              reference: list[float] | None) -> dict[str, Any] | None:
+    """Why its runs rule a configuration out of the answer, as a record: ``failed`` (with
+    ``failures`` of ``runs``), ``over_budget`` (``over``: which limit, by how much) or
+    ``imprecise`` (off the fp32 curve beyond ``tolerance``); ``None`` when it may be the answer,
+    or was never measured. The finish asks nothing more of a question whose simpler side is
+    ruled out, and the decision says the change is ``needed``."""
     entry, metrics = pool.entry(params), pool.metrics(params)
     if not entry.runs:
         return None
     if entry.failures:
-        return f"failed in {entry.failures} of its {len(entry.runs)} run(s)"
+        return {"code": "failed", "failures": entry.failures, "runs": len(entry.runs)}
     if metrics is None:
         return None
     over = study_mod.over_budget(metrics, recipe.budget)
     if over is not None:
-        return f"is over the memory budget ({over[1]})"
+        return {"code": "over_budget", "over": over[1]}
     if imprecise(params, entry.runs, reference, recipe.precision.tolerance):
-        return f"left the fp32 loss curve beyond the {recipe.precision.tolerance:g} precision tolerance"
+        return {"code": "imprecise", "tolerance": recipe.precision.tolerance}
     return None
 
 
@@ -216,16 +189,14 @@ def imprecise(params: dict[str, Any], runs: "list[TrialResult]", reference: list
     return any(r.ok and divergence(r.losses, reference, tolerance, label, ordered) for r in runs)
 
 
-def _not_dropped(s: "Slowdown", pool: "Pool", reference: dict[str, Any], answer: dict[str, Any],
-                 without: dict[str, Any]) -> str:
+def _held(s: "Slowdown", pool: "Pool", reference: dict[str, Any], answer: dict[str, Any],
+          without: dict[str, Any]) -> dict[str, Any]:
     """Why the finish kept a change shown within the tolerance in the answer: a drop also needs
-    the answer without it shown within the tolerance of the reference, and two pairs: a change
-    shown cheap in the answer but not against the reference is kept, and says why."""
+    the answer without it shown within the tolerance of the ``reference`` (its interval there),
+    and :data:`~tuner.tuning.finish.ANSWER_PAIRS` ``pairs``; else the ``guard`` ruled it out."""
     if reference != answer:
         against = pool.slowdown(reference, without)
-        shown = against.text() if against is not None else "no interval"
-        return (f"a drop needs the answer without it within the tolerance of the reference too, where it is "
-                f"{shown}")
+        return {"code": "reference", "slowdown": against.to_json() if against is not None else None}
     if s.pairs < ANSWER_PAIRS:
-        return f"a drop needs {ANSWER_PAIRS} pairs of its own"
-    return "the answer without it did not pass the precision or memory guard"
+        return {"code": "pairs", "pairs": ANSWER_PAIRS}
+    return {"code": "guard"}

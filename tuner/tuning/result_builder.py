@@ -54,7 +54,7 @@ class Searched(Protocol):
 
     def summary_of(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
 
-    def ruled_out(self, params: Mapping[str, Any]) -> str | None: ...
+    def ruled_out(self, params: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
     def environment(self) -> dict[str, Any]: ...
 
@@ -87,11 +87,6 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         decision = recommend.record(best_params, finished, attribution, pool, d.baseline_params,
                                     d.recipe.tolerance, d.configs.normalised, d.space.valid, speedup,
                                     d.ruled_out)
-        said = set(finished.moves) if finished is not None else set()  # the finish said its moves as they came
-        for note in decision.notes:
-            notes.append(note)
-            if note not in said:
-                d.events.detail(note)
     r = d.recipe
     notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
     if r.objective != "samples_per_s":

@@ -266,7 +266,8 @@ def _warnings(result: Result, decision: Mapping[str, Any]) -> list[Warning]:
     elif not result.baseline.get("metrics"):
         out.append(Warning("no_baseline", {}))
     if decision.get("open"):
-        out.append(Warning("open", {"questions": len(decision["open"]), "budget_s": decision.get("budget_s")}))
+        out.append(Warning("open", {"questions": len(decision["open"]), "budget_s": decision.get("budget_s"),
+                                    "out_of_reach": bool(decision.get("out_of_reach"))}))
     rows = result.attribution.rows if result.attribution else []
     unmeasured = [r.knob for r in rows if not r.gain and not r.failed]
     if unmeasured:

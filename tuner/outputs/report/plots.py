@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from tuner.harness.metrics import budget_peak
-from tuner.outputs.markdown import ReportData, render_markdown, to_html
+from tuner.outputs.report.markdown import ReportData, render_markdown, to_html
 
 PLOT_SIZE = (7.0, 3.4)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.inputs.errors import RecipeError
-from tuner.outputs.markdown import ReportData, render_markdown
-from tuner.outputs.plots import render_html
+from tuner.outputs.report.markdown import ReportData, render_markdown
+from tuner.outputs.report.plots import render_html
 from tuner.study import records as study_mod
 from tuner.study.study import Study
 from tuner.tuning.search_result import SearchResult

@@ -15,10 +15,10 @@ from tuner.harness.metrics import budget_peak
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
+from tuner.outputs import wording
 from tuner.outputs.console import paired_text
 from tuner.trial.trial_result import State
-from tuner.tuning import promises, recommend
-from tuner.tuning.finish import open_text
+from tuner.tuning import promises
 from tuner.tuning.search_result import SearchResult
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ def render_markdown(data: ReportData) -> str:
     r, trials = data.result, data.trials
     best = r.best.get("metrics")
     here = promises.at_noise(r.noise, r.trials)
-    lines = [f"# tuner report: {data.name}", "", f"_{promises.promise()}_", ""] + ([here, ""] if here else [])
+    lines = [f"# tuner report: {data.name}", "", f"_{promise()}_", ""] + ([at_noise(here), ""] if here else [])
     lines += _verdict_lines(r)
     lines += ["", "## Best vs baseline", ""]
     if best:
@@ -103,6 +103,29 @@ def _verdict_lines(r: SearchResult) -> list[str]:
     return lines
 
 
+def promise() -> str:
+    """The line above every report: the rule, and its error rates at each noise."""
+    table = promises.promised()
+    return ("Every keep, drop and stop of this search reads one rule: a change is dropped only when its 99% "
+            "interval shows that the answer without it costs less than the tolerance, kept when it shows more, "
+            "and otherwise measured again, interleaved and paired, until it does or the finish's budget, where it "
+            f"stays, marked undecided. Measured on the finish as it ships ({promises.measured.FINISHES:,} simulated "
+            f"searches a row, docs/search.md): after a search of {promises.TYPICAL_TRIALS} or more trials, a real "
+            f"gain of {promises.DECISIVE:.0%} or more is dropped at most {'/'.join(f'{g:.0%}' for _, g, _ in table)} "
+            f"of the time at {'/'.join(f'{s:.0%}' for s, _, _ in table)} noise a run, and a real loss of "
+            f"{promises.DECISIVE:.0%} or more kept at most {'/'.join(f'{k:.0%}' for _, _, k in table)}.")
+
+
+def at_noise(here: promises.AtNoise) -> str:
+    """What the table says at the run's own noise."""
+    d = promises.DECISIVE
+    return (f"This run's noise: {here.sigma:.1%} a run ({here.dof} degree{'s' if here.dof != 1 else ''} of "
+            f"freedom); at {'more than ' if here.above else ''}{here.row:.0%} after a search of {here.length} or "
+            f"more trials the table drops a real {d:.0%} gain up to {here.gain:.0%} of the time and keeps a real "
+            f"{d:.0%} loss up to {here.loss:.0%}"
+            + (" (noisier than any row: read these as lower bounds)" if here.above else "") + ".")
+
+
 RULES = {
     "reference": "the search's best (or the finalist holding its changes and more), every change of it kept",
     "simpler": "the reference less the changes shown to cost less than the tolerance to take away",
@@ -126,14 +149,15 @@ def _decision_lines(decision: dict[str, Any] | None, speedup: float | None) -> l
              f"Rule: **{rule}**: {RULES.get(rule, rule)}. Tolerance {decision.get('tolerance', 0):.0%}: a change is "
              "dropped only when the interval shows that dropping it costs less, kept when it shows more, and "
              f"kept undecided when the measuring ran out first.{cost}", ""]
-    lines += [f"- {k['text']}" for k in decision.get("knobs", [])]
-    rests = (recommend.rests_on(decision["undecided_gain"], speedup, decision["rests_on"])
+    lines += [f"- {wording.change(k, decision.get('tolerance', 0.0))}" for k in decision.get("knobs", [])]
+    rests = (wording.rests_on(decision["undecided_gain"], speedup, decision["rests_on"])
              if decision.get("rests_on") and speedup else  # a run folder written before: its words
              next((n for n in decision.get("notes", []) if "rests on change(s)" in n), None))
     if rests:  # said only where undecided changes carry a gain
         lines += ["", rests[0].upper() + rests[1:] + "."]
     if decision.get("open"):
-        lines += ["", "Left open when the finish's budget ended:", ""] + [f"- {open_text(q)}" for q in decision["open"]]
+        lines += ["", f"Left open{wording.open_when(decision)}:", ""]
+        lines += [f"- {wording.open_question(q)}" for q in decision["open"]]
     return lines
 
 

@@ -1,0 +1,1 @@
+"""report.md and report.html: the run folder's report, its sections and its plots."""

@@ -1,0 +1,177 @@
+"""Each sentence about what the finish decided, keyed by its record's code: the answer's
+verdicts (:mod:`tuner.tuning.recommend`), the finish's moves and open questions
+(:mod:`tuner.tuning.finish`), and what a running search tells (:data:`SAID`). Deciding code
+returns records; their words live here once, for the console, ``--explain`` and report.md."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from tuner.stats.interval import Slowdown
+from tuner.tuning.events import Said
+
+
+def interval(data: Mapping[str, Any] | None) -> str:
+    """An interval's JSON as ``5.1% slower (99% interval +3.9% to +6.3%, 6 pairs)``."""
+    return Slowdown.from_json(data).text() if data else "no interval"
+
+
+def _gain(data: Mapping[str, Any]) -> str:
+    s = Slowdown.from_json(data)
+    return f"{s.gain_text('than without it')}, {s.counted}"
+
+
+NEEDED: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "failed": lambda r: f"failed in {r['failures']} of its {r['runs']} run(s)",
+    "over_budget": lambda r: f"is over the memory budget ({r['over']})",
+    "imprecise": lambda r: f"left the fp32 loss curve beyond the {r['tolerance']:g} precision tolerance",
+}
+"""Why the answer without a change is ruled out (:func:`tuner.tuning.recommend.ruled_out`)."""
+
+HELD: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "reference": lambda h: "a drop needs the answer without it within the tolerance of the reference too, where "
+                           f"it is {interval(h.get('slowdown'))}",
+    "pairs": lambda h: f"a drop needs {h['pairs']} pairs of its own",
+    "guard": lambda h: "the answer without it did not pass the precision or memory guard",
+}
+"""Why a change shown cheap in the answer stayed (``held``, :func:`tuner.tuning.recommend._held`)."""
+
+CHANGE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
+    "gain": lambda e, t: f"kept: {_gain(e['slowdown'])}",
+    "needed": lambda e, t: "kept, needed: the answer without it " + (
+        e["needed"] if isinstance(e["needed"], str) else NEEDED[e["needed"]["code"]](e["needed"])),
+    "straddles": lambda e, t: f"kept, undecided: {_gain(e['slowdown'])}; the interval straddles the {t:.0%} "
+                              "tolerance, and a change the search measured leaves the answer only on evidence",
+    "unproven_drop": lambda e, t: f"kept, undecided: {_gain(e['slowdown'])}, within the {t:.0%} tolerance; "
+                                  + HELD[e["held"]["code"]](e["held"]),
+    "no_interval": lambda e, t: "kept, undecided: the answer without it has no interval",
+    "no_finish": lambda e, t: "kept, undecided: no finish measured it",
+    "cheap": lambda e, t: f"dropped: without it {interval(e['slowdown'])} against the reference, below the "
+                          f"{t:.0%} tolerance",
+    "memory_unneeded": lambda e, t: f"dropped: not shown a gain beyond the {t:.0%} tolerance "
+                                    f"({interval(e['slowdown'])} without it), and what it buys is memory the "
+                                    "answer does without",
+    "baseline_stays": lambda e, t: f"dropped: {_baseline_stays(e['slowdown'], t)}; the baseline stays",
+}
+"""A change's verdict, by its reason (:data:`tuner.tuning.summary.REASONS`)."""
+
+
+def _baseline_stays(slowdown: Mapping[str, Any], tolerance: float) -> str:
+    return (f"the answer was not shown faster than the baseline beyond the {tolerance:.0%} tolerance, and the "
+            f"baseline measured {interval(slowdown)} than it")
+
+
+def change(entry: Mapping[str, Any], tolerance: float) -> str:
+    """One change's verdict: ``num_workers=4 kept: 12.0% faster than without it, ...``, with
+    the interaction where the step from the baseline disagrees in sign."""
+    if "text" in entry:  # a run folder written before the records
+        return str(entry["text"])
+    said = f"{entry['knob']}={entry['value']} {CHANGE[entry['reason']](entry, tolerance)}"
+    both = entry.get("interaction")
+    if both:
+        said += (f" (one at a time from the baseline it measured {both['alone']:.2f}x, in the answer "
+                 f"{both['together']:.2f}x: its worth depends on the other changes, an interaction)")
+    return said
+
+
+MOVE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
+    "faster": lambda m, t: f"a configuration with {m['changes']} change(s) is faster than the reference: the "
+                           f"reference {interval(m['slowdown'])} than it, beyond the {t:.0%} tolerance; it is the "
+                           "reference now",
+    "cheap": lambda m, t: f"the answer without {', '.join(m['steps'])}: {interval(m['slowdown'])} against the "
+                          f"reference, below the {t:.0%} tolerance",
+    "memory_unneeded": lambda m, t: f"the answer without {', '.join(m['steps'])}: not shown a gain beyond the "
+                                    f"{t:.0%} tolerance ({interval(m['slowdown'])} without it), and what it buys "
+                                    "is memory the answer does without",
+    "baseline_stays": lambda m, t: f"{_baseline_stays(m['slowdown'], t)}: the baseline stays",
+}
+"""A move of the finish's reference or answer (:attr:`tuner.tuning.finish.Finished.moves`)."""
+
+
+def move(record: Mapping[str, Any], tolerance: float) -> str:
+    return MOVE[record["reason"]](record, tolerance)
+
+
+def open_question(record: Mapping[str, Any] | str) -> str:
+    """A question left open (:func:`tuner.tuning.finish.open_record`); a run folder written
+    before the records holds the words."""
+    if isinstance(record, str):
+        return record
+    side = f"the {record['side']}"
+    differs = ", ".join(f"{k} {simpler} rather than {richer}" for k, (richer, simpler) in record["differs"].items())
+    what = {"change": f"{record['step']} in {side}: without it, {side}",
+            "finalist": f"a finalist against the reference ({differs}): the one with fewer changes",
+            "baseline": "the answer against the baseline: the baseline"}[record["kind"]]
+    s = record.get("slowdown")
+    return f"{what} {'is ' + interval(s) if s else 'has no interval yet'}"
+
+
+def rests_on(gain: float, speedup: float, steps: list[str]) -> str:
+    """How much of the answer's speedup rests on undecided changes. Measured together in the
+    answer they can exceed the whole speedup (a decided change costs, or they interact), and
+    then it says all."""
+    share, together = f"{gain:.2f}x of the answer's {speedup:.2f}x", ""
+    if gain >= speedup:
+        share, together = f"all of the answer's {speedup:.2f}x", f"; in the answer they measured {gain:.2f}x"
+    return (f"{share} rests on change(s) the rule has not shown to be gains: {', '.join(steps)} "
+            f"(undecided, kept{together})")
+
+
+def open_when(decision: Mapping[str, Any]) -> str:
+    """When the finish left its questions open: `` when the finish's budget (46 s) ended``."""
+    spent = decision.get("budget_s")
+    budget = f"{spent:.0f} s" if spent is not None else "its rounds"
+    return (f", since settling them would take more rounds than the finish's budget ({budget}) holds"
+            if decision.get("out_of_reach") else f" when the finish's budget ({budget}) ended")
+
+
+def left_open(decision: Mapping[str, Any]) -> str:
+    """Why the finish left its open questions, and each of them."""
+    return f"left open{open_when(decision)}: " + "; ".join(open_question(q) for q in decision["open"])
+
+
+def decision_lines(decision: Mapping[str, Any] | None, speedup: float | None) -> list[str]:
+    """What ``--explain`` says of the answer after the finish's moves: the part of the speedup
+    resting on undecided changes, each change the answer keeps, what was left open."""
+    if not decision:
+        return []
+    tolerance = decision.get("tolerance", 0.0)
+    out = ["no finish ran: the answer is the best search trial, each of its changes undecided"
+           ] if decision.get("rule") == "search" else []
+    if decision.get("rests_on") and speedup:
+        out.append(rests_on(decision["undecided_gain"], speedup, decision["rests_on"]))
+    out += [change(e, tolerance) for e in decision.get("knobs", []) if e.get("label") != "dropped"]
+    if decision.get("open"):
+        out.append(left_open(decision))
+    return out
+
+
+def _finishing(f: Mapping[str, Any]) -> str:
+    if not f["finalists"]:
+        return "finishing: the search's only finalist is the baseline itself: nothing to decide"
+    limit = f"up to {f['budget_s']:.0f} s" if f.get("budget_s") is not None else "no time limit"
+    return (f"finishing: {f['finalists']} finalist(s) and the baseline, interleaved, to settle each at "
+            f"{f['tolerance']:.0%} ({limit})")
+
+
+LEFT_OPEN = {"budget": "its budget", "reach": "settling them would take more rounds than its budget holds",
+             "rounds": "the rounds a question may take"}
+
+SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "finishing": _finishing,
+    "move": lambda f: "finish: " + move(f, f["tolerance"]),
+    "worker_done": lambda f: f"worker done ({f['worker']}): {f['other']} confirms the finalists and writes the "
+                             "run folder",
+    "attributing": lambda f: f"attributing the gain: {f['configurations']} configurations on the path from the "
+                             f"baseline, {f['todo']} not yet measured ({f['repeats']} run(s) each, inside what is "
+                             "left of the finish's budget)",
+    "batch_norm": lambda f: "the model has BatchNorm layers: their statistics are per micro-batch, so the "
+                            f"micro-batch size ({f['micro_batch_size']}) changes what the model learns",
+    "left_open": lambda f: f"finish: {f['questions']} question(s) left open after {f['rounds']} round(s) "
+                           f"({LEFT_OPEN[f['why']]}); the summary lists each with its interval",
+}
+"""What a running search tells, by its :class:`~tuner.tuning.events.Said` code."""
+
+
+def said(what: "str | Said") -> str:
+    return SAID[what.code](what.figures) if isinstance(what, Said) else what
