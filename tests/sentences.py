@@ -4,6 +4,8 @@
 ``best.json`` and returns each sentence a number of the run contradicts, in words, and the
 kinds of sentence it found and checked (a check that finds nothing to read proves nothing):
 
+- best.json's decisions as data, before any sentence (:mod:`decision_records`): each label
+  against its reason and its own interval, the summary against the decision;
 - the summary line ``baseline A samples/s -> best B samples/s: Zx``: A, B and Z are
   ``best.json``'s rates and speedup;
 - a verdict's ``waits for data X% of the step`` and ``with X% data wait``: the data-wait share
@@ -46,6 +48,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+import decision_records
 
 from tuner.outputs import wording
 
@@ -166,6 +170,9 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
             found.append(f"{text!r}: dropped, and the sentence reads as kept")
         if label == "dropped" and entry.get("kept"):  # the quickstart at --minutes 1: "kept: 2.0% slower"
             found.append(f"{text!r}: in the answer, and labelled dropped")
+    if decided:
+        checked.add("decision records")
+        found += decision_records.faults(best)
     found += _intervals(lines + (run / "report.md").read_text(encoding="utf-8").splitlines(), checked)
     found += _unmeasured_zeros(run, metrics)
     found += _advice_already_measured(run, lines, best)

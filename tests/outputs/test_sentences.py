@@ -171,3 +171,53 @@ def test_a_share_that_rounds_to_nothing_reads_zero_in_the_console_and_the_report
     from tuner.analysis.attribution import share_text
 
     assert [share_text(s) for s in (-0.004, 0.004, -0.3, 0.99, None)] == ["0%", "0%", "-30%", "99%", "-"]
+
+
+def _interval(estimate: float, low: float, high: float) -> dict:
+    return {"estimate": estimate, "low": low, "high": high, "runs": [3, 3], "dof": 4, "level": 0.99, "pairs": 3}
+
+
+def _decided(**faults) -> dict:
+    """A search's best.json as records: a decided gain, an undecided change the speedup rests
+    on, a change dropped as cheap, and the summary of them; ``faults`` replaces parts."""
+    knobs = [{"knob": "num_workers", "value": 4, "kept": True, "label": "kept", "reason": "gain",
+              "slowdown": _interval(0.6, 0.5, 0.7)},
+             {"knob": "amp_dtype", "value": "bf16", "kept": True, "label": "undecided", "reason": "straddles",
+              "slowdown": _interval(0.03, -0.05, 0.1)},
+             {"knob": "persistent_workers", "value": True, "kept": False, "label": "dropped", "reason": "cheap",
+              "slowdown": _interval(-0.01, -0.015, 0.01)}]
+    knobs = [{**k, **faults.get(k["knob"], {})} for k in knobs]
+    decision = {"tolerance": 0.02, "knobs": knobs, "open": [], "rests_on": ["amp_dtype"], "undecided_gain": 1.03,
+                **faults.get("decision", {})}
+    summary = {"answer": {"num_workers": 4, "amp_dtype": "bf16"}, "rate": 300.0, "baseline_rate": 100.0,
+               "speedup": 3.0, "warnings": [],
+               "decisions": [{"knob": k["knob"], "value": k["value"], "verdict": k["label"], "reason": k["reason"]}
+                             for k in knobs], **faults.get("summary", {})}
+    base = {"num_workers": 0, "amp_dtype": "fp32", "persistent_workers": False}
+    return {"params": {"num_workers": 4, "amp_dtype": "bf16", "persistent_workers": False},
+            "baseline": {"params": base}, "decision": decision, "summary": summary}
+
+
+def test_records_that_contradict_each_other_or_their_own_intervals_are_found():
+    """Issue 47's faults that are decisions, found in the records before any sentence is read:
+    the quickstart's change in the answer labelled dropped, HF's bf16 "kept" on an interval
+    that shows no gain, a speedup said to rest on a decided change, and a summary whose
+    speedup or warning is not its run's."""
+    import decision_records
+
+    assert decision_records.faults(_decided()) == []
+    cases = {
+        "labelled dropped, and kept is True": {"persistent_workers": {"kept": True}},
+        "kept as a gain, but its interval does not show one": {"amp_dtype": {"label": "kept", "reason": "gain"}},
+        "rest on num_workers, which is no undecided change": {"decision": {"rests_on": ["amp_dtype", "num_workers"]}},
+        "undecided as straddling the tolerance, but its interval decides":
+            {"amp_dtype": {"slowdown": _interval(0.3, 0.2, 0.4)}},
+        "the summary's speedup 2.000 is not 300.0 / 100.0": {"summary": {"speedup": 2.0}},
+        "the summary warns of 2 open question(s); the decision has 0":
+            {"summary": {"warnings": [{"code": "open", "figures": {"questions": 2}}]}},
+        "the summary's answer has num_workers=0": {"summary": {"answer": {"num_workers": 0}}},
+        "labelled undecided with the reason cheap": {"persistent_workers": {"label": "undecided", "kept": True}},
+    }
+    for said, fault in cases.items():
+        found = decision_records.faults(_decided(**fault))
+        assert any(said in f for f in found), (said, found)
