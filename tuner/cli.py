@@ -56,10 +56,10 @@ def measure_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], ok: Callable[[Any], bool],
-            status: Callable[[Any], int] | None = None) -> int:
+            status: Callable[[Any], int] | None = None, data: Callable[[Any], Any] = lambda r: r.to_json()) -> int:
     """Run a command on every rank; rank 0 prints its result (a table, or JSON alone on
-    stdout); bad input is one line on stderr and exit 2; exit 1 when ``ok`` says no (or
-    what ``status`` says)."""
+    stdout: ``data``); bad input is one line on stderr and exit 2; exit 1 when ``ok`` says no
+    (or what ``status`` says)."""
     from tuner.harness import distributed
     from tuner.outputs import console
 
@@ -73,7 +73,7 @@ def _report(run: Callable[[], Any], as_json: bool, show: Callable[[Any], None], 
         return exc.exit_code
     if distributed.is_main_process():
         if as_json:
-            print(json.dumps(result.to_json(), indent=2))
+            print(json.dumps(data(result), indent=2))
         else:
             show(result)
     code = status(result) if status is not None else (0 if ok(result) else 1)
@@ -218,7 +218,10 @@ def check_main(argv: Sequence[str] | None = None) -> int:
 
     from tuner.analysis.gate import DEFAULT_REV_ROUNDS, DEFAULT_ROUNDS
     from tuner.api import check, check_rev
-    from tuner.outputs import console
+    from tuner.outputs import console, wording
+
+    def data(result: Any) -> dict[str, Any]:
+        return {**result.to_json(), "reason": wording.gate(result)}  # the verdict's words, for a CI log
 
     if args.rev is not None:
         def progress(done: int, rev: float, work: float) -> None:
@@ -228,10 +231,10 @@ def check_main(argv: Sequence[str] | None = None) -> int:
                                          tuple(args.sets),
                                          args.nproc_per_node, progress),
                        args.json, console.print_rev_check, lambda result: result.passed,
-                       lambda result: result.exit_code)
+                       lambda result: result.exit_code, data)
     return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds or DEFAULT_ROUNDS,
                                  tuple(args.sets), args.absolute, args.process_noise),
-                   args.json, console.print_check, lambda result: result.passed, lambda result: result.exit_code)
+                   args.json, console.print_check, lambda result: result.passed, lambda result: result.exit_code, data)
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from tuner.outputs import wording
+
 from conftest import GIT_JOB, commit_job, run
 
 LOG_LINE = (  # a log line flushed to a slow sink: 10% of the step as it runs here, busy or quiet
@@ -74,9 +76,9 @@ def test_the_verdict_reads_pairs_and_says_how_many_more_rounds_would_decide():
     assert same.verdict == "pass" and same.exit_code == 0
     near = rev_verdict([100.0, 108.0, 95.0], [95.0, 101.0, 92.0], 0.05, "abc", "HEAD")
     assert near.verdict == "undecided" and near.exit_code == 4 and near.more_rounds is not None
-    assert f"about {near.more_rounds} more round(s) would likely decide it" in near.reason
+    assert f"about {near.more_rounds} more round(s) would likely decide it" in wording.gate(near)
     gone = rev_verdict([100.0], [], 0.05, failure="work: ValueError: boom")
-    assert gone.verdict == "broken" and gone.exit_code == 1 and "boom" in gone.reason
+    assert gone.verdict == "broken" and gone.exit_code == 1 and "boom" in wording.gate(gone)
 
 
 def test_a_precise_interval_above_the_tolerance_goes_on_to_a_verdict():
@@ -106,4 +108,4 @@ def test_the_ratio_gate_says_undecided_with_its_own_exit_status():
 
     noisy = verdict(Recorded([400.0, 404.0, 398.0], [100.0, 101.0, 99.5]), [300.0, 420.0], [100.0, 90.0], 0.05)
     assert noisy.verdict == "undecided" and not noisy.passed and noisy.exit_code == 4
-    assert "exit 4" in noisy.reason
+    assert "exit 4" in wording.gate(noisy)

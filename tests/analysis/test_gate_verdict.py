@@ -4,6 +4,8 @@ the recorded and the fresh rates (the searches behind it: test_gate.py, test_gat
 
 from __future__ import annotations
 
+from tuner.outputs import wording
+
 
 def test_the_verdict_is_a_pure_function_of_the_rates():
     from tuner.analysis.gate import Recorded, verdict
@@ -16,7 +18,7 @@ def test_the_verdict_is_a_pure_function_of_the_rates():
     noisy = verdict(recorded, [300.0, 420.0], [100.0, 90.0], 0.05)
     assert not noisy.passed and noisy.verdict == "undecided" and noisy.exit_code == 4
     gone = verdict(recorded, [], [], 0.05, failure="answer: error: boom")
-    assert not gone.passed and gone.reason == "the configuration no longer runs: answer: error: boom"
+    assert not gone.passed and wording.gate(gone) == "the configuration no longer runs: answer: error: boom"
 
 
 def test_the_rounds_go_on_while_the_gate_is_undecided_however_precise():
@@ -35,5 +37,5 @@ def test_the_rounds_go_on_while_the_gate_is_undecided_however_precise():
     assert settled(recorded, [330.0, 332.0, 329.0], [100.0, 99.8, 100.4], 0.05, absolute=False)
     assert settled(recorded, [401.0, 399.0, 402.0], [100.0, 99.8, 100.4], 0.05, absolute=False)
     assert not settled(recorded, [300.0, 301.0], [100.0, 100.0], 0.05, absolute=False)
-    assert verdict(recorded, [300.0, 301.0], [100.0, 100.0], 0.05).reason.startswith(
+    assert wording.gate(verdict(recorded, [300.0, 301.0], [100.0, 100.0], 0.05)).startswith(
         "undecided after 0 round(s): the speedup has no interval yet")

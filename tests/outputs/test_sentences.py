@@ -136,13 +136,15 @@ def test_a_count_of_open_questions_or_pruned_trials_that_is_not_the_records_is_f
 def test_an_interval_that_does_not_hold_its_estimate_as_read_is_found(tmp_path):
     """The finish printed a slowdown's signed bounds beside "faster": "8.4% faster (99%
     interval -19.0% to +1.2%"; the same figures read as the word reads are found, and
-    :meth:`Slowdown.text` now prints them so."""
+    :func:`tuner.outputs.wording.interval` now prints them so."""
+    from tuner.outputs import wording
     from tuner.stats.interval import Slowdown
 
     faster = Slowdown(-0.084, -0.19, 0.012, (4, 4), 3, pairs=4)
-    assert faster.text() == "8.4% faster (99% interval -1.2% to +19.0%, 4 pairs)"
-    assert Slowdown(0.05, 0.01, 0.09, (3, 3), 2, pairs=3).text() == "5.0% slower (99% interval +1.0% to +9.0%, 3 pairs)"
-    good = [f"note: finish: the answer without amp_dtype: {faster.text()} against the reference",
+    assert wording.interval(faster) == "8.4% faster (99% interval -1.2% to +19.0%, 4 pairs)"
+    assert wording.interval(Slowdown(0.05, 0.01, 0.09, (3, 3), 2, pairs=3)) == \
+        "5.0% slower (99% interval +1.0% to +9.0%, 3 pairs)"
+    good = [f"note: finish: the answer without amp_dtype: {wording.interval(faster)} against the reference",
             "note: amp_dtype=bf16 kept, undecided: 5.5% faster than without it, 99% interval -15.5% to +31.8%, 3 pairs"]
     found, checked = contradictions(write(tmp_path, [], [], good))
     assert found == [] and "interval" in checked, found

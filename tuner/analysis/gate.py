@@ -47,7 +47,10 @@ class CheckResult:
     passed: bool
     verdict: str
     """``pass``, ``regression``, ``undecided`` (exit 4) or ``broken`` (a run failed)."""
-    reason: str
+    why: dict[str, Any] = field(default_factory=dict)
+    """The verdict's grounds (:func:`tuner.outputs.wording.gate` says them): ``failure`` where
+    it is broken, else ``judged``, each ``what`` (``speedup`` or ``absolute``) with its
+    ``slowdown`` (how much smaller now than recorded; ``None``: no interval yet)."""
     params: dict[str, Any] = field(default_factory=dict)
     baseline_params: dict[str, Any] = field(default_factory=dict)
     rates: dict[str, list[float]] = field(default_factory=dict)
@@ -79,7 +82,7 @@ class CheckResult:
         return self.measured_speedup / self.recorded_speedup - 1
 
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "verdict": self.verdict, "reason": self.reason, "gated": self.gated,
+        return {"passed": self.passed, "verdict": self.verdict, "why": self.why, "gated": self.gated,
                 "tolerance": self.tolerance, "recorded_speedup": self.recorded_speedup,
                 "measured_speedup": self.measured_speedup, "change": self.change, "slowdown": self.slowdown,
                 "recorded_samples_per_s": self.recorded, "measured_samples_per_s": self.measured,
@@ -158,38 +161,27 @@ def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[floa
     rec_speedup = rec_rate / statistics.median(recorded.baseline) if recorded.baseline else None
     measured = statistics.median(answer) if answer else None
     speedup_now = measured / statistics.median(baseline) if measured and baseline else None
-    out = CheckResult(rec_rate, measured, rec_speedup, speedup_now, tolerance, False, "broken", "",
+    out = CheckResult(rec_rate, measured, rec_speedup, speedup_now, tolerance, False, "broken",
                       rates={"answer": list(answer), "baseline": list(baseline)},
                       gated="speedup+absolute" if absolute else "speedup", rounds=rounds)
     if failure is not None:
-        out.reason = f"the configuration no longer runs: {failure}"
+        out.why = {"failure": failure}
         return out
     speedup, rate = intervals(recorded, answer, baseline, process_noise)
     out.slowdown = speedup.to_json() if speedup else None
     out.absolute = rate.to_json() if rate else None
-    calls = [("the speedup", speedup)] + ([("the answer's samples/s", rate)] if absolute else [])
+    calls = [("speedup", speedup)] + ([("absolute", rate)] if absolute else [])
     judged = [(what, s, decision.judge(s, tolerance)) for what, s in calls]
     worse = [(what, s) for what, s, v in judged if v == decision.KEEP]
     if worse:
         out.verdict = "regression"
-        out.reason = "regression: " + "; ".join(f"{what} is {_smaller(s)} than recorded, beyond the "
-                                                  f"{tolerance:.0%} tolerance" for what, s in worse)
     elif all(v == decision.DROP for _, _, v in judged):
         out.verdict, out.passed = "pass", True
-        out.reason = "within tolerance: " + "; ".join(f"{what} is {_smaller(s)} than recorded, below the "
-                                                       f"{tolerance:.0%} tolerance" for what, s, _ in judged)
     else:
         out.verdict, out.passed = "undecided", False
-        out.reason = (f"undecided after {rounds} round(s): " + "; ".join(
-            (f"{what} is {_smaller(s)} than recorded" if s else f"{what} has no interval yet")
-            for what, s, _ in judged) + f"; shown neither within nor beyond the {tolerance:.0%} tolerance "
-            "(exit 4; more rounds: --rounds)")
+    out.why = {"judged": [{"what": what, "slowdown": s.to_json() if s else None}
+                          for what, s in (worse or [(what, s) for what, s, _ in judged])]}
     return out
-
-
-def _smaller(s: Slowdown) -> str:
-    """``4.1% smaller (99% interval -1.0% to +9.0%)``."""
-    return s.text().replace("slower", "smaller").replace("faster", "larger")
 
 
 EXIT = {"pass": 0, "regression": 1, "broken": 1, "undecided": 4}
@@ -206,7 +198,8 @@ class RevResult:
     tolerance: float
     verdict: str
     """``pass``, ``regression``, ``undecided`` or ``broken`` (a side did not run)."""
-    reason: str
+    failure: str | None = None
+    """Why a side did not run (``broken``)."""
     rates: dict[str, list[float]] = field(default_factory=dict)
     """samples/s of every run: ``rev`` and ``work`` (the working tree), one of each a round."""
     slowdown: dict[str, Any] | None = None
@@ -224,7 +217,7 @@ class RevResult:
         return EXIT[self.verdict]
 
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "verdict": self.verdict, "exit_code": self.exit_code, "reason": self.reason,
+        return {"passed": self.passed, "verdict": self.verdict, "exit_code": self.exit_code, "failure": self.failure,
                 "rev": self.rev, "commit": self.commit, "tolerance": self.tolerance, "rounds": self.rounds,
                 "slowdown": self.slowdown, "more_rounds": self.more_rounds, "rates": self.rates}
 
@@ -256,30 +249,19 @@ def rev_verdict(rev: Sequence[float], work: Sequence[float], tolerance: float, c
     paired interval: ``regression`` when it shows the working tree slower beyond the
     tolerance, ``pass`` when it shows it within, else ``undecided`` with how many more
     rounds would likely decide (exit 4)."""
-    out = RevResult(name, commit, tolerance, "broken", "", rates={"rev": list(rev), "work": list(work)},
+    out = RevResult(name, commit, tolerance, "broken", failure, rates={"rev": list(rev), "work": list(work)},
                     rounds=min(len(rev), len(work)))
     if failure is not None:
-        out.reason = f"a side no longer runs: {failure}"
         return out
     diffs = log_ratios(rev, work)
     s = paired(diffs)
     out.slowdown = s.to_json() if s is not None else None
     verdict = decision.judge(s, tolerance)
-    against = f"the working tree against {name} ({commit[:10]})"
     if verdict == decision.KEEP:
-        assert s is not None
         out.verdict = "regression"
-        out.reason = f"regression: {against} is {s.text()}, beyond the {tolerance:.0%} tolerance"
     elif verdict == decision.DROP:
-        assert s is not None
         out.verdict = "pass"
-        out.reason = f"within tolerance: {against} is {s.text()}, below the {tolerance:.0%} tolerance"
     else:
         total = rounds_to_decide(diffs, tolerance)
         out.verdict, out.more_rounds = "undecided", (total - len(diffs) if total is not None else None)
-        likely = (f"about {out.more_rounds} more round(s) would likely decide it (--rounds {total})"
-                  if out.more_rounds is not None else "more rounds may not decide it: the estimate sits on the "
-                  "tolerance")
-        out.reason = (f"undecided after {len(diffs)} round(s): {against} is "
-                      f"{s.text() if s is not None else 'not measured to any interval'}; {likely}")
     return out

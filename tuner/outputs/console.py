@@ -127,7 +127,7 @@ def print_check(result: "CheckResult") -> None:
     out = Console()
     label = {"pass": "[green]PASS[/]", "undecided": "[yellow]UNDECIDED[/]"}.get(result.verdict, "[red]FAIL[/]")
     if result.measured is None or result.measured_speedup is None:
-        out.print(f"{label} {escape(result.reason)}", highlight=False, soft_wrap=True)
+        out.print(f"{label} {escape(wording.gate(result))}", highlight=False, soft_wrap=True)
         return
     rates = result.rates
     out.print(f"speedup over the baseline, both measured now, interleaved ({result.rounds} round(s)): "
@@ -136,7 +136,8 @@ def print_check(result: "CheckResult") -> None:
     absolute = "gated (--absolute)" if "absolute" in result.gated else "not gated: another process's rate"
     out.print(f"samples/s of the answer: {result.measured:,.1f} now (median of {len(rates['answer'])}), "
               f"{result.recorded:,.1f} recorded ({absolute})", highlight=False, soft_wrap=True)
-    out.print(f"{label} {escape(result.reason)} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
+    out.print(f"{label} {escape(wording.gate(result))} (tolerance {result.tolerance:.0%})", highlight=False,
+              soft_wrap=True)
 
 
 def print_rev_check(result: "RevResult") -> None:
@@ -147,7 +148,8 @@ def print_rev_check(result: "RevResult") -> None:
     if rev and work:
         out.print(f"samples/s, median of {result.rounds} round(s): {result.rev} {statistics.median(rev):,.1f}, "
                   f"the working tree {statistics.median(work):,.1f}", highlight=False, soft_wrap=True)
-    out.print(f"{label} {escape(result.reason)} (tolerance {result.tolerance:.0%})", highlight=False, soft_wrap=True)
+    out.print(f"{label} {escape(wording.gate(result))} (tolerance {result.tolerance:.0%})", highlight=False,
+              soft_wrap=True)
 
 
 def _layout_words(row: "Row") -> str:

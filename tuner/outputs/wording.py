@@ -7,18 +7,32 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from tuner.stats.interval import Slowdown
+from tuner.analysis.gate import CheckResult, RevResult
+from tuner.stats.interval import LEVEL, Slowdown
 from tuner.tuning.events import Said
 
 
-def interval(data: Mapping[str, Any] | None) -> str:
-    """An interval's JSON as ``5.1% slower (99% interval +3.9% to +6.3%, 6 pairs)``."""
-    return Slowdown.from_json(data).text() if data else "no interval"
+def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
+    """How much slower ``b`` is than ``a``: ``5.1% slower (99% interval +3.9% to +6.3%, 6
+    pairs)``, or where ``b`` measured faster, the interval read the same way as the word:
+    ``12.6% faster (99% interval -12.8% to +45.3%, 5 pairs)``, so the estimate always lies
+    inside its interval as read. An interval's JSON is read too; ``None``: ``no interval``."""
+    if not s:
+        return "no interval"
+    s = s if isinstance(s, Slowdown) else Slowdown.from_json(s)
+    if s.estimate >= 0:
+        return f"{s.estimate:.1%} slower ({LEVEL:.0%} interval {s.low:+.1%} to {s.high:+.1%}, {s.counted})"
+    return f"{-s.estimate:.1%} faster ({LEVEL:.0%} interval {-s.high:+.1%} to {-s.low:+.1%}, {s.counted})"
 
 
 def _gain(data: Mapping[str, Any]) -> str:
+    """The interval read the other way, as what ``a`` gains over ``b`` (``rate_a / rate_b -
+    1``): ``5.4% faster than without it, 99% interval +4.1% to +6.7%, 6 pairs`` (the gain's
+    own figures, not the slowdown's with "faster")."""
     s = Slowdown.from_json(data)
-    return f"{s.gain_text('than without it')}, {s.counted}"
+    gain, low, high = s.gains
+    word = "faster" if gain >= 0 else "slower"
+    return f"{abs(gain):.1%} {word} than without it, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}, {s.counted}"
 
 
 NEEDED: dict[str, Callable[[Mapping[str, Any]], str]] = {
@@ -175,3 +189,41 @@ SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
 
 def said(what: "str | Said") -> str:
     return SAID[what.code](what.figures) if isinstance(what, Said) else what
+
+
+GATED = {"speedup": "the speedup", "absolute": "the answer's samples/s"}
+
+
+def _smaller(data: Mapping[str, Any]) -> str:
+    """``4.1% smaller (99% interval -1.0% to +9.0%, 6 pairs)``."""
+    return interval(data).replace("slower", "smaller").replace("faster", "larger")
+
+
+def gate(result: CheckResult | RevResult) -> str:
+    """The gate's verdict and its grounds (:mod:`tuner.analysis.gate`)."""
+    tol = f"{result.tolerance:.0%} tolerance"
+    if isinstance(result, RevResult):
+        if result.failure is not None:
+            return f"a side no longer runs: {result.failure}"
+        against = f"the working tree against {result.rev} ({result.commit[:10]}) is "
+        if result.verdict == "regression":
+            return f"regression: {against}{interval(result.slowdown)}, beyond the {tol}"
+        if result.verdict == "pass":
+            return f"within tolerance: {against}{interval(result.slowdown)}, below the {tol}"
+        more = result.more_rounds
+        likely = (f"about {more} more round(s) would likely decide it (--rounds {result.rounds + more})"
+                  if more is not None else "more rounds may not decide it: the estimate sits on the tolerance")
+        measured = interval(result.slowdown) if result.slowdown else "not measured to any interval"
+        return f"undecided after {result.rounds} round(s): {against}{measured}; {likely}"
+    if "failure" in result.why:
+        return f"the configuration no longer runs: {result.why['failure']}"
+    judged = [(GATED[j["what"]], j["slowdown"]) for j in result.why["judged"]]
+    if result.verdict == "regression":
+        return "regression: " + "; ".join(f"{what} is {_smaller(s)} than recorded, beyond the {tol}"
+                                           for what, s in judged)
+    if result.verdict == "pass":
+        return "within tolerance: " + "; ".join(f"{what} is {_smaller(s)} than recorded, below the {tol}"
+                                                for what, s in judged)
+    return (f"undecided after {result.rounds} round(s): " + "; ".join(
+        f"{what} is {_smaller(s)} than recorded" if s else f"{what} has no interval yet" for what, s in judged)
+        + f"; shown neither within nor beyond the {tol} (exit 4; more rounds: --rounds)")

@@ -123,16 +123,6 @@ class Slowdown:
         return f"{self.pairs} pair{'s' if self.pairs != 1 else ''}" if self.pairs else \
             f"{self.runs[0]}+{self.runs[1]} runs"
 
-    def text(self) -> str:
-        """``5.1% slower (99% interval +3.9% to +6.3%, 6 pairs)``, or where ``b`` measured faster,
-        the interval read the same way as the word: ``12.6% faster (99% interval -12.8% to
-        +45.3%, 5 pairs)``, so the estimate always lies inside its interval as read."""
-        if self.estimate >= 0:
-            return (f"{self.estimate:.1%} slower ({LEVEL:.0%} interval {self.low:+.1%} to {self.high:+.1%}, "
-                    f"{self.counted})")
-        return (f"{-self.estimate:.1%} faster ({LEVEL:.0%} interval {-self.high:+.1%} to {-self.low:+.1%}, "
-                f"{self.counted})")
-
     @property
     def gains(self) -> tuple[float, float, float]:
         """The estimate and the interval read the other way, as what ``a`` gains over ``b``
@@ -141,14 +131,6 @@ class Slowdown:
             return 1 / (1 - slower) - 1 if slower < 1 else math.inf
 
         return gain(self.estimate), gain(self.low), gain(self.high)
-
-    def gain_text(self, than: str) -> str:
-        """The same interval read the other way, as what ``a`` gains over ``b`` (``rate_a /
-        rate_b - 1``): ``5.4% faster than without it, 99% interval 4.1% to 6.7%`` (the gain's
-        own figures, not the slowdown's with "faster")."""
-        gain, low, high = self.gains
-        word = "faster" if gain >= 0 else "slower"
-        return f"{abs(gain):.1%} {word} {than}, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}"
 
     def to_json(self) -> dict[str, float | int | list[int]]:
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "runs": list(self.runs),
