@@ -7,10 +7,12 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import tuner
+from tuner.outputs import closing
 
 from conftest import ROOT, write_recipe
 
@@ -66,7 +68,12 @@ def test_mlflow_holds_the_search_as_a_parent_run_and_each_trial_as_a_child(searc
     assert parent.data.metrics["best.samples_per_s"] == pytest.approx(result.best["metrics"]["samples_per_s"])
     assert parent.data.metrics["speedup"] == pytest.approx(result.speedup)
     kept = {a.path for a in client.list_artifacts(parent.info.run_id)}
-    assert {"report.html", "best.json", "trials.csv", "dataloader.json", "ds_config.json"} <= kept, kept
+    assert {"report.html", "best.json", "trials.csv", "dataloader.json", "ds_config.json", "summary.txt"} <= kept, kept
+    decided = {k.removeprefix("tuner.decision."): v for k, v in parent.data.tags.items()
+               if k.startswith("tuner.decision.")}
+    assert decided and decided == {d.knob: d.verdict for d in result.summary.decisions}  # the summary's, as tags
+    text = Path(client.download_artifacts(parent.info.run_id, "summary.txt", str(tmp))).read_text()
+    assert text.splitlines() == closing.lines(result.summary)  # the console's closing lines
     assert parent.info.status == "FINISHED"
 
 
@@ -81,6 +88,8 @@ def test_tensorboard_event_files_hold_every_trial_and_the_best(searched):
     assert [e.value for e in rates] == pytest.approx([float(r["samples_per_s"]) for r in rows], rel=1e-5)
     assert events.Scalars("best/samples_per_s")[0].value == pytest.approx(result.best["metrics"]["samples_per_s"],
                                                                           rel=1e-5)
+    summary = events.Tensors("summary/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert [line.strip() for line in summary.splitlines()] == [line.strip() for line in closing.lines(result.summary)]
     hparams = sorted(p.name for p in (tmp / "run" / "tensorboard").iterdir() if p.is_dir())
     assert hparams == [f"trial-{int(r['number']):04d}" for r in rows], hparams
 
@@ -135,6 +144,8 @@ def test_wandb_offline_run_keeps_trials_summary_and_files(searched):
             summary.update(items(r.summary, "update"))
     assert summary["best/samples_per_s"] == pytest.approx(result.best["metrics"]["samples_per_s"])
     assert summary["best/params"]["num_workers"] == result.best["params"]["num_workers"]
+    assert summary["decisions"] == {d.knob: d.verdict for d in result.summary.decisions}
+    assert summary["said"].splitlines() == closing.lines(result.summary)
     (kept,) = [r.artifact for r in records
                if r.WhichOneof("record_type") == "artifact" and r.artifact.type == "tuner-run"]
     assert {"report.html", "best.json", "trials.csv", "ds_config.json"} <= {c.path for c in kept.manifest.contents}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.trackers import TRACKERS
+from tuner.outputs import closing
 from tuner.trial.trial_result import State
 from tuner.tuning.events import Said, SearchEvents
 
@@ -54,6 +55,16 @@ def numbers(metrics: Mapping[str, Any] | None) -> dict[str, float]:
 
 def files(out: Path) -> list[Path]:
     return [out / name for name in FILES if (out / name).is_file()]
+
+
+def said(result: "SearchResult") -> str:
+    """The search's closing lines, as the console prints them (:mod:`tuner.outputs.closing`)."""
+    return "\n".join(closing.lines(result.summary))
+
+
+def verdicts(result: "SearchResult") -> dict[str, str]:
+    """Each change's verdict (``kept``, ``dropped``, ``undecided``) by its knob, from the summary."""
+    return {d.knob: d.verdict for d in result.summary.decisions}
 
 
 class Tracker:
@@ -121,6 +132,9 @@ class MLflowTracker(Tracker):
         self.client.log_batch(self.parent, metrics=metrics, params=_params(
             {f"best.{k}": v for k, v in (result.best.get("params") or {}).items()}))
         self.client.set_tag(self.parent, "tuner.stopped", str(result.stopped))
+        for knob, verdict in verdicts(result).items():
+            self.client.set_tag(self.parent, f"tuner.decision.{knob}", verdict)
+        self.client.log_text(self.parent, said(result), "summary.txt")
         for path in files(out):
             self.client.log_artifact(self.parent, str(path))
         self.client.set_terminated(self.parent, status="FINISHED")
@@ -164,6 +178,7 @@ class TensorBoardTracker(Tracker):
         kept = "\n".join(f"- {p}" for p in files(out))
         self.writer.add_text("best", f"params: `{json.dumps(result.best.get('params'))}`\n\n"
                                      f"stopped: {result.stopped}\n\nfiles:\n{kept}")
+        self.writer.add_text("summary", "".join(f"    {line}\n" for line in said(result).splitlines()))
         self.writer.close()
 
 
@@ -203,7 +218,8 @@ class WandbTracker(Tracker):
 
         self.run.summary.update({f"best/{k}": v for k, v in numbers(result.best.get("metrics")).items()})
         self.run.summary.update({"best/params": result.best.get("params"), "speedup": result.speedup,
-                                 "stopped": result.stopped, "best/trial": result.best.get("trial")})
+                                 "stopped": result.stopped, "best/trial": result.best.get("trial"),
+                                 "decisions": verdicts(result), "said": said(result)})
         self.run.log({"trials": wandb.Table(columns=["trial", "state", "reason", "baseline", "params",
                                                      "samples_per_s"], data=self.rows)})
         artifact = wandb.Artifact(f"tuner-{self.run.name or 'search'}".replace(" ", "-"), type="tuner-run")
