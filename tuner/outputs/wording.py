@@ -76,7 +76,7 @@ def _baseline_stays(slowdown: Mapping[str, Any], tolerance: float) -> str:
 
 
 def change(entry: Mapping[str, Any], tolerance: float) -> str:
-    """One change's verdict: ``num_workers=4 kept: 12.0% faster than without it, ...``, with
+    """One change's verdict: ``KNOB=VALUE kept: 12.0% faster than without it, ...``, with
     the interaction where the step from the baseline disagrees in sign."""
     if "text" in entry:  # a run folder written before the records
         return str(entry["text"])
