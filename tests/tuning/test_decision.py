@@ -49,7 +49,7 @@ def test_a_five_percent_change_is_kept_and_a_zero_percent_one_never_claimed(tmp_
     # quiet machine; beside two busy processes the step's other work grew and it read 1.1%
     assert 0.0 < amp["slowdown"]["estimate"] < 0.08
     assert amp["slowdown"]["low"] < amp["slowdown"]["estimate"] < amp["slowdown"]["high"]
-    assert "note: amp_dtype=bf16 kept" in notes and "99% interval" in notes
+    assert "amp_dtype=bf16 kept" in notes and "99% interval" in notes  # the log holds what --explain prints
     # The 0% change: out of the answer (dropped on evidence, or never the fastest), or kept only
     # while the runs could not decide it (a fresh-clone CI run: +2.5%, interval -1.7% to +6.6%
     # after 5 rounds): never claimed as a gain beyond the tolerance (its lower bound below it).
