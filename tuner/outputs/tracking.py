@@ -178,7 +178,7 @@ class TensorBoardTracker(Tracker):
         kept = "\n".join(f"- {p}" for p in files(out))
         self.writer.add_text("best", f"params: `{json.dumps(result.best.get('params'))}`\n\n"
                                      f"stopped: {result.stopped}\n\nfiles:\n{kept}")
-        self.writer.add_text("summary", "".join(f"    {line}\n" for line in said(result).splitlines()))
+        self.writer.add_text("summary", "".join(f"    {line}\n" for line in closing.lines(result.summary)))
         self.writer.close()
 
 

@@ -50,21 +50,24 @@ HELD: dict[str, Callable[[Mapping[str, Any]], str]] = {
 }
 """Why a change shown cheap in the answer stayed (``held``, :func:`tuner.tuning.recommend._held`)."""
 
+DROPPED: dict[str, Callable[[Mapping[str, Any] | None, float], str]] = {
+    "cheap": lambda s, t: f"{interval(s)} against the reference, below the {t:.0%} tolerance",
+    "memory_unneeded": lambda s, t: f"not shown a gain beyond the {t:.0%} tolerance ({interval(s)} without it), "
+                                    "and what it buys is memory the answer does without",
+}
+"""Why a change left the answer, from its interval (a dropped change's and the finish's move)."""
+
 CHANGE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
     "gain": lambda e, t: f"kept: {_gain(e['slowdown'])}",
-    "needed": lambda e, t: "kept, needed: the answer without it " + (
-        e["needed"] if isinstance(e["needed"], str) else NEEDED[e["needed"]["code"]](e["needed"])),
+    "needed": lambda e, t: "kept, needed: the answer without it " + NEEDED[e["needed"]["code"]](e["needed"]),
     "straddles": lambda e, t: f"kept, undecided: {_gain(e['slowdown'])}; the interval straddles the {t:.0%} "
                               "tolerance, and a change the search measured leaves the answer only on evidence",
     "unproven_drop": lambda e, t: f"kept, undecided: {_gain(e['slowdown'])}, within the {t:.0%} tolerance; "
                                   + HELD[e["held"]["code"]](e["held"]),
     "no_interval": lambda e, t: "kept, undecided: the answer without it has no interval",
     "no_finish": lambda e, t: "kept, undecided: no finish measured it",
-    "cheap": lambda e, t: f"dropped: without it {interval(e['slowdown'])} against the reference, below the "
-                          f"{t:.0%} tolerance",
-    "memory_unneeded": lambda e, t: f"dropped: not shown a gain beyond the {t:.0%} tolerance "
-                                    f"({interval(e['slowdown'])} without it), and what it buys is memory the "
-                                    "answer does without",
+    "cheap": lambda e, t: "dropped: without it " + DROPPED["cheap"](e["slowdown"], t),
+    "memory_unneeded": lambda e, t: "dropped: " + DROPPED["memory_unneeded"](e["slowdown"], t),
     "baseline_stays": lambda e, t: f"dropped: {_baseline_stays(e['slowdown'], t)}; the baseline stays",
 }
 """A change's verdict, by its reason (:data:`tuner.tuning.summary.REASONS`)."""
@@ -92,11 +95,9 @@ MOVE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
     "faster": lambda m, t: f"a configuration with {m['changes']} change(s) is faster than the reference: the "
                            f"reference {interval(m['slowdown'])} than it, beyond the {t:.0%} tolerance; it is the "
                            "reference now",
-    "cheap": lambda m, t: f"the answer without {', '.join(m['steps'])}: {interval(m['slowdown'])} against the "
-                          f"reference, below the {t:.0%} tolerance",
-    "memory_unneeded": lambda m, t: f"the answer without {', '.join(m['steps'])}: not shown a gain beyond the "
-                                    f"{t:.0%} tolerance ({interval(m['slowdown'])} without it), and what it buys "
-                                    "is memory the answer does without",
+    "cheap": lambda m, t: f"the answer without {', '.join(m['steps'])}: " + DROPPED["cheap"](m["slowdown"], t),
+    "memory_unneeded": lambda m, t: f"the answer without {', '.join(m['steps'])}: "
+                                    + DROPPED["memory_unneeded"](m["slowdown"], t),
     "baseline_stays": lambda m, t: f"{_baseline_stays(m['slowdown'], t)}: the baseline stays",
 }
 """A move of the finish's reference or answer (:attr:`tuner.tuning.finish.Finished.moves`)."""
