@@ -11,7 +11,7 @@ import pytest
 import torch
 from gpu_node import node, patched, uuid
 
-from tuner.harness.metrics import Window, summarize, unmeasured_notes
+from tuner.harness.metrics import Window, summarize, unmeasured
 from tuner.harness.system import energy
 
 
@@ -70,8 +70,7 @@ def test_a_gpu_whose_counter_fails_gives_no_figure_rather_than_a_part_of_the_job
     windows = [_window([8] * 10, energy_j=40.0, key=uuid(0)),
                _window([8] * 10, why="NVML gives no energy counter (Not Supported)")]
     assert summarize(windows)["energy_j_per_sample"] is None
-    assert unmeasured_notes(windows) == [
-        "energy_j_per_sample not measured: NVML gives no energy counter (Not Supported)"]
+    assert unmeasured(windows) == {"energy_j_per_sample": "NVML gives no energy counter (Not Supported)"}
 
 
 def test_an_nvml_without_the_counter_gives_no_figure_and_says_so():
@@ -108,13 +107,13 @@ def test_energy_per_sample_is_the_hosts_joules_over_every_ranks_samples():
     other_rank = _window([8] * 10)
     metrics = summarize([reader_rank, other_rank])
     assert metrics["energy_j_per_sample"] == pytest.approx(40.0 / 160)
-    assert unmeasured_notes([reader_rank, other_rank]) == []
+    assert unmeasured([reader_rank, other_rank]) == {}
 
 
 def test_unread_energy_is_none_never_zero_and_the_note_says_why():
     windows = [_window([8] * 10, why="/sys/class/powercap does not exist")]
     assert summarize(windows)["energy_j_per_sample"] is None
-    assert unmeasured_notes(windows) == ["energy_j_per_sample not measured: /sys/class/powercap does not exist"]
+    assert unmeasured(windows) == {"energy_j_per_sample": "/sys/class/powercap does not exist"}
 
 
 def test_a_search_for_samples_per_joule_on_a_mig_instance_is_told_why_before_it_starts(monkeypatch):

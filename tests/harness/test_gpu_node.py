@@ -13,7 +13,7 @@ from gpu_node import node, patched
 
 from tuner.harness import distributed
 from tuner.harness.comm import on_device
-from tuner.harness.metrics import Window, unmeasured_notes
+from tuner.harness.metrics import Window, unmeasured
 from tuner.harness.system import devices
 from tuner.harness.system.monitors import GpuUtil
 from tuner.harness.system.nvml import nvml_handle
@@ -40,7 +40,7 @@ def test_a_mig_instance_gives_its_memory_and_says_in_one_line_it_has_no_utilisat
     nvml.nvmlDeviceGetUtilizationRates.assert_not_called()
     window = Window(step_times=[0.1], samples=[8], data_waits=[0.0], wall_s=0.1, cpu_s=0.1,
                     gpu_util_why=gpu.util_why, energy_j=1.0, energy_key=mig)
-    assert unmeasured_notes([window]) == ["gpu_util not measured: a MIG instance has no utilisation of its own in NVML"]
+    assert unmeasured([window]) == {"gpu_util": "a MIG instance has no utilisation of its own in NVML"}
 
 
 @pytest.mark.parametrize(("local_rank", "ranks", "gpus"), [(0, 8, 8), (7, 8, 8), (1, 2, 8)])

@@ -58,9 +58,11 @@ def test_search_writes_a_report_a_user_can_read(searched):
     verdicts = json.loads((searched / "best.json").read_text())["diagnosis"]["baseline"]
     assert verdicts and verdicts[0]["kind"] in ("data-bound", "host-cpu-saturated"), verdicts
     assert f"**baseline: {verdicts[0]['kind']}**: {verdicts[0]['evidence']}" in md
-    if json.loads((searched / "best.json").read_text())["metrics"]["energy_j_per_sample"] is None:  # this CPU
+    searched_best = json.loads((searched / "best.json").read_text())
+    if searched_best["metrics"]["energy_j_per_sample"] is None:  # this CPU
         assert "| energy (J/sample) | not measured | not measured |" in md  # never a bare dash or a 0
-        assert "- energy (J/sample), not measured: energy_j_per_sample not measured: " in md  # and why
+        why = searched_best["unmeasured"]["energy_j_per_sample"]  # and why, as the trials recorded it
+        assert f"- energy (J/sample), not measured: {why}" in md
     assert "| oom |" in md  # the failing micro-batch is listed with its state
     best = json.loads((searched / "best.json").read_text())
     cost = best["price"]["best"]["samples"]  # 2.40 an hour, one device: 1e6 samples at the best's rate
@@ -177,20 +179,20 @@ def test_importance_shows_only_on_enough_trials_and_never_against_the_attributio
     assert importance == {} and "ranks micro_batch_size 2 of 2" in note and "100% of the gain" in note
 
 
-def test_a_metric_not_measured_says_why_in_the_words_the_run_said_it():
+def test_a_metric_not_measured_says_why_as_the_trials_recorded_it():
     """pytorch/examples' word_language_model under adapt: torch: its report read "data wait,
     not measured: nothing in this run measures it here" beside the adapter's note that said
-    why, in words ("data wait is not measured"), not by the metric's key."""
+    why. The reason is a record by metric name (``unmeasured``), read back from best.json."""
     from tuner.outputs.report.markdown import _comparison_table
     from tuner.tuning.search_result import SearchResult
 
     metrics = {"samples_per_s": 113.1, "data_wait_share": None, "comm_share": 0.0}
-    note = ("adapt: torch: the script iterated no torch DataLoader before its first optimizer step, so data wait "
-            "is not measured (null); samples/s counts the trial's global batch per step")
+    why = "the script iterated no torch DataLoader before its first optimizer step"
     side = {"params": {}, "metrics": metrics}
-    result = SearchResult(out=None, best=side, baseline=dict(side), speedup=1.0, target_met=False, stopped="trials",
-                          trials=3, notes=[note])
+    written = SearchResult(out=None, best=side, baseline=dict(side), speedup=1.0, target_met=False, stopped="trials",
+                           trials=3, unmeasured={"data_wait_share": why})
+    result = SearchResult.from_json(written.to_json(), None)
     lines = _comparison_table(result)
-    assert f"- data wait, not measured: {note}" in lines, lines
+    assert f"- data wait, not measured: {why}" in lines, lines
     assert not any("comm, not measured" in line for line in lines)  # measured: 0% is a measurement
     assert "- peak memory (GiB), not measured: nothing in this run measures it here" in lines  # said by no note

@@ -250,17 +250,17 @@ def energy_per_sample(windows: Sequence[Window]) -> float | None:
     return sum(joules.values()) / samples if joules and samples else None
 
 
-def unmeasured_notes(windows: Sequence[Window]) -> list[str]:
-    """One line for each figure a GPU or host could not give, saying why (energy, and NVML's
-    utilisation on a GPU it reads only in part): never a silent null."""
-    notes = []
+def unmeasured(windows: Sequence[Window]) -> dict[str, str]:
+    """Why each figure a GPU or host could not give is missing (energy, and NVML's utilisation
+    on a GPU it reads only in part), by metric name: never a silent null."""
+    out = {}
     if energy_per_sample(windows) is None:
-        why = next((w.energy_why for w in windows if w.energy_why), "no process read an energy counter")
-        notes.append(f"energy_j_per_sample not measured: {why}")
+        out["energy_j_per_sample"] = next((w.energy_why for w in windows if w.energy_why),
+                                          "no process read an energy counter")
     util = next((w.gpu_util_why for w in windows if w.gpu_util_why), None)
     if util and all(w.gpu_util is None for w in windows):
-        notes.append(f"gpu_util not measured: {util}")
-    return notes
+        out["gpu_util"] = util
+    return out
 
 
 def _comm_share(w: Window, k: int, n: int) -> float | None:

@@ -89,8 +89,9 @@ def measurement_table(m: "Measurement", every: bool = False) -> Table:
     table.add_column("spread", justify="right")
     for name in METRIC_NAMES:
         if name in missing:
-            if every:
-                table.add_row(name, "not measured", "")
+            if every:  # why, where a repeat said (no energy counter)
+                table.add_row(name, "not measured", next((r.unmeasured[name] for r in m.repeats
+                                                          if name in r.unmeasured), ""))
             continue
         lo_hi = m.spread.get(name)
         spread = f"[{fmt(lo_hi[0])}, {fmt(lo_hi[1])}]" if lo_hi and len(m.repeats) > 1 else ""

@@ -122,6 +122,7 @@ def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Lim
     began = time.monotonic()
     state, reason, got = _run(recipe, cmd, env, folder, trial, limit, start)
     metrics, notes, pruned, ran = (got.metrics, got.notes, got.pruned, got.ran) if got else (None, [], None, {})
+    unmeasured = got.unmeasured if got else {}
     elapsed = time.monotonic() - began
     if metrics is not None:
         steps = warmup + int(metrics.get("measured_steps") or recipe.steps.most) + int(
@@ -130,7 +131,7 @@ def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Lim
     if pruned is not None:
         state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
     return TrialResult.of(config, state, reason, metrics=metrics, timings={"total": elapsed}, notes=notes,
-                          pruned_at=pruned, ran=ran)
+                          pruned_at=pruned, ran=ran, unmeasured=unmeasured)
 
 
 def _trial_folder(folder: Path) -> tuple[Path, Path]:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from tuner.harness.metrics import Window, live_figures, unmeasured_notes, window_rate
+from tuner.harness.metrics import Window, live_figures, unmeasured, window_rate
 from tuner.harness.probe_core import ProbeCore
 from tuner.harness.system.devices import default_device
 from tuner.inputs.script import LOADER_KNOBS
@@ -90,8 +90,8 @@ class Probe(ProbeCore):
                          device_later=default_device if device is None else None)
         self.notes: list[str] = []
         """What the search should know about this trial's numbers (reported with them)."""
-        self.unmeasured: set[str] = set()
-        """Metrics this loop cannot give (no DataLoader: no data wait): ``None``, never a made-up 0."""
+        self.unmeasured: dict[str, str] = {}
+        """Metrics this loop cannot give, and why (no DataLoader: no data wait): ``None``, never a made-up 0."""
         self._trial = trial
         self._server: Any = None
         self.ran: dict[str, Any] = {}
@@ -191,9 +191,8 @@ class Probe(ProbeCore):
     def summary(self) -> dict[str, Any]:
         out = super().summary()
         out.update(dict.fromkeys(self.unmeasured))
-        for note in unmeasured_notes([self.window]):  # rank 0's own reasons
-            if note not in self.notes:
-                self.notes.append(note)
+        for name, why in unmeasured([self.window]).items():  # rank 0's own reasons
+            self.unmeasured.setdefault(name, why)
         return out
 
 
@@ -216,6 +215,6 @@ def _reporter(trial: dict[str, Any] | None) -> Any:
     def report(probe: Any) -> None:
         if probe.before_report is not None:
             probe.before_report(probe.window)
-        trialfile.report(probe.summary(), trial, probe.notes, getattr(probe, "ran", {}))
+        trialfile.report(probe.summary(), trial, probe.notes, getattr(probe, "ran", {}), probe.unmeasured)
 
     return report

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -29,10 +29,11 @@ def read_trial() -> dict[str, Any] | None:
 
 
 def report(summary: Mapping[str, Any], trial: Mapping[str, Any], notes: Sequence[str] = (),
-           ran: Mapping[str, Any] | None = None) -> None:
-    """Write the probe's summary (and notes on it) where the trial file says, atomically
-    (rank 0 only): ``{"metrics": {...}, "notes": [...]}``."""
-    _write(trial, {"metrics": dict(summary), "notes": list(notes), "ran": dict(ran or {})})
+           ran: Mapping[str, Any] | None = None, unmeasured: Mapping[str, str] | None = None) -> None:
+    """Write the probe's summary (with notes on it, and why a metric is null) where the trial
+    file says, atomically (rank 0 only): ``{"metrics": {...}, "notes": [...], "unmeasured": {...}}``."""
+    _write(trial, {"metrics": dict(summary), "notes": list(notes), "ran": dict(ran or {}),
+                   "unmeasured": dict(unmeasured or {})})
 
 
 def report_pruned(steps: int, rate: float, trial: Mapping[str, Any]) -> None:
@@ -69,6 +70,8 @@ class Report:
     """Levers left to the library, and what it ran."""
     own: dict[str, Any] | None = None
     """A look run's reading of the script's own configuration."""
+    unmeasured: dict[str, str] = field(default_factory=dict)
+    """Why each null metric is null, by name."""
 
 
 def read_result(path: Path) -> Report:
@@ -77,7 +80,7 @@ def read_result(path: Path) -> Report:
     pruned = data.get("pruned")
     return Report(data.get("metrics"), list(data.get("notes", [])),
                   (int(pruned[0]), float(pruned[1])) if pruned else None, dict(data.get("ran") or {}),
-                  data.get("own"))
+                  data.get("own"), dict(data.get("unmeasured") or {}))
 
 
 def check_step_samples(samples: int, trial: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ import torch
 
 from tuner.harness import distributed
 from tuner.harness.comm import on_device
-from tuner.harness.metrics import Window, summarize, unmeasured_notes
+from tuner.harness.metrics import Window, summarize, unmeasured
 from tuner.harness.system.environment import rank_threads
 from tuner.harness.system.flops import peak_flops, tf32_in_use
 from tuner.harness.system.monitors import GpuUtil, HostMemory
@@ -192,7 +192,7 @@ def _agree(task: "Task", task_args: dict[str, Any], config: "Plan", ctx: "DistCo
         result.notes.append("fp32 matmuls or convolutions run in TF32 on this GPU: MFU is against the TF32 peak")
     windows = [w for _, _, w in reports]
     result.metrics = summarize(windows, tps, after.task_flops(task, task_args), peak)
-    result.notes.extend(unmeasured_notes(windows))
+    result.unmeasured.update(unmeasured(windows))
     return result
 
 

@@ -76,6 +76,9 @@ class TrialResult:
     fp32 reference."""
     notes: list[str] = field(default_factory=list)
     """What the user should know about this configuration (a loss that fell back)."""
+    unmeasured: dict[str, str] = field(default_factory=dict)
+    """Why each metric nothing could measure here is null, by name (the energy counter, a
+    MIG slice's utilisation, a script's loop without a DataLoader)."""
     batch_norm: bool = False
     """The model holds BatchNorm layers: the micro-batch size changes what it learns."""
     pruned_at: tuple[int, float] | None = None

@@ -93,6 +93,7 @@ class Decider:
                                             filters.first_losses(study_mod.feasible(self.study)))
         """The precision guard, its reference from a resumed study if it has one."""
         self.notes_seen: set[str] = set()
+        self.unmeasured: dict[str, str] = {}  # why a metric is null, as the first trial without it said
         self.memory, why = memory.model_for(recipe.task, recipe.task_args, recipe.world_size, not machine.cuda,
                                            study_mod.measured(self.study))
         """Predicts each trial's peak before it runs (:mod:`tuner.memory.model`)."""
@@ -242,6 +243,7 @@ class Decider:
         changed_micro = self.current.micro_batch_size != self.baseline_config.micro_batch_size
         for note in result.notes:
             self._once(note)
+        self.unmeasured = {**result.unmeasured, **self.unmeasured}
         if result.batch_norm and changed_micro:
             self._once(Said("batch_norm", {"micro_batch_size": self.current.micro_batch_size}))
         extra: dict[str, Any] = {"env": fingerprint(self.environment())}
@@ -249,7 +251,7 @@ class Decider:
             extra["baseline"] = True
         objective = self.recipe.objective
         if result.ok and result.metrics and objective_value(result.metrics, objective) is None:
-            why = next((n for n in result.notes if "energy" in n), "no energy counter answered")
+            why = result.unmeasured.get("energy_j_per_sample", "no energy counter answered")
             result = replace(result, state=State.ERROR, reason=f"objective {objective}: not measured ({why})")
         best_before = study_mod.best_feasible(self.study)
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra, objective)

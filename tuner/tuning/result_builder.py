@@ -50,7 +50,7 @@ class Searched(Protocol):
     saved_s: float
     started: float
     broken: str | None
-    notes_seen: set[str]
+    unmeasured: dict[str, str]
 
     def summary_of(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...
 
@@ -88,7 +88,6 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
                                     d.recipe.tolerance, d.configs.normalised, d.space.valid, speedup,
                                     d.ruled_out)
     r = d.recipe
-    notes += sorted(n for n in d.notes_seen if " not measured" in n)  # why a figure is missing, for the report
     if r.objective != "samples_per_s":
         notes.append(_objective_note(r.objective, best["metrics"], base["metrics"]))
     env = d.environment()
@@ -98,7 +97,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
     return SearchResult(
         out=r.out, best=best, baseline=base, speedup=speedup,
         target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
-        stopped=stopped, trials=d.done(), environment=env, notes=notes,
+        stopped=stopped, trials=d.done(), environment=env, notes=notes, unmeasured=dict(d.unmeasured),
         diagnosis={name: d.verdicts(part["params"], part["metrics"])
                    for name, part in (("baseline", base), ("best", best))},
         attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,

@@ -38,6 +38,8 @@ class SearchResult:
     """Trials measured in the study (all runs of this command together)."""
     environment: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    unmeasured: dict[str, str] = field(default_factory=dict)
+    """Why each metric the trials could not measure is null, by name (no energy counter)."""
     diagnosis: dict[str, list[Verdict]] = field(default_factory=dict)
     """``baseline`` and ``best``: why each runs at its speed (:mod:`tuner.analysis.diagnose`)."""
     attribution: Attribution | None = None
@@ -118,7 +120,8 @@ class SearchResult:
             "decision": self.decision,
             "target": self.target,
             "summary": self.summary.to_json(),
-            "notes": list(self.notes),  # what the run said about its figures (why one is not measured)
+            "notes": list(self.notes),
+            "unmeasured": dict(self.unmeasured),
             "price": None if self.price is None else {
                 "gpu_hour": self.price,
                 "best": per_million(self.best.get("metrics"), self.price, self.world_size),
@@ -153,6 +156,7 @@ class SearchResult:
             pruning_saved_s=float((data.get("pruning") or {}).get("saved_s") or 0.0), wall_s=data.get("wall_s"),
             memory_prediction=data.get("memory_prediction"), decision=data.get("decision"), noise=data.get("noise"),
             price=(data.get("price") or {}).get("gpu_hour"), notes=list(data.get("notes") or []),
+            unmeasured=dict(data.get("unmeasured") or {}),
             target=data.get("target"),
         )
 

@@ -219,9 +219,7 @@ def _comparison_table(r: SearchResult) -> list[str]:
     if missing:  # why, where the run said: never a bare dash or a 0
         out.append("")
     for label, key in missing:
-        words = key.removesuffix("_share").replace("_", " ")  # "data wait": an adapter's note says it so
-        why = next((n for n in r.notes if key in n or (words in n and "not measured" in n)), None)
-        out.append(f"- {label}, not measured: {why or 'nothing in this run measures it here'}")
+        out.append(f"- {label}, not measured: {r.unmeasured.get(key) or 'nothing in this run measures it here'}")
     return out
 
 
