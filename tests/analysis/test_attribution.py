@@ -9,6 +9,7 @@ import pytest
 
 import tuner
 from tuner.analysis.attribution import attribute, key, leave_one_out, path
+from tuner.outputs import wording
 
 BASE = {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False,
         "amp_dtype": "fp32", "micro_batch_size": 16, "zero_stage": 0}
@@ -34,7 +35,8 @@ def test_shares_add_up_and_independent_effects_are_said_so():
     assert [round(r.gain, 3) for r in a.rows] == [2.0, 1.5, 1.2]
     assert math.isclose(sum(r.share for r in a.rows), 1.0)
     assert a.rows[0].share == pytest.approx(math.log(2) / math.log(3.6))
-    assert "account for 100% of the total gain" in a.notes[-1]
+    assert a.loo_total == pytest.approx(1.0) and a.interacting == []
+    assert "account for 100% of the total gain" in wording.attribution_notes(a)[-1]
     assert "numerics" in a.rows[1].risk
 
 
@@ -42,7 +44,8 @@ def test_interacting_knobs_are_named():
     # bf16 alone gains nothing on the path, but taking it away from the best costs half
     rates = _rates([100, 200, 200, 360, 180, 180, 200])  # the last leave-one-out is the path's step 2
     a = attribute(BASE, BEST, rates, {})
-    assert any("amp_dtype" in note and "interact" in note for note in a.notes), a.notes
+    assert "amp_dtype" in a.interacting, a.interacting
+    assert any("amp_dtype" in note and "interact" in note for note in wording.attribution_notes(a))
 
 
 def test_a_failed_configuration_on_the_path_is_reported():

@@ -30,7 +30,6 @@ NOT_YET: dict[str, int] = {
     "tuner/tuning/proposing/guided.py": 7,
     "tuner/tuning/proposing/proposers.py": 1,
     "tuner/tuning/result_builder.py": 3,
-    "tuner/analysis/attribution.py": 3,
     "tuner/analysis/diagnose.py": 48,
     "tuner/analysis/evidence.py": 23,
     "tuner/analysis/gate.py": 1,

@@ -141,19 +141,26 @@ class Attribution:
     repeats: int = 0
     spread: float = 0.0
     """Largest relative half-range of the repeats over all configurations measured."""
-    notes: list[str] = field(default_factory=list)
     tolerance: float = 0.02
     """The search's tolerance the rows' marks are read against."""
+    interacting: list[str] = field(default_factory=list)
+    """The steps whose share on the path and share taken away from the best differ by more
+    than the noise allows: the knobs interact, the shares are this path's."""
+    loo_total: float | None = None
+    """The leave-one-out shares added up: 1 where the knobs' effects are independent."""
+    batch_norm: bool = False
+    """The model holds BatchNorm layers: a micro-batch change changes what it learns."""
 
     def to_json(self) -> dict[str, Any]:
         return {"baseline": self.baseline, "best": self.best, "repeats": self.repeats, "spread": self.spread,
-                "tolerance": self.tolerance, "notes": self.notes, "rows": [asdict(r) for r in self.rows]}
+                "tolerance": self.tolerance, "interacting": self.interacting, "loo_total": self.loo_total,
+                "batch_norm": self.batch_norm, "rows": [asdict(r) for r in self.rows]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Attribution":
         return cls(data.get("baseline"), data.get("best"), [Row(**r) for r in data.get("rows", [])],
-                   int(data.get("repeats", 0)), float(data.get("spread", 0.0)), list(data.get("notes", [])),
-                   float(data.get("tolerance", 0.02)))
+                   int(data.get("repeats", 0)), float(data.get("spread", 0.0)), float(data.get("tolerance", 0.02)),
+                   list(data.get("interacting") or []), data.get("loo_total"), bool(data.get("batch_norm")))
 
 
 def attribute(
@@ -172,7 +179,7 @@ def attribute(
     Args:
         rates: samples/s of each repeat, by :func:`key` of the configuration.
         failures: why a configuration never ran, by key.
-        batch_norm: the model holds BatchNorm layers (sharpens the micro-batch risk note).
+        batch_norm: the model holds BatchNorm layers (the micro-batch's risk is then what it learns).
         tolerance: the search's tolerance: each row's :func:`mark` is read against it.
         run_wide: the run's pooled spread (:func:`tuner.stats.interval.spread`), for
             configurations without repeats of their own.
@@ -193,7 +200,7 @@ def attribute(
     base_rate, best_rate = median(forward[0][1]), median(best)
     total = math.log(best_rate / base_rate) if base_rate and best_rate else None
     out = Attribution(base_rate, best_rate, repeats=max((len(v) for v in rates.values()), default=0),
-                      tolerance=tolerance)
+                      tolerance=tolerance, batch_norm=batch_norm)
     spreads = [(max(v) - min(v)) / 2 / statistics.median(v) for v in rates.values() if len(v) > 1]
     out.spread = max(spreads, default=0.0)
     previous, before = base_rate, forward[0][1]
@@ -204,8 +211,6 @@ def attribute(
         gain = rate / previous if rate and previous else None
         without = median(loo[knob])
         risk = "; ".join(RISKS[k] for k in knob.split("+"))
-        if knob == "micro_batch_size" and batch_norm:
-            risk = "BatchNorm in the model: its statistics are per micro-batch, so this changes what it learns"
         out.rows.append(Row(
             knob=knob, before=values(baseline, knob), after=values(best, knob), samples_per_s=rate, gain=gain,
             share=math.log(gain) / total if gain and total else None,
@@ -220,15 +225,9 @@ def attribute(
         previous, before = rate, config
     if total is not None and out.rows:
         threshold = max(INTERACTION, 2 * out.spread / abs(total)) if total else INTERACTION
-        mixed = [r.knob for r in out.rows if r.share is not None and r.loo_share is not None
-                 and abs(r.share - r.loo_share) > threshold]
-        if mixed:
-            out.notes.append(
-                f"{', '.join(mixed)}: worth a different share on its own path than when taken away from the "
-                "best: the knobs interact, so read the shares as this path's, not as independent effects")
-        loo_total = sum(r.loo_share for r in out.rows if r.loo_share is not None)
-        out.notes.append(f"taken away one at a time, the knobs account for {loo_total:.0%} of the total gain "
-                         "(100% when their effects are independent)")
+        out.interacting = [r.knob for r in out.rows if r.share is not None and r.loo_share is not None
+                           and abs(r.share - r.loo_share) > threshold]
+        out.loo_total = sum(r.loo_share for r in out.rows if r.loo_share is not None)
     return out
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from tuner.analysis.attribution import Attribution, Row
 from tuner.analysis.gate import CheckResult, RevResult
 from tuner.stats.interval import LEVEL, Slowdown
 from tuner.tuning.events import Said
@@ -23,6 +24,26 @@ def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
     if s.estimate >= 0:
         return f"{s.estimate:.1%} slower ({LEVEL:.0%} interval {s.low:+.1%} to {s.high:+.1%}, {s.counted})"
     return f"{-s.estimate:.1%} faster ({LEVEL:.0%} interval {-s.high:+.1%} to {-s.low:+.1%}, {s.counted})"
+
+
+def risk(row: Row, batch_norm: bool) -> str:
+    """An attribution row's risk: the lever's own, or what a micro-batch does to BatchNorm."""
+    if row.knob == "micro_batch_size" and batch_norm:
+        return "BatchNorm in the model: its statistics are per micro-batch, so this changes what it learns"
+    return row.risk
+
+
+def attribution_notes(a: Attribution) -> list[str]:
+    """What the attribution's shares mean: which knobs interact, and how much of the gain the
+    leave-one-outs account for."""
+    out = []
+    if a.interacting:
+        out.append(f"{', '.join(a.interacting)}: worth a different share on its own path than when taken away from "
+                   "the best: the knobs interact, so read the shares as this path's, not as independent effects")
+    if a.loo_total is not None:
+        out.append(f"taken away one at a time, the knobs account for {a.loo_total:.0%} of the total gain "
+                   "(100% when their effects are independent)")
+    return out
 
 
 def _gain(data: Mapping[str, Any]) -> str:

@@ -184,8 +184,8 @@ def _attribution_lines(a: Attribution | None) -> list[str]:
         if row.mark:
             gain += f" {row.mark}"
         lines.append(f"| {row.knob} | {row.before} → {row.after} | {rate} | {gain} | "
-                     f"{share_text(row.share)} | {without} | {row.risk} |")
-    lines += [""] + [f"- {note}" for note in a.notes]
+                     f"{share_text(row.share)} | {without} | {wording.risk(row, a.batch_norm)} |")
+    lines += [""] + [f"- {note}" for note in wording.attribution_notes(a)]
     return lines
 
 
