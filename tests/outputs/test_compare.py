@@ -113,7 +113,10 @@ def test_runs_from_other_machines_are_refused_in_one_line_or_shown_anyway(run, t
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: the runs were measured on different machines (device:") and "torch:" in line
     shown = _cli(run, other, "--anyway", "--json")
-    assert shown.returncode == 0 and len(json.loads(shown.stdout)["refused"]) == 2
+    assert shown.returncode == 0 and [d["key"] for d in json.loads(shown.stdout)["refused"]] == ["device", "torch"]
+    text = _cli(run, other, "--anyway").stdout
+    assert "not comparable: device: A " in text and ", B 'NVIDIA H200'" in text, text
+    assert "not comparable: torch: A " in text and ", B '2.99.0'" in text, text
 
 
 @pytest.mark.parametrize(("which", "message"), [("999", "no trial 999"), ("fastest", "expected best, baseline or")])

@@ -90,19 +90,24 @@ class CheckResult:
                 "params": self.params, "baseline_params": self.baseline_params}
 
 
-DECIDING = (("device", "device"), ("world_size", "world size"), ("device_count", "device count"))
-"""Environment fields whose difference voids a throughput comparison: (key, what it is)."""
+DECIDING = ("device", "world_size", "device_count")
+"""Environment fields whose difference voids a throughput comparison."""
 
 
-def differences(recorded: Mapping[str, Any], current: Mapping[str, Any], labels: tuple[str, str] = ("recorded", "here"),
-                keys: Sequence[tuple[str, str]] = DECIDING) -> list[str]:
-    """What differs between two environment records in a way that voids a comparison
-    (``labels``: what to call each side; ``keys``: the fields compared)."""
-    out = []
-    for key, what in keys:
-        if key in recorded and recorded.get(key) != current.get(key):
-            out.append(f"{what}: {labels[0]} {recorded.get(key)!r}, {labels[1]} {current.get(key)!r}")
-    return out
+@dataclass(frozen=True)
+class Difference:
+    """An environment field two records hold differently (``None``: unset on that side)."""
+
+    key: str
+    a: Any
+    b: Any
+
+
+def differences(recorded: Mapping[str, Any], current: Mapping[str, Any],
+                keys: Sequence[str] = DECIDING) -> list[Difference]:
+    """The fields of ``keys`` that ``recorded`` holds and ``current`` holds differently."""
+    return [Difference(k, recorded.get(k), current.get(k)) for k in keys
+            if k in recorded and recorded.get(k) != current.get(k)]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from tuner.analysis import gate
@@ -22,7 +22,7 @@ from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.errors import RecipeError
 from tuner.stats.interval import LEVEL, LogStats, slowdown, t_quantile
 
-DECIDING = (*gate.DECIDING, ("torch", "torch"))
+DECIDING = (*gate.DECIDING, "torch")
 """The gate's fields (device, world size, device count) and torch: another PyTorch is
 another set of kernels, so its throughput is another machine's."""
 
@@ -68,14 +68,14 @@ class Comparison:
     a: Side
     b: Side
     rows: list[Row]
-    refused: list[str]
+    refused: list[gate.Difference]
     """Environment differences that decide a throughput (empty: comparable)."""
     params: list[tuple[str, Any, Any]]
     """The knobs that differ: (name, a, b)."""
     tolerance: float = 0.02
     process_noise: float | None = None
     """One run's relative noise between two processes, as given (two run folders' rates need it)."""
-    differ: list[str] = field(default_factory=list)
+    differ: list[gate.Difference] = field(default_factory=list)
     """Environment differences that do not void the comparison but may explain it (NCCL,
     the driver, clocks and power limits, NCCL and allocator settings)."""
 
@@ -83,7 +83,7 @@ class Comparison:
         return {
             "a": {"run": self.a.run, "which": self.a.which, "params": self.a.params},
             "b": {"run": self.b.run, "which": self.b.which, "params": self.b.params},
-            "refused": self.refused, "environment_differs": self.differ,
+            "refused": [asdict(d) for d in self.refused], "environment_differs": [asdict(d) for d in self.differ],
             "params_differ": [list(p) for p in self.params], "tolerance": self.tolerance,
             "level": LEVEL, "process_noise": self.process_noise,
             "metrics": [{"metric": r.metric, "a": r.a, "b": r.b, "ratio": r.ratio, "verdict": r.verdict,
@@ -91,25 +91,19 @@ class Comparison:
         }
 
 
-def environment_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    return gate.differences(a, b, ("A", "B"), DECIDING)
-
-
-TELLING = (("nccl", "NCCL"), ("driver", "driver"), ("cuda_driver", "the driver's CUDA"), ("cuda", "CUDA"),
-           ("deepspeed", "DeepSpeed"), ("python", "Python"), ("gpus", "GPU clocks and power limits"))
+TELLING = ("nccl", "driver", "cuda_driver", "cuda", "deepspeed", "python", "gpus")
 """Environment fields that do not void a comparison but often explain it: named when they differ."""
 
 
-def environment_notes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def environment_notes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[gate.Difference]:
     """What differs between two environments beyond :data:`DECIDING`: the versions, the
     GPUs' clocks and power limits, and every NCCL / allocator setting (set on one side only,
     or set differently)."""
-    out = gate.differences(a, b, ("A", "B"), [k for k in TELLING if k[0] in a and k[0] in b])
+    out = gate.differences(a, b, [k for k in TELLING if k in a and k in b])
     sa, sb = a.get("settings"), b.get("settings")
     if isinstance(sa, dict) and isinstance(sb, dict):
-        for name in sorted({*sa, *sb}):
-            if sa.get(name) != sb.get(name):
-                out.append(f"{name}: A {sa.get(name, 'unset')!r}, B {sb.get(name, 'unset')!r}")
+        out += [gate.Difference(name, sa.get(name), sb.get(name)) for name in sorted({*sa, *sb})
+                if sa.get(name) != sb.get(name)]
     return out
 
 
@@ -117,10 +111,12 @@ def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = No
             process_noise: float | None = None) -> Comparison:
     """The comparison of ``a`` and ``b`` at ``tolerance`` (default: the search's recorded
     tolerance, else 2%); ``process_noise``: what two run folders' rates are judged with."""
-    refused = environment_differences(a.environment, b.environment)
+    refused = gate.differences(a.environment, b.environment, DECIDING)
     if refused and not anyway:
-        raise RecipeError(f"the runs were measured on different machines ({'; '.join(refused)}), so their numbers "
-                          "compare the machines, not the configurations; pass --anyway to see them side by side")
+        raise RecipeError("the runs were measured on different machines ("
+                          + "; ".join(f"{d.key}: A {d.a!r}, B {d.b!r}" for d in refused)
+                          + "), so their numbers compare the machines, not the configurations; pass --anyway to "
+                          "see them side by side")
     if tolerance is None:
         tolerance = a.tolerance if a.tolerance is not None else b.tolerance if b.tolerance is not None else 0.02
     params = [(k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])

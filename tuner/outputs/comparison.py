@@ -18,6 +18,7 @@ from tuner.analysis.run_verdicts import Comparison, Side
 from tuner.analysis.run_verdicts import compare as compare_sides
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.errors import RecipeError
+from tuner.outputs import wording
 from tuner.outputs.run_folder import PARAM_COLUMNS
 from tuner.stats.interval import LEVEL
 
@@ -121,8 +122,8 @@ def _verdict(verdict: str | None, interval: tuple[float, float] | None, toleranc
 def table(c: Comparison) -> str:
     """The comparison as text: what differs, then every metric."""
     lines = [f"A: {c.a.run} ({c.a.which})", f"B: {c.b.run} ({c.b.which})"]
-    lines += [f"not comparable: {d}" for d in c.refused]
-    lines += [f"environment differs: {d}" for d in c.differ]
+    lines += [f"not comparable: {wording.difference(d)}" for d in c.refused]
+    lines += [f"environment differs: {wording.difference(d)}" for d in c.differ]
     if c.params:
         lines.append("knobs that differ: " + ", ".join(f"{n} {_fmt(x)} -> {_fmt(y)}" for n, x, y in c.params))
     else:
@@ -147,7 +148,7 @@ def page(c: Comparison) -> str:
         f"<td>{f'{r.ratio:.3f}' if r.ratio is not None else '-'}</td>"
         f"<td>{esc(_verdict(r.verdict, r.interval, c.tolerance)) if r.ratio is not None else ''}</td></tr>"
         for r in c.rows)
-    refused = "".join(f"<p class='refused'>not comparable: {esc(d)}</p>" for d in c.refused)
+    refused = "".join(f"<p class='refused'>not comparable: {esc(wording.difference(d))}</p>" for d in c.refused)
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>tuner compare</title><style>
 body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}} td:first-child,th:first-child{{text-align:left}}

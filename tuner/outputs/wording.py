@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from tuner.analysis.attribution import Attribution, Row
-from tuner.analysis.gate import CheckResult, RevResult
+from tuner.analysis.gate import CheckResult, Difference, RevResult
 from tuner.stats.interval import LEVEL, Slowdown
 from tuner.tuning.events import Said
 
@@ -24,6 +24,18 @@ def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
     if s.estimate >= 0:
         return f"{s.estimate:.1%} slower ({LEVEL:.0%} interval {s.low:+.1%} to {s.high:+.1%}, {s.counted})"
     return f"{-s.estimate:.1%} faster ({LEVEL:.0%} interval {-s.high:+.1%} to {-s.low:+.1%}, {s.counted})"
+
+
+FIELDS = {"world_size": "world size", "device_count": "device count", "nccl": "NCCL",
+          "cuda_driver": "the driver's CUDA", "cuda": "CUDA", "deepspeed": "DeepSpeed", "python": "Python",
+          "gpus": "GPU clocks and power limits"}
+"""What an environment field is called, where its key is not the word."""
+
+
+def difference(d: Difference) -> str:
+    """``world size: A 2, B 4``: an environment field two runs hold differently."""
+    a, b = ("unset" if v is None else repr(v) for v in (d.a, d.b))
+    return f"{FIELDS.get(d.key, d.key)}: A {a}, B {b}"
 
 
 def risk(row: Row, batch_norm: bool) -> str:

@@ -126,7 +126,8 @@ def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], m
     the comparison meaningless is refused in one line."""
     differ = differences(best.get("environment") or {}, here)
     if differ:
-        raise RecipeError("the recorded result is not comparable here: " + "; ".join(differ)
+        raise RecipeError("the recorded result is not comparable here: "
+                          + "; ".join(f"{d.key}: recorded {d.a!r}, here {d.b!r}" for d in differ)
                           + ". Record a baseline on this machine (run the search here) and check against that")
     if best.get("recipe") and Path(best["recipe"]).name != recipe.path.name:
         raise RecipeError(f"--against was recorded for {best['recipe']}, not {recipe.path}")
