@@ -9,7 +9,9 @@ import pytest
 import tuner
 from tuner.analysis.diagnose import Verdict
 from tuner.inputs.space import Configs, Machine
+from tuner.outputs import wording
 from tuner.study.searchspace import Space, baseline_knobs, build_space
+from tuner.tuning.events import Said
 from tuner.tuning.proposing.guided import guided_next
 
 from conftest import toy_recipe
@@ -58,7 +60,9 @@ def test_no_data_wait_goes_straight_to_one_knob_at_a_time_largest_micro_first():
 def test_the_verdict_chooses_the_family_and_says_so():
     comm = [Verdict("communication-bound", 0.4, "collectives 40%", "...")]
     step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: False, comm)
-    assert step.knobs == dict(BASE, micro_batch_size=16) and "communication-bound" in step.why
+    assert step.knobs == dict(BASE, micro_batch_size=16)
+    assert step.why == Said("points_at", {"kind": "communication-bound", "knob": "micro_batch_size"})
+    assert wording.said(step.why) == "communication-bound points at micro_batch_size"
     memory = [Verdict("memory-bound", 0.95, "peak 0.95 of budget", "...")]
     step = guided_next(SPACE, dict(BASE, micro_batch_size=16), {"data_wait_share": 0.0}, lambda k: False, memory)
     assert step.knobs["micro_batch_size"] == 8  # smaller first: it frees memory
@@ -141,8 +145,8 @@ def test_a_micro_batch_that_did_not_fit_comes_back_with_checkpointing_selective_
 
     step = guided_next(LEVERS, LEVER_BASE, {"data_wait_share": 0.0}, lambda k: k in tried, outcome=state)
     assert step.knobs == dict(over, activation_checkpointing="selective")
-    assert step.why == ("micro_batch_size 16 did not fit (over_budget): activation_checkpointing selective "
-                        "frees its activations")
+    assert wording.said(step.why) == ("micro_batch_size 16 did not fit (over_budget): activation_checkpointing "
+                                      "selective frees its activations")
     tried.append(step.knobs)
     again = guided_next(LEVERS, LEVER_BASE, {"data_wait_share": 0.0}, lambda k: k in tried, outcome=state)
     assert again.knobs == dict(over, activation_checkpointing="full")

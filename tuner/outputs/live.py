@@ -80,8 +80,8 @@ class Live(SearchEvents):
         self.progress.start()
         self._task = self.progress.add_task("search", total=b.trials, completed=done)
 
-    def chose(self, number: int, why: str) -> None:
-        self.log.info("trial %d: %s", number, why)  # the log only: the table stays one line a trial
+    def chose(self, number: int, why: "str | Said") -> None:
+        self.log.info("trial %d: %s", number, wording.said(why))  # the log only: the table stays one line a trial
 
     def begin(self, number: int, config: "Plan") -> None:
         self._started = time.monotonic()

@@ -284,7 +284,7 @@ class Tracked(SearchEvents):
     def begin(self, number: int, config: "Plan") -> None:
         self.inner.begin(number, config)
 
-    def chose(self, number: int, why: str) -> None:
+    def chose(self, number: int, why: "str | Said") -> None:
         self.inner.chose(number, why)
 
     def finish_trial(self, trial: "Record", outcome: str, best: float | None) -> None:

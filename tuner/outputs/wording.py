@@ -215,6 +215,25 @@ SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
                              "left of the finish's budget)",
     "batch_norm": lambda f: "the model has BatchNorm layers: their statistics are per micro-batch, so the "
                             f"micro-batch size ({f['micro_batch_size']}) changes what the model learns",
+    "stale": lambda f: f"{f['trials']} trial(s) left running by an interrupted search recorded as failed",
+    "exhausted": lambda f: f"exhausted: all {f['configurations']} configurations of the space are measured",
+    "broken": lambda f: f"stopped: {f['why']}",
+    "best_again": lambda f: "the neighbourhood of the best is measured: measuring the best again to learn this "
+                            "machine's noise, which the convergence stop reads (the finish reuses it)",
+    "converged": lambda f: f"converged: the neighbourhood of the best is measured and the sampler's last "
+                           f"{f['streak']} trials were each shown no gain beyond the {f['tolerance']:.0%} tolerance "
+                           "over the best",
+    "baseline_again": lambda f: "measuring the baseline again: the prune rule cuts only on a noise this run has "
+                                "measured",
+    "baseline": lambda f: "the baseline",
+    "sampler": lambda f: "the sampler (TPE)",
+    "plan_seed": lambda f: f"tuner plan: micro-batch {f['micro_batch_size']} is the largest predicted to fit "
+                           f"({f['gib']:.2f} GiB <= {f['limit']:g} GiB)",
+    "data_wait": lambda f: f"data-bound: the loop waits for data {f['wait']:.0%} of the step",
+    "points_at": lambda f: f"{f['kind']} points at {f['knob']}",
+    "one_at_a_time": lambda f: f"{f['knob']}, one knob at a time",
+    "frees_activations": lambda f: f"micro_batch_size {f['micro_batch_size']} did not fit ({f['state']}): "
+                                   f"{f['knob']} {f['value']} frees its activations",
     "left_open": lambda f: f"finish: {f['questions']} question(s) left open after {f['rounds']} round(s) "
                            f"({LEFT_OPEN[f['why']]}); the summary lists each with its interval",
 }

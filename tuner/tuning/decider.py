@@ -64,7 +64,7 @@ class Decider:
             events.note(note)
         self.study, stale = study_mod.open_study(recipe.name, recipe.storage, recipe.seed)
         if stale:
-            events.note(f"{stale} trial(s) left running by an interrupted search recorded as failed")
+            events.note(Said("stale", {"trials": stale}))
         self.workers = Workers(self.study, events.note, lambda: recipe.budget.trials - len(budget.ran(self.study)))
         self.baseline = searchspace.baseline_knobs(recipe, space, machine)
         self.points = searchspace.every_key(space)
@@ -127,8 +127,7 @@ class Decider:
         if micro is None or micro == self.baseline_config.micro_batch_size:
             return proposers.PlanSeed(None)
         return proposers.PlanSeed({**self.baseline, "micro_batch_size": micro},
-                                  f"tuner plan: micro-batch {micro} is the largest predicted to fit "
-                                  f"({gib:.2f} GiB <= {limit:g} GiB)")
+                                  Said("plan_seed", {"micro_batch_size": micro, "gib": gib, "limit": limit}))
 
     # --- decisions ------------------------------------------------------------------------
 
@@ -149,11 +148,11 @@ class Decider:
             self.study, self.recipe.budget, self.recipe.target, self._elapsed_s(), len(flying), self.finish_after,
             self._searched_s())
         if stop is None and self.points is not None and self.points <= set(self.known) and not flying:
-            stop, said = "exhausted", f"exhausted: all {len(self.points)} configurations of the space are measured"
-            self._once(said)  # asked again after the other workers' trials
+            stop = "exhausted"
+            self._once(Said("exhausted", {"configurations": len(self.points)}))  # asked again by the other workers
         if stop is None and (broken := why_broken(study_mod.measured(self.study))):
             self.broken = broken
-            self._once(f"stopped: {broken}", self.events.note)  # asked again by each worker's next turn
+            self._once(Said("broken", {"why": broken}), self.events.note)  # asked again by each worker's next turn
             return {"stop": "broken"}
         if stop or self.workers.finishing_elsewhere():
             return {"stop": stop or "finishing elsewhere"}
@@ -169,15 +168,12 @@ class Decider:
             self.recipe.budget.converge else None
         if repeat is not None:
             if self.convergence.repeats == 1:
-                self.events.detail("the neighbourhood of the best is measured: measuring the best again to learn this "
-                                 "machine's noise, which the convergence stop reads (the finish reuses it)")
+                self.events.detail(Said("best_again"))
             return {"stop": None, "repeat": Plan.recorded(self.recipe.world_size, repeat)}
         if step is None and self.recipe.budget.converge and \
                 self.convergence.converged(self.space.size(), len(self.known)):
-            said = (f"converged: the neighbourhood of the best is measured and the sampler's last "
-                    f"{self.convergence.streak} "
-                    f"trials were each shown no gain beyond the {self.recipe.tolerance:.0%} tolerance over the best")
-            self._once(said)  # asked again once this worker leads the finish
+            self._once(Said("converged", {"streak": self.convergence.streak,  # asked again once this worker
+                                          "tolerance": self.recipe.tolerance}))  # leads the finish
             return {"stop": "converged"}
         if step is not None:
             self.study.enqueue(step.knobs, step.attrs)
@@ -219,7 +215,7 @@ class Decider:
         if len(entry.rates) != 1 or entry.failures:
             return None
         self.baseline_again = True
-        self.events.detail("measuring the baseline again: the prune rule cuts only on a noise this run has measured")
+        self.events.detail(Said("baseline_again"))
         return self.baseline_config
 
     def _predict(self, trial: "Asked", config: Plan) -> bool:
@@ -300,8 +296,8 @@ class Decider:
         for key in ("state", "reason", "metrics", "params"):
             if key in seen.attrs:
                 trial.set(key, seen.attrs[key])
-        if "constraint" in seen.attrs:
-            trial.constrain(seen.attrs["constraint"])
+        if (constraint := seen.attrs.get("constraint")) is not None:
+            trial.constrain(constraint)
         trial.set("duplicate_of", seen.number)
         status = seen.status if seen.status in (Status.COMPLETE, Status.PRUNED) else Status.FAIL
         self.study.tell(trial, status, seen.value if status == Status.COMPLETE else None)

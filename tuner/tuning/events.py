@@ -41,7 +41,7 @@ class SearchEvents:
     def begin(self, number: int, config: "Plan") -> None:
         """Trial ``number`` starts measuring ``config``."""
 
-    def chose(self, number: int, why: str) -> None:
+    def chose(self, number: int, why: "str | Said") -> None:
         """What chose trial ``number`` (the baseline, a verdict, the sampler): for the log."""
 
     def finish_trial(self, trial: "Record", outcome: str, best: float | None) -> None:

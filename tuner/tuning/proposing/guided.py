@@ -16,6 +16,7 @@ from tuner.analysis.diagnose import Verdict
 from tuner.inputs import levers
 from tuner.inputs.rules import conflict
 from tuner.study.searchspace import Space
+from tuner.tuning.events import Said
 
 WAIT_WORTH_FIXING = 0.05
 """A data-wait share above this says the loader is (part of) the bottleneck."""
@@ -45,7 +46,7 @@ first ZeRO stage that does not improve on the one before."""
 @dataclass(frozen=True)
 class Step:
     knobs: dict[str, Any]
-    why: str
+    why: Said
     """Which verdict chose it, for the search log."""
 
 
@@ -70,7 +71,7 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
     c = space.choices
     start = {k: v if v in c[k] else c[k][0] for k, v in incumbent.items() if k in c}
     head = verdicts[0] if verdicts else None
-    kind = head.kind if head else "no clear bottleneck"
+    kind = head.kind if head else None
     saturated = any(v.kind == "host-cpu-saturated" for v in verdicts)
     more = sorted(w for w in c["num_workers"] if w > start["num_workers"])
     wait = metrics.get("data_wait_share") or 0.0
@@ -80,14 +81,14 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
         if True in c["persistent_workers"]:
             candidate["persistent_workers"] = True
         if not tried(candidate):
-            return Step(candidate, f"data-bound: the loop waits for data {wait:.0%} of the step")
+            return Step(candidate, Said("data_wait", {"wait": wait}))
         measured = rate(candidate)
         if not (best and measured and measured >= (1 - CLIMB_TIE) * best):
             break
     step = _checkpointed_larger(c, start, tried, outcome)
     if step is not None:
         return step
-    first = levers.pointed_at(kind)
+    first = levers.pointed_at(kind) if kind else ()
     for name in first + tuple(n for n in COORDINATE_ORDER if n not in first):
         values = list(c.get(name, ()))
         if name == "micro_batch_size" and kind not in SMALLER_FIRST:
@@ -99,8 +100,8 @@ def guided_next(space: Space, incumbent: Mapping[str, Any], metrics: Mapping[str
             candidate = _move(c, start, name, value)
             if candidate is not None and value != start[name] and not tried(candidate) \
                     and not _past_a_loser(c, start, name, value, tried, outcome):
-                why = f"{kind} points at {name}" if name in first else f"{name}, one knob at a time"
-                return Step(candidate, why)
+                return Step(candidate, Said("points_at", {"kind": kind, "knob": name}) if name in first
+                            else Said("one_at_a_time", {"knob": name}))
     return None
 
 
@@ -148,7 +149,7 @@ def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, A
     that recomputes least first (checkpointing: selective recomputes half as much as full)."""
     frees = [(name, value) for name in levers.recomputing() if _at_default(start, name)
              for value in levers.LEVERS[name].memory.frees_activations if value in c.get(name, ())]
-    if not frees or "micro_batch_size" not in start:
+    if not frees or start.get("micro_batch_size") is None:
         return None
     for micro in sorted(m for m in c["micro_batch_size"] if m > start["micro_batch_size"]):
         state = outcome(dict(start, micro_batch_size=micro))
@@ -157,6 +158,6 @@ def _checkpointed_larger(c: Mapping[str, tuple[Any, ...]], start: Mapping[str, A
         for name, value in frees:
             candidate = dict(start, micro_batch_size=micro, **{name: value})
             if not tried(candidate):
-                return Step(candidate, f"micro_batch_size {micro} did not fit ({state}): {name} {value} frees its "
-                                       "activations")
+                return Step(candidate, Said("frees_activations", {"micro_batch_size": micro, "state": state,
+                                                                  "knob": name, "value": value}))
     return None

@@ -12,9 +12,10 @@ impossible layout, break the memory budget) is for the filters (:mod:`tuner.tuni
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
+from tuner.tuning.events import Said
 from tuner.tuning.proposing import guided
 
 if TYPE_CHECKING:
@@ -68,14 +69,14 @@ class PlanSeed:
     """Right after the baseline of a new study, the largest micro-batch ``tuner plan``'s
     profile predicts to fit the budget (the baseline's other knobs), once."""
 
-    def __init__(self, knobs: Mapping[str, Any] | None, why: str = "") -> None:
+    def __init__(self, knobs: Mapping[str, Any] | None, why: Said | None = None) -> None:
         self.knobs, self.why = (dict(knobs) if knobs is not None else None), why
 
     def propose(self, now: Round) -> Proposal | None:
         if self.knobs is None:
             return None
         knobs, self.knobs = self.knobs, None
-        return Proposal(knobs, {"guided": True, "why": self.why})
+        return Proposal(knobs, {"guided": True, "why": asdict(self.why) if self.why else None})
 
 
 class GuidedWalk:
@@ -98,7 +99,7 @@ class GuidedWalk:
 
         step = guided.guided_next(self.space, now.best.params, now.best.metrics, now.taken,
                                   self.verdicts(now.best.params, now.best.metrics), now.outcome, rate)
-        return Proposal(step.knobs, {"guided": True, "why": step.why}) if step is not None else None
+        return Proposal(step.knobs, {"guided": True, "why": asdict(step.why)}) if step is not None else None
 
 
 def first(proposers: Sequence[Proposer], now: Round) -> Proposal | None:
@@ -110,6 +111,10 @@ def first(proposers: Sequence[Proposer], now: Round) -> Proposal | None:
     return None
 
 
-def chosen_by(attrs: Mapping[str, Any]) -> str:
-    """What chose a trial, for the search log: a guided step's verdict, the baseline, or TPE."""
-    return attrs.get("why") or ("the baseline" if attrs.get("baseline") else "the sampler (TPE)")
+def chosen_by(attrs: Mapping[str, Any]) -> "str | Said":
+    """What chose a trial, for the search log: a guided step's verdict, the baseline, or TPE
+    (a string: what the study's own layer wrote, a trial put back after its worker died)."""
+    why = attrs.get("why")
+    if isinstance(why, Mapping):
+        return Said(why["code"], dict(why.get("figures") or {}))
+    return why or Said("baseline" if attrs.get("baseline") else "sampler")
