@@ -17,6 +17,7 @@ import pytest
 import tuner
 from tuner.harness.system import energy
 from tuner.inputs.errors import RecipeError
+from tuner.outputs import wording
 
 from conftest import toy_recipe
 
@@ -56,8 +57,10 @@ def test_the_search_decides_on_samples_per_joule_where_a_counter_answers(tmp_pat
         assert not math.isclose(t.value, t.attrs["metrics"]["samples_per_s"], rel_tol=1e-3)
     record = json.loads((tmp_path / "run" / "best.json").read_text())
     assert record["pruning"]["trials"] == 0
-    assert any("objective samples_per_joule: the search and the finish decided on samples per joule" in n
-               for n in result.notes), result.notes
+    assert record["objective"] == "samples_per_joule" and result.objective == "samples_per_joule"
+    said = wording.objective(result)
+    assert said and said[0].startswith("objective samples_per_joule: the search and the finish decided on samples "
+                                       "per joule: baseline "), said
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import itertools
 
 from tuner.inputs.plan import Plan
 from tuner.inputs.space import Machine, make_config
+from tuner.outputs import wording
 from tuner.trial.trial_result import State, TrialResult
 from tuner.tuning.pool import Pool
 
@@ -106,7 +107,8 @@ def test_the_source_of_a_number_says_what_each_run_was_for():
     pool.add(result(BASE, 101), "repeat")
     for r in range(2):
         pool.add(result(BASE, 99), "finish", ("finish", r))
-    assert pool.source(BASE.params()) == "median of 4 runs (1 search trial, 1 repeat, 2 finish runs)"
+    assert pool.source(BASE.params()) == {"search": 1, "repeat": 1, "finish": 2}
+    assert wording.source(pool.source(BASE.params())) == "median of 4 runs (1 search trial, 1 repeat, 2 finish runs)"
 
 
 def make(knobs) -> dict:

@@ -39,9 +39,8 @@ def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
     assert result.speedup >= 1.25, result.speedup
     # one number per configuration: every run of it pooled, its search trial, its repeat and
     # the finish's runs ("median of 4 runs (1 search trial, 3 finish runs)")
-    assert re.fullmatch(r"median of [2-9] runs \(\d (search trial|repeat|finish run|attribution run)s?"
-                        r"(, \d (search trial|repeat|finish run|attribution run)s?)*\)", result.best["source"]), \
-        result.best["source"]
+    assert 2 <= sum(result.best["source"].values()) <= 9, result.best
+    assert set(result.best["source"]) <= {"search", "repeat", "finish", "attribution"}, result.best
     for name in ("best.json", "dataloader.json", "ds_config.json", "accelerate_config.yaml",
                  "hf_training_args.json", "torchtitan.toml", "torch_settings.py", "lightning_trainer.yaml",
                  "trials.csv", "search.log", "study.db", "report.md", "report.html"):

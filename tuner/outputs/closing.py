@@ -94,14 +94,15 @@ def explanation(result: "SearchResult", said: AbstractSet[str] = frozenset()) ->
     """Every decision and finding of the search (``--explain``), above the closing lines:
     the notes the search made (those already ``said`` while it ran left out), the pruning, the
     bottleneck of each end with its next step, and the attribution's path."""
-    out = [note for note in result.notes if note not in said] + wording.decision_lines(result.decision, result.speedup)
+    out = [note for note in result.notes if note not in said] + wording.objective(result)
+    out += wording.decision_lines(result.decision, result.speedup)
     if result.pruned:
         out.append(f"pruning cut {result.pruned} trial(s) short, saving ~{result.pruning_saved_s:.0f} s of measuring")
     best, base = result.best, result.baseline
     if best.get("metrics") and base.get("metrics"):
         out.append(f"baseline {base['metrics']['samples_per_s']:.1f} samples/s -> best "
                    f"{best['metrics']['samples_per_s']:.1f} samples/s: {result.speedup:.2f}x "
-                   f"({best['source']}){paired_text(result.paired)}")
+                   f"({wording.source(best.get('source'))}){paired_text(result.paired)}")
     same = bool(best.get("params")) and best.get("params") == base.get("params")
     for name in ("baseline", "best"):
         verdicts, part = result.diagnosis.get(name), getattr(result, name)

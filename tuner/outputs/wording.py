@@ -9,8 +9,10 @@ from typing import Any, Callable, Mapping
 
 from tuner.analysis.attribution import Attribution, Row
 from tuner.analysis.gate import CheckResult, Difference, RevResult
+from tuner.harness.metrics import objective_value
 from tuner.stats.interval import LEVEL, Slowdown
 from tuner.tuning.events import Said
+from tuner.tuning.search_result import SearchResult
 
 
 def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
@@ -24,6 +26,34 @@ def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
     if s.estimate >= 0:
         return f"{s.estimate:.1%} slower ({LEVEL:.0%} interval {s.low:+.1%} to {s.high:+.1%}, {s.counted})"
     return f"{-s.estimate:.1%} faster ({LEVEL:.0%} interval {-s.high:+.1%} to {-s.low:+.1%}, {s.counted})"
+
+
+def objective(result: "SearchResult") -> list[str]:
+    """What the search maximised where it is not samples/s, with both ends' figures."""
+    name = result.objective
+    if name == "samples_per_s":
+        return []
+    ours, theirs = (objective_value(side.get("metrics"), name) for side in (result.best, result.baseline))
+    figures = (f": baseline {theirs:.4g} -> answer {ours:.4g} ({ours / theirs:.2f}x)" if ours and theirs
+               else ": not measured for both")
+    return [f"objective {name}: the search and the finish decided on samples per joule{figures}; "
+            "the speedup is samples/s's"]
+
+
+SOURCES = {"search": "search trial", "repeat": "repeat", "finish": "finish run", "attribution": "attribution run"}
+"""What each run of a configuration was measured for (:meth:`tuner.tuning.pool.Pool.source`)."""
+
+
+def source(counts: Mapping[str, int] | str | None) -> str:
+    """``median of 4 runs (1 search trial, 3 finish runs)``; ``search trial`` where a search
+    did not finish (no count); a run folder written before says its own words."""
+    if isinstance(counts, str):
+        return counts
+    if not counts:
+        return "search trial"
+    runs = sum(counts.values())
+    parts = ", ".join(f"{n} {SOURCES.get(s, s)}{'s' if n > 1 else ''}" for s, n in counts.items())
+    return f"median of {runs} run{'s' if runs != 1 else ''} ({parts})"
 
 
 FIELDS = {"world_size": "world size", "device_count": "device count", "nccl": "NCCL",

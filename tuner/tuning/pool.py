@@ -161,14 +161,9 @@ class Pool:
             out[name] = median_of(values) if values else None
         return out
 
-    def source(self, params: Mapping[str, Any]) -> str:
-        """``"median of 4 runs (1 search trial, 3 finish runs)"``."""
+    def source(self, params: Mapping[str, Any]) -> dict[str, int]:
+        """How many of the configuration's successful runs each purpose measured, in the order
+        they first ran: ``{"search": 1, "finish": 3}`` (search, repeat, finish, attribution)."""
         entry = self.entry(params)
         good = [s for r, s in zip(entry.runs, entry.sources) if r.ok and r.metrics]
-        counts = {s: good.count(s) for s in dict.fromkeys(good)}
-        parts = ", ".join(f"{n} {SOURCES.get(s, s)}{'s' if n > 1 else ''}" for s, n in counts.items())
-        return f"median of {len(good)} run{'s' if len(good) != 1 else ''} ({parts})"
-
-
-SOURCES = {"search": "search trial", "repeat": "repeat", "finish": "finish run", "attribution": "attribution run"}
-"""What each run of a configuration was measured for, in the words of :meth:`Pool.source`."""
+        return {s: good.count(s) for s in dict.fromkeys(good)}

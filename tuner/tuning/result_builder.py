@@ -10,7 +10,6 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
-from tuner.harness.metrics import objective_value
 from tuner.memory import model as memory
 from tuner.study import records as study_mod
 from tuner.tuning import budget, recommend
@@ -88,8 +87,6 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
                                     d.recipe.tolerance, d.configs.normalised, d.space.valid, speedup,
                                     d.ruled_out)
     r = d.recipe
-    if r.objective != "samples_per_s":
-        notes.append(_objective_note(r.objective, best["metrics"], base["metrics"]))
     env = d.environment()
     mixed = d.workers.environments(env)
     if mixed:
@@ -98,6 +95,7 @@ def result(d: Searched, stopped: str, finished: "Finished | None",
         out=r.out, best=best, baseline=base, speedup=speedup,
         target_met=bool(best["metrics"]) and budget.meets(best["metrics"], r.target),
         stopped=stopped, trials=d.done(), environment=env, notes=notes, unmeasured=dict(d.unmeasured),
+        objective=r.objective,
         diagnosis={name: d.verdicts(part["params"], part["metrics"])
                    for name, part in (("baseline", base), ("best", best))},
         attribution=attribution, name=r.name, recipe=str(r.path), memory_budget_gib=r.budget.memory_gib,
@@ -121,11 +119,3 @@ def _paired(pool: "Pool", answer: dict[str, Any] | None, baseline: dict[str, Any
     gain, low, high = s.gains
     return {"speedup": 1 + gain, "low": 1 + low, "high": 1 + high, "pairs": s.pairs}
 
-
-def _objective_note(objective: str, best: Mapping[str, Any] | None, base: Mapping[str, Any] | None) -> str:
-    """What the search maximised, when not samples/s: the speedup stays samples/s's."""
-    ours, theirs = objective_value(best, objective), objective_value(base, objective)
-    figures = (f": baseline {theirs:.4g} -> answer {ours:.4g} ({ours / theirs:.2f}x)" if ours and theirs
-               else ": not measured for both")
-    return (f"objective {objective}: the search and the finish decided on samples per joule{figures}; "
-            "the speedup is samples/s's")

@@ -75,6 +75,8 @@ class SearchResult:
     price: float | None = None
     """The recipe's price of a device-hour (``price.gpu_hour``), for the cost per million samples."""
     target: dict[str, float] | None = None
+    objective: str = "samples_per_s"
+    """What the search and the finish maximised (the recipe's ``objective``); the speedup is samples/s's."""
     """The recipe's target (``samples_per_s``, ``tokens_per_s``), where it sets one."""
     study: "Study | None" = field(default=None, repr=False, compare=False)
     """The study the search ran in (``None`` for a result read back from JSON)."""
@@ -122,6 +124,7 @@ class SearchResult:
             "summary": self.summary.to_json(),
             "notes": list(self.notes),
             "unmeasured": dict(self.unmeasured),
+            "objective": self.objective,
             "price": None if self.price is None else {
                 "gpu_hour": self.price,
                 "best": per_million(self.best.get("metrics"), self.price, self.world_size),
@@ -157,7 +160,7 @@ class SearchResult:
             memory_prediction=data.get("memory_prediction"), decision=data.get("decision"), noise=data.get("noise"),
             price=(data.get("price") or {}).get("gpu_hour"), notes=list(data.get("notes") or []),
             unmeasured=dict(data.get("unmeasured") or {}),
-            target=data.get("target"),
+            target=data.get("target"), objective=data.get("objective") or "samples_per_s",
         )
 
 

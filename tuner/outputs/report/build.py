@@ -74,7 +74,7 @@ def _unfinished(study: Study, trials: list[dict[str, Any]], out: Path) -> Search
         out=out,
         best={"params": best.params if best else None,
               "metrics": best.metrics if best else None,
-              "source": "search trial (the search did not finish)"},
+              "source": None},  # one search trial: the search did not finish
         baseline={"params": base["params"], "metrics": base["metrics"]} if base else {},
         speedup=None, target_met=False, stopped="unknown", trials=len(trials),
     )

@@ -90,7 +90,7 @@ def render_markdown(data: ReportData) -> str:
 def _verdict_lines(r: SearchResult) -> list[str]:
     lines = []
     if r.speedup:
-        lines.append(f"**{r.speedup:.2f}x** the baseline's throughput ({r.best.get('source') or 'search trial'})"
+        lines.append(f"**{r.speedup:.2f}x** the baseline's throughput ({wording.source(r.best.get('source'))})"
                      f"{paired_text(r.paired)}.")
     for name in ("baseline", "best"):
         verdicts = r.diagnosis.get(name)
