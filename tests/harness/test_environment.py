@@ -12,6 +12,7 @@ import torch
 
 from tuner.analysis.run_verdicts import environment_notes
 from tuner.harness.system import environment as env_mod
+from tuner.outputs import wording
 
 
 def _nvml() -> mock.MagicMock:
@@ -64,9 +65,10 @@ def test_compare_names_what_differs_between_two_gpu_runs():
          "gpus": [{"sm_mhz": 1980, "power_limit_w": 700.0}]}
     b = {"device": "H100", "nccl": "2.23.4", "driver": "570.124.06", "settings": {"NCCL_PROTO": "Simple"},
          "gpus": [{"sm_mhz": 1980, "power_limit_w": 500.0}]}
-    notes = environment_notes(a, b)
+    found = environment_notes(a, b)
+    assert [d.key for d in found] == ["nccl", "gpus", "NCCL_ALGO", "NCCL_PROTO"]  # the same driver: not named
+    notes = [wording.difference(d) for d in found]
     assert "NCCL: A '2.21.5', B '2.23.4'" in notes
-    assert "NCCL_ALGO: A 'Ring', B 'unset'" in notes and "NCCL_PROTO: A 'unset', B 'Simple'" in notes
+    assert "NCCL_ALGO: A 'Ring', B unset" in notes and "NCCL_PROTO: A unset, B 'Simple'" in notes
     assert any(n.startswith("GPU clocks and power limits") for n in notes)
-    assert not any("driver" in n for n in notes)
     assert environment_notes({"device": "cpu"}, {"device": "cpu"}) == []  # records from before: nothing invented
