@@ -77,8 +77,9 @@ def test_the_verdict_reads_pairs_and_says_how_many_more_rounds_would_decide():
     near = rev_verdict([100.0, 108.0, 95.0], [95.0, 101.0, 92.0], 0.05, "abc", "HEAD")
     assert near.verdict == "undecided" and near.exit_code == 4 and near.more_rounds is not None
     assert f"about {near.more_rounds} more round(s) would likely decide it" in wording.gate(near)
-    gone = rev_verdict([100.0], [], 0.05, failure="work: ValueError: boom")
-    assert gone.verdict == "broken" and gone.exit_code == 1 and "boom" in wording.gate(gone)
+    gone = rev_verdict([100.0], [], 0.05, failure={"side": "work", "reason": "ValueError: boom"})
+    assert gone.verdict == "broken" and gone.exit_code == 1
+    assert wording.gate(gone) == "a side no longer runs: work: ValueError: boom"
 
 
 def test_a_precise_interval_above_the_tolerance_goes_on_to_a_verdict():

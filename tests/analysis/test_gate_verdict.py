@@ -17,7 +17,7 @@ def test_the_verdict_is_a_pure_function_of_the_rates():
     assert not slow.passed and slow.verdict == "regression" and slow.slowdown["low"] > 0.05
     noisy = verdict(recorded, [300.0, 420.0], [100.0, 90.0], 0.05)
     assert not noisy.passed and noisy.verdict == "undecided" and noisy.exit_code == 4
-    gone = verdict(recorded, [], [], 0.05, failure="answer: error: boom")
+    gone = verdict(recorded, [], [], 0.05, failure={"side": "answer", "state": "error", "reason": "boom"})
     assert not gone.passed and wording.gate(gone) == "the configuration no longer runs: answer: error: boom"
 
 

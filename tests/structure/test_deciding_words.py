@@ -23,7 +23,6 @@ LOGGING = {"debug", "info", "warning", "error", "exception", "critical", "log"}
 NOT_YET: dict[str, int] = {
     "tuner/tuning/decider.py": 2,
     "tuner/tuning/failing_job.py": 13,
-    "tuner/tuning/gate_rounds.py": 2,
     "tuner/tuning/path.py": 1,
     "tuner/tuning/proposing/filters.py": 3,
     "tuner/tuning/proposing/guided.py": 1,

@@ -49,8 +49,9 @@ class CheckResult:
     """``pass``, ``regression``, ``undecided`` (exit 4) or ``broken`` (a run failed)."""
     why: dict[str, Any] = field(default_factory=dict)
     """The verdict's grounds (:func:`tuner.outputs.wording.gate` says them): ``failure`` where
-    it is broken, else ``judged``, each ``what`` (``speedup`` or ``absolute``) with its
-    ``slowdown`` (how much smaller now than recorded; ``None``: no interval yet)."""
+    it is broken (the ``side``, its ``state`` and the run's ``reason``), else ``judged``, each
+    ``what`` (``speedup`` or ``absolute``) with its ``slowdown`` (how much smaller now than
+    recorded; ``None``: no interval yet)."""
     params: dict[str, Any] = field(default_factory=dict)
     baseline_params: dict[str, Any] = field(default_factory=dict)
     rates: dict[str, list[float]] = field(default_factory=dict)
@@ -159,7 +160,7 @@ def settled(recorded: Recorded, answer: Sequence[float], baseline: Sequence[floa
 
 
 def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[float], tolerance: float,
-            absolute: bool = False, failure: str | None = None, rounds: int = 0,
+            absolute: bool = False, failure: dict[str, Any] | None = None, rounds: int = 0,
             process_noise: float | None = None) -> CheckResult:
     """The gate's verdict on the runs measured now (``failure``: why a run did not finish)."""
     rec_rate = statistics.median(recorded.answer)
@@ -203,8 +204,8 @@ class RevResult:
     tolerance: float
     verdict: str
     """``pass``, ``regression``, ``undecided`` or ``broken`` (a side did not run)."""
-    failure: str | None = None
-    """Why a side did not run (``broken``)."""
+    failure: dict[str, Any] | None = None
+    """Which side did not run and why (``broken``): ``{"side": "work", "reason": ...}``."""
     rates: dict[str, list[float]] = field(default_factory=dict)
     """samples/s of every run: ``rev`` and ``work`` (the working tree), one of each a round."""
     slowdown: dict[str, Any] | None = None
@@ -249,7 +250,7 @@ def rounds_to_decide(diffs: Sequence[float], tolerance: float, most: int = 10_00
 
 
 def rev_verdict(rev: Sequence[float], work: Sequence[float], tolerance: float, commit: str = "", name: str = "",
-                failure: str | None = None) -> RevResult:
+                failure: dict[str, Any] | None = None) -> RevResult:
     """The gate's verdict on the working tree against the revision, by the one rule on the
     paired interval: ``regression`` when it shows the working tree slower beyond the
     tolerance, ``pass`` when it shows it within, else ``undecided`` with how many more

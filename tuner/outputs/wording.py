@@ -287,7 +287,7 @@ def gate(result: CheckResult | RevResult) -> str:
     tol = f"{result.tolerance:.0%} tolerance"
     if isinstance(result, RevResult):
         if result.failure is not None:
-            return f"a side no longer runs: {result.failure}"
+            return f"a side no longer runs: {result.failure['side']}: {result.failure['reason']}"
         against = f"the working tree against {result.rev} ({result.commit[:10]}) is "
         if result.verdict == "regression":
             return f"regression: {against}{interval(result.slowdown)}, beyond the {tol}"
@@ -299,7 +299,8 @@ def gate(result: CheckResult | RevResult) -> str:
         measured = interval(result.slowdown) if result.slowdown else "not measured to any interval"
         return f"undecided after {result.rounds} round(s): {against}{measured}; {likely}"
     if "failure" in result.why:
-        return f"the configuration no longer runs: {result.why['failure']}"
+        f = result.why["failure"]
+        return f"the configuration no longer runs: {f['side']}: {f['state']}: {f['reason']}"
     judged = [(GATED[j["what"]], j["slowdown"]) for j in result.why["judged"]]
     if result.verdict == "regression":
         return "regression: " + "; ".join(f"{what} is {_smaller(s)} than recorded, beyond the {tol}"

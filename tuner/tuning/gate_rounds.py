@@ -43,7 +43,8 @@ def check_rounds(recipe: "Recipe", ctx: "DistContext", answer: Plan, baseline: P
             for name, config in order if done % 2 == 0 else order[::-1]:
                 result = runner.run(config)
                 if not result.ok or not result.metrics:
-                    failure, restart = f"{name}: {result.state}: {result.reason}", result.restart
+                    failure = {"side": name, "state": result.state, "reason": result.reason}
+                    restart = result.restart
                     break
                 rates[name].append(result.metrics["samples_per_s"])
             else:
@@ -81,7 +82,7 @@ def rev_rounds(measure: Side, tolerance: float, rounds: int, commit: str = "", n
         for side in order:
             rate = measure(side)
             if isinstance(rate, str):
-                failure = f"{side}: {rate}"
+                failure = {"side": side, "reason": rate}
                 break
             got[side] = rate
         if failure is not None:
