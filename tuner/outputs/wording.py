@@ -264,6 +264,10 @@ SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "one_at_a_time": lambda f: f"{f['knob']}, one knob at a time",
     "frees_activations": lambda f: f"micro_batch_size {f['micro_batch_size']} did not fit ({f['state']}): "
                                    f"{f['knob']} {f['value']} frees its activations",
+    "reference_measured": lambda f: "precision guard: measured an fp32 reference curve (eager, every guarded lever "
+                                    "at its reference) for the trials that change the arithmetic",
+    "reference_failed": lambda f: f"precision guard: the fp32 reference did not run ({f['state']}: {f['reason']}); "
+                                  "trials that change the arithmetic are not checked",
     "left_open": lambda f: f"finish: {f['questions']} question(s) left open after {f['rounds']} round(s) "
                            f"({LEFT_OPEN[f['why']]}); the summary lists each with its interval",
 }

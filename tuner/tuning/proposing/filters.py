@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tuner.analysis.guard import divergence
 from tuner.inputs.space import numerics
 from tuner.trial.trial_result import State
+from tuner.tuning.events import Said
 
 if TYPE_CHECKING:
     from tuner.inputs.plan import Plan
@@ -67,15 +68,13 @@ class PrecisionGuard:
         runs first (only where the batches come in order)."""
         return numerics(config) is not None and self.reference is None
 
-    def set_reference(self, result: "TrialResult") -> str:
+    def set_reference(self, result: "TrialResult") -> Said:
         """Take the extra reference trial's curve; returns what to say about it."""
         if result.ok and result.losses:
             self.reference = result.losses
-            return ("precision guard: measured an fp32 reference curve (eager, every guarded lever at its "
-                    "reference) for the trials that change the arithmetic")
+            return Said("reference_measured")
         self.reference = []
-        return (f"precision guard: the fp32 reference did not run ({result.state}: {result.reason}); "
-                "trials that change the arithmetic are not checked")
+        return Said("reference_failed", {"state": result.state, "reason": result.reason})
 
     def judge(self, result: "TrialResult", config: "Plan") -> "TrialResult":
         """``result``, or ``imprecise`` when its curve left the reference; an fp32 eager trial
