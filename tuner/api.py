@@ -325,6 +325,7 @@ def check(
             is never judged with one process's noise).
     """
     from tuner.inputs.space import Machine
+    from tuner.outputs import wording
     from tuner.tuning.gate_rounds import check_rounds, load_best, record_of
 
     if not 0 <= tolerance < 1:
@@ -337,8 +338,13 @@ def check(
                           "another process's rate cannot be judged")
     ctx = distributed.context()
     recipe = load_recipe(recipe_path, overrides, world_size=ctx.world_size)
-    answer, baseline, recorded = record_of(load_best(against), recipe, environment(ctx.world_size),
-                                           Machine.detect(), absolute)
+    best = load_best(against)
+    differ = gate.differences(best.get("environment") or {}, environment(ctx.world_size))
+    if differ:
+        raise RecipeError("the recorded result is not comparable here: "
+                          + "; ".join(wording.difference(d, ("recorded", "here")) for d in differ)
+                          + ". Record a baseline on this machine (run the search here) and check against that")
+    answer, baseline, recorded = record_of(best, recipe, Machine.detect(), absolute)
     return check_rounds(recipe, ctx, answer, baseline, recorded, tolerance, rounds, absolute, process_noise)
 
 

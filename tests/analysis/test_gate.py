@@ -104,7 +104,7 @@ def test_an_absolute_rate_is_printed_and_gated_only_when_asked(recorded, tmp_pat
 
 @pytest.mark.parametrize("key, value, says", [
     ("device", "NVIDIA H200", "device: recorded 'NVIDIA H200'"),
-    ("world_size", 8, "world_size: recorded 8, here 1"),
+    ("world_size", 8, "world size: recorded 8, here 1"),
 ])
 def test_refuses_a_result_from_another_environment(recorded, tmp_path, key, value, says):
     recipe, run_dir = recorded

@@ -19,7 +19,6 @@ from typing import Any, Mapping, Sequence
 
 from tuner.analysis import gate
 from tuner.harness.metrics import METRIC_NAMES
-from tuner.inputs.errors import RecipeError
 from tuner.stats.interval import LEVEL, LogStats, slowdown, t_quantile
 
 DECIDING = (*gate.DECIDING, "torch")
@@ -107,16 +106,11 @@ def environment_notes(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[gate.D
     return out
 
 
-def compare(a: Side, b: Side, anyway: bool = False, tolerance: float | None = None,
-            process_noise: float | None = None) -> Comparison:
+def compare(a: Side, b: Side, tolerance: float | None = None, process_noise: float | None = None) -> Comparison:
     """The comparison of ``a`` and ``b`` at ``tolerance`` (default: the search's recorded
-    tolerance, else 2%); ``process_noise``: what two run folders' rates are judged with."""
+    tolerance, else 2%); ``process_noise``: what two run folders' rates are judged with.
+    ``refused`` lists the environment differences that void it (the caller refuses it)."""
     refused = gate.differences(a.environment, b.environment, DECIDING)
-    if refused and not anyway:
-        raise RecipeError("the runs were measured on different machines ("
-                          + "; ".join(f"{d.key}: A {d.a!r}, B {d.b!r}" for d in refused)
-                          + "), so their numbers compare the machines, not the configurations; pass --anyway to "
-                          "see them side by side")
     if tolerance is None:
         tolerance = a.tolerance if a.tolerance is not None else b.tolerance if b.tolerance is not None else 0.02
     params = [(k, a.params.get(k), b.params.get(k)) for k in dict.fromkeys([*a.params, *b.params])

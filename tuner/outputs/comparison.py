@@ -65,7 +65,13 @@ def compare(run_a: str | Path, run_b: str | Path, a: str | int = "best", b: str 
         raise RecipeError(f"--tolerance must be in [0, 1), got {tolerance}")
     if process_noise is not None and not 0 < process_noise < 1:
         raise RecipeError(f"--process-noise must be in (0, 1), got {process_noise}")
-    return compare_sides(side(run_a, str(a)), side(run_b, str(b)), anyway, tolerance, process_noise)
+    c = compare_sides(side(run_a, str(a)), side(run_b, str(b)), tolerance, process_noise)
+    if c.refused and not anyway:
+        raise RecipeError("the runs were measured on different machines ("
+                          + "; ".join(wording.difference(d) for d in c.refused)
+                          + "), so their numbers compare the machines, not the configurations; pass --anyway to "
+                          "see them side by side")
+    return c
 
 
 def _best(folder: Path) -> dict[str, Any]:

@@ -62,10 +62,11 @@ FIELDS = {"world_size": "world size", "device_count": "device count", "nccl": "N
 """What an environment field is called, where its key is not the word."""
 
 
-def difference(d: Difference) -> str:
-    """``world size: A 2, B 4``: an environment field two runs hold differently."""
+def difference(d: Difference, labels: tuple[str, str] = ("A", "B")) -> str:
+    """``world size: A 2, B 4``: an environment field two runs hold differently (``labels``:
+    what each side is called, ``recorded`` and ``here`` for the gate)."""
     a, b = ("unset" if v is None else repr(v) for v in (d.a, d.b))
-    return f"{FIELDS.get(d.key, d.key)}: A {a}, B {b}"
+    return f"{FIELDS.get(d.key, d.key)}: {labels[0]} {a}, {labels[1]} {b}"
 
 
 def risk(row: Row, batch_norm: bool) -> str:

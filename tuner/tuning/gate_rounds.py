@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from tuner.analysis.gate import CheckResult, Recorded, RevResult, differences, log_ratios, rev_verdict, settled, verdict
+from tuner.analysis.gate import CheckResult, Recorded, RevResult, log_ratios, rev_verdict, settled, verdict
 from tuner.harness import distributed
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.plan import Plan
@@ -120,16 +120,12 @@ def gate_revision(recipe: "Recipe", rev: str, tolerance: float, rounds: int, ove
             return rev_rounds(measure, tolerance, rounds, revision.commit, rev, progress)
 
 
-def record_of(best: dict[str, Any], recipe: "Recipe", here: Mapping[str, Any], machine: "Machine",
+def record_of(best: dict[str, Any], recipe: "Recipe", machine: "Machine",
               absolute: bool) -> tuple[Plan, Plan, Recorded]:
     """What ``--against`` gates: the recorded answer's and baseline's configurations and their
-    recorded rates, checked against ``recipe`` and this environment (``here``); what makes
-    the comparison meaningless is refused in one line."""
-    differ = differences(best.get("environment") or {}, here)
-    if differ:
-        raise RecipeError("the recorded result is not comparable here: "
-                          + "; ".join(f"{d.key}: recorded {d.a!r}, here {d.b!r}" for d in differ)
-                          + ". Record a baseline on this machine (run the search here) and check against that")
+    recorded rates, checked against ``recipe`` (the environment is the caller's to check,
+    :func:`tuner.analysis.gate.differences`); what makes the comparison meaningless is
+    refused in one line."""
     if best.get("recipe") and Path(best["recipe"]).name != recipe.path.name:
         raise RecipeError(f"--against was recorded for {best['recipe']}, not {recipe.path}")
     params, base = best["params"], (best.get("baseline") or {}).get("params")
