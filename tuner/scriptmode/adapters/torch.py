@@ -72,9 +72,9 @@ class _Watch:
         if not own_hook:
             self.probe.watch(model)
             return
-        self.probe.unmeasured["comm_share"] = "the script registers its own DDP communication hook"
-        note = ("adapt: torch: the script registers its own DDP communication hook (DDP takes one), so the "
-                "tuner's is not attached and comm_share is not measured (null)")
+        why = self.probe.unmeasured["comm_share"] = "the script registers its own DDP communication hook"
+        note = (f"adapt: torch: {why} (DDP takes one), so the tuner's is not attached and comm_share is not "
+                "measured (null)")
         if note not in self.probe.notes:
             self.probe.notes.append(note)
 
@@ -89,12 +89,11 @@ class _Watch:
             self.probe.use_device(device)
         self.training = self.last_loader
         if self.training is None:
-            self.probe.unmeasured.update(dict.fromkeys(
-                ("data_wait_share", "transfer_share", "stall_free_samples_per_s"),
-                "the script iterated no torch DataLoader before its first optimizer step"))
-            self.probe.notes.append(
-                "adapt: torch: the script iterated no torch DataLoader before its first optimizer step, so data "
-                "wait is not measured (null); samples/s counts the trial's global batch per step")
+            why = "the script iterated no torch DataLoader before its first optimizer step"
+            self.probe.unmeasured.update(dict.fromkeys(("data_wait_share", "transfer_share",
+                                                        "stall_free_samples_per_s"), why))
+            self.probe.notes.append(f"adapt: torch: {why}, so data wait is not measured (null); samples/s counts the "
+                                    "trial's global batch per step")
         elif self.rebuild:
             self.rebuilt = rebuild_loader(self.training, self.cfg, "torch", only=self.rebuild)
 
