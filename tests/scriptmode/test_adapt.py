@@ -22,13 +22,16 @@ def _rows(out):
 
 def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     """recipes/scripts/train_accelerate.py has no tuner code; four trials find >= 1.3x over
-    its own defaults (the baseline), and the knobs really reached it."""
+    its own defaults (the baseline), and the knobs really reached it. The recipe's own 30-step
+    window: an 8-step one on a busy machine once kept one worker at 1.27x."""
     out = tmp_path / "run"
     result = tuner.search(ROOT / "recipes" / "script_accelerate.yaml", trials=4, confirm=0, attribute=0,
-                          quiet=True, out=out, overrides=["steps.measure=8"])
+                          quiet=True, out=out)
     assert result.baseline["params"]["num_workers"] == 0 and result.baseline["params"]["micro_batch_size"] == 16
-    assert result.speedup >= 1.3, (result.speedup, result.best["params"])
-    rows = [r for r in _rows(out) if r["state"] == "ok"]
+    every = _rows(out)
+    assert result.speedup >= 1.3, (result.speedup, [(r["num_workers"], r["state"], r["reason"], r["samples_per_s"])
+                                                    for r in every])
+    rows = [r for r in every if r["state"] == "ok"]
     assert len(rows) >= 2, rows  # a slower configuration may be pruned
     for r in rows:  # DDP's all-reduces were timed; no loader workers, no worker CPU
         assert float(r["comm_share"]) > 0, r
