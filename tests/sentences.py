@@ -212,7 +212,7 @@ VERDICTS: dict[str, list[tuple[re.Pattern[str], tuple[tuple[str, str], ...]]]] =
     "memory-bound": [(re.compile(r"^(?:peak memory ([\d.]+) GiB of a [\d.]+ GiB budget)?(?:; )?"
                                  r"(?:\d+ allocator retries \(cudaMalloc failed, cache flushed\))?$"),
                       (("1", "peak_mem_gib"),))],
-    "memory-bound (loader workers)": [(re.compile(r"^.*; across the trials peak memory grew [\d.]+ GiB per loader "
+    "loader-memory-bound": [(re.compile(r"^.*; across the trials peak memory grew [\d.]+ GiB per loader "
                                                   r"worker \(\d+ worker\(s\) here hold ~[\d.]+ GiB\): host memory "
                                                   r"the workers copy$"), ())],
     "host-bound": [(re.compile(rf"^the main process uses ([\d.]+) cores while the GPU runs kernels only {PCT} of "
@@ -242,7 +242,7 @@ VERDICTS: dict[str, list[tuple[re.Pattern[str], tuple[tuple[str, str], ...]]]] =
          (("2", "wait"), ("3", "effect"), ("4", "busy")))],
 }
 """Every verdict's evidence, by kind, as :mod:`tuner.analysis.diagnose` and
-:mod:`tuner.analysis.evidence` write it; a figure's name says what it must equal."""
+:mod:`tuner.outputs.diagnosis` words it; a figure's name says what it must equal."""
 
 
 def _expected(name: str, m: dict[str, Any]) -> float | None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
 
 from tuner import runner
 from tuner.analysis import gate
-from tuner.analysis.diagnose import Verdict, diagnose_run
+from tuner.analysis.diagnose import diagnose_run
 from tuner.harness import distributed, interrupt
 from tuner.harness.caller_state import as_found
 from tuner.harness.system.environment import environment
@@ -27,6 +27,7 @@ from tuner.inputs.space import parse_knobs
 from tuner.inputs.trackers import parse_track
 from tuner.measurement import Measurement, measure_recipe
 from tuner.memory.capacity import CapacityPlan, plan_recipe
+from tuner.outputs.diagnosis import Worded
 from tuner.trial.trial_result import Instruments
 from tuner.tuning.search_result import SearchResult
 
@@ -249,7 +250,7 @@ def _gpu_budget(recipe: Recipe, ctx: distributed.DistContext) -> tuple[Recipe, s
 
 
 @_as_found
-def diagnose(measured: "Probe | Mapping[str, Any]", **knobs: Any) -> list[Verdict]:
+def diagnose(measured: "Probe | Mapping[str, Any]", **knobs: Any) -> list[Worded]:
     """The verdicts on a window a :class:`~tuner.scriptmode.probe.Probe` measured in a loop
     the tuner does not own: the bottleneck, its numbers, what to try next (``print`` each).
 
@@ -266,7 +267,8 @@ def diagnose(measured: "Probe | Mapping[str, Any]", **knobs: Any) -> list[Verdic
         metrics, params = measured.summary(), dict(getattr(measured, "loader_settings", {}))
     extra = {k: knobs.pop(k) for k in ("grad_accum_steps",) if k in knobs}  # derived, not a knob
     params.update({**parse_knobs(knobs, "diagnose"), **extra})
-    return diagnose_run(metrics, params, None, environment(int(os.environ.get("WORLD_SIZE", "1"))))
+    found = diagnose_run(metrics, params, None, environment(int(os.environ.get("WORLD_SIZE", "1"))))
+    return [Worded.of(v) for v in found]
 
 
 @_as_found

@@ -7,7 +7,9 @@ import json
 import pytest
 
 import tuner
-from tuner.analysis.diagnose import THRESHOLDS, diagnose, headline
+from tuner.analysis.diagnose import THRESHOLDS, diagnose
+from tuner.outputs import diagnosis
+from tuner.outputs.diagnosis import headline
 
 from conftest import torchrun
 
@@ -22,7 +24,7 @@ def test_a_slow_loader_is_data_bound(toy):
     verdict was compute-bound (a true reading of that machine)."""
     m = tuner.measure(toy(task_args={"read_ms": 4.0}), num_workers=0)
     assert kinds(m.diagnosis)[0] == "data-bound"
-    assert "more loader workers than 0" in m.diagnosis[0].next_step
+    assert "more loader workers than 0" in diagnosis.next_step(m.diagnosis[0])
 
 
 def test_a_tiny_step_saturates_the_host(toy):
@@ -36,7 +38,7 @@ def test_a_tiny_step_saturates_the_host(toy):
     busy = m.metrics["cpu_util"] >= THRESHOLDS["host_saturated_cpu"]
     if busy:
         assert kinds(m.diagnosis)[0] == "host-bound", (m.metrics["cpu_util"], m.diagnosis)
-        assert "large matmul" in m.diagnosis[0].evidence
+        assert "large matmul" in diagnosis.evidence(m.diagnosis[0])
     else:
         assert "host-bound" not in kinds(m.diagnosis), (m.metrics["cpu_util"], m.diagnosis)
 
@@ -52,13 +54,13 @@ def test_a_wide_model_on_cached_data_is_compute_bound(toy):
     recipe = toy(task_args={"width": 32768, "cached": True}, global_batch_size=64, steps={"warmup": 2, "measure": 12})
     m = tuner.measure(recipe, num_workers=0)
     assert kinds(m.diagnosis)[0] == "compute-bound", (m.diagnosis, m.metrics)
-    assert "data wait" in m.diagnosis[0].evidence
+    assert "data wait" in diagnosis.evidence(m.diagnosis[0])
     method, waited = m.metrics["stall_free_method"], m.metrics["data_wait_share"]
     assert method in ("window minus waits", "replayed"), method
     if waited < 0.8 * CEILING_FROM_WINDOW_BELOW:
         assert method == "window minus waits", (method, waited)
     if method == "window minus waits":
-        assert "stall-free ceiling" not in m.diagnosis[0].evidence, m.diagnosis[0].evidence
+        assert "stall-free ceiling" not in diagnosis.evidence(m.diagnosis[0]), diagnosis.evidence(m.diagnosis[0])
 
 
 @pytest.mark.slow
@@ -94,10 +96,11 @@ def test_a_pipeline_bubble_says_its_theory_and_the_levers_that_shrink_it():
     params = {"pipeline_parallel": 4, "grad_accum_steps": 4, "pipeline_schedule": "1f1b"}
     verdict = diagnose({**BASE, "bubble_share": 0.5}, params)[0]
     assert verdict.kind == "pipeline-bound"
-    assert "idle 50% of the step (4 stages x 4 micro-batches: (p - 1) / (m + p - 1) = 43% in theory" in verdict.evidence
-    assert "a smaller micro_batch_size" in verdict.next_step and "interleaved_1f1b" in verdict.next_step
+    said, step = diagnosis.evidence(verdict), diagnosis.next_step(verdict)
+    assert "idle 50% of the step (4 stages x 4 micro-batches: (p - 1) / (m + p - 1) = 43% in theory" in said
+    assert "a smaller micro_batch_size" in step and "interleaved_1f1b" in step
     interleaved = diagnose({**BASE, "bubble_share": 0.5}, {**params, "pipeline_schedule": "interleaved_1f1b"})[0]
-    assert "interleaved_1f1b" not in interleaved.next_step  # already followed
+    assert "interleaved_1f1b" not in diagnosis.next_step(interleaved)  # already followed
 
 
 def test_a_data_bound_next_step_advises_only_what_the_configuration_does_not_run():
@@ -105,17 +108,17 @@ def test_a_data_bound_next_step_advises_only_what_the_configuration_does_not_run
     workers than 8, a larger prefetch_factor, persistent_workers"."""
     waiting = {**BASE, "data_wait_share": 0.5, "stall_free_samples_per_s": 3000.0}
     best = diagnose(waiting, {"num_workers": 8, "prefetch_factor": 4, "persistent_workers": True})[0]
-    assert best.kind == "data-bound" and best.next_step.startswith(
-        "try more loader workers than 8, a larger prefetch_factor than 4; if the workers"), best.next_step
+    assert best.kind == "data-bound" and diagnosis.next_step(best).startswith(
+        "try more loader workers than 8, a larger prefetch_factor than 4; if the workers"), diagnosis.next_step(best)
     # without workers, a prefetch depth and persistence mean nothing (the quick start's baseline
     # was left "try persistent_workers" once the evidence took the workers out)
     baseline = diagnose(waiting, {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": False})[0]
     # and no "if the workers are CPU-bound": the loop loads every sample itself
-    assert baseline.next_step == ("try more loader workers than 0; or make the per-sample work cheaper "
-                                  "(decode once, cache)"), baseline.next_step
+    assert diagnosis.next_step(baseline) == ("try more loader workers than 0; or make the per-sample work cheaper "
+                                             "(decode once, cache)"), baseline
     two = diagnose(waiting, {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False})[0]
-    assert two.next_step.startswith(
-        "try more loader workers than 2, a larger prefetch_factor than 2, persistent_workers: true;"), two.next_step
+    assert diagnosis.next_step(two).startswith(
+        "try more loader workers than 2, a larger prefetch_factor than 2, persistent_workers: true;"), two
 
 
 def test_gpu_host_bound_needs_an_idle_gpu():
@@ -129,8 +132,8 @@ def test_a_ceiling_taken_from_the_window_itself_is_never_cited():
     evidence would prove the wait from the wait."""
     replayed = diagnose({**BASE, "stall_free_method": "replayed"})
     shortcut = diagnose({**BASE, "stall_free_method": "window minus waits"})
-    assert any("stall-free ceiling" in v.evidence for v in replayed), replayed
-    assert all("stall-free ceiling" not in v.evidence for v in shortcut), shortcut
+    assert any("stall-free ceiling" in diagnosis.evidence(v) for v in replayed), replayed
+    assert all("stall-free ceiling" not in diagnosis.evidence(v) for v in shortcut), shortcut
 
 
 def test_data_wait_with_no_headroom_is_not_data_bound():
@@ -143,7 +146,7 @@ def test_verdicts_are_ordered_and_explained():
     verdicts = diagnose({**BASE, "data_wait_share": 0.5, "stall_free_samples_per_s": 3000.0, "comm_share": 0.2,
                          "step_time_p99_s": 0.05}, {"num_workers": 1})
     assert kinds(verdicts) == ["data-bound", "communication-bound", "unstable"]
-    assert all(v.evidence and v.next_step for v in verdicts)
+    assert all(diagnosis.evidence(v) and diagnosis.next_step(v) for v in verdicts)
     assert headline([]).startswith("no clear bottleneck")
     assert set(THRESHOLDS) >= {"data_wait_share", "comm_share", "unstable_tail"}
 
@@ -158,7 +161,7 @@ def test_an_unmeasured_data_wait_is_never_a_zero_in_a_verdict():
     assert "compute-bound" not in kinds(diagnose(metrics, host_matmul_tflops=0.2))
     replayed = {**metrics, "stall_free_samples_per_s": 103.0, "stall_free_method": "replayed"}
     verdict = next(v for v in diagnose(replayed, host_matmul_tflops=0.2) if v.kind == "compute-bound")
-    assert "data wait not measured" in verdict.evidence and "0% data wait" not in verdict.evidence
+    assert "data wait not measured" in diagnosis.evidence(verdict) and "0% data wait" not in diagnosis.evidence(verdict)
 
 
 def test_a_larger_micro_batch_is_advised_only_where_accumulation_is_left_to_trade():
@@ -168,11 +171,12 @@ def test_a_larger_micro_batch_is_advised_only_where_accumulation_is_left_to_trad
                "step_time_p99_s": 0.06}
     whole = next(v for v in diagnose(metrics, {"micro_batch_size": 128, "grad_accum_steps": 1, "zero_stage": 0})
                  if v.kind == "communication-bound")
-    assert "micro-batch" not in whole.next_step and "micro_batch_size" not in whole.next_step, whole.next_step
-    assert "larger buckets" in whole.next_step
+    step = diagnosis.next_step(whole)
+    assert "micro-batch" not in step and "micro_batch_size" not in step, step
+    assert "larger buckets" in diagnosis.next_step(whole)
     split = next(v for v in diagnose(metrics, {"micro_batch_size": 32, "grad_accum_steps": 4, "zero_stage": 0})
                  if v.kind == "communication-bound")
-    assert split.next_step.startswith("try a larger micro_batch_size with fewer accumulation steps")
+    assert diagnosis.next_step(split).startswith("try a larger micro_batch_size with fewer accumulation steps")
 
 
 def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it_lacks(tmp_path):
@@ -188,6 +192,9 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
 
     from conftest import toy_recipe
 
+    def said_by(*args, **kwargs) -> str:
+        return diagnosis.listed(remedies(*args, **kwargs))
+
     recipe = load_recipe(toy_recipe(tmp_path, global_batch_size=16, space={"amp_dtype": ["fp32", "bf16"]}))
     machine = Machine(cuda=False, bf16=True, fp16=False)
     space = build_space(recipe, machine)
@@ -198,20 +205,20 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
 
     params = make({"micro_batch_size": 16}).params()
     here = config_view.here(space, machine, make, params, 16)
-    said = remedies("compute-bound", params, "cpu", here=here)
+    said = said_by("compute-bound", params, "cpu", here=here)
     for refused in ("matmul_precision", "cudnn_benchmark", "float8", "cudnn (fused", "larger micro_batch_size"):
         assert refused not in said, (refused, said)  # CUDA-only, or no accumulation left to trade
     assert "compile: true (fused kernels)" in said and "amp_dtype: bf16" in said
     assert said.endswith("add space: {compile: [false, true], optimizer_impl: [default, fused], channels_last: "
                          "[false, true], attention_backend: [default, flash]}"), said
     assert here.refusal("attention_backend", "cudnn") and here.refusal("micro_batch_size", 32)
-    plain = remedies("compute-bound", params, "cpu")
+    plain = said_by("compute-bound", params, "cpu")
     assert "float8" not in plain and "add space" not in plain
     # what the trial recorded its model holds: nothing for channels_last or an attention kernel
-    bare = remedies("compute-bound", {**params, "model": {"convolutions": False, "attention": False}}, "cpu",
+    bare = said_by("compute-bound", {**params, "model": {"convolutions": False, "attention": False}}, "cpu",
                     here=here)
     assert "channels_last" not in bare and "attention_backend" not in bare and "compile: true" in bare, bare
-    images = remedies("compute-bound", {**params, "model": {"convolutions": True, "attention": False}}, "cpu",
+    images = said_by("compute-bound", {**params, "model": {"convolutions": True, "attention": False}}, "cpu",
                       here=here)
     assert "channels_last: true" in images and "attention_backend" not in images, images
     # a script under adapt: torch takes loader and process knobs only: "add space: {compile: ...}"
@@ -219,7 +226,7 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
     from tuner.inputs.script import ADAPTER_ROUTES
 
     script = config_view.here(space, machine, make, params, 16, set(ADAPTER_ROUTES["torch"]))
-    routed = remedies("compute-bound", {**params, "model": {"convolutions": False, "attention": True}}, "cpu",
+    routed = said_by("compute-bound", {**params, "model": {"convolutions": False, "attention": True}}, "cpu",
                       here=script)
     assert "add space" not in routed and "compile: true (fused kernels)" in routed, routed
     assert routed.endswith("compile, optimizer_impl and attention_backend reach this script only through a "
@@ -229,7 +236,7 @@ def test_the_advice_passes_the_searchs_refusal_rules_and_says_how_to_add_what_it
 
 def test_no_clear_bottleneck_claims_no_wait_only_where_one_was_measured():
     """nanoGPT's loop iterates no DataLoader: its data wait is null, never read as none."""
-    from tuner.analysis.diagnose import headline
+    from tuner.outputs.diagnosis import headline
 
     unmeasured = headline([], {"data_wait_share": None, "samples_per_s": 35.4})
     assert "no wait" not in unmeasured and "data wait is not measured" in unmeasured
@@ -244,7 +251,7 @@ def test_communication_advice_names_the_buckets_of_the_engine_it_runs():
 
     def advice(**params):
         knobs = {"micro_batch_size": 128, "grad_accum_steps": 1, "zero_stage": 0, **params}
-        return next(v for v in diagnose(metrics, knobs) if v.kind == "communication-bound").next_step
+        return diagnosis.next_step(next(v for v in diagnose(metrics, knobs) if v.kind == "communication-bound"))
 
     ds = advice(engine="deepspeed")
     assert "reduce_bucket_size" in ds and "overlap_comm: true" in ds and "ddp_bucket_cap_mb" not in ds, ds

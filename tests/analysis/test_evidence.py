@@ -9,12 +9,12 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import replace
 
 import pytest
 
-from tuner.analysis.diagnose import Verdict
+from tuner.analysis.diagnose import Verdict, diagnose
 from tuner.analysis.evidence import Seen, _already_tried, memory_per_worker, revise
+from tuner.outputs import diagnosis
 from tuner.stats.interval import slowdown
 
 from conftest import run, toy_recipe
@@ -76,25 +76,27 @@ def trial(workers, rate, wait, cpu=0.5, worker_cpu=0.0, peak=1.0):
                  "peak_mem_gib": peak})
 
 
-DATA_BOUND = Verdict("data-bound", 0.37, "waits 37%", "try more loader workers than 0")
+def verdict(kind: str, metrics: dict, params: dict | None = None, budget: float | None = None) -> Verdict:
+    """The verdict of ``kind`` that :func:`diagnose` finds in these metrics."""
+    return next(v for v in diagnose(metrics, params or {}, budget) if v.kind == kind)
+
+
+DATA_BOUND = verdict("data-bound", {"data_wait_share": 0.37, "samples_per_s": 100.0}, {"num_workers": 0})
 
 
 def test_workers_that_removed_the_wait_but_not_the_time_mean_saturated_cores():
     # the issue's JPEG pipeline: 1 worker took the wait from 37% to 2% and samples/s down 6%
     base, one = trial(0, 100, 0.37, cpu=1.3), trial(1, 94, 0.02, cpu=1.4, worker_cpu=0.6)
     out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2)
-    assert [v.kind for v in out] == ["host-cpu-saturated"] and "-6% (no interval" in out[0].evidence
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "-6% (no interval" in diagnosis.evidence(out[0])
     # workers that bought time: still data-bound
     faster = trial(1, 180, 0.02)
     out = revise([DATA_BOUND], base.params, base.metrics, [base, faster], cores=2)
     assert [v.kind for v in out] == ["data-bound"]
-    assert out[0].next_step == ("already measured from here, faster as measured: num_workers 1 +80% "
-                                "(no interval: no noise measured yet)")
-    # the verdict as diagnose words it at 0 workers: what stays once the workers were measured
-    worded = replace(DATA_BOUND, next_step=DATA_BOUND.next_step + "; or make the per-sample work cheaper (decode)")
-    out = revise([worded], base.params, base.metrics, [base, faster], cores=2)
-    assert out[0].next_step.startswith("make the per-sample work cheaper (decode) (already measured from here, "
-                                       "faster as measured: num_workers 1 +80%"), out[0].next_step
+    # what stays once the workers were measured
+    assert diagnosis.next_step(out[0]) == ("make the per-sample work cheaper (decode once, cache) (already measured "
+                                           "from here, faster as measured: num_workers 1 +80% (no interval: no noise "
+                                           "measured yet))"), diagnosis.next_step(out[0])
 
 
 def test_worker_trials_cut_as_slower_count_as_moves_without_a_gain():
@@ -103,26 +105,26 @@ def test_worker_trials_cut_as_slower_count_as_moves_without_a_gain():
     no longer advises more workers beside them, and claims nothing of their wait."""
     base = trial(0, 709.9, 0.38, cpu=1.0)
     cut = [Seen({"num_workers": w, "micro_batch_size": 16}, {"samples_per_s": r}) for w, r in ((1, 610.0), (2, 590.0))]
-    worded = replace(DATA_BOUND, next_step=DATA_BOUND.next_step + "; or make the per-sample work cheaper (decode)")
-    out = revise([worded], base.params, base.metrics, [base, *cut], cores=1)
+    out = revise([DATA_BOUND], base.params, base.metrics, [base, *cut], cores=1)
     assert [v.kind for v in out] == ["data-bound"], out  # no wait of theirs to read as saturation
-    assert out[0].next_step == ("make the per-sample work cheaper (decode) (already measured from here without a gain "
-                                "of 10% or more: num_workers 1, 2)"), out[0].next_step
+    assert diagnosis.next_step(out[0]) == ("make the per-sample work cheaper (decode once, cache) (already measured "
+                                           "from here without a gain of 10% or more: num_workers 1, 2)"), out[0]
 
 
 def test_workers_the_answer_has_that_bought_nothing_mean_saturated_cores():
     # recorded under a jittering load on one core: a lucky trial picked 2 workers; pooled,
     # 0 workers read 735 samples/s at 39% wait and 2 workers 654 at 11%
     base, two = trial(0, 735, 0.39, cpu=0.9), trial(2, 654, 0.11, cpu=0.5, worker_cpu=0.3)
-    still = Verdict("data-bound", 0.11, "waits 11%", "try more loader workers than 2")
+    still = verdict("data-bound", {"data_wait_share": 0.11, "samples_per_s": 654.0}, {"num_workers": 2})
     out = revise([still], two.params, two.metrics, [base, two], cores=1)
-    assert [v.kind for v in out] == ["host-cpu-saturated"] and "from 0 to 2 worker(s)" in out[0].evidence
-    assert "-11% (no interval" in out[0].evidence and "though the interval does not rule one out" in out[0].next_step
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "from 0 to 2 worker(s)" in diagnosis.evidence(out[0])
+    assert "-11% (no interval" in diagnosis.evidence(out[0])
+    assert "though the interval does not rule one out" in diagnosis.next_step(out[0])
     # the wait under the data-bound bar (10%, read as compute-bound): the time still tells
     under = trial(2, 682, 0.10, cpu=0.6, worker_cpu=0.4)
-    compute = Verdict("compute-bound", 0.9, "682 samples/s with 10% data wait", "a larger micro-batch")
+    compute = verdict("compute-bound", {"data_wait_share": 0.10, "samples_per_s": 682.0})
     out = revise([compute], under.params, under.metrics, [base, under], cores=1)
-    assert [v.kind for v in out] == ["host-cpu-saturated"] and "1.0 of 1 core(s)" in out[0].evidence
+    assert [v.kind for v in out] == ["host-cpu-saturated"] and "1.0 of 1 core(s)" in diagnosis.evidence(out[0])
     # workers that bought time over fewer: still data-bound, more may help
     gained = trial(2, 900, 0.11)
     assert [v.kind for v in revise([still], gained.params, gained.metrics, [base, gained], cores=1)] == ["data-bound"]
@@ -134,10 +136,10 @@ def test_workers_the_answer_has_that_bought_nothing_mean_saturated_cores():
 def test_peak_memory_growing_per_worker_is_the_workers_memory():
     trials = [trial(w, 100, 0.0, peak=0.4 + 0.26 * w) for w in (0, 1, 2, 4)]
     assert memory_per_worker(trials) == pytest.approx(0.26)
-    memory = Verdict("memory-bound", 0.93, "peak memory 0.93 GiB of a 1 GiB budget", "a higher ZeRO stage, bf16")
+    memory = verdict("memory-bound", {"peak_mem_gib": 0.93, "samples_per_s": 100.0}, budget=1.0)
     out = revise([memory], trials[2].params, trials[2].metrics, trials, cores=2)
-    assert out[0].kind == "memory-bound (loader workers)"
-    assert "0.26 GiB per loader worker" in out[0].evidence and "fewer workers" in out[0].next_step
+    assert out[0].kind == "loader-memory-bound"
+    assert "0.26 GiB per loader worker" in diagnosis.evidence(out[0]) and "fewer workers" in diagnosis.next_step(out[0])
     flat = [trial(w, 100, 0.0, peak=1.0) for w in (0, 1, 2)]
     assert memory_per_worker(flat) is None
 
@@ -149,47 +151,46 @@ def test_a_verdict_names_its_knobs_the_trials_already_moved_without_gain():
     tried = [Seen({"micro_batch_size": m, "zero_stage": 0}, {"samples_per_s": r})
              for m, r in ((16, 2300.0), (32, 3900.0), (64, 4280.0))]
     tried += [Seen({"micro_batch_size": 128, "zero_stage": z}, {"samples_per_s": 4000.0}) for z in (1, 2, 3)]
-    comm = Verdict("communication-bound", 0.29, "collectives 29%", "try a larger micro-batch")
+    comm = verdict("communication-bound", {"comm_share": 0.29, "samples_per_s": 4300.0}, best.params)
     out = revise([comm], best.params, best.metrics, [best, *tried], cores=2)
-    assert out[0].next_step.endswith(
+    assert diagnosis.next_step(out[0]).endswith(
         "(already measured from here without a gain of 10% or more: micro_batch_size 16, 32, 64; zero_stage 1, 2, 3)")
     # a knob that did gain is listed apart, with its figure
     faster = [Seen({"micro_batch_size": 256, "zero_stage": 0}, {"samples_per_s": 6000.0})]
     out = revise([comm], best.params, best.metrics, [best, *faster], cores=2)
-    assert out[0].next_step.endswith("(already measured from here, faster as measured: micro_batch_size 256 +40% "
-                                     "(no interval: no noise measured yet))"), out[0].next_step
+    assert diagnosis.next_step(out[0]).endswith("(already measured from here, faster as measured: micro_batch_size 256 "
+                                                "+40% (no interval: no noise measured yet))"), out[0]
 
 
 def test_advice_the_trials_already_took_without_a_gain_is_not_given():
     """run_classification.py's BERT: the answer's compute-bound verdict advised "amp_dtype:
     bf16, a larger micro_batch_size" and then said both were measured from there without a
     gain; what the trials took is named, what is left is advised."""
-    from tuner.analysis.remedies import remedies
-
     best = Seen({"micro_batch_size": 16, "grad_accum_steps": 2, "amp_dtype": "fp32"}, {"samples_per_s": 634.0})
     tried = [Seen({"micro_batch_size": 16, "grad_accum_steps": 2, "amp_dtype": "bf16"}, {"samples_per_s": 534.0}),
              Seen({"micro_batch_size": 32, "grad_accum_steps": 1, "amp_dtype": "fp32"}, {"samples_per_s": 499.0}),
              Seen({"micro_batch_size": 8, "grad_accum_steps": 4, "amp_dtype": "fp32"}, {"samples_per_s": 469.0})]
-    advice = remedies("compute-bound", best.params, "cpu")
+    compute = verdict("compute-bound", {"samples_per_s": 634.0, "data_wait_share": 0.0}, best.params)
+    advice = diagnosis.next_step(compute)
     assert "amp_dtype: bf16" in advice and "a larger micro_batch_size" in advice  # before the trials are read
-    compute = Verdict("compute-bound", 0.9, "634 samples/s", "what makes the step itself faster: " + advice)
-    out = revise([compute], best.params, best.metrics, [best, *tried], cores=2)[0].next_step
+    out = diagnosis.next_step(revise([compute], best.params, best.metrics, [best, *tried], cores=2)[0])
     assert "amp_dtype: bf16" not in out and "a larger micro_batch_size" not in out and "compile: true" in out
     assert out.endswith("(already measured from here without a gain of 10% or more: amp_dtype bf16; "
                         "micro_batch_size 32, 8)")
-    smaller_only = revise([compute], best.params, best.metrics, [best, tried[2]], cores=2)[0].next_step
+    smaller_only = diagnosis.next_step(revise([compute], best.params, best.metrics, [best, tried[2]], cores=2)[0])
     assert "a larger micro_batch_size" in smaller_only  # only a smaller one was measured
 
 
 def test_a_suggestion_goes_only_once_every_value_it_names_was_tried():
-    from tuner.analysis.evidence import _without_tried
+    from tuner.analysis.evidence import _taken
+    from tuner.analysis.remedies import Step
 
-    advice = ("compile: true (fused kernels), compile_mode: max-autotune-no-cudagraphs (autotuned kernels) or "
-              "reduce-overhead (CUDA graphs), amp_dtype: bf16 (or fp16 with loss scaling)")
-    assert _without_tried(advice, "compile_mode", {"max-autotune-no-cudagraphs"}, {}) == advice
-    assert _without_tried(advice, "compile_mode", {"max-autotune-no-cudagraphs", "reduce-overhead"}, {}) == (
-        "compile: true (fused kernels), amp_dtype: bf16 (or fp16 with loss scaling)")
-    assert _without_tried(advice, "compile", {True}, {}).startswith("compile_mode: ")
+    mode, amp = Step("lever", "compile_mode"), Step("lever", "amp_dtype")
+    assert not _taken(mode, "compile_mode", {"max-autotune-no-cudagraphs"}, {})
+    assert _taken(mode, "compile_mode", {"max-autotune-no-cudagraphs", "reduce-overhead"}, {})
+    assert _taken(amp, "amp_dtype", {"bf16"}, {})  # its words name bf16; fp16 only in brackets
+    assert not _taken(Step("lever", "amp_dtype", {"values": ["bf16", "fp16"]}), "amp_dtype", {"bf16"}, {})
+    assert not _taken(mode, "compile", {True}, {})  # another knob's move
 
 
 def test_the_evidence_compares_pooled_medians_like_with_like(tmp_path):
@@ -267,8 +268,9 @@ def test_a_search_whose_worker_trials_were_cut_does_not_advise_workers(tmp_path)
         records.record(study, Asked(study.optuna.ask()), cut, recipe.budget)
     found = config_view.verdicts(study, None, {"cuda": False, "host_matmul_tflops": 75.0}, base, metrics)
     data = next(v for v in found if v.kind == "data-bound")
-    assert not any("more loader workers" in v.next_step for v in found), found
-    assert data.next_step.endswith("(already measured from here without a gain of 10% or more: num_workers 1, 2)")
+    assert not any("more loader workers" in diagnosis.next_step(v) for v in found), found
+    assert diagnosis.next_step(data).endswith("(already measured from here without a gain of 10% or more: "
+                                              "num_workers 1, 2)")
 
 
 def rates_of(runs):
@@ -283,14 +285,15 @@ def test_what_workers_did_is_printed_with_its_interval_and_claimed_only_when_it_
     base, one = trial(0, 100, 0.37, cpu=1.3), trial(1, 96, 0.02, cpu=1.4, worker_cpu=0.6)
     tight = {0: [100, 101, 99, 100], 1: [96, 95, 97, 96]}
     out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2, compare=rates_of(tight))[0]
-    assert re.search(r"samples/s -4% \(99% interval -\d+% to [+-]\d+%, 4\+4 runs\)", out.evidence), out.evidence
-    assert out.next_step.startswith("more workers will not gain 10% or more here")
+    said = diagnosis.evidence(out)
+    assert re.search(r"samples/s -4% \(99% interval -\d+% to [+-]\d+%, 4\+4 runs\)", said), said
+    assert diagnosis.next_step(out).startswith("more workers will not gain 10% or more here")
     # the same medians over noisy runs: the interval reaches a gain of 10%, the claim is not made
     loose = {0: [100, 80, 125, 100], 1: [96, 120, 75, 96]}
     out = revise([DATA_BOUND], base.params, base.metrics, [base, one], cores=2, compare=rates_of(loose))[0]
-    high = int(re.search(r"interval -\d+% to \+(\d+)%", out.evidence).group(1))
-    assert high >= 10 and out.next_step.startswith("more workers showed no gain of 10% or more, though")
-    assert "will not" not in out.next_step
+    high = int(re.search(r"interval -\d+% to \+(\d+)%", diagnosis.evidence(out)).group(1))
+    assert high >= 10 and diagnosis.next_step(out).startswith("more workers showed no gain of 10% or more, though")
+    assert "will not" not in diagnosis.next_step(out)
 
 
 def test_a_gain_the_interval_shows_is_not_called_no_gain_on_the_medians():
@@ -305,7 +308,7 @@ def test_a_gain_the_interval_shows_is_not_called_no_gain_on_the_medians():
     compare = lambda a, b: paired if a["num_workers"] == 2 else None  # noqa: E731
     out = revise([DATA_BOUND], base.params, base.metrics, [base, two], cores=2, compare=compare)
     assert [v.kind for v in out] == ["data-bound"], out
-    assert "faster as measured: num_workers 2 +24% (99% interval +1% to +52%, 6 pairs)" in out[0].next_step, out
+    assert "faster as measured: num_workers 2 +24% (99% interval +1% to +52%, 6 pairs)" in diagnosis.next_step(out[0])
     alone = revise([DATA_BOUND], base.params, base.metrics, [base, two], cores=2)  # no interval: the medians, +6%
     assert [v.kind for v in alone] == ["host-cpu-saturated"], alone
 
@@ -315,35 +318,31 @@ def test_more_workers_are_not_advised_once_more_were_measured_without_a_gain():
     data, and its verdict said "try more loader workers than 2, ..." beside "(already measured
     from here without a gain of 10% or more: num_workers 0, 1, 4)", where 4 workers had run at
     601.6 samples/s against 755.5. With only fewer workers measured, the advice stays."""
-    from tuner.analysis.diagnose import diagnose
-
     best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False},
                 {"samples_per_s": 755.5, "data_wait_share": 0.4, "step_time_p50_s": 0.04})
     data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
-    assert data.next_step.startswith("try more loader workers than 2, a larger prefetch_factor than 2, ")
+    assert diagnosis.next_step(data).startswith("try more loader workers than 2, a larger prefetch_factor than 2, ")
     more = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 601.6, "data_wait_share": 0.4})
     fewer = Seen({**best.params, "num_workers": 1}, {"samples_per_s": 500.0, "data_wait_share": 0.6})
-    out = _already_tried(data, best.params, best.metrics, [best, more, fewer]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, more, fewer]))
     assert out.startswith("try a larger prefetch_factor than 2, persistent_workers: true; if the workers"), out
     assert out.endswith("without a gain of 10% or more: num_workers 1, 4)"), out
-    kept = _already_tried(data, best.params, best.metrics, [best, fewer]).next_step
+    kept = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, fewer]))
     assert kept.startswith("try more loader workers than 2, "), kept
 
 
 def test_a_larger_prefetch_is_not_advised_once_one_was_measured_without_a_gain():
     """The workers advice's twin: "a larger prefetch_factor than 2" beside "(already measured
     ... prefetch_factor 4)" contradicted itself; a smaller prefetch measured keeps it."""
-    from tuner.analysis.diagnose import diagnose
-
     best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False},
                 {"samples_per_s": 755.5, "data_wait_share": 0.4, "step_time_p50_s": 0.04})
     data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
     deeper = Seen({**best.params, "prefetch_factor": 4}, {"samples_per_s": 760.0, "data_wait_share": 0.4})
-    out = _already_tried(data, best.params, best.metrics, [best, deeper]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, deeper]))
     assert out.startswith("try more loader workers than 2, persistent_workers: true; if the workers"), out
     assert out.endswith("without a gain of 10% or more: prefetch_factor 4)"), out
     shallower = Seen({**best.params, "prefetch_factor": 1}, {"samples_per_s": 700.0, "data_wait_share": 0.5})
-    kept = _already_tried(data, best.params, best.metrics, [best, shallower]).next_step
+    kept = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, shallower]))
     assert kept.startswith("try more loader workers than 2, a larger prefetch_factor than 2, "), kept
 
 
@@ -352,21 +351,19 @@ def test_a_move_that_gained_does_not_hide_the_moves_that_did_not():
     "try more loader workers than 2" where trials.csv showed 4 workers at 628 samples/s
     against its 1,174.5: another worker count had measured faster, and the moves were judged
     together, so none was named. Each is judged on its own now."""
-    from tuner.analysis.diagnose import diagnose
-
     best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False},
                 {"samples_per_s": 1174.5, "data_wait_share": 0.3, "step_time_p50_s": 0.01})
     data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
     more = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 628.0, "data_wait_share": 0.2})
     lucky = Seen({**best.params, "num_workers": 1}, {"samples_per_s": 1320.0, "data_wait_share": 0.6})
-    out = _already_tried(data, best.params, best.metrics, [best, more, lucky]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, more, lucky]))
     assert out.startswith("try a larger prefetch_factor than 2, persistent_workers: true; if the workers"), out
     assert out.endswith("(already measured from here without a gain of 10% or more: num_workers 4; faster as "
                         "measured: num_workers 1 +12% (no interval: no noise measured yet))"), out
     # a larger count that gained: measured already, so not advised, and its figure is printed
     # (another CI run: 4 workers' search trial at 1,507 against 1,663.6, its pooled median above the bar)
     gained = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 1320.0, "data_wait_share": 0.1})
-    out = _already_tried(data, best.params, best.metrics, [best, gained]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, gained]))
     assert out.startswith("try a larger prefetch_factor than 2, persistent_workers: true; if the workers"), out
     assert out.endswith("(already measured from here, faster as measured: num_workers 4 +12% (no interval: no noise "
                         "measured yet))"), out
@@ -376,8 +373,8 @@ def test_a_move_that_gained_does_not_hide_the_moves_that_did_not():
     out = revise([data], best.params, best.metrics, [best, gained], cores=8, compare=rates_of(rates))
     assert [v.kind for v in out] == ["host-cpu-saturated"], out
     assert re.search(r"4 worker\(s\) took the wait to 10% and samples/s -3% \(99% interval -\d+% to \+\d+%",
-                     out[0].evidence), out[0].evidence
-    assert out[0].next_step.startswith("more workers showed no gain of 10% or more, though the interval does not")
+                     diagnosis.evidence(out[0])), diagnosis.evidence(out[0])
+    assert diagnosis.next_step(out[0]).startswith("more workers showed no gain of 10% or more, though the interval")
 
 
 def test_a_move_of_several_loader_knobs_counts_for_each():
@@ -385,13 +382,11 @@ def test_a_move_of_several_loader_knobs_counts_for_each():
     stood beside a trial of 4 workers with a deeper prefetch that ran slower. A move inside
     the verdict's family counts, named with what moved beside it; a move that also changed a
     knob outside the family (the micro-batch) does not."""
-    from tuner.analysis.diagnose import diagnose
-
     best = Seen({"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False, "micro_batch_size": 8},
                 {"samples_per_s": 1000.0, "data_wait_share": 0.3, "step_time_p50_s": 0.01})
     data = next(v for v in diagnose(best.metrics, best.params) if v.kind == "data-bound")
     deeper = Seen({**best.params, "num_workers": 4, "prefetch_factor": 4}, {"samples_per_s": 900.0})
-    out = _already_tried(data, best.params, best.metrics, [best, deeper]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, deeper]))
     assert out.startswith("try persistent_workers: true; if the workers"), out
     # named once, under the first knob it moved (the quick start's baseline listed one trial
     # three times, once under each loader knob)
@@ -399,14 +394,14 @@ def test_a_move_of_several_loader_knobs_counts_for_each():
                         "prefetch_factor 4))"), out
     # measured alone too: the plain value is named
     alone = Seen({**best.params, "num_workers": 4}, {"samples_per_s": 950.0})
-    out = _already_tried(data, best.params, best.metrics, [best, deeper, alone]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, deeper, alone]))
     assert "num_workers 4; prefetch_factor 4 (with num_workers 4))" in out, out
     # a larger micro-batch beside it: not a loader move
     other = Seen({**best.params, "num_workers": 4, "micro_batch_size": 16}, {"samples_per_s": 900.0})
     assert _already_tried(data, best.params, best.metrics, [best, other]) == data
     # a joint move that gained: measured already, printed with what moved beside it
     faster = Seen({**best.params, "num_workers": 4, "prefetch_factor": 4}, {"samples_per_s": 1200.0})
-    out = _already_tried(data, best.params, best.metrics, [best, faster]).next_step
+    out = diagnosis.next_step(_already_tried(data, best.params, best.metrics, [best, faster]))
     assert out.startswith("try persistent_workers: true; if the workers"), out
     assert out.endswith("faster as measured: num_workers 4 (with prefetch_factor 4) +20% (no interval: no noise "
                         "measured yet))"), out
@@ -417,24 +412,38 @@ def test_a_larger_micro_batch_that_gained_is_not_advised_again_for_communication
     collectives) read "try a larger micro-batch with fewer accumulation steps ..." beside
     "faster as measured: micro_batch_size 128 +81%": the verdict's own words for the lever
     were not the ones the evidence looked for. A smaller micro-batch measured keeps it."""
-    from tuner.analysis.diagnose import diagnose
-
     base = Seen({"micro_batch_size": 16, "grad_accum_steps": 8, "zero_stage": 0},
                 {"samples_per_s": 3800.0, "comm_share": 0.33, "data_wait_share": 0.04, "step_time_p50_s": 0.06})
     comm = next(v for v in diagnose(base.metrics, base.params) if v.kind == "communication-bound")
-    assert comm.next_step.startswith("try a larger micro_batch_size with fewer accumulation steps"), comm
+    assert diagnosis.next_step(comm).startswith("try a larger micro_batch_size with fewer accumulation steps"), comm
     larger = Seen({**base.params, "micro_batch_size": 128, "grad_accum_steps": 1}, {"samples_per_s": 6900.0})
-    out = _already_tried(comm, base.params, base.metrics, [base, larger]).next_step
+    out = diagnosis.next_step(_already_tried(comm, base.params, base.metrics, [base, larger]))
     assert "try a larger micro_batch_size" not in out and out.startswith("larger buckets"), out
     assert "faster as measured: micro_batch_size 128 +82%" in out, out
     smaller = Seen({**base.params, "micro_batch_size": 8, "grad_accum_steps": 16}, {"samples_per_s": 3000.0})
-    kept = _already_tried(comm, base.params, base.metrics, [base, smaller]).next_step
+    kept = diagnosis.next_step(_already_tried(comm, base.params, base.metrics, [base, smaller]))
     assert kept.startswith("try a larger micro_batch_size with fewer"), kept
 
 
 def test_a_figure_that_rounds_to_zero_keeps_its_tenth():
     """A charlm run's interval read "-0% to +16%": a sign without its figure."""
-    from tuner.analysis.evidence import _pct
+    from tuner.outputs.diagnosis import _pct
 
     assert [_pct(x) for x in (-0.003, 0.004, 0.0, 0.16, -0.09)] == ["-0.3%", "+0.4%", "+0%", "+16%", "-9%"]
     assert _pct(math.inf) == "+inf%"  # an interval's end over a configuration that may not run (a busy CI's dashboard)
+
+
+def test_each_lever_advises_the_values_its_words_name():
+    """The values a suggestion names are data (``advises``) beside its words: the evidence
+    takes the suggestion out once the trials ran each of them, without reading the words."""
+    from tuner.inputs import levers
+    from tuner.inputs.space import written
+
+    for name, lever in levers.LEVERS.items():
+        if not lever.suggest or not lever.suggest[0]:
+            continue
+        already, words = lever.suggest
+        advised = lever.advises or already
+        outside = re.sub(r"\([^)]*\)", "", words)  # what brackets add is no value named
+        assert set(advised) <= set(already), name
+        assert {written(v) for v in already if written(v) in outside.split()} == {written(v) for v in advised}, name

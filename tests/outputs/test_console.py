@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from tuner.analysis.diagnose import Verdict
+from tuner.analysis.remedies import Step
 from tuner.outputs.console import print_diagnosis
 from tuner.outputs.live import Live
 
@@ -22,8 +23,13 @@ def test_notes_and_advice_keep_their_brackets(tmp_path, capsys):
     live._handler.close()
     assert f"note: the trial asked for [bold]{ADVICE}" in capsys.readouterr().err
     out = io.StringIO()
-    print_diagnosis(Console(file=out, width=400), [Verdict("compute-bound", 0.5, "a [red]step[/]", ADVICE)])
+    recorded = Verdict("compute-bound", 0.5, "recorded", {"evidence": "a [red]step[/]", "next_step": ADVICE})
+    space = Step("add_space", figures={"space": {"compile": [False, True], "num_workers": [0, 2]}})
+    found = Verdict("compute-bound", 0.5, "compute-bound", {"rate": 49.0, "wait": 0.0, "ceiling": None, "mfu": None,
+                                                            "tflops": None}, (space,))
+    print_diagnosis(Console(file=out, width=400), [recorded, found])
     assert "a [red]step[/]" in out.getvalue() and f"next: {ADVICE}" in out.getvalue()
+    assert f"what makes the step itself faster: {ADVICE}" in out.getvalue()
 
 
 def test_a_console_that_is_no_terminal_gets_no_progress_bar_and_no_empty_line(tmp_path, capsys):

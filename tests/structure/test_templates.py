@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 from typing import Iterator
 
-from tuner.outputs import closing, wording
+from tuner.outputs import closing, diagnosis, wording
 from tuner.tuning import summary
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
@@ -99,3 +99,18 @@ def test_why_a_question_was_left_open_has_its_words():
     why = {s for node in ast.walk(finish) if isinstance(node, ast.Assign)
            and any(getattr(t, "id", None) == "why" for t in node.targets) for s in _strings(node.value)}
     assert why == set(wording.LEFT_OPEN)
+
+
+def test_every_verdict_and_step_of_the_diagnosis_has_its_words():
+    """A verdict's code is its third argument (or ``code=`` where the evidence replaces one); a
+    step's is its first, or what ``_buckets`` returns; ``recorded`` is an older folder's words."""
+    trees = [_tree(m) for m in ("analysis/diagnose.py", "analysis/evidence.py", "analysis/remedies.py")]
+    verdicts = {s for t in trees for call in _calls(t, "Verdict") if len(call.args) > 2 for s in _strings(call.args[2])}
+    verdicts |= {s for t in trees for call in _calls(t, "replace") for k in call.keywords if k.arg == "code"
+                 for s in _strings(k.value)}
+    assert verdicts | {"recorded"} == set(diagnosis.EVIDENCE)
+    steps = {s for t in trees for call in _calls(t, "Step") if call.args for s in _strings(call.args[0])}
+    buckets = _function(trees[0], "_buckets")
+    steps |= {s for node in ast.walk(buckets) if isinstance(node, ast.Return) for s in _strings(node.value)} - {""}
+    assert steps == set(diagnosis.STEPS) | {"unrouted"}
+    assert set(diagnosis.NEXT) <= verdicts

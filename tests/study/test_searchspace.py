@@ -58,15 +58,15 @@ def test_no_data_wait_goes_straight_to_one_knob_at_a_time_largest_micro_first():
 
 
 def test_the_verdict_chooses_the_family_and_says_so():
-    comm = [Verdict("communication-bound", 0.4, "collectives 40%", "...")]
+    comm = [Verdict("communication-bound", 0.4, "communication-bound")]
     step = guided_next(SPACE, BASE, {"data_wait_share": 0.0}, lambda k: False, comm)
     assert step.knobs == dict(BASE, micro_batch_size=16)
     assert step.why == Said("points_at", {"kind": "communication-bound", "knob": "micro_batch_size"})
     assert wording.said(step.why) == "communication-bound points at micro_batch_size"
-    memory = [Verdict("memory-bound", 0.95, "peak 0.95 of budget", "...")]
+    memory = [Verdict("memory-bound", 0.95, "memory-bound")]
     step = guided_next(SPACE, dict(BASE, micro_batch_size=16), {"data_wait_share": 0.0}, lambda k: False, memory)
     assert step.knobs["micro_batch_size"] == 8  # smaller first: it frees memory
-    saturated = [Verdict("host-cpu-saturated", 0.37, "workers took the wait, not the time", "...")]
+    saturated = [Verdict("host-cpu-saturated", 0.37, "workers-bought-nothing")]
     step = guided_next(SPACE, BASE, {"data_wait_share": 0.37}, lambda k: False, saturated)
     assert step.knobs["num_workers"] == 0 and step.knobs["amp_dtype"] == "bf16"  # no more workers
 
@@ -153,7 +153,7 @@ def test_a_micro_batch_that_did_not_fit_comes_back_with_checkpointing_selective_
 
 
 def test_moving_to_fsdp_leaves_zero_and_back():
-    memory = [Verdict("memory-bound", 0.95, "peak 0.95 of the budget", "shard")]
+    memory = [Verdict("memory-bound", 0.95, "memory-bound")]
     on_zero = dict(LEVER_BASE, zero_stage=2)
     step = guided_next(LEVERS, on_zero, {"data_wait_share": 0.0}, lambda k: False, memory)
     assert step.knobs == dict(on_zero, fsdp="full_shard", zero_stage=0)  # memory-bound: fsdp first
@@ -195,7 +195,7 @@ def test_along_an_ordered_knob_the_walk_ends_at_the_first_value_that_lost():
 
 
 def test_a_value_that_did_not_fit_does_not_end_the_walk_towards_less_memory():
-    memory = [Verdict("memory-bound", 0.95, "peak 0.95 of the budget", "shard")]
+    memory = [Verdict("memory-bound", 0.95, "memory-bound")]
     over = dict(BASE, zero_stage=1)
     step = guided_next(ZERO, BASE, {"data_wait_share": 0.0}, lambda k: k == over, memory,
                        _state_of({str(sorted(over.items())): "over_budget"}))

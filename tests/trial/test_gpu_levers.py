@@ -19,7 +19,7 @@ import tuner
 from tuner.inputs import rules
 from tuner.inputs.levers.process import _expandable_env
 from tuner.inputs.space import Machine, make_config, unsupported
-from tuner.outputs import exports
+from tuner.outputs import diagnosis, exports
 from tuner.trial.engines import model_levers as levers
 from tuner.trial.engines import stages
 from tuner.trial.engines.gpu_levers import GraphShapes, attention_kernel, float8_model
@@ -320,7 +320,7 @@ def test_the_diagnosis_suggests_them_where_its_verdict_points_and_the_machine_ru
 
     def advice(device: str, **params: object) -> str:
         found = diagnose(metrics, params, device=device, memory_budget_gib=10)
-        return next(v for v in found if v.kind == "memory-bound").next_step
+        return diagnosis.next_step(next(v for v in found if v.kind == "memory-bound"))
 
     assert "expandable_segments: true" in advice("cuda") and "fused_loss: true" in advice("cuda")
     assert "expandable_segments" not in advice("cuda", expandable_segments=True)

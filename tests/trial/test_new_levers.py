@@ -18,7 +18,7 @@ from tuner.analysis.diagnose import diagnose
 from tuner.analysis.guard import divergence
 from tuner.inputs.levers import dataloader_kwargs
 from tuner.inputs.space import Machine, make_config
-from tuner.outputs import exports
+from tuner.outputs import diagnosis, exports
 from tuner.scriptmode.adapters.common import rebuild_loader
 from tuner.scriptmode.config import TrialConfig
 from tuner.trial.engines import process
@@ -176,13 +176,13 @@ def test_the_exports_say_what_was_measured():
 def test_compute_bound_advice_leaves_out_what_the_configuration_already_does():
     metrics = {"samples_per_s": 100.0, "data_wait_share": 0.0, "step_time_p50_s": 0.1, "step_time_p99_s": 0.1}
     fused = diagnose(metrics, {"optimizer_impl": "fused", "compile": True, "amp_dtype": "bf16"}, device="cpu")
-    step = next(v for v in fused if v.kind == "compute-bound").next_step
+    step = diagnosis.next_step(next(v for v in fused if v.kind == "compute-bound"))
     assert "optimizer_impl" not in step and "compile: true" not in step and "amp_dtype" not in step
     assert "matmul_precision" not in step and "cudnn_benchmark" not in step  # a CPU runs neither
     # the values a CPU runs of a lever it half runs; a mode only once compile is on
     assert "compile_mode: max-autotune-no-cudagraphs," in step and "attention_backend: flash" in step
     assert "cudnn" not in step and "reduce-overhead" not in step and "float8" not in step
-    gpu = next(v for v in diagnose(metrics, {}, device="cuda") if v.kind == "compute-bound").next_step
+    gpu = diagnosis.next_step(next(v for v in diagnose(metrics, {}, device="cuda") if v.kind == "compute-bound"))
     assert gpu.index("matmul_precision: high") < gpu.index("compile: true") and "cudnn_benchmark" in gpu
     assert "compile_mode" not in gpu and "float8: tensorwise" in gpu and "attention_backend: flash or cudnn" in gpu
 
@@ -229,4 +229,4 @@ def test_what_the_library_ran_is_what_the_advice_reads(tmp_path, monkeypatch):
     config, _ = make_config({}, 8, 1, CPU)
     runs = [TrialResult(config.params(), "ok", metrics=metrics, ran={"optimizer_impl": "fused"})]
     advice = next(v for v in combine("hf", None, config, runs, [], 1).diagnosis if v.kind == "compute-bound")
-    assert "optimizer_impl" not in advice.next_step and "compile: true" in advice.next_step
+    assert "optimizer_impl" not in diagnosis.next_step(advice) and "compile: true" in diagnosis.next_step(advice)

@@ -11,6 +11,7 @@ import torch
 
 import tuner
 from tuner.harness.metrics import METRIC_NAMES
+from tuner.outputs import diagnosis
 
 from conftest import leftovers, run
 
@@ -175,7 +176,7 @@ def test_a_window_without_data_wait_says_its_ceiling_is_the_window_less_its_wait
     verdict cites it as evidence."""
     m = tuner.measure(toy(task_args={"cached": True, "step_ms": 10.0}), num_workers=0)
     assert m.state == "ok" and m.metrics["stall_free_method"] == "window minus waits", m.metrics
-    assert all("stall-free ceiling" not in v.evidence for v in m.diagnosis)
+    assert all("stall-free ceiling" not in diagnosis.evidence(v) for v in m.diagnosis)
 
 
 def _toy_module():

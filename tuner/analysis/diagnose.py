@@ -7,10 +7,10 @@ names the bottleneck, its numbers and the next thing to try; every threshold is 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from tuner.analysis.remedies import Here, can_grow_micro, remedies
+from tuner.analysis.remedies import Here, Step, can_grow_micro, remedies
 from tuner.inputs import levers
 from tuner.inputs.engine import kind
 
@@ -31,25 +31,37 @@ THRESHOLDS: dict[str, float] = {
 
 @dataclass(frozen=True)
 class Verdict:
-    """One bottleneck, the numbers behind it, and what to try next."""
+    """One bottleneck as data: what it is, the figures behind it, and what to try next; its
+    words are :mod:`tuner.outputs.diagnosis`'s, keyed by ``code``."""
 
     kind: str
     """data-bound, input-transfer-bound, communication-bound, pipeline-bound, memory-bound,
-    host-bound, compute-bound or unstable."""
+    host-bound, compute-bound, unstable, host-cpu-saturated or loader-memory-bound."""
     weight: float
     """Share of the step it explains (0..1), for ordering; 0 for unstable."""
-    evidence: str
-    next_step: str
-
-    def __str__(self) -> str:  # what tuner.diagnose's user prints
-        return f"{self.kind}: {self.evidence}\n  next: {self.next_step}"
+    code: str
+    """Which evidence it states (a kind can be found more than one way: the host-bound rule on a
+    GPU and on a CPU); ``recorded``: an older run folder's words, kept as they were."""
+    figures: Mapping[str, Any] = field(default_factory=dict)
+    """The measured numbers its evidence names (shares 0..1, samples/s, GiB, cores)."""
+    steps: tuple[Step, ...] = ()
+    """What to try, in order."""
+    measured: Mapping[str, Any] | None = None
+    """What the trials already did from here to the knobs it points at
+    (:func:`tuner.analysis.evidence.revise`): ``flat`` moves without a gain, ``gained`` those with."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"kind": self.kind, "weight": self.weight, "code": self.code, "figures": dict(self.figures),
+                "steps": [s.to_json() for s in self.steps], "measured": self.measured}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Verdict":
-        return cls(data["kind"], float(data["weight"]), data["evidence"], data["next_step"])
+        """A verdict read back; one written before verdicts were records keeps its words."""
+        if data.get("code") is None:
+            return cls(data["kind"], float(data["weight"]), "recorded",
+                       {"evidence": data.get("evidence", ""), "next_step": data.get("next_step", "")})
+        return cls(data["kind"], float(data["weight"]), data["code"], data.get("figures") or {},
+                   tuple(Step.from_json(s) for s in data.get("steps") or ()), data.get("measured"))
 
 
 @dataclass(frozen=True)
@@ -101,35 +113,25 @@ def _data_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     t = THRESHOLDS
     if f.wait <= t["data_wait_share"] or (f.gap is not None and f.gap < t["stall_free_gap"]):
         return None
-    workers = f.params.get("num_workers")
-    # the registry's words, which the trials' evidence takes out once a larger value ran without a gain
-    words, deeper = (levers.LEVERS[k].suggest[1] for k in ("num_workers", "prefetch_factor"))
-    more = f"{words} than {workers}" if workers is not None else words
-    ceiling_text = f"; a perfect pipeline would reach {f.ceiling:,.0f} samples/s ({f.gap:.1f}x)" if f.gap else ""
-    worker_cpu = f.get("worker_cpu_util")
-    busy = f"; its {workers} workers use {worker_cpu:.1f} cores" if worker_cpu is not None and workers else ""
+    workers, prefetch = f.params.get("num_workers"), f.params.get("prefetch_factor")
+    steps = [Step("lever", "num_workers", {"than": workers})]
     # not what it runs (8 persistent workers were told "persistent_workers"), nor what needs workers
-    prefetch, steps = f.params.get("prefetch_factor"), [more]
     if workers != 0:
-        steps.append(f"{deeper} than {prefetch}" if workers and prefetch else deeper)
+        steps.append(Step("lever", "prefetch_factor", {"than": prefetch if workers and prefetch else None}))
         if not f.params.get("persistent_workers"):
-            steps.append(levers.LEVERS["persistent_workers"].suggest[1])
-    cheaper = "or make" if workers == 0 else "if the workers are CPU-bound, make"  # without any, the loop loads
-    return Verdict("data-bound", f.wait, f"the loop waits for data {f.wait:.0%} of the step{ceiling_text}{busy}",
-                   f"try {', '.join(steps)}; {cheaper} the per-sample work cheaper (decode once, cache)")
+            steps.append(Step("lever", "persistent_workers"))
+    steps.append(Step("cheaper_samples", figures={"workers": workers}))  # without any, the loop loads
+    return Verdict("data-bound", f.wait, "data-bound",
+                   {"wait": f.wait, "ceiling": f.ceiling, "gap": f.gap, "workers": workers,
+                    "worker_cpu": f.get("worker_cpu_util")}, tuple(steps))
 
 
 def _input_transfer_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     transfer = f.get("transfer_share")
     if transfer is None or transfer <= THRESHOLDS["transfer_share"]:
         return None
-    return Verdict(
-        "input-transfer-bound", transfer,
-        f"copying batches to the device takes {transfer:.0%} of the step"
-        + ("" if f.params.get("pin_memory") else " with pageable memory"),
-        "try pin_memory=true (the copy becomes asynchronous), or move less data (uint8 images, "
-        "token ids instead of embeddings)",
-    )
+    return Verdict("input-transfer-bound", transfer, "input-transfer-bound",
+                   {"transfer": transfer, "pinned": bool(f.params.get("pin_memory"))}, (Step("pin_or_less_data"),))
 
 
 def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
@@ -137,17 +139,13 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if comm is None or comm <= THRESHOLDS["comm_share"]:
         return None
     zero = f.params.get("zero_stage")
-    more = remedies("communication-bound", f.params, f.device, said=("micro_batch_size",), here=f.here)
-    first = [("a larger micro_batch_size with fewer accumulation steps (fewer all-reduces per sample)"
-              if can_grow_micro(f.params) else ""), "a lower ZeRO stage (less gathering)" if zero and zero >= 2 else "",
-             more]
-    tried = ", ".join(w for w in first if w)
-    return Verdict(
-        "communication-bound", comm,
-        f"collectives not hidden behind compute take {comm:.0%} of the step",
-        "; ".join(filter(None, (f"try {tried}" if tried else "", _buckets(f.params),
-                                "check the interconnect (NCCL_DEBUG=INFO)" if f.device == "cuda" else ""))),
-    )
+    steps = [Step("fewer_all_reduces", "micro_batch_size")] if can_grow_micro(f.params) else []
+    if zero and zero >= 2:
+        steps.append(Step("lower_zero"))
+    steps += remedies("communication-bound", f.params, f.device, said=("micro_batch_size",), here=f.here)
+    steps += [Step(_buckets(f.params))] if _buckets(f.params) else []
+    steps += [Step("interconnect")] if f.device == "cuda" else []
+    return Verdict("communication-bound", comm, "communication-bound", {"comm": comm}, tuple(steps))
 
 
 def _buckets(params: Mapping[str, Any]) -> str:
@@ -155,10 +153,10 @@ def _buckets(params: Mapping[str, Any]) -> str:
     "ddp_bucket_cap_mb", a DDP lever, and a CPU run "on GPUs, check the interconnect"; none
     under FSDP2, which has no bucket knob."""
     if kind(params.get("engine")).wraps_model or (params.get("zero_stage") or 0) > 0:
-        return ("larger buckets (reduce_bucket_size, allgather_bucket_size) and overlap_comm: true hide more of it")
+        return "deepspeed_buckets"
     if params.get("fsdp", "off") != "off":  # FSDP2: no bucket knob; its resharding is the sharding levers' own advice
         return ""
-    return "larger buckets (ddp_bucket_cap_mb) hide more of it"
+    return "ddp_buckets"
 
 
 def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
@@ -166,15 +164,11 @@ def _pipeline_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if bubble is None or bubble <= THRESHOLDS["bubble_share"]:
         return None
     pp, accum = f.params.get("pipeline_parallel", 1), f.params.get("grad_accum_steps")
-    theory = f" ({pp} stages x {accum} micro-batches: (p - 1) / (m + p - 1) = {(pp - 1) / (accum + pp - 1):.0%} " \
-             "in theory, the rest the stages' sends)" if isinstance(accum, int) and pp > 1 else ""
-    more = remedies("pipeline-bound", f.params, f.device, here=f.here)
-    return Verdict(
-        "pipeline-bound", bubble,
-        f"a pipeline stage sits idle {bubble:.0%} of the step{theory}",
-        "more micro-batches per pipeline step (a smaller micro_batch_size at the same global batch), "
-        + (more + ", " if more else "") + "or fewer pipeline stages where the model still fits",
-    )
+    steps = (Step("more_micro_batches"), *remedies("pipeline-bound", f.params, f.device, here=f.here),
+             Step("fewer_stages"))
+    return Verdict("pipeline-bound", bubble, "pipeline-bound",
+                   {"bubble": bubble, "stages": pp, "micro_batches": accum if isinstance(accum, int) else None},
+                   steps)
 
 
 def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
@@ -183,44 +177,28 @@ def _memory_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     near = bool(budget and peak and peak >= THRESHOLDS["memory_near_budget"] * budget)
     if not near and retries <= 0:
         return None
-    used = f"peak memory {peak:.2f} GiB of a {budget:g} GiB budget" if budget and peak else ""
-    retry = f"{retries} allocator retries (cudaMalloc failed, cache flushed)" if retries else ""
     # the registry's other memory levers (the allocator, a fused loss), where this machine runs them
     more = remedies("memory-bound", f.params, f.device, said=("micro_batch_size", "amp_dtype", *levers.of("sharding")),
                     here=f.here)
-    return Verdict(
-        "memory-bound", (peak / budget) if budget and peak else 0.0,
-        "; ".join(x for x in (used, retry) if x),
-        "little room to grow: a higher ZeRO stage or FSDP2's full_shard, bf16, a smaller micro-batch with "
-        "more accumulation, or activation checkpointing frees memory (and lets a larger micro-batch fit); "
-        "offload_optimizer: cpu when the model does not fit at all" + (f"; also {more}" if more else ""),
-    )
+    return Verdict("memory-bound", (peak / budget) if budget and peak else 0.0, "memory-bound",
+                   {"peak": peak, "budget": budget, "retries": retries}, (Step("free_memory"), *more))
 
 
 def _host_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     t, cpu, gpu = THRESHOLDS, f.get("cpu_util"), f.get("gpu_util")
     if cpu is None or cpu < t["host_saturated_cpu"] or f.busy_share <= 0.5:
         return None
+    grow = {"grow": can_grow_micro(f.params)}
     if f.device == "cuda":
         if gpu is None or gpu >= t["gpu_idle_util"]:
             return None
-        return Verdict(
-            "host-bound", f.busy_share,
-            f"the main process uses {cpu:.1f} cores while the GPU runs kernels only {gpu:.0%} of the time",
-            "the host cannot launch work fast enough: " + ("a larger micro-batch, " if can_grow_micro(f.params) else "")
-            + "CUDA graphs or torch.compile, fewer Python-side operations per step",
-        )
+        return Verdict("host-bound", f.busy_share, "host-bound-gpu", {"cpu": cpu, "gpu": gpu},
+                       (Step("faster_launch", figures=grow),))
     tflops, yardstick = f.get("achieved_tflops"), f.host_matmul_tflops
     if not yardstick or tflops is None or tflops / yardstick >= t["host_flop_efficiency"]:
         return None
-    return Verdict(
-        "host-bound", f.busy_share,
-        f"the cores are busy ({cpu:.1f} in use) but the step does {1000 * tflops:.3g} "
-        f"GFLOP/s, {_share(tflops / yardstick)} of what they reach on a large matmul "
-        f"({1000 * yardstick:.0f} GFLOP/s): per-operation overhead, not arithmetic, sets the pace",
-        ("a larger micro-batch (bigger operations, fewer per sample), or fewer, " if can_grow_micro(f.params)
-         else "fewer, ") + "fused operations (torch.compile)",
-    )
+    return Verdict("host-bound", f.busy_share, "host-bound-cpu", {"cpu": cpu, "tflops": tflops, "yardstick": yardstick},
+                   (Step("fused_operations", figures=grow),))
 
 
 def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
@@ -233,52 +211,28 @@ def _compute_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if not f.rate or not near_ceiling or any(
             v.kind in ("data-bound", "communication-bound", "pipeline-bound", "host-bound") for v in found):
         return None
-    mfu, tflops = f.get("mfu"), f.get("achieved_tflops")
-    util = (f"; MFU {mfu:.0%}" if mfu is not None
-            else f"; {1000 * tflops:.3g} GFLOP/s per device" if tflops is not None else "")
-    # a ceiling replayed in its own short run can read below the window (seen: "115% of the
-    # stall-free ceiling" on a busy machine): above it, the step is at its ceiling, no more
-    where = ("" if not ceiling else f", {f.rate / ceiling:.0%} of the stall-free ceiling" if f.rate < ceiling
-             else ", at its stall-free ceiling")
-    steps = [s for s in (_more_threads(f), remedies("compute-bound", f.params, f.device, ("intra_op_threads",),
-                                                   f.here)) if s]
-    return Verdict(
-        "compute-bound", f.busy_share,
-        f"{f.rate:,.0f} samples/s with "
-        + (f"{waited:.0%} data wait" if waited is not None else "data wait not measured") + f"{where}{util}",
-        "the data pipeline is not the limit; what makes the step itself faster: "
-        + (", ".join(steps) or "a faster device (every lever here is already set)"),
-    )
+    steps = (*_more_threads(f), *remedies("compute-bound", f.params, f.device, ("intra_op_threads",), f.here))
+    return Verdict("compute-bound", f.busy_share, "compute-bound",
+                   {"rate": f.rate, "wait": waited, "ceiling": ceiling, "mfu": f.get("mfu"),
+                    "tflops": f.get("achieved_tflops")}, steps)
 
 
-def _more_threads(f: Facts) -> str:
+def _more_threads(f: Facts) -> tuple[Step, ...]:
     """Where the host is the device and the step ran on fewer threads than the cores a rank
     has here (what the trial recorded, ``params["threads"]``): ``intra_op_threads`` at those
     cores. torchrun starts each rank on one thread: 2 ranks on a 16-core host step on 2."""
     t = f.params.get("threads") if f.device != "cuda" else None
     step, cores = (t.get("step") or 0, t.get("cores_per_rank") or 0) if isinstance(t, Mapping) else (0, 0)
     if not step or cores <= step:
-        return ""
-    words = levers.LEVERS["intra_op_threads"].suggest[1]  # the evidence finds it by these words
-    return (f"{words}: {cores} a rank (the step ran on {step} thread{'s' if step > 1 else ''}; "
-            f"a rank has {cores} of this host's cores)")
-
-
-def _share(x: float) -> str:
-    """A small measured share: "1.4%", or "under 0.1%" where one decimal would print a zero."""
-    return f"{x:.1%}" if x >= 0.0005 else "under 0.1%"
+        return ()
+    return (Step("threads", "intra_op_threads", {"cores": cores, "threads": step}),)
 
 
 def _unstable(f: Facts, found: list[Verdict]) -> Verdict | None:
     p50, p99 = f.get("step_time_p50_s"), f.get("step_time_p99_s")
     if not (p50 and p99 and p99 > THRESHOLDS["unstable_tail"] * p50):
         return None
-    return Verdict(
-        "unstable", 0.0,
-        f"p99 step time {1000 * p99:.1f} ms is {p99 / p50:.1f}x the p50 ({1000 * p50:.1f} ms)",
-        "a periodic stall (loader refill, garbage collection, logging, another process): "
-        "look at a trace of the window (tuner.measure --trace DIR, or tuner.Probe(trace=DIR) in your loop)",
-    )
+    return Verdict("unstable", 0.0, "unstable", {"p50": p50, "p99": p99}, (Step("trace"),))
 
 
 RULES: tuple[Rule, ...] = (_data_bound, _input_transfer_bound, _communication_bound, _pipeline_bound, _memory_bound,
@@ -327,16 +281,3 @@ def diagnose_run(
         return []
     device = "cuda" if environment.get("cuda") else "cpu"
     return diagnose(metrics, params, memory_budget_gib, device, environment.get("host_matmul_tflops"), here)
-
-
-def headline(verdicts: list[Verdict], metrics: Mapping[str, Any] | None = None) -> str:
-    """The first verdict as one line, or what it means to have none: what was looked at,
-    and what was not measured (``metrics``), never read as none. nanoGPT's loop iterates no
-    DataLoader: its data wait is null, and "no wait ... stands out" claimed a zero."""
-    if not verdicts:
-        if metrics is not None and metrics.get("data_wait_share") is None:
-            return ("no clear bottleneck: no communication or host limit stands out; the data wait is not "
-                    "measured (no DataLoader the probe saw)")
-        return "no clear bottleneck: no wait, communication or host limit stands out"
-    v = verdicts[0]
-    return f"{v.kind}: {v.evidence}"

@@ -8,16 +8,14 @@ the cores), or a peak that grows with the workers (host memory they hold, not th
 
 from __future__ import annotations
 
-import math
-import re
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import THRESHOLDS, Verdict
+from tuner.analysis.remedies import Step
 from tuner.inputs import levers
-from tuner.inputs.space import written
-from tuner.stats.interval import LEVEL, Slowdown
+from tuner.stats.interval import Slowdown
 
 LOADER = levers.of("loader")
 """The loader's knobs: a change in these alone is a loader change."""
@@ -33,12 +31,6 @@ FAMILY_FIRST: dict[str, tuple[str, ...]] = {kind: levers.pointed_at(kind) for ki
 without gain."""
 SATURATED = 0.85
 """Busy cores (main process + workers) at or above this fraction of the cores available."""
-_CHEAPER_WORK = ("make the per-sample work cheaper (decode once and cache decoded samples, smaller images, a faster "
-                 "decoder), decode on the GPU, or run on more cores")
-_CHEAPER = "more workers will not help: " + _CHEAPER_WORK
-_SHOWN = f"more workers will not gain {NO_GAIN - 1:.0%} or more here: " + _CHEAPER_WORK
-_NOT_SHOWN = (f"more workers showed no gain of {NO_GAIN - 1:.0%} or more, though the interval does not rule one out: "
-              + _CHEAPER_WORK)
 Compare = Callable[[Mapping[str, Any], Mapping[str, Any]], "Slowdown | None"]
 """How much slower the second configuration is than the first, with its interval from every
 run of both (:meth:`tuner.tuning.pool.Pool.slowdown`: paired where they shared rounds)."""
@@ -78,22 +70,24 @@ def revise(verdicts: Sequence[Verdict], params: Mapping[str, Any], metrics: Mapp
 def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, Any],
                    trials: Sequence[Seen], compare: Compare | None = None) -> Verdict:
     """Name the verdict's knobs the trials already moved from ``params``: the next step is then
-    elsewhere, and the verdict says what the move did.
+    elsewhere, and the verdict records what the move did (``measured``).
 
     A move counts where only that knob changed, or only knobs of the verdict's own family
-    (named with it: "num_workers 4 (with prefetch_factor 4)"): the quick start searches the
-    loader's knobs together. A move without a gain of :data:`NO_GAIN` is listed by its values;
-    one that gained more, on the estimate its figure is printed from (:func:`_gain`), by the
-    largest gain, with its figure and interval, so the advice never stands beside trials that
-    already took it."""
+    (recorded with it: num_workers 4 with prefetch_factor 4): the quick start searches the
+    loader's knobs together. A move without a gain of :data:`NO_GAIN` is listed by its values
+    (``flat``); one that gained more, on the estimate its figure is printed from (:func:`_gain`),
+    by the largest gain with its effect (``gained``), so the advice never stands beside trials
+    that already took it."""
     rate = metrics.get("samples_per_s") or 0.0
     family = FAMILY_FIRST.get(v.kind, ())
-    flat, gained, next_step = [], [], v.next_step
+    flat: list[dict[str, Any]] = []
+    gained: list[dict[str, Any]] = []
+    steps = list(v.steps)
     here = Seen(params, metrics)
     named_moves: set[tuple[str, ...]] = set()  # a joint move is named once, under the first knob it moved
     for knob in family:
         alone: set[Any] = set()
-        together: dict[Any, tuple[str, tuple[str, ...]]] = {}
+        together: dict[Any, tuple[dict[str, Any], tuple[str, ...]]] = {}
         best: Seen | None = None
         best_gain = NO_GAIN - 1  # the bar: a move is a gain on the estimate its figure is printed from
         for t in trials:
@@ -106,29 +100,24 @@ def _already_tried(v: Verdict, params: Mapping[str, Any], metrics: Mapping[str, 
             elif _alike(t.params, params, (knob,)):
                 alone.add(value)
             else:
-                together.setdefault(value, (f"{value}{_with(t, params, family, knob)}", _move_of(t, params, family)))
-        joint = {x: label for x, (label, move) in together.items() if x not in alone and move not in named_moves}
-        named = {**joint, **{x: str(x) for x in alone}}
+                together.setdefault(value, (_moved(t, params, family, knob), _move_of(t, params, family)))
+        joint = {x: moved for x, (moved, move) in together.items() if x not in alone and move not in named_moves}
+        named = {**joint, **{x: {"value": x, "with": {}} for x in alone}}
         named_moves.update(together[x][1] for x in joint)
         if named:
-            flat.append(f"{knob} {', '.join(named[x] for x in sorted(named, key=str))}")
+            flat.append({"knob": knob, "moves": [named[x] for x in sorted(named, key=str)]})
         tried = set(named) | set(together)
         if best is not None:
             tried.add(best.params[knob])
             if (move := _move_of(best, params, family)) not in named_moves:
                 named_moves.add(move)
-                figure = _effect(best, here, compare)[0]
-                gained.append(f"{knob} {best.params[knob]}{_with(best, params, family, knob)} {figure}")
+                gained.append({"knob": knob, **_moved(best, params, family, knob),
+                               "effect": _effect(best, here, compare)})
         if tried:
-            next_step = _without_tried(next_step, knob, tried, params)
+            steps = [s for s in steps if not _taken(s, knob, tried, params)]
     if not flat and not gained:
         return v
-    # the bar in words: "without a gain" beside an answer 1.07x on that very knob read as false
-    said = [f" without a gain of {NO_GAIN - 1:.0%} or more: {'; '.join(flat)}"] if flat else []
-    if gained:
-        said.append(f"{'; ' if flat else ', '}faster as measured: {'; '.join(gained)}")
-    measured = f"already measured from here{''.join(said)}"
-    return replace(v, next_step=f"{next_step} ({measured})" if next_step else measured)
+    return replace(v, steps=tuple(steps), measured={"flat": flat, "gained": gained, "bar": NO_GAIN - 1})
 
 
 def _move_of(t: Seen, params: Mapping[str, Any], family: Sequence[str]) -> tuple[str, ...]:
@@ -136,53 +125,24 @@ def _move_of(t: Seen, params: Mapping[str, Any], family: Sequence[str]) -> tuple
     return tuple(f"{k}={t.params.get(k)}" for k in family if t.params.get(k) != params.get(k))
 
 
-def _with(t: Seen, params: Mapping[str, Any], family: Sequence[str], knob: str) -> str:
-    """`` (with prefetch_factor 4)``: the other knobs of ``family`` that ``t`` moved too."""
-    others = ", ".join(f"{k} {t.params.get(k)}" for k in family if k != knob and t.params.get(k) != params.get(k))
-    return f" (with {others})" if others else ""
+def _moved(t: Seen, params: Mapping[str, Any], family: Sequence[str], knob: str) -> dict[str, Any]:
+    """``t``'s value of ``knob``, and the other knobs of ``family`` it moved too."""
+    return {"value": t.params.get(knob),
+            "with": {k: t.params.get(k) for k in family if k != knob and t.params.get(k) != params.get(k)}}
 
 
-def _without_tried(text: str, knob: str, tried: set[Any], params: Mapping[str, Any]) -> str:
-    """``text`` without its suggestion of ``knob`` where the trials already moved it to what
-    the suggestion names without a gain (advice beside its own refutation reads as noise)."""
+def _taken(step: Step, knob: str, tried: set[Any], params: Mapping[str, Any]) -> bool:
+    """Whether the trials already moved ``knob`` to what ``step`` advises (advice beside its own
+    refutation reads as noise): each value it names, or for an ordered lever's "a larger ...",
+    a larger value than ``params``'s."""
+    if step.lever != knob:
+        return False
     lever = levers.LEVERS[knob]
-    if lever.suggest is None:
-        return text
-    already, words = lever.suggest
-    if already:
-        span = _item(text, f"{knob}: ")
-        named = re.sub(r"\([^)]*\)", "", span[len(knob) + 2:]).split(" or ") if span else []
-        if not span or not {n.strip() for n in named} <= {written(x) for x in tried}:
-            return text
-    else:  # an ordered lever's "a larger ...": a larger value was measured
-        current = params.get(knob)
-        # with its own figure ("more loader workers than 2") or a verdict's own reason ("a larger
-        # micro_batch_size with fewer accumulation steps (...)": the DeepSpeed job's baseline
-        # was advised it beside "faster as measured: micro_batch_size 128 +81%")
-        span = _item(text, words.split(" (")[0])
-        if not span or not any(isinstance(x, (int, float)) and isinstance(current, (int, float))
-                               and x > current for x in tried):
-            return text
-    for cut in (", " + span, span + ", ", span):
-        if cut in text:
-            # the last "try ..." item gone: no "try" left before the rest ("try ; if the workers ...")
-            rest = re.sub(r"^try\s*(;\s*|$)", "", text.replace(cut, "", 1)).strip()
-            return rest[len("or "):] if rest.startswith("or ") else rest  # "or make ...": its "try" gone
-    return text
-
-
-def _item(text: str, head: str) -> str:
-    """The item of a ", "-separated list that starts with ``head`` (commas inside
-    parentheses belong to it; a "; " ends the list), or ''."""
-    start = text.find(head)
-    if start < 0:
-        return ""
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[i], 0)
-        if depth == 0 and (text.startswith(", ", i) or text.startswith("; ", i)):
-            return text[start:i]
-    return text[start:]
+    advised = (step.figures.get("values") or lever.advises or lever.suggest[0]) if lever.suggest else ()
+    if advised:
+        return set(advised) <= tried
+    current = params.get(knob)
+    return any(isinstance(x, (int, float)) and isinstance(current, (int, float)) and x > current for x in tried)
 
 
 DERIVED = ("grad_accum_steps", "engine")
@@ -205,12 +165,8 @@ def cores_busy(params: Mapping[str, Any], metrics: Mapping[str, Any], cores: int
     workers = params.get("num_workers") or 0
     if wait <= THRESHOLDS["data_wait_share"] or not workers or busy < SATURATED * cores:
         return None
-    return Verdict(
-        "host-cpu-saturated", wait,
-        f"the loop waits for data {wait:.0%} of the step while the main process and its {workers} worker(s) "
-        f"keep {busy:.1f} of {cores} core(s) busy: no core is left for more loading",
-        _CHEAPER,
-    )
+    return Verdict("host-cpu-saturated", wait, "cores-busy", {"wait": wait, "workers": workers, "busy": busy,
+                                                               "cores": cores}, (Step("no_more_workers"),))
 
 
 def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
@@ -232,16 +188,11 @@ def host_cpu_saturated(params: Mapping[str, Any], metrics: Mapping[str, Any],
     if not cleared:
         return None
     t = max(cleared, key=lambda s: s.metrics["samples_per_s"])
-    busy = _busy(t.metrics)
-    used = f"; main process and workers then kept {busy:.1f} of {cores} core(s) busy" if busy else ""
-    figure, shown = _effect(t, here, compare)
-    return Verdict(
-        "host-cpu-saturated", wait,
-        f"the loop waits for data {wait:.0%} of the step, but {t.params['num_workers']} worker(s) took the wait "
-        f"to {t.metrics.get('data_wait_share') or 0.0:.0%} and samples/s {figure}{used}: loading and the step "
-        "compete for the same cores",
-        _SHOWN if shown else _NOT_SHOWN,
-    )
+    effect = _effect(t, here, compare)
+    return Verdict("host-cpu-saturated", wait, "workers-cleared-the-wait",
+                   {"wait": wait, "workers": t.params["num_workers"],
+                    "wait_then": t.metrics.get("data_wait_share") or 0.0, "effect": effect,
+                    "busy": _busy(t.metrics), "cores": cores}, (_no_gain(effect),))
 
 
 def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any],
@@ -260,16 +211,11 @@ def workers_bought_nothing(params: Mapping[str, Any], metrics: Mapping[str, Any]
     if not fewer or any(_gain(here, t, compare) >= NO_GAIN - 1 for t in fewer):
         return None
     t = min(fewer, key=lambda s: s.params.get("num_workers") or 0)
-    busy = _busy(metrics)
-    used = f"; main process and workers keep {busy:.1f} of {cores} core(s) busy" if busy else ""
-    figure, shown = _effect(here, t, compare)
-    return Verdict(
-        "host-cpu-saturated", wait,
-        f"going from {t.params.get('num_workers') or 0} to {workers} worker(s) took the data wait from "
-        f"{t.metrics.get('data_wait_share') or 0.0:.0%} to {wait:.0%} of the step and samples/s "
-        f"{figure}{used}: loading and the step compete for the same cores",
-        _SHOWN if shown else _NOT_SHOWN,
-    )
+    effect = _effect(here, t, compare)
+    return Verdict("host-cpu-saturated", wait, "workers-bought-nothing",
+                   {"fewer": t.params.get("num_workers") or 0, "workers": workers,
+                    "wait_before": t.metrics.get("data_wait_share") or 0.0, "wait": wait, "effect": effect,
+                    "busy": _busy(metrics), "cores": cores}, (_no_gain(effect),))
 
 
 def _gain(more: Seen, fewer: Seen, compare: Compare | None) -> float:
@@ -282,25 +228,21 @@ def _gain(more: Seen, fewer: Seen, compare: Compare | None) -> float:
     return more.metrics["samples_per_s"] / fewer.metrics["samples_per_s"] - 1
 
 
-def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> tuple[str, bool]:
+def _effect(more: Seen, fewer: Seen, compare: Compare | None) -> dict[str, Any]:
     """What the configuration ``more`` (more workers, or one knob moved) did to samples/s
-    against ``fewer``, in words with its interval, and whether the interval shows no gain of
-    :data:`NO_GAIN`: a claim of what a move did carries the interval that says whether the
-    runs behind it can bear it."""
+    against ``fewer``: the ratio of the medians (``point``), the interval from every run of
+    both (``interval``; ``None``: no noise measured yet), and whether it shows no gain of
+    :data:`NO_GAIN` (``shown``): a claim of what a move did carries the interval that says
+    whether the runs behind it can bear it."""
     point = more.metrics["samples_per_s"] / fewer.metrics["samples_per_s"] - 1
     s = compare(more.params, fewer.params) if compare is not None else None
-    if s is None:
-        return f"{point:+.0%} (no interval: no noise measured yet)", False
-    gain, low, high = s.gains
-    return (f"{_pct(gain)} ({LEVEL:.0%} interval {_pct(low)} to {_pct(high)}, {s.counted})",
-            s.within(1 - 1 / NO_GAIN))
+    return {"point": point, "interval": s.to_json() if s is not None else None,
+            "shown": s is not None and s.within(1 - 1 / NO_GAIN)}
 
 
-def _pct(x: float) -> str:
-    """A signed whole percent, or a tenth where that would read 0 ("-0%" says nothing)."""
-    if not math.isfinite(x):  # a gain over a configuration that may not run at all
-        return f"{x:+.0%}"
-    return f"{x:+.1%}" if round(x * 100) == 0 and round(x * 1000) != 0 else f"{x:+.0%}"
+def _no_gain(effect: Mapping[str, Any]) -> Step:
+    """More workers will not help: shown by the interval, or only not shown to help."""
+    return Step("no_gain_shown" if effect["shown"] else "no_gain_not_shown", figures={"bar": NO_GAIN - 1})
 
 
 def memory_per_worker(trials: Sequence[Seen]) -> float | None:
@@ -320,11 +262,6 @@ def memory_per_worker(trials: Sequence[Seen]) -> float | None:
 
 
 def _loader_memory(v: Verdict, slope: float, params: Mapping[str, Any]) -> Verdict:
-    workers = params.get("num_workers") or 0
-    return replace(
-        v, kind="memory-bound (loader workers)",
-        evidence=f"{v.evidence}; across the trials peak memory grew {slope:.2f} GiB per loader worker "
-                 f"({workers} worker(s) here hold ~{slope * workers:.2f} GiB): host memory the workers copy",
-        next_step="share the dataset's memory between workers (a numpy memmap or tensors, not lists of Python "
-                  "objects, which copy-on-read duplicates), load it lazily per sample, or use fewer workers",
-    )
+    return replace(v, kind="loader-memory-bound", code="loader-memory-bound",
+                   figures={**v.figures, "slope": slope, "workers": params.get("num_workers") or 0},
+                   steps=(Step("share_dataset_memory"),))

@@ -4,13 +4,30 @@ what cannot reach a script), and how to search the rest."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from tuner.inputs import levers
 from tuner.inputs.machine import Machine
 from tuner.inputs.rules import applies
-from tuner.inputs.space import written
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing a verdict advises: ``code`` names its words (:data:`tuner.outputs.diagnosis.STEPS`,
+    ``"lever"``: the lever's own suggestion), ``lever`` the knob it moves (the trials' evidence
+    takes the step out once they moved the knob there), ``figures`` fill the words."""
+
+    code: str
+    lever: str | None = None
+    figures: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "lever": self.lever, "figures": dict(self.figures)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Step":
+        return cls(data["code"], data.get("lever"), data.get("figures") or {})
 
 
 @dataclass(frozen=True)
@@ -39,22 +56,23 @@ def can_grow_micro(params: Mapping[str, Any]) -> bool:
 
 
 def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str, ...] = (),
-             here: Here | None = None) -> str:
+             here: Here | None = None) -> list[Step]:
     """The levers a verdict points at (their ``suggest``, in its order), less those the
     configuration already follows or that it does not use (``compile_mode`` without
     ``compile``), those that act on what the model does not hold (``params["model"]``: what
     a trial recorded), those the verdict ``said`` in its own words and the values that cannot run:
     those the search's refusal rules reject (``here``), else, off a GPU, those a CPU cannot
-    run. Values outside the search's space end it with how to add them."""
-    out: list[str] = []
-    add: dict[str, str] = {}
+    run. Values outside the search's space end it with how to add them (``add_space``), and
+    knobs a script cannot receive with how to route them (``unrouted``)."""
+    out: list[Step] = []
+    add: dict[str, list[Any]] = {}
     unrouted: list[str] = []
     knobs = {**{n: lever.default for n, lever in levers.LEVERS.items()}, **params}
     for name in levers.pointed_at(kind):
         lever = levers.LEVERS[name]
         if lever.suggest is None or name in said:
             continue
-        already, words = lever.suggest
+        already = lever.suggest[0]
         if knobs[name] in already or not applies(name, knobs, 1):
             continue
         if lever.acts_on is not None and (knobs.get("model") or {}).get(lever.acts_on) is False:
@@ -70,20 +88,14 @@ def remedies(kind: str, params: Mapping[str, Any], device: str, said: tuple[str,
             runs = list(already)
         if already and not runs:
             continue
-        if len(runs) < len(already):
-            words = f"{name}: {' or '.join(written(v) for v in runs)}"
         if here is not None and runs and name in here.space and not set(runs) & set(here.space[name]):
             if here.routes is not None and name not in here.routes:
                 unrouted.append(name)  # "add space" alone would be refused: the script cannot receive it
             else:
-                add[name] = ", ".join(written(v) for v in (*here.space[name], runs[0]))
-        out.append(words)
+                add[name] = [*here.space[name], runs[0]]
+        out.append(Step("lever", name, {"values": runs} if len(runs) < len(already) else {}))
     if add:  # the suggestions this search could not try: how to let it
-        out.append("to search the ones outside this recipe's space, add space: {"
-                   + ", ".join(f"{k}: [{v}]" for k, v in add.items()) + "}")
-    if not unrouted:
-        return ", ".join(out)
-    names = " and ".join(filter(None, (", ".join(unrouted[:-1]), unrouted[-1])))
-    return (", ".join(out) + f"; {names} reach{'es' if len(unrouted) == 1 else ''} this script only through a "
-            "flag or variable it reads: set them in the script, or map them (knobs: "
-            f"{{{unrouted[0]}: \"--{unrouted[0].replace('_', '-')} {{}}\"}}) to search them")
+        out.append(Step("add_space", figures={"space": add}))
+    if unrouted:
+        out.append(Step("unrouted", figures={"names": unrouted}))
+    return out

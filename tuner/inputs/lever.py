@@ -132,6 +132,9 @@ class Lever:
     suggest: tuple[tuple[Any, ...], str] | None = None
     """What a verdict pointing at it suggests: (the values that already follow the advice,
     the words); ``None``: the verdict's own words cover it."""
+    advises: tuple[Any, ...] | None = None
+    """The values the suggestion's words name (``None``: every value that follows it): once
+    the trials moved the knob to each of them, a verdict no longer advises it."""
     acts_on: Literal["convolutions", "attention"] | None = None
     """What the model must hold for the lever to act (convolutions; calls of
     scaled_dot_product_attention): a trial records what its model holds (``ran["model"]``,

@@ -11,9 +11,9 @@ import textwrap
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Mapping
 
 from tuner.analysis.attribution import share_text
-from tuner.analysis.diagnose import headline
 from tuner.outputs import wording
 from tuner.outputs.console import paired_text
+from tuner.outputs.diagnosis import headline, next_step
 
 if TYPE_CHECKING:
     from tuner.tuning.search_result import SearchResult
@@ -111,7 +111,7 @@ def explanation(result: "SearchResult", said: AbstractSet[str] = frozenset()) ->
         if verdicts is not None and part.get("metrics"):
             out.append(f"{name}: {headline(verdicts, part.get('metrics'))}")
             if verdicts:
-                out.append(f"  next: {verdicts[0].next_step}")
+                out.append(f"  next: {next_step(verdicts[0])}")
     if result.attribution is not None and result.attribution.rows:
         rows = result.attribution.rows  # the share is of the whole speedup, on a log scale
         parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({share_text(r.share)} of the speedup)"

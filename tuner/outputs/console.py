@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.analysis.diagnose import Verdict, headline
+from tuner.analysis.diagnose import Verdict
 from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.levers import LEVERS, recomputing
 from tuner.inputs.levers.orders import TITLE
 from tuner.outputs import wording
+from tuner.outputs.diagnosis import evidence, headline, next_step
 from tuner.stats.interval import LEVEL
 from tuner.tuning.events import Said
 
@@ -119,8 +120,8 @@ def print_diagnosis(out: Console, verdicts: list[Verdict], title: str = "diagnos
     summary = ", ".join(v.kind for v in verdicts) if verdicts else headline(verdicts, metrics)
     out.print(f"[bold]{title}:[/] {escape(summary)}", highlight=False)
     for v in verdicts:
-        out.print(f"  - [bold]{v.kind}[/]: {escape(v.evidence)}", highlight=False)
-        out.print(f"    next: {escape(v.next_step)}", highlight=False)
+        out.print(f"  - [bold]{v.kind}[/]: {escape(evidence(v))}", highlight=False)
+        out.print(f"    next: {escape(next_step(v))}", highlight=False)
 
 
 def print_check(result: "CheckResult") -> None:

@@ -18,6 +18,7 @@ from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.plan import Plan
 from tuner.inputs.script import set_by_script
+from tuner.outputs.diagnosis import worded
 from tuner.outputs.exports import json_text, write_exports
 from tuner.study import workers
 from tuner.study.trial_record import Status
@@ -45,7 +46,8 @@ def write_run(result: "SearchResult") -> None:
         config = Plan.of(result.world_size, **ran)
         write_exports(config, bool(result.environment.get("cuda")), out)
     record = result.to_json()
-    _json(out / "best.json", record)
+    _json(out / "best.json", {**record, "diagnosis": {name: [worded(v) for v in verdicts]
+                                                      for name, verdicts in result.diagnosis.items()}})
     study.set_attr("result", record)  # the report is rebuilt from the study alone
     build_report(out, study)
 

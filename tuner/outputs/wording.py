@@ -15,6 +15,12 @@ from tuner.tuning.events import Said
 from tuner.tuning.search_result import SearchResult
 
 
+def counted(s: Slowdown | Mapping[str, Any]) -> str:
+    """What an interval rests on: ``6 pairs`` (paired) or ``4+3 runs`` (unpaired)."""
+    s = s if isinstance(s, Slowdown) else Slowdown.from_json(s)
+    return f"{s.pairs} pair{'s' if s.pairs != 1 else ''}" if s.pairs else f"{s.runs[0]}+{s.runs[1]} runs"
+
+
 def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
     """How much slower ``b`` is than ``a``: ``5.1% slower (99% interval +3.9% to +6.3%, 6
     pairs)``, or where ``b`` measured faster, the interval read the same way as the word:
@@ -24,8 +30,8 @@ def interval(s: Slowdown | Mapping[str, Any] | None) -> str:
         return "no interval"
     s = s if isinstance(s, Slowdown) else Slowdown.from_json(s)
     if s.estimate >= 0:
-        return f"{s.estimate:.1%} slower ({LEVEL:.0%} interval {s.low:+.1%} to {s.high:+.1%}, {s.counted})"
-    return f"{-s.estimate:.1%} faster ({LEVEL:.0%} interval {-s.high:+.1%} to {-s.low:+.1%}, {s.counted})"
+        return f"{s.estimate:.1%} slower ({LEVEL:.0%} interval {s.low:+.1%} to {s.high:+.1%}, {counted(s)})"
+    return f"{-s.estimate:.1%} faster ({LEVEL:.0%} interval {-s.high:+.1%} to {-s.low:+.1%}, {counted(s)})"
 
 
 def objective(result: "SearchResult") -> list[str]:
@@ -96,7 +102,7 @@ def _gain(data: Mapping[str, Any]) -> str:
     s = Slowdown.from_json(data)
     gain, low, high = s.gains
     word = "faster" if gain >= 0 else "slower"
-    return f"{abs(gain):.1%} {word} than without it, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}, {s.counted}"
+    return f"{abs(gain):.1%} {word} than without it, {LEVEL:.0%} interval {low:+.1%} to {high:+.1%}, {counted(s)}"
 
 
 NEEDED: dict[str, Callable[[Mapping[str, Any]], str]] = {

@@ -118,12 +118,6 @@ class Slowdown:
         return self.within(tolerance) or self.beyond(tolerance)
 
     @property
-    def counted(self) -> str:
-        """``6 pairs`` (paired) or ``4+3 runs`` (unpaired)."""
-        return f"{self.pairs} pair{'s' if self.pairs != 1 else ''}" if self.pairs else \
-            f"{self.runs[0]}+{self.runs[1]} runs"
-
-    @property
     def gains(self) -> tuple[float, float, float]:
         """The estimate and the interval read the other way, as what ``a`` gains over ``b``
         (``rate_a / rate_b - 1``; infinite where ``b`` may not run at all)."""

@@ -19,6 +19,7 @@ from tuner.inputs.errors import RecipeError
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.machine import Machine
 from tuner.inputs.space import make_config
+from tuner.outputs import diagnosis
 
 from conftest import write_recipe
 
@@ -101,7 +102,7 @@ COMPUTE_BOUND = {"samples_per_s": 900.0, "data_wait_share": 0.01, "step_time_p50
 def _compute_advice(threads, device="cpu", **params) -> str:
     found = diagnose(COMPUTE_BOUND, {"threads": threads, "amp_dtype": "bf16", "compile": True, **params}, device=device)
     verdict = next(v for v in found if v.kind == "compute-bound")
-    return verdict.next_step
+    return diagnosis.next_step(verdict)
 
 
 def test_a_cpu_step_on_fewer_threads_than_its_cores_is_advised_the_count():
@@ -121,6 +122,7 @@ def test_the_advice_goes_once_the_search_measured_more_threads_without_a_gain():
               "intra_op_threads": 0}
     found = diagnose(COMPUTE_BOUND, params, device="cpu")
     tried = [Seen({**params, "intra_op_threads": 8}, dict(COMPUTE_BOUND, samples_per_s=910.0))]
-    step = next(v for v in revise(found, params, COMPUTE_BOUND, tried, 8) if v.kind == "compute-bound").next_step
+    step = diagnosis.next_step(next(v for v in revise(found, params, COMPUTE_BOUND, tried, 8)
+                                    if v.kind == "compute-bound"))
     assert "more intra_op_threads: 8" not in step, step
     assert "already measured from here without a gain of 10% or more: intra_op_threads 8" in step, step

@@ -81,6 +81,7 @@ DECLARED: tuple[Lever, ...] = (
           "the kernel behind scaled_dot_product_attention (torch.nn.attention.sdpa_kernel)",
           group="kernels", reference="default",
           suggest=(("flash", "cudnn", "efficient"), "attention_backend: flash or cudnn (fused attention kernels)"),
+          advises=("flash", "cudnn"),
           acts_on="attention", refused=_attention_refused,
           risk="the model must call scaled_dot_product_attention (transformers: attn_implementation='sdpa'); a "
                "backend that cannot take its inputs (masks, head size) fails the trial, said in one line",

@@ -33,7 +33,7 @@ TITLE = ("num_workers", "amp_dtype", "micro_batch_size", "zero_stage")
 
 VERDICTS: dict[str, tuple[str, ...]] = {
     "data-bound": ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "in_order"),
-    "memory-bound (loader workers)": ("num_workers", "prefetch_factor"),
+    "loader-memory-bound": ("num_workers", "prefetch_factor"),
     "input-transfer-bound": ("pin_memory",),
     "memory-bound": (
         "fsdp", "zero_stage", "activation_checkpointing", "offload_optimizer", "micro_batch_size", "amp_dtype",

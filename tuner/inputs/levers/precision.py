@@ -55,7 +55,7 @@ DECLARED: tuple[Lever, ...] = (
     Lever("amp_dtype", "autocast dtype", group="precision",
           label="amp={}",
           reference="fp32", refused=_amp_refused,
-          suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"),
+          suggest=(("bf16", "fp16"), "amp_dtype: bf16 (or fp16 with loss scaling)"), advises=("bf16",),
           risk="numerics: checked by the precision guard against the fp32 loss",
           applied=Applied("forward"),
           exported=Exported({"ds_config.json": "bf16.enabled / fp16.enabled",
@@ -66,7 +66,8 @@ DECLARED: tuple[Lever, ...] = (
           script=ScriptRoutes(TRAINER)),
     Lever("float8", "torchao float8 training of the Linear layers (tensorwise or rowwise scaling)",
           aliases=((False, "off"),), group="precision", reference="off",
-          suggest=(FLOAT8, "float8: tensorwise (torchao; Ada and Hopper GPUs)"), refused=_float8_refused,
+          suggest=(FLOAT8, "float8: tensorwise (torchao; Ada and Hopper GPUs)"), advises=("tensorwise",),
+          refused=_float8_refused,
           risk="numerics: matmuls in float8 with dynamic scales, checked by the precision guard against the fp32 "
                "loss; small matmuls get slower (the casts cost more than they save)", label="float8={}",
           applied=Applied("convert"),

@@ -87,6 +87,7 @@ DECLARED: tuple[Lever, ...] = (
     Lever("matmul_precision", "torch.set_float32_matmul_precision: TF32 matmuls on NVIDIA GPUs",
           group="kernels", refused=_matmul_refused, ordered=True,
           reference="highest", suggest=(("high", "medium"), "matmul_precision: high (TF32 for what runs in fp32)"),
+          advises=("high",),
           risk="numerics: fp32 matmuls round their inputs to TF32 (10-bit mantissa; medium: bf16); checked by the "
                "precision guard", label="matmul={}",
           applied=Applied("process", hold=matmul_precision),

@@ -39,6 +39,7 @@ DECLARED: tuple[Lever, ...] = (
           risk="parameters are DTensors: save with torch.distributed.checkpoint (DCP), not a plain state_dict",
           label="fsdp={}", engine="fsdp", runs_on="torch", proven=True,
           suggest=(("off", "shard_grad_op"), "fsdp: shard_grad_op (one all-gather fewer per block)"),
+          advises=("shard_grad_op",),
           applied=Applied("engine"),
           exported=Exported({"accelerate_config.yaml": "fsdp_config", "hf_training_args.json": "fsdp / fsdp_config",
                              "torchtitan.toml": "data_parallel_shard_degree",

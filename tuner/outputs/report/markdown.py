@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.attribution import share_text
 from tuner.analysis.cost import per_million
-from tuner.analysis.diagnose import headline
 from tuner.harness.metrics import budget_peak
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
 from tuner.outputs import wording
 from tuner.outputs.console import paired_text
+from tuner.outputs.diagnosis import evidence, headline, next_step
 from tuner.trial.trial_result import State
 from tuner.tuning import promises
 from tuner.tuning.search_result import SearchResult
@@ -99,7 +99,7 @@ def _verdict_lines(r: SearchResult) -> list[str]:
         if not verdicts:
             lines.append(f"- **{name}**: {headline(verdicts, (getattr(r, name) or {}).get('metrics'))}.")
         for v in verdicts:
-            lines.append(f"- **{name}: {v.kind}**: {v.evidence}. Next: {v.next_step}.")
+            lines.append(f"- **{name}: {v.kind}**: {evidence(v)}. Next: {next_step(v)}.")
     return lines
 
 

@@ -28,7 +28,7 @@ machine moves 10% and more.
 """
 COORDINATE_ORDER = levers.by("walk")
 """Knobs tried one at a time around the best so far, the likeliest large effects first."""
-SMALLER_FIRST = ("memory-bound", "memory-bound (loader workers)")
+SMALLER_FIRST = ("memory-bound", "loader-memory-bound")
 """Verdicts under which smaller values come first (micro-batch, workers): they free memory."""
 NO_ROOM = ("oom", "over_budget", "skipped")
 """Trial states that say a configuration did not fit its memory."""
