@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 from tuner.analysis.attribution import changed
-from tuner.inputs import levers
 from tuner.inputs.levers import LEVERS
 from tuner.stats.interval import Slowdown, relative_sd
 from tuner.tuning import promises
@@ -80,8 +79,9 @@ class Change:
 @dataclass(frozen=True)
 class Bottleneck:
     """A configuration's first verdict: its ``kind`` (``None``: none stands out), the share of
-    the step it explains, the rate a stall-free step reached (where replayed), and the levers
-    it points at (:func:`tuner.inputs.levers.pointed_at`)."""
+    the step it explains, the rate a stall-free step reached (where replayed), and what it
+    advises next: each step's lever, or the step's code where it moves none (its words:
+    :data:`tuner.outputs.diagnosis.STEPS`), less what the trials already took."""
 
     kind: str | None
     share: float
@@ -249,7 +249,7 @@ def _bottleneck(result: Result, name: str) -> Bottleneck | None:
     v = verdicts[0]
     replayed = metrics.get("stall_free_method") != "window minus waits"  # the shortcut is no evidence
     return Bottleneck(v.kind, v.weight, metrics.get("stall_free_samples_per_s") if replayed else None,
-                      levers.pointed_at(v.kind))
+                      tuple(s.lever or s.code for s in v.steps))
 
 
 def _warnings(result: Result, decision: Mapping[str, Any]) -> list[Warning]:
