@@ -188,8 +188,9 @@ def check_main(argv: Sequence[str] | None = None) -> int:
         "(a worktree) against the working tree, each measured in fresh processes, interleaved, as pairs. "
         "--against RUN_DIR/best.json: the recorded answer's speedup over its baseline, both re-measured "
         "interleaved here, against the recorded speedup. Exit 0 when shown within the tolerance, 1 when shown "
-        "slower beyond it (or when it no longer runs), 4 when undecided at the rounds' limit, 2 on bad input "
-        "or when the comparison would be meaningless (another device or world size).",
+        "slower beyond it (or when it no longer runs), 4 when undecided at the rounds' limit (--undecided pass or "
+        "fail makes it 0 or 1), 2 on bad input or when the comparison would be meaningless (another device or "
+        "world size).",
     )
     parser.add_argument("recipe", help="the recipe YAML")
     which = parser.add_mutually_exclusive_group(required=True)
@@ -211,17 +212,24 @@ def check_main(argv: Sequence[str] | None = None) -> int:
                         help="with --absolute: one run's relative noise between two processes of this machine")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key (steps.measure=40); repeatable")
+    parser.add_argument("--undecided", choices=("exit", "pass", "fail"), default="exit",
+                        help="what an undecided gate exits with: its own status 4 (default: an undecided gate is "
+                             "not a pass), or 0 (pass) or 1 (fail), for a CI that takes two outcomes; the verdict "
+                             "printed stays UNDECIDED")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if args.rev is not None and (args.absolute or args.process_noise is not None):
         parser.error("--absolute and --process-noise go with --against, not --rev")
 
-    from tuner.analysis.gate import DEFAULT_REV_ROUNDS, DEFAULT_ROUNDS
+    from tuner.analysis.gate import DEFAULT_REV_ROUNDS, DEFAULT_ROUNDS, exit_status
     from tuner.api import check, check_rev
     from tuner.outputs import console, wording
 
-    def data(result: Any) -> dict[str, Any]:
-        return {**result.to_json(), "reason": wording.gate(result)}  # the verdict's words, for a CI log
+    def status(result: Any) -> int:
+        return exit_status(result.verdict, args.undecided)
+
+    def data(result: Any) -> dict[str, Any]:  # the verdict's words, for a CI log
+        return {**result.to_json(), "exit_code": status(result), "reason": wording.gate(result)}
 
     if args.rev is not None:
         def progress(done: int, rev: float, work: float) -> None:
@@ -230,11 +238,10 @@ def check_main(argv: Sequence[str] | None = None) -> int:
         return _report(lambda: check_rev(args.recipe, args.rev, args.tolerance, args.rounds or DEFAULT_REV_ROUNDS,
                                          tuple(args.sets),
                                          args.nproc_per_node, progress),
-                       args.json, console.print_rev_check, lambda result: result.passed,
-                       lambda result: result.exit_code, data)
+                       args.json, console.print_rev_check, lambda result: result.passed, status, data)
     return _report(lambda: check(args.recipe, args.against, args.tolerance, args.rounds or DEFAULT_ROUNDS,
                                  tuple(args.sets), args.absolute, args.process_noise),
-                   args.json, console.print_check, lambda result: result.passed, lambda result: result.exit_code, data)
+                   args.json, console.print_check, lambda result: result.passed, status, data)
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:

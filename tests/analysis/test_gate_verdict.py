@@ -39,3 +39,25 @@ def test_the_rounds_go_on_while_the_gate_is_undecided_however_precise():
     assert not settled(recorded, [300.0, 301.0], [100.0, 100.0], 0.05, absolute=False)
     assert wording.gate(verdict(recorded, [300.0, 301.0], [100.0, 100.0], 0.05)).startswith(
         "undecided after 0 round(s): the speedup has no interval yet")
+
+
+def test_an_undecided_gate_exits_as_the_ci_asks(monkeypatch, capsys):
+    """Exit 4 by default (an undecided gate is not a pass); ``--undecided pass`` or ``fail``
+    makes it 0 or 1 for a CI that takes two outcomes, and the verdict stays undecided. The
+    CLI is run on the gate's own verdict of fixed rates (the measuring: test_gate.py)."""
+    import json
+
+    from tuner import api, cli
+    from tuner.analysis.gate import Recorded, verdict
+
+    noisy = verdict(Recorded([400.0, 404.0, 398.0], [100.0, 101.0, 99.5]), [300.0, 420.0], [100.0, 90.0], 0.05)
+    monkeypatch.setattr(api, "check", lambda *args, **kwargs: noisy)
+    for flag, code in ((None, 4), ("exit", 4), ("pass", 0), ("fail", 1)):
+        argv = ["recipe.yaml", "--against", "best.json", "--json", *(("--undecided", flag) if flag else ())]
+        assert cli.check_main(argv) == code, flag
+        out = json.loads(capsys.readouterr().out)
+        assert out["verdict"] == "undecided" and out["exit_code"] == code, out
+    slow = verdict(Recorded([400.0, 404.0, 398.0], [100.0, 101.0, 99.5]), [330.0, 332.0, 329.0, 331.0, 330.0],
+                   [100.0, 99.8, 100.4, 100.1, 99.9], 0.05)
+    monkeypatch.setattr(api, "check", lambda *args, **kwargs: slow)
+    assert cli.check_main(["recipe.yaml", "--against", "best.json", "--undecided", "pass"]) == 1  # decided: as is

@@ -68,7 +68,7 @@ class CheckResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT[self.verdict]
+        return exit_status(self.verdict)
 
     @property
     def spread(self) -> list[float]:
@@ -192,6 +192,14 @@ def verdict(recorded: Recorded, answer: Sequence[float], baseline: Sequence[floa
 
 EXIT = {"pass": 0, "regression": 1, "broken": 1, "undecided": 4}
 """The command's exit status for each verdict: undecided is its own (4), never a pass."""
+UNDECIDED = {"exit": EXIT["undecided"], "pass": EXIT["pass"], "fail": EXIT["regression"]}
+"""What ``tuner check --undecided`` makes of an undecided gate, for a CI that takes two
+outcomes: its own status (the default), a pass, or a failure."""
+
+
+def exit_status(verdict: str, undecided: str = "exit") -> int:
+    """The command's exit status for ``verdict``, an undecided one as ``undecided`` says."""
+    return UNDECIDED[undecided] if verdict == "undecided" else EXIT[verdict]
 
 
 @dataclass
@@ -220,7 +228,7 @@ class RevResult:
 
     @property
     def exit_code(self) -> int:
-        return EXIT[self.verdict]
+        return exit_status(self.verdict)
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "verdict": self.verdict, "exit_code": self.exit_code, "failure": self.failure,
