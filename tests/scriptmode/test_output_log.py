@@ -39,19 +39,29 @@ def test_a_traceback_through_the_tuners_own_frames_names_the_script(tmp_path):
     assert own_frame("ValueError: no traceback") is None
 
 
-def test_the_stop_line_keeps_the_errors_words_before_its_line():
+def test_the_stop_line_keeps_the_errors_words_before_its_line(tmp_path, monkeypatch):
     """The stop line has 200 characters: the script's error, its own line, the output's path
-    where all fit; a long path (a CI temporary folder) costs the line before the words."""
-    from tuner.tuning.failing_job import headline
+    where all fit; a long path (a CI temporary folder) costs the line before the words. The
+    failure is the launcher's record of a real log."""
+    from tuner.outputs.wording import STOP_CHARS, broken
+    from tuner.scriptmode.launcher import exited
 
-    def reason(path: str) -> str:
-        return (f"RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found! (the script exited "
-                f"with status 1 at train.py line 2 before reporting; whole output: {path}); its traceback: ...")
+    def stop(folder) -> str:
+        folder.mkdir(parents=True)
+        (folder / "output.log").write_text(
+            "Traceback (most recent call last):\n  File \"/work/train.py\", line 2, in <module>\n    init()\n"
+            "RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n")
+        failure = exited(1, folder / "output.log")
+        return broken({"why": "baseline", "trials": 3, "reason": "its own words", "failure": failure})
 
-    short = headline(reason("/tmp/r/001/output.log"), "the baseline failed")
+    monkeypatch.chdir(tmp_path)  # a path under the current folder is said from it
+    short = stop(tmp_path / "r")
     assert short == ("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found! at train.py line 2 "
-                     "(the baseline failed; whole output: /tmp/r/001/output.log)")
-    long = headline(reason("/tmp/pytest-of-root/pytest-217/popen-gw1/test_a_script_that_fails_at_it0/run/trials/001/"
-                           "output.log"), "the baseline failed")
+                     "(the baseline failed, so every trial would; whole output: r/output.log)"), short
+    monkeypatch.chdir("/")
+    # a path of 95 characters: the error's words and the path fit, its line no more
+    long = stop(tmp_path / ("x" * (95 - len(f"{tmp_path}//output.log"))))
     assert long.startswith("RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found! (whole output: ")
-    assert len("stopped: " + long) <= 200
+    assert len("stopped: " + long) <= STOP_CHARS
+    # a run folder written before the record keeps its line
+    assert broken("RuntimeError: boom (the baseline failed)") == "RuntimeError: boom (the baseline failed)"

@@ -235,7 +235,11 @@ def test_a_script_that_fails_at_its_baseline_stops_the_search_at_once(tmp_path):
     assert "its traceback: Traceback (most recent call last):" in rows[0]["reason"]
     assert "(the script exited with status 1 at train.py line 2 before reporting; " in rows[0]["reason"]
     assert 'train.py", line 2' in rows[0]["reason"] and "error_file" not in rows[0]["reason"]
-    assert json.loads((tmp_path / "run" / "best.json").read_text())["stopped"] == "broken"
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert best["stopped"] == "broken" and best["broken"]["why"] == "baseline", best["broken"]
+    failure = best["broken"]["failure"]  # the launcher's record of the script's end
+    assert failure["error"].startswith("RuntimeError: ProcessGroupNCCL") and failure["status"] == 1, failure
+    assert failure["at"] == "train.py line 2" and failure["output"].endswith("output.log"), failure
     assert (tmp_path / "run" / "search.log").read_text().count("note: stopped: RuntimeError") == 1  # said once
 
 

@@ -22,7 +22,6 @@ LOGGING = {"debug", "info", "warning", "error", "exception", "critical", "log"}
 
 NOT_YET: dict[str, int] = {
     "tuner/tuning/decider.py": 2,
-    "tuner/tuning/failing_job.py": 13,
     "tuner/tuning/path.py": 1,
     "tuner/tuning/proposing/filters.py": 1,
     "tuner/analysis/guard.py": 3,

@@ -42,7 +42,7 @@ WARNINGS: dict[str, Callable[[Mapping[str, Any]], str] | None] = {
     "target_not_met": _target,
     "no_baseline": lambda f: "the baseline did not run: no speedup (search.log has its error)",
     "nothing_ran": lambda f: "no configuration ran successfully inside the budget (search.log has each error)",
-    "broken": lambda f: f"the job fails whatever the knobs: {str(f['why']).splitlines()[0]}",
+    "broken": lambda f: f"the job fails whatever the knobs: {wording.broken(f['why']).splitlines()[0]}",
     "path_unmeasured": None,  # the attribution's caveat: --explain says it with the path
 }
 """Each warning's words (``None``: shown with ``--explain`` only)."""

@@ -120,7 +120,7 @@ def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Lim
     cmd, env = launch(recipe, folder, trial, devices)
     limit = limits.limit(warmup, recipe.steps.measure)
     began = time.monotonic()
-    state, reason, got = _run(recipe, cmd, env, folder, trial, limit, start)
+    state, reason, failure, got = _run(recipe, cmd, env, folder, trial, limit, start)
     metrics, notes, pruned, ran = (got.metrics, got.notes, got.pruned, got.ran) if got else (None, [], None, {})
     unmeasured = got.unmeasured if got else {}
     elapsed = time.monotonic() - began
@@ -131,7 +131,7 @@ def run_script_trial(recipe: "Recipe", config: "Plan", folder: Path, limits: Lim
     if pruned is not None:
         state, reason = State.PRUNED, f"slower than the best so far after {pruned[0]} measured steps"
     return TrialResult.of(config, state, reason, metrics=metrics, timings={"total": elapsed}, notes=notes,
-                          pruned_at=pruned, ran=ran, unmeasured=unmeasured)
+                          pruned_at=pruned, ran=ran, unmeasured=unmeasured, failure=failure)
 
 
 def _trial_folder(folder: Path) -> tuple[Path, Path]:
@@ -145,7 +145,7 @@ def _trial_folder(folder: Path) -> tuple[Path, Path]:
 
 
 def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, trial: dict[str, Any],
-         limit: float, start: "Start | None" = None) -> tuple[str, str | None, Report | None]:
+         limit: float, start: "Start | None" = None) -> tuple[str, str | None, dict[str, Any] | None, Report | None]:
     """Write the trial file, run the trial's command until it reports, exits or passes
     ``limit`` seconds, then end its whole process tree; its output goes to ``folder/output.log``."""
     script = recipe.script
@@ -154,7 +154,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
     (folder / ENDED).unlink(missing_ok=True)
     result_path, log_path = Path(trial["result"]), folder / "output.log"
     began = time.monotonic()
-    state, reason, got = State.OK, None, None
+    state, reason, failure, got = State.OK, None, None, None
     log_path.write_bytes(f"tuner: {shlex.join(cmd)}\n".encode())  # the trial's command, first
     with log_path.open("ab") as log:  # appended to: a pre-warmed trial writes it through its own descriptor
         proc = (start or start_tree)(cmd, env, script.folder, log)
@@ -169,6 +169,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
                     if result_path.exists():
                         continue
                     state, reason = _exited(code, log_path, trial.get("adapt"))
+                    failure = exited(code, log_path)
                     break
                 if time.monotonic() - began > limit:
                     state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
@@ -186,7 +187,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
                         else b"the script's own configuration")
                 log.write(b"\ntuner: the trial reported " + said + b"; the tuner then ended the script's processes "
                           b"(SIGTERM, then SIGKILL): a traceback just above for signal 15 is that end, not a crash\n")
-    return state, reason, got
+    return state, reason, failure, got
 
 
 def look(recipe: "Recipe", folder: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -199,7 +200,7 @@ def look(recipe: "Recipe", folder: Path) -> tuple[dict[str, Any] | None, str | N
     trial = {"look": True, "adapt": script.adapt, "result": str(result_path),
              "rdzv_id": f"tuner-{recipe.name}-look-{os.getpid()}-{time.time_ns()}"}
     cmd, env = launch(recipe, folder, trial)
-    state, reason, got = _run(recipe, cmd, env, folder, trial, script.timeout_s)
+    state, reason, _, got = _run(recipe, cmd, env, folder, trial, script.timeout_s)
     if got is None or got.own is None:
         return None, reason or "the script reported no configuration"
     return got.own, None
@@ -222,6 +223,14 @@ Start = Callable[[list[str], dict[str, str], Path, Any], Any]
 def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subprocess.Popen[bytes]:
     """A trial's torchrun in its own session, so that :func:`end` reaches every process."""
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
+
+
+def exited(code: int, log: Path) -> dict[str, Any]:
+    """A script that exited before reporting, as data: its own error line, its exit status,
+    the line of its code the error came from, where its whole output is (what the search's
+    stop line says, and how it tells failures alike: :mod:`tuner.tuning.failing_job`)."""
+    error, block = error_block(log)
+    return {"error": error, "status": code, "at": own_frame(block) if error is not None else None, "output": str(log)}
 
 
 def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:

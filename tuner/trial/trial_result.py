@@ -86,6 +86,10 @@ class TrialResult:
     to Optuna after the trial, never from inside the measured loop)."""
     restart: str | None = None
     """Why this process can run no more trials after this one (:func:`tuner.trial.failures.poisons`)."""
+    failure: dict[str, Any] | None = None
+    """A script that exited before reporting, as data (:func:`tuner.scriptmode.launcher.exited`):
+    its own ``error`` line (``None``: none found), its exit ``status``, the line of its own code
+    the error came from (``at``), and where its whole ``output`` is."""
     ran: dict[str, Any] = field(default_factory=dict)
     """Levers left to the library (``default``) and what it actually ran, as the script's
     probe read them there (an HF Trainer's default optimizer is fused AdamW:

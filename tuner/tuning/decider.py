@@ -57,8 +57,8 @@ class Decider:
         self.convergence = Convergence(self.pool, recipe.tolerance)
         self._environment: dict[str, Any] | None = None
         self.pruned, self.saved_s = 0, 0.0
-        self.broken: str | None = None
-        """Why the search stopped as ``broken`` (:meth:`_broken`)."""
+        self.broken: dict[str, Any] | None = None
+        """Why the search stopped as ``broken`` (:func:`tuner.tuning.failing_job.why_broken`)."""
         """Trials pruned in this run, and the measuring seconds that saved (estimated)."""
         for note in space.notes:
             events.note(note)

@@ -48,7 +48,7 @@ class Searched(Protocol):
     pruned: int
     saved_s: float
     started: float
-    broken: str | None
+    broken: dict[str, Any] | None
     unmeasured: dict[str, str]
 
     def summary_of(self, params: dict[str, Any] | None, pool: "Pool") -> dict[str, Any]: ...

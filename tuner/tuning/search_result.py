@@ -62,8 +62,9 @@ class SearchResult:
     decision: dict[str, Any] | None = None
     """How the answer was decided: the tolerance, the rule, each change kept or dropped with
     its interval (:class:`tuner.tuning.recommend.Decision`)."""
-    broken: str | None = None
-    """Why the search stopped as ``broken``: the baseline's own error, or the first trials'."""
+    broken: dict[str, Any] | str | None = None
+    """Why the search stopped as ``broken``: the baseline's own error, or the first trials'
+    (:func:`tuner.tuning.failing_job.why_broken`; a run folder written before: its line)."""
     noise: dict[str, float] | None = None
     """How noisy one run is here: ``{"ss", "dof"}``, the pooled spread of the log-rates of every
     configuration measured more than once (:func:`tuner.stats.interval.spread`), so that
