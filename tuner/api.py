@@ -27,7 +27,7 @@ from tuner.inputs.space import parse_knobs
 from tuner.inputs.trackers import parse_track
 from tuner.measurement import Measurement, measure_recipe
 from tuner.memory.capacity import CapacityPlan, plan_recipe
-from tuner.outputs.diagnosis import Worded
+from tuner.outputs.diagnosis import Worded, worded
 from tuner.trial.trial_result import Instruments
 from tuner.tuning.search_result import SearchResult
 
@@ -82,8 +82,9 @@ def measure(
     for line in own if ctx.is_main else ():
         print(f"tuner: {line}", file=sys.stderr)
     first = Instruments(trace_dir=Path(trace) if trace is not None else None, nvtx=nvtx)
-    return measure_recipe(recipe, ctx, repeats if repeats is not None else recipe.steps.repeats,
-                          first, Instruments(nvtx=nvtx))
+    m = measure_recipe(recipe, ctx, repeats if repeats is not None else recipe.steps.repeats, first,
+                       Instruments(nvtx=nvtx))
+    return dataclasses.replace(m, diagnosis=[Worded.of(v) for v in m.diagnosis])
 
 
 @_as_found
@@ -164,7 +165,8 @@ def search(
     helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
     try:
         with interrupt.catching():
-            return run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write, began)
+            result = run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write, began)
+        return dataclasses.replace(result, diagnosis=worded(result.diagnosis)) if result is not None else None
     finally:
         _wait_for(helpers)
 

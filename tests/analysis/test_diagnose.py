@@ -25,6 +25,10 @@ def test_a_slow_loader_is_data_bound(toy):
     m = tuner.measure(toy(task_args={"read_ms": 4.0}), num_workers=0)
     assert kinds(m.diagnosis)[0] == "data-bound"
     assert "more loader workers than 0" in diagnosis.next_step(m.diagnosis[0])
+    # the Python API hands each verdict over with its words: print(v) says them
+    said = str(m.diagnosis[0])
+    assert said.startswith("data-bound: the loop waits for data ") and "\n  next: try more loader workers" in said
+    assert m.diagnosis[0].next_step == diagnosis.next_step(m.diagnosis[0])
 
 
 def test_a_tiny_step_saturates_the_host(toy):

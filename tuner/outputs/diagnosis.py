@@ -263,24 +263,27 @@ def headline(verdicts: Sequence[Verdict], metrics: Mapping[str, Any] | None = No
     return f"{verdicts[0].kind}: {evidence(verdicts[0])}"
 
 
-def worded(v: Verdict) -> dict[str, Any]:
-    """A verdict's record with its words beside it (best.json: a reader needs neither)."""
-    return {**v.to_json(), "evidence": evidence(v), "next_step": next_step(v)}
-
-
 @dataclass(frozen=True)
-class Worded:
-    """A verdict as ``tuner.diagnose`` hands it to a script: the record and its words."""
+class Worded(Verdict):
+    """A verdict with its words, as the Python API hands it over (``tuner.measure``,
+    ``tuner.search``, ``tuner.diagnose``): the record, ``evidence`` and ``next_step``, and
+    ``print(v)`` says both."""
 
-    verdict: Verdict
-    kind: str
-    weight: float
-    evidence: str
-    next_step: str
+    evidence: str = ""
+    next_step: str = ""
 
     @classmethod
     def of(cls, v: Verdict) -> "Worded":
-        return cls(v, v.kind, v.weight, evidence(v), next_step(v))
+        return cls(v.kind, v.weight, v.code, v.figures, v.steps, v.measured, evidence(v), next_step(v))
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.evidence}\n  next: {self.next_step}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record with its words beside it (best.json: a reader needs neither)."""
+        return {**super().to_json(), "evidence": self.evidence, "next_step": self.next_step}
+
+
+def worded(verdicts: Mapping[str, Sequence[Verdict]]) -> dict[str, list[Worded]]:
+    """Each end's verdicts with their words."""
+    return {name: [Worded.of(v) for v in found] for name, found in verdicts.items()}

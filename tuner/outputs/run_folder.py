@@ -46,8 +46,8 @@ def write_run(result: "SearchResult") -> None:
         config = Plan.of(result.world_size, **ran)
         write_exports(config, bool(result.environment.get("cuda")), out)
     record = result.to_json()
-    _json(out / "best.json", {**record, "diagnosis": {name: [worded(v) for v in verdicts]
-                                                      for name, verdicts in result.diagnosis.items()}})
+    _json(out / "best.json", {**record, "diagnosis": {name: [v.to_json() for v in found]
+                                                      for name, found in worded(result.diagnosis).items()}})
     study.set_attr("result", record)  # the report is rebuilt from the study alone
     build_report(out, study)
 
