@@ -51,7 +51,7 @@ def test_the_stop_line_keeps_the_errors_words_before_its_line(tmp_path, monkeypa
         (folder / "output.log").write_text(
             "Traceback (most recent call last):\n  File \"/work/train.py\", line 2, in <module>\n    init()\n"
             "RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!\n")
-        failure = exited(1, folder / "output.log")
+        failure = exited(1, folder / "output.log")[2]
         return broken({"why": "baseline", "trials": 3, "reason": "its own words", "failure": failure})
 
     monkeypatch.chdir(tmp_path)  # a path under the current folder is said from it

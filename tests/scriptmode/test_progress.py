@@ -44,16 +44,16 @@ def test_the_launcher_gives_the_scripts_line_and_an_adapters_own_question(tmp_pa
     log = tmp_path / "output.log"
     log.write_text("tuner: python -m tuner.scriptmode.adapters train.py\nepoch 1 done\n"
                    f"[rank0]: {MARK}{Progress().why(10)}\n")
-    state, reason = launcher._exited(0, log, "torch")
+    state, reason, _ = launcher.exited(0, log, "torch")
     assert state == "error", reason
     assert reason.startswith('the script printed "epoch 1 done" and ended without a measured window: it ran no '
                              "backward"), reason
     assert reason.endswith(f"(whole output: {log})"), reason
     log.write_text("tuner: python -m tuner.scriptmode.adapters train.py\ntraining done\n")
-    _, reason = launcher._exited(0, log, "hf")
+    _, reason, _ = launcher.exited(0, log, "hf")
     assert reason.startswith('the script finished without reporting (its last line: "training done"): adapt: hf '
                              "measures its library's training steps") and "tuner.Probe" not in reason, reason
-    _, reason = launcher._exited(0, log)  # no adapter: the script's own probe is the question
+    _, reason, _ = launcher.exited(0, log)  # no adapter: the script's own probe is the question
     assert "does it use tuner.Probe" in reason, reason
 
 
@@ -69,11 +69,11 @@ def test_a_script_that_stopped_before_training_is_quoted_first(tmp_path):
                    "[rank0]:   warnings.warn(\n"
                    "W1205 23:57:01.123000 4242 torch/distributed/run.py:803] a launcher warning\n"
                    f"[rank0]: {MARK}{Progress().why(10)}\n")
-    state, reason = launcher._exited(0, log, "torch")
+    state, reason, _ = launcher.exited(0, log, "torch")
     assert state == "error" and never_stepped(reason), reason
     assert reason.startswith('the script printed "Unable to locate sufficient 2 gpus. Exiting." and ended without '
                              "a measured window: it ran no backward pass"), reason
     hand = Progress()
     hand.backward = 3  # it trained without an optimizer: its last line is no reason, the count is
     log.write_text(f"epoch 1 done\n{MARK}{hand.why(10)}\n")
-    assert launcher._exited(0, log, "torch")[1].startswith("the script ended without a measured window: it ran 3")
+    assert launcher.exited(0, log, "torch")[1].startswith("the script ended without a measured window: it ran 3")

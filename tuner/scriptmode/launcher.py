@@ -168,8 +168,7 @@ def _run(recipe: "Recipe", cmd: list[str], env: dict[str, str], folder: Path, tr
                     time.sleep(0.2)  # a report written just before exiting
                     if result_path.exists():
                         continue
-                    state, reason = _exited(code, log_path, trial.get("adapt"))
-                    failure = exited(code, log_path)
+                    state, reason, failure = exited(code, log_path, trial.get("adapt"))
                     break
                 if time.monotonic() - began > limit:
                     state, reason = State.ERROR, (f"no report after {limit:.0f} s (hung, or slower than this limit: "
@@ -225,22 +224,23 @@ def start_tree(cmd: list[str], env: dict[str, str], cwd: Path, log: Any) -> subp
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
 
 
-def exited(code: int, log: Path) -> dict[str, Any]:
-    """A script that exited before reporting, as data: its own error line, its exit status,
-    the line of its code the error came from, where its whole output is (what the search's
-    stop line says, and how it tells failures alike: :mod:`tuner.tuning.failing_job`)."""
+def exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str, dict[str, Any]]:
+    """The trial's state, reason and failure record when the script exited without reporting.
+    The reason: its own exception first (the stop line reads the reason's head), the line of
+    the script's own code it came from, where the whole output is, then its traceback. The
+    record, the same as data (``error``, ``status``, ``at``, ``output``): what the search's
+    stop line says, and how it tells failures alike (:mod:`tuner.tuning.failing_job`)."""
     error, block = error_block(log)
-    return {"error": error, "status": code, "at": own_frame(block) if error is not None else None, "output": str(log)}
+    frame = own_frame(block) if error is not None else None
+    state, reason = _exited(code, log, error, block, frame, adapt)
+    return state, reason, {"error": error, "status": code, "at": frame, "output": str(log)}
 
 
-def _exited(code: int, log: Path, adapt: str | None = None) -> tuple[str, str]:
-    """The trial's state and reason when the script exited without reporting: its own
-    exception first (the stop line reads the reason's head), the line of the script's own code
-    it came from, where the whole output is, then its traceback."""
-    error, block = error_block(log)
+def _exited(code: int, log: Path, error: str | None, block: str, frame: str | None,
+            adapt: str | None) -> tuple[str, str]:
     where = f"whole output: {log}"
     if error is not None:
-        at = f" at {frame}" if (frame := own_frame(block)) else ""
+        at = f" at {frame}" if frame else ""
         said = f"{error} (the script exited with status {code}{at} before reporting; {where}){TRACEBACK}{block}"
     else:
         said = f"the script exited with status {code} before reporting ({where}){OUTPUT_ENDS}{tail(log)}"
