@@ -165,10 +165,14 @@ def search(
     helpers = _node_group_workers(recipe, overrides, knobs) if ctx.is_main else []
     try:
         with interrupt.catching():
-            result = run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write, began)
-        return dataclasses.replace(result, diagnosis=worded(result.diagnosis)) if result is not None else None
+            return _worded(run_search(recipe, ctx, confirm, attribute, events, finish_minutes, write, began))
     finally:
         _wait_for(helpers)
+
+
+def _worded(result: SearchResult | None) -> SearchResult | None:
+    """The result with each verdict's words beside its record (``print(v)`` says them)."""
+    return dataclasses.replace(result, diagnosis=worded(result.diagnosis)) if result is not None else None
 
 
 def _for_search(recipe: Recipe, trials: int | None, minutes: float | None, full_budget: bool, no_skip: bool,
