@@ -31,6 +31,8 @@ def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     every = _rows(out)
     assert result.speedup >= 1.3, (result.speedup, [(r["num_workers"], r["state"], r["reason"], r["samples_per_s"])
                                                     for r in every])
+    verdicts = result.diagnosis["baseline"]  # the API's verdicts carry their words: print(v) says them
+    assert verdicts and all(str(v).startswith(f"{v.kind}: {v.evidence}\n  next: ") for v in verdicts), verdicts
     rows = [r for r in every if r["state"] == "ok"]
     assert len(rows) >= 2, rows  # a slower configuration may be pruned
     for r in rows:  # DDP's all-reduces were timed; no loader workers, no worker CPU
