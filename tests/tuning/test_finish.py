@@ -56,8 +56,8 @@ def setup(factors: dict[tuple[str, Any], float], named: dict[str, dict[str, Any]
     configs = {"base": make(BASE), **{name: make(knobs) for name, knobs in named.items()}}
     world = World(factors, sigma)
     pool = Pool()
-    for name, measured in searched:
-        pool.add(TrialResult(configs[name], State.OK, None, {"samples_per_s": measured}), "search")
+    for number, (name, measured) in enumerate(searched):
+        pool.add(TrialResult(configs[name], State.OK, None, {"samples_per_s": measured}), "search", trial=number)
     pool.add(TrialResult(configs["base"], State.OK, None, {"samples_per_s": 101.0}), "repeat")
     return world, pool, configs
 
@@ -257,6 +257,9 @@ def test_after_a_drop_each_kept_change_is_judged_in_the_answer_not_the_reference
     bf16 = next(k for k in out.knobs if k["knob"] == "amp_dtype")
     s = pool.slowdown(done.answer, c["base"])
     assert s is not None and bf16["slowdown"] == s.to_json() and bf16["label"] == "kept"
+    # the search trials behind it: none of the answer (the finish made it), trial 0 without it (the baseline)
+    assert bf16["trials"] == {"with": [], "without": [0]}
+    assert wording.trials_behind(bf16) == " (search trials none; without it: 0)"
     assert pool.slowdown(done.reference, c["base"]).to_json() != s.to_json()
     assert all(" in the reference: without it, the reference" in t or " in the answer: " in t or "finalist" in t
                or "baseline" in t for t in done.open)

@@ -228,7 +228,7 @@ def _moves(m: Figures) -> str:
 
 def _measured(m: Figures) -> str:
     """What the trials already did from here: ``already measured from here without a gain of
-    10% or more: num_workers 1, 2; faster as measured: ...``."""
+    10% or more: KNOB 1, 2; faster as measured: ...``."""
     flat = "; ".join(f"{f['knob']} {', '.join(_moves(x) for x in f['moves'])}" for f in m["flat"])
     said = [f" without a gain of {m['bar']:.0%} or more: {flat}"] if flat else []
     if m["gained"]:

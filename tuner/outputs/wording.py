@@ -163,6 +163,16 @@ def change(entry: Mapping[str, Any], tolerance: float) -> str:
     return said
 
 
+def trials_behind(entry: Mapping[str, Any]) -> str:
+    """The search trials a decision's evidence rests on (report.md): `` (search trials 2, 5;
+    without it: 0)``; the finish's rounds are its interval's pairs."""
+    t = entry.get("trials") or {}
+    if not t.get("with") and not t.get("without"):
+        return ""
+    with_it, without = (", ".join(str(n) for n in sorted(t.get(k) or ())) or "none" for k in ("with", "without"))
+    return f" (search trials {with_it}; without it: {without})"
+
+
 MOVE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
     "faster": lambda m, t: f"a configuration with {m['changes']} change(s) is faster than the reference: the "
                            f"reference {interval(m['slowdown'])} than it, beyond the {t:.0%} tolerance; it is the "

@@ -114,7 +114,7 @@ def _search(recipe: "Recipe", ctx: "DistContext", confirm: int, attribute: int |
                 if decider:
                     decider.set_reference(reference)
             result = runner.run(config, prune)
-            pool.add(result, "search")
+            pool.add(result, "search", trial=decider.trial.number if decider and decider.trial else None)
             if decider:
                 decider.record(result)
             _poisoned(result)  # recorded first: the same command resumes without it

@@ -52,11 +52,16 @@ class Entry:
     """Runs that did not finish fine."""
     rounds: dict[Hashable, float] = field(default_factory=dict)
     """The log-rate of each successful run taken in an interleaved round, by round."""
+    trials: list[int] = field(default_factory=list)
+    """The study's numbers of the search trials that measured it (the evidence a decision
+    names; the finish's runs are its rounds, counted by an interval's pairs)."""
 
     def add(self, result: "TrialResult", source: str, round_: Hashable | None = None,
-            objective: str = "samples_per_s") -> None:
+            objective: str = "samples_per_s", trial: int | None = None) -> None:
         self.runs.append(result)
         self.sources.append(source)
+        if trial is not None:
+            self.trials.append(trial)
         if not result.ok:
             self.failures += 1
         elif result.metrics:
@@ -81,15 +86,17 @@ class Pool:
         self.entries: dict[str, Entry] = {}
         self._blocked: tuple[float, int] | None = None
 
-    def add(self, result: "TrialResult", source: str, round_: Hashable | None = None) -> None:
+    def add(self, result: "TrialResult", source: str, round_: Hashable | None = None,
+            trial: int | None = None) -> None:
         """Keep a finished measurement (a pruned trial is not one: its window was cut);
-        ``round_``: the interleaved round it was taken in (``None``: alone, a search trial)."""
+        ``round_``: the interleaved round it was taken in (``None``: alone, a search trial);
+        ``trial``: the search trial's number in the study."""
         if result.pruned_at is not None:
             return
         entry = self.entries.get(k := key(result.params))
         if entry is None:
             entry = self.entries[k] = Entry(dict(result.params))
-        entry.add(result, source, round_, self.objective)
+        entry.add(result, source, round_, self.objective, trial)
         if round_ is not None:
             self._blocked = None
 

@@ -67,13 +67,16 @@ class Effect:
 @dataclass(frozen=True)
 class Change:
     """One decision: ``knob`` (an attribution step: two knobs joined by ``+`` move together)
-    at ``value``, its ``verdict`` (:data:`VERDICTS`) and ``reason`` (:data:`REASONS`)."""
+    at ``value``, its ``verdict`` (:data:`VERDICTS`) and ``reason`` (:data:`REASONS`), and the
+    search trials its evidence rests on (``trials``: the answer's, ``with`` the change, and
+    the configuration ``without`` it; the finish's rounds are the effect's pairs)."""
 
     knob: str
     value: Any
     verdict: str
     reason: str
     effect: Effect | None
+    trials: Mapping[str, list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class Summary:
             data["tolerance"], data["stopped"], data["trials"], data["answer"], data["baseline_rate"], data["rate"],
             data["speedup"],
             Ratio(**data["paired"]) if data.get("paired") else None, data["noise"],
-            tuple(Change(c["knob"], c["value"], c["verdict"], c["reason"], effect(c["effect"]))
+            tuple(Change(c["knob"], c["value"], c["verdict"], c["reason"], effect(c["effect"]), c.get("trials"))
                   for c in data["decisions"]),
             bottleneck(data.get("before")), bottleneck(data.get("after")),
             tuple(Step(**s) for s in data["attribution"]),
@@ -231,7 +234,7 @@ def of(result: Result) -> Summary:
         paired=Ratio(**result.paired) if result.paired else None,
         noise=relative_sd(float(result.noise["ss"]), int(result.noise["dof"])) if result.noise else None,
         decisions=tuple(Change(e["knob"], e["value"], e["label"], e.get("reason", "unrecorded"),
-                               Effect.of(e.get("slowdown"))) for e in decision.get("knobs", [])),
+                               Effect.of(e.get("slowdown")), e.get("trials")) for e in decision.get("knobs", [])),
         before=_bottleneck(result, "baseline"), after=None if same else _bottleneck(result, "best"),
         attribution=tuple(Step(r.knob, r.before, r.after, r.gain, r.share, r.failed)
                           for r in (result.attribution.rows if result.attribution else [])),

@@ -149,7 +149,8 @@ def _decision_lines(decision: dict[str, Any] | None, speedup: float | None) -> l
              f"Rule: **{rule}**: {RULES.get(rule, rule)}. Tolerance {decision.get('tolerance', 0):.0%}: a change is "
              "dropped only when the interval shows that dropping it costs less, kept when it shows more, and "
              f"kept undecided when the measuring ran out first.{cost}", ""]
-    lines += [f"- {wording.change(k, decision.get('tolerance', 0.0))}" for k in decision.get("knobs", [])]
+    lines += [f"- {wording.change(k, decision.get('tolerance', 0.0))}{wording.trials_behind(k)}"
+              for k in decision.get("knobs", [])]
     rests = (wording.rests_on(decision["undecided_gain"], speedup, decision["rests_on"])
              if decision.get("rests_on") and speedup else  # a run folder written before: its words
              next((n for n in decision.get("notes", []) if "rests on change(s)" in n), None))
