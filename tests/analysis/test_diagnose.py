@@ -18,6 +18,7 @@ def kinds(verdicts):
     return [v.kind for v in verdicts]
 
 
+@pytest.mark.slow  # 10 s on a quiet machine
 def test_a_slow_loader_is_data_bound(toy):
     """64 ms of reads a step (4 ms a sample, sleeping) against a step of microseconds: at 1 ms
     a sample, beside two CPU-bound processes, the step's arithmetic outgrew its reads and the

@@ -54,6 +54,7 @@ def test_a_step_that_gains_a_ten_percent_log_line_fails_and_unchanged_code_passe
     assert len(listed.strip().splitlines()) == 1  # the revision's worktree is gone
 
 
+@pytest.mark.slow  # 11 s on a quiet machine: a worktree and fresh processes
 def test_what_cannot_be_gated_is_one_line(repo, tmp_path_factory):
     unknown = check(repo, "--rev", "no-such-branch")
     assert unknown.returncode == 2 and "--rev no-such-branch: no such commit" in unknown.stderr

@@ -28,6 +28,7 @@ def test_quickstart_shows_the_loader_effect():
     assert _wait_per_step(parallel) < _wait_per_step(serial) / 2, (parallel.metrics, serial.metrics)
 
 
+@pytest.mark.slow  # 13 s beside another test of the quick tier
 def test_gpt2_recipe_trains_with_tokens_per_second():
     pytest.importorskip("transformers")
     m = tuner.measure(RECIPES / "gpt2_tiny.yaml", amp_dtype="bf16", micro_batch_size=8,

@@ -56,6 +56,7 @@ def _recorded_share(spans: list[tuple[float, float]], probe) -> float:
     return inside / (end - start)
 
 
+@pytest.mark.slow
 @pytest.mark.alone  # the probe read 0.51 against 0.40 beside two busy processes and another file's ranks
 def test_hugging_face_trainer_callback(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")

@@ -16,6 +16,7 @@ from tuner.outputs import diagnosis
 from conftest import leftovers, run
 
 
+@pytest.mark.slow  # 14 s beside another test of the quick tier
 def test_loader_workers_speed_up_a_latency_bound_dataset(toy):
     # 16 reads of 4 ms per step (sleeping: the same cost on a busy machine): with no workers
     # the loop waits for all of them. (With 1 ms reads, workers beside another test's search
@@ -144,6 +145,7 @@ def test_failed_measure_exits_1_and_still_reports(toy):
     assert out["state"] == "oom" and out["metrics"] is None
 
 
+@pytest.mark.slow  # 11 s on a quiet machine
 def test_stall_free_ceiling_matches_back_to_back_steps(toy):
     """Reads of 4 ms x 16 samples per step and 4 ms of work per step: the loop waits on
     data, and the stall-free ceiling (the same step on a batch already in memory) is what

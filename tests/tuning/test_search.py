@@ -27,6 +27,7 @@ def rows(out) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # 15 s on a quiet machine: a search with its finish and attribution
 @pytest.mark.alone  # its 1.25x and its sentences: a two-at-a-time CI run read 64% noise a run and answered 1.0x
 def test_search_finds_loader_workers_and_writes_every_output(toy, tmp_path):
     recipe = toy(task_args=LATENCY, steps={"warmup": 2, "measure": 6},
@@ -82,6 +83,7 @@ def test_rerunning_resumes_and_the_budget_counts_what_was_done(toy, tmp_path):
     assert done.stopped == "trials" and done.trials == 5  # nothing left to run
 
 
+@pytest.mark.slow  # 11 s beside another test of the quick tier
 def test_a_space_measured_through_stops_at_once_and_trials_csv_has_one_row_each(toy, tmp_path):
     """Four configurations and a budget of 30: the search stops as exhausted after the
     fourth, and the sampler's repeated proposals are no rows (a 12-point job once wrote 111)."""
