@@ -260,6 +260,8 @@ def test_after_a_drop_each_kept_change_is_judged_in_the_answer_not_the_reference
     # the search trials behind it: none of the answer (the finish made it), trial 0 without it (the baseline)
     assert bf16["trials"] == {"with": [], "without": [0]}
     assert wording.trials_behind(bf16) == " (search trials none; without it: 0)"
+    pool.add(TrialResult(c["base"], State.OK, None, {"samples_per_s": 100.0}), "search", trial=9)
+    assert bf16["trials"] == {"with": [], "without": [0]}  # the record is a copy: later runs do not rewrite it
     assert pool.slowdown(done.reference, c["base"]).to_json() != s.to_json()
     assert all(" in the reference: without it, the reference" in t or " in the answer: " in t or "finalist" in t
                or "baseline" in t for t in done.open)

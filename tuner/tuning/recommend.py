@@ -113,7 +113,7 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
         call = decision.call(s, tolerance)
         entry = {"knob": step, "value": value, "kept": True, "label": call.label if s is not None else "undecided",
                  "slowdown": s.to_json() if s is not None else None,
-                 "trials": {"with": pool.entry(against).trials, "without": pool.entry(without).trials}}
+                 "trials": {"with": list(pool.entry(against).trials), "without": list(pool.entry(without).trials)}}
         why = ruled_out(without)
         if why is not None:
             out.knobs.append(entry | {"label": "kept", "reason": "needed", "needed": why})
