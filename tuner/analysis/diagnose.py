@@ -143,7 +143,7 @@ def _communication_bound(f: Facts, found: list[Verdict]) -> Verdict | None:
     if zero and zero >= 2:
         steps.append(Step("lower_zero"))
     steps += remedies("communication-bound", f.params, f.device, said=("micro_batch_size",), here=f.here)
-    steps += [Step(_buckets(f.params))] if _buckets(f.params) else []
+    steps += [Step(buckets)] if (buckets := _buckets(f.params)) else []
     steps += [Step("interconnect")] if f.device == "cuda" else []
     return Verdict("communication-bound", comm, "communication-bound", {"comm": comm}, tuple(steps))
 

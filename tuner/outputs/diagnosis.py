@@ -8,7 +8,7 @@ The console, report.md and best.json all say a verdict through :func:`evidence` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from tuner.analysis.diagnose import Verdict
@@ -32,8 +32,9 @@ def effect(e: Figures) -> str:
     """What a move did to samples/s: ``+24% (99% interval +1% to +52%, 6 pairs)``."""
     if e.get("interval") is None:
         return f"{_pct(e['point'])} (no interval: no noise measured yet)"
-    gain, low, high = Slowdown.from_json(e["interval"]).gains
-    return f"{_pct(gain)} ({LEVEL:.0%} interval {_pct(low)} to {_pct(high)}, {counted(e['interval'])})"
+    s = Slowdown.from_json(e["interval"])
+    gain, low, high = s.gains
+    return f"{_pct(gain)} ({LEVEL:.0%} interval {_pct(low)} to {_pct(high)}, {counted(s)})"
 
 
 def _share(x: float) -> str:
@@ -274,7 +275,8 @@ class Worded(Verdict):
 
     @classmethod
     def of(cls, v: Verdict) -> "Worded":
-        return cls(v.kind, v.weight, v.code, v.figures, v.steps, v.measured, evidence(v), next_step(v))
+        record = {f.name: getattr(v, f.name) for f in fields(Verdict)}
+        return cls(**record, evidence=evidence(v), next_step=next_step(v))
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.evidence}\n  next: {self.next_step}"
