@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import accelerate  # noqa: F401  (a dependency of the package: its absence is a failure, not a skip)
 import pytest
@@ -20,17 +21,20 @@ def _rows(out):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.alone  # a rate: beside other files' ranks its search stopped at one worker twice (1.27x, 1.0x)
 def test_an_accelerate_script_without_tuner_code_is_tuned_past_1_3x(tmp_path):
     """recipes/scripts/train_accelerate.py has no tuner code; four trials find >= 1.3x over
     its own defaults (the baseline), and the knobs really reached it. The recipe's own 30-step
-    window: an 8-step one on a busy machine once kept one worker at 1.27x."""
+    window; on failure it lists what proposed each trial and what each measured."""
     out = tmp_path / "run"
     result = tuner.search(ROOT / "recipes" / "script_accelerate.yaml", trials=4, confirm=0, attribute=0,
                           quiet=True, out=out)
     assert result.baseline["params"]["num_workers"] == 0 and result.baseline["params"]["micro_batch_size"] == 16
     every = _rows(out)
-    assert result.speedup >= 1.3, (result.speedup, [(r["num_workers"], r["state"], r["reason"], r["samples_per_s"])
-                                                    for r in every])
+    why = re.findall(r"trial \d+: .*", (out / "search.log").read_text())  # what proposed each trial
+    assert result.speedup >= 1.3, (result.speedup, why, [
+        {k: r[k] for k in ("num_workers", "state", "reason", "samples_per_s", "data_wait_share", "cpu_util",
+                           "worker_cpu_util")} for r in every])
     verdicts = result.diagnosis["baseline"]  # the API's verdicts carry their words: print(v) says them
     assert verdicts and all(str(v).startswith(f"{v.kind}: {v.evidence}\n  next: ") for v in verdicts), verdicts
     rows = [r for r in every if r["state"] == "ok"]
