@@ -153,7 +153,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
 
     from tuner.api import search
     from tuner.harness import distributed
-    from tuner.outputs import wording
+    from tuner.outputs import trial_words
     from tuner.trial.failures import ProcessPoisoned
 
     try:
@@ -177,7 +177,7 @@ def search_main(argv: Sequence[str] | None = None) -> int:
         return 130
     distributed.shutdown()
     if result is not None and result.stopped == "broken":
-        print(f"error: {wording.broken(result.broken)}", file=sys.stderr)
+        print(f"error: {trial_words.broken(result.broken)}", file=sys.stderr)
         return 1
     return 0
 

@@ -9,7 +9,7 @@ import pytest
 
 import tuner
 from tuner.analysis.attribution import attribute, key, leave_one_out, path
-from tuner.outputs import wording
+from tuner.outputs import trial_words, wording
 
 BASE = {"num_workers": 0, "prefetch_factor": 2, "persistent_workers": False, "pin_memory": False,
         "amp_dtype": "fp32", "micro_batch_size": 16, "zero_stage": 0}
@@ -52,8 +52,8 @@ def test_a_failed_configuration_on_the_path_is_reported():
     rates = _rates([100, 200, 300, 360, 180, 240, 300])
     failing = key(path(BASE, BEST)[2][1])
     rates[failing] = []
-    a = attribute(BASE, BEST, rates, {failing: "oom: CUDA out of memory"})
-    assert a.rows[1].failed == "oom: CUDA out of memory" and a.rows[1].samples_per_s is None
+    a = attribute(BASE, BEST, rates, {failing: {"state": "oom", "reason": "CUDA out of memory", "ruled": None}})
+    assert trial_words.failed_run(a.rows[1].failed) == "oom: CUDA out of memory" and a.rows[1].samples_per_s is None
 
 
 @pytest.mark.slow

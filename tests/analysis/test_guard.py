@@ -7,6 +7,7 @@ import math
 
 import tuner
 from tuner.analysis.guard import divergence
+from tuner.outputs.trial_words import trial_reason
 
 
 def _trials(out):
@@ -17,9 +18,13 @@ def _trials(out):
 def test_divergence_rule():
     ref = [2.0, 1.8, 1.6]
     assert divergence([2.01, 1.79, 1.61], ref, 0.05, "bf16") is None
-    why = divergence([2.0, 1.8, 1.9], ref, 0.05, "bf16")
-    assert why is not None and "step 3" in why and "18.7%" in why and "tolerance 5%" in why
-    assert "not finite at step 2" in divergence([2.0, math.nan], ref, 0.05, "fp16")
+    why = divergence([2.0, 1.8, 1.9], ref, 0.05, "bf16")  # a record; its words at the edges
+    assert why is not None and (why["code"], why["figures"]["step"]) == ("apart", 3)
+    said = trial_reason(None, why)
+    assert "step 3" in said and "18.7%" in said and "tolerance 5%" in said
+    nonfinite = divergence([2.0, math.nan], ref, 0.05, "fp16")
+    assert nonfinite == {"code": "nonfinite", "figures": {"amp": "fp16", "step": 2}}
+    assert "not finite at step 2" in trial_reason(None, nonfinite)
     assert divergence([2.0, 1.8, 1.6, 9.9], ref, 0.05, "bf16") is None  # only steps both ran
 
 
@@ -73,6 +78,6 @@ def test_a_pruned_trial_whose_curve_left_the_reference_is_recorded_imprecise(toy
     decider.record(TrialResult(decider.current.params(), State.PRUNED, reason="slower than the best so far",
                                losses=[2.6, 1.3], pruned_at=(2, 30.0)))
     last = decider.study.records()[-1]
-    assert last.outcome == "imprecise", last.attrs
+    assert last.outcome == "imprecise" and last.get("reason") is None, last.attrs  # the record, not words
     assert "precision guard: the bf16 loss 1.3 is 48.0% from the fp32 reference 2.5 at step 2" in \
-        last.get("reason")
+        trial_reason(last.get("reason"), last.get("ruled"))

@@ -104,7 +104,8 @@ def test_a_configuration_predicted_over_the_budget_is_skipped_not_run(toy, tmp_p
     order = decider.next(False)
     skipped = [t for t in decider.study.records() if t.outcome == State.SKIPPED]
     assert [t.params["micro_batch_size"] for t in skipped] == [16, 8]  # largest first, both over
-    assert skipped[0].get("reason") == "predicted 0.46 GiB > budget 0.36 GiB (model error so far ±1%)"
+    assert skipped[0].get("ruled") == {"code": "over_memory", "figures": {
+        "why": "predicted 0.46 GiB > budget 0.36 GiB (model error so far ±1%)"}}
     assert order["config"].micro_batch_size == 4  # predicted 0.34: it runs
     assert [t.outcome for t in study_mod.measured(decider.study)] == ["ok", "skipped", "skipped"]
     from tuner.tuning import budget

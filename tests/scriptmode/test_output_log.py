@@ -43,7 +43,7 @@ def test_the_stop_line_keeps_the_errors_words_before_its_line(tmp_path, monkeypa
     """The stop line has 200 characters: the script's error, its own line, the output's path
     where all fit; a long path (a CI temporary folder) costs the line before the words. The
     failure is the launcher's record of a real log."""
-    from tuner.outputs.wording import STOP_CHARS, broken
+    from tuner.outputs.trial_words import STOP_CHARS, broken
     from tuner.scriptmode.launcher import exited
 
     def stop(folder) -> str:

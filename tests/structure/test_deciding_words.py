@@ -4,9 +4,7 @@ A module under ``tuning/``, ``analysis/`` or ``stats/`` builds no text other tha
 messages and log records (an f-string, a ``%`` or ``.format`` on a string, or a literal of
 three words or more outside a docstring; an f-string without a space is a key, a path or a
 number's format), and reads no sentence (``"energy" in note``: a
-string tested for a word it holds). :data:`NOT_YET` lists the modules still to move, with how
-many places each builds or reads text: a count may only go down, and a module reaching 0
-leaves the list.
+string tested for a word it holds).
 """
 
 from __future__ import annotations
@@ -19,15 +17,6 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "tuner"
 DECIDING = ("tuning", "analysis", "stats")
 LOGGING = {"debug", "info", "warning", "error", "exception", "critical", "log"}
-
-NOT_YET: dict[str, int] = {
-    "tuner/tuning/decider.py": 2,
-    "tuner/tuning/path.py": 1,
-    "tuner/tuning/proposing/filters.py": 1,
-    "tuner/analysis/guard.py": 3,
-}
-"""Modules that still build or read text, and how many places: each only goes down."""
-
 
 def _docstrings(tree: ast.AST) -> set[int]:
     """The string statements: docstrings of modules, classes and functions, and the ones
@@ -98,10 +87,8 @@ def _modules() -> dict[str, Path]:
 @pytest.mark.parametrize("name", sorted(_modules()))
 def test_deciding_code_returns_records_and_the_words_live_in_outputs(name: str) -> None:
     found = places(_modules()[name].read_text(encoding="utf-8"))
-    allowed = NOT_YET.get(name, 0)
-    assert len(found) <= allowed, (f"{name} builds or reads text in {len(found)} place(s) (at most {allowed}): "
-                                   "return a record and word it in tuner/outputs/", found)
-    assert len(found) == allowed, f"{name} is down to {len(found)}: lower NOT_YET to it (0: remove the entry)"
+    assert not found, (f"{name} builds or reads text in {len(found)} place(s): return a record and word it in "
+                       "tuner/outputs/", found)
 
 
 def test_the_checker_sees_what_it_forbids() -> None:
@@ -113,7 +100,3 @@ def test_the_checker_sees_what_it_forbids() -> None:
                      'def f(a: "int | None") -> "str | None":\n    """Its words."""\n'
                      'key = ",".join(f"{k}={v}" for k, v in p)\nT = Callable[[str], "float | str"]\n')
     assert allowed == [], allowed
-
-
-def test_no_entry_names_a_module_that_is_gone() -> None:
-    assert set(NOT_YET) <= set(_modules()), set(NOT_YET) - set(_modules())

@@ -5,7 +5,7 @@ by the reason's words, whose paths differ from trial to trial."""
 
 from __future__ import annotations
 
-from tuner.outputs.wording import broken
+from tuner.outputs.trial_words import broken
 from tuner.study.trial_record import Record, Status
 from tuner.tuning.failing_job import BROKEN_AFTER, why_broken
 

@@ -99,7 +99,10 @@ class Row:
     loo_share: float | None
     """What putting it back costs, as a share of the total gain (log scale)."""
     risk: str
-    failed: str | None = None
+    failed: dict[str, Any] | str | None = None
+    """Why the configuration never ran: its first failed run's ``state``, ``reason`` and the
+    tuner's own ``ruled`` record (:func:`tuner.outputs.trial_words.failed_run` words it); a run
+    folder written before the record holds the words."""
     gain_low: float | None = None
     gain_high: float | None = None
     """The interval of ``gain`` (:mod:`tuner.stats.interval`; None without a measured noise)."""
@@ -167,7 +170,7 @@ def attribute(
     baseline: Mapping[str, Any],
     best: Mapping[str, Any],
     rates: Mapping[str, Sequence[float]],
-    failures: Mapping[str, str],
+    failures: Mapping[str, dict[str, Any]],
     batch_norm: bool = False,
     tolerance: float = 0.02,
     run_wide: tuple[float, int] = (0.0, 0),

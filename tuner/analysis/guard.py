@@ -11,12 +11,15 @@ changing what the model learns. Non-finite losses are rejected first (``nonfinit
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 
 def divergence(losses: Sequence[float], reference: Sequence[float], tolerance: float, amp: str,
-               ordered: bool = True) -> str | None:
-    """Why ``losses`` are not close enough to the fp32 ``reference`` (``None``: they are).
+               ordered: bool = True) -> dict[str, Any] | None:
+    """Why ``losses`` are not close enough to the fp32 ``reference``, as a record (``None``:
+    they are): ``nonfinite`` (at ``step``), ``mean_apart`` (out of order: the means over ``n``
+    steps), ``apart`` (at ``step``), each with the figures its words need
+    (:data:`tuner.outputs.trial_words.TRIAL`).
 
     Steps are compared one by one over the steps both ran (warm-ups differ in length). A
     configuration whose loader hands batches over out of order (``in_order: false``) meets
@@ -24,7 +27,7 @@ def divergence(losses: Sequence[float], reference: Sequence[float], tolerance: f
     loss over the steps both ran is compared instead, with the same tolerance."""
     for step, loss in enumerate(losses, start=1):
         if not math.isfinite(loss):
-            return f"precision guard: the {amp} loss is not finite at step {step}"
+            return {"code": "nonfinite", "figures": {"amp": amp, "step": step}}
     if not ordered:
         n = min(len(losses), len(reference))
         if n == 0:
@@ -32,13 +35,12 @@ def divergence(losses: Sequence[float], reference: Sequence[float], tolerance: f
         mean, ref = sum(losses[:n]) / n, sum(reference[:n]) / n
         gap = abs(mean - ref) / max(abs(ref), 1e-12)
         if gap > tolerance:
-            return (f"precision guard: the {amp} mean loss {mean:.4g} over {n} steps (batches out of order) is "
-                    f"{gap:.1%} from the fp32 reference's {ref:.4g} (tolerance {tolerance:.0%}, recipe "
-                    "precision.tolerance)")
+            return {"code": "mean_apart", "figures": {"amp": amp, "loss": mean, "steps": n, "gap": gap,
+                                                      "reference": ref, "tolerance": tolerance}}
         return None
     for step, (loss, ref) in enumerate(zip(losses, reference), start=1):
         gap = abs(loss - ref) / max(abs(ref), 1e-12)
         if gap > tolerance:
-            return (f"precision guard: the {amp} loss {loss:.4g} is {gap:.1%} from the fp32 reference "
-                    f"{ref:.4g} at step {step} (tolerance {tolerance:.0%}, recipe precision.tolerance)")
+            return {"code": "apart", "figures": {"amp": amp, "loss": loss, "step": step, "gap": gap,
+                                                 "reference": ref, "tolerance": tolerance}}
     return None

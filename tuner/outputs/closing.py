@@ -11,7 +11,7 @@ import textwrap
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Mapping
 
 from tuner.analysis.attribution import share_text
-from tuner.outputs import wording
+from tuner.outputs import trial_words, wording
 from tuner.outputs.console import paired_text
 from tuner.outputs.diagnosis import headline, next_step
 
@@ -42,7 +42,7 @@ WARNINGS: dict[str, Callable[[Mapping[str, Any]], str] | None] = {
     "target_not_met": _target,
     "no_baseline": lambda f: "the baseline did not run: no speedup (search.log has its error)",
     "nothing_ran": lambda f: "no configuration ran successfully inside the budget (search.log has each error)",
-    "broken": lambda f: f"the job fails whatever the knobs: {wording.broken(f['why']).splitlines()[0]}",
+    "broken": lambda f: f"the job fails whatever the knobs: {trial_words.broken(f['why']).splitlines()[0]}",
     "path_unmeasured": None,  # the attribution's caveat: --explain says it with the path
 }
 """Each warning's words (``None``: shown with ``--explain`` only)."""
@@ -115,9 +115,8 @@ def explanation(result: "SearchResult", said: AbstractSet[str] = frozenset()) ->
     if result.attribution is not None and result.attribution.rows:
         rows = result.attribution.rows  # the share is of the whole speedup, on a log scale
         parts = [f"{r.knob} {r.before}->{r.after} {r.gain:.2f}x ({share_text(r.share)} of the speedup)"
-                 if r.gain and r.share is not None
-                 else f"{r.knob} {r.before}->{r.after} ({'failed: ' + r.failed if r.failed else 'not measured'})"
-                 for r in rows]
+                 if r.gain and r.share is not None else f"{r.knob} {r.before}->{r.after} "
+                 f"({'failed: ' + trial_words.failed_run(r.failed) if r.failed else 'not measured'})" for r in rows]
         unmeasured = any(not r.gain and not r.failed for r in rows)
         out.append("gain by knob, one at a time: " + ", ".join(parts)
                    + ("; the finish's budget ended before the rest of the path was measured "

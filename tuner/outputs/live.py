@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from tuner.harness.metrics import budget_peak
-from tuner.outputs import closing, wording
+from tuner.outputs import closing, trial_words, wording
 from tuner.outputs.console import levers, title_words
 from tuner.scriptmode.output_log import without_traceback
 from tuner.trial.trial_result import State
@@ -93,7 +93,7 @@ class Live(SearchEvents):
         rate = m.get("samples_per_s")
         wait = m.get("data_wait_share")
         peak = budget_peak(m)  # the largest batch's, where it was stepped: what the budget holds at
-        reason = trial.get("reason") or ""
+        reason = trial_words.trial_reason(trial.get("reason"), trial.get("ruled")) or ""
         mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
         # the title's levers always, the others (the loader's prefetch, pinning and persistence
         # among them) only away from their defaults: they were columns and words both

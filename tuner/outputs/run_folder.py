@@ -18,6 +18,7 @@ from tuner.harness.metrics import METRIC_NAMES
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.plan import Plan
 from tuner.inputs.script import set_by_script
+from tuner.outputs import trial_words
 from tuner.outputs.diagnosis import worded
 from tuner.outputs.exports import json_text, write_exports
 from tuner.study import workers
@@ -78,7 +79,7 @@ def write_trials_csv(path: Path, study: "Study") -> None:
             row: dict[str, Any] = {
                 "number": t.number,
                 "state": attrs.get("state", t.status.value),
-                "reason": attrs.get("reason") or "",
+                "reason": trial_words.trial_reason(attrs.get("reason"), attrs.get("ruled")) or "",
                 "baseline": bool(attrs.get("baseline")),
                 "duration_s": f"{t.duration_s:.2f}" if t.duration_s is not None else "",
                 "worker": workers.name(attrs["worker"]) if attrs.get("worker") else "",

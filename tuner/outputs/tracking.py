@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from tuner.inputs.errors import RecipeError
 from tuner.inputs.trackers import TRACKERS
-from tuner.outputs import closing
+from tuner.outputs import closing, trial_words
 from tuner.trial.trial_result import State
 from tuner.tuning.events import Said, SearchEvents
 
@@ -293,7 +293,7 @@ class Tracked(SearchEvents):
         for tracker in list(self.trackers):
             self._guard(tracker, lambda t=tracker: t.trial(
                 trial.number, dict(attrs.get("params") or {}), attrs.get("metrics"), outcome,
-                str(attrs.get("reason") or ""), bool(attrs.get("baseline"))))
+                trial_words.trial_reason(attrs.get("reason"), attrs.get("ruled")) or "", bool(attrs.get("baseline"))))
 
     def stop(self) -> None:
         self.inner.stop()

@@ -5,13 +5,12 @@ returns records; their words live here once, for the console, ``--explain`` and 
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Mapping
 
 from tuner.analysis.attribution import Attribution, Row
 from tuner.analysis.gate import CheckResult, Difference, RevResult
 from tuner.harness.metrics import objective_value
-from tuner.scriptmode.output_log import without_tail, without_traceback
+from tuner.outputs.trial_words import broken
 from tuner.stats.interval import LEVEL, Slowdown
 from tuner.tuning.events import Said
 from tuner.tuning.search_result import SearchResult
@@ -253,46 +252,6 @@ def _finishing(f: Mapping[str, Any]) -> str:
 
 LEFT_OPEN = {"budget": "its budget", "reach": "settling them would take more rounds than its budget holds",
              "rounds": "the rounds a question may take"}
-
-STOP_CHARS = 200
-"""The longest stop line (``stopped: `` included): the script's own error first, then where
-its whole output is."""
-BROKEN = {"baseline": lambda b: "the baseline failed, so every trial would",
-          "alike": lambda b: f"the first {b['trials']} trials failed alike"}
-"""Why a search stopped as broken (:func:`tuner.tuning.failing_job.why_broken`)."""
-
-
-def broken(b: Mapping[str, Any] | str | None) -> str:
-    """The stop line of a job that fails whatever the knobs, in :data:`STOP_CHARS`: the
-    failure's own words (a script's exception line, and the line of its code it came from)
-    first, then why the search stopped and where the whole output is, each while it fits. A
-    run folder written before the record: its line as it was."""
-    if not isinstance(b, Mapping):
-        return b or ""
-    failure, reason = b.get("failure") or {}, b.get("reason") or "no reason recorded"
-    if failure.get("error"):
-        own, frame = failure["error"], f" at {failure['at']}" if failure.get("at") else ""
-    else:
-        own, frame = without_traceback(without_tail(reason)), ""
-        own = own.replace(f" (whole output: {failure.get('output')})", "")  # said once, below
-    where = f"whole output: {_short(failure['output'])}" if failure.get("output") else ""
-    why = BROKEN[b["why"]](b)
-    room = STOP_CHARS - len("stopped: ")
-    tails = (f"{frame} ({why}; {where})" if where else f"{frame} ({why})", f"{frame} ({where})" if where else frame,
-             f" ({where})" if where else "")  # the error's own words before its line, where both do not fit
-    for tail in tails:
-        if len(own) + len(tail) <= room:
-            return own + tail
-    return own[:max(0, room - len(tail) - 3)] + "..." + tail
-
-
-def _short(path: str) -> str:
-    """``path`` from the current folder where it lies under it (a stop line has 200 characters)."""
-    try:
-        return os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
-    except ValueError:
-        return path
-
 
 SAID: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "finishing": _finishing,

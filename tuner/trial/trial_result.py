@@ -67,6 +67,7 @@ class TrialResult:
     state: str
     """A :class:`State` value."""
     reason: str | None = None
+    """Why it ended as it did, in the words of what stopped it (an exception, a script's error line)."""
     metrics: dict[str, Any] | None = None
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds in ``build``, ``warmup``, ``measure`` and ``teardown``."""
@@ -90,6 +91,10 @@ class TrialResult:
     """A script that exited before reporting, as data (:func:`tuner.scriptmode.launcher.exited`):
     its own ``error`` line (``None``: none found), its exit ``status``, the line of its own code
     the error came from (``at``), and where its whole ``output`` is."""
+    ruled: dict[str, Any] | None = None
+    """Where the tuner itself gave the state (the precision guard, an objective not measured, a
+    lever's rule), why, as a record: ``{"code", "figures"}``, worded at the edges
+    (:func:`tuner.outputs.trial_words.trial_reason`); ``reason`` then holds none."""
     ran: dict[str, Any] = field(default_factory=dict)
     """Levers left to the library (``default``) and what it actually ran, as the script's
     probe read them there (an HF Trainer's default optimizer is fused AdamW:

@@ -225,7 +225,7 @@ class Decider:
         if why is None:
             return False
         self.events.chose(trial.number, proposers.chosen_by(trial.attrs))
-        self.record(TrialResult.of(config, State.SKIPPED, why))
+        self.record(TrialResult.of(config, State.SKIPPED, ruled=why))
         return True
 
     def set_reference(self, result: TrialResult) -> None:
@@ -247,8 +247,9 @@ class Decider:
             extra["baseline"] = True
         objective = self.recipe.objective
         if result.ok and result.metrics and objective_value(result.metrics, objective) is None:
-            why = result.unmeasured.get("energy_j_per_sample", "no energy counter answered")
-            result = replace(result, state=State.ERROR, reason=f"objective {objective}: not measured ({why})")
+            unmeasured = {"objective": objective, "unmeasured": result.unmeasured.get("energy_j_per_sample")}
+            result = replace(result, state=State.ERROR, reason=None,
+                             ruled={"code": "objective_unmeasured", "figures": unmeasured})
         best_before = study_mod.best_feasible(self.study)
         outcome, frozen = study_mod.record(self.study, self.trial, result, self.recipe.budget, extra, objective)
         if self.memory is not None and result.metrics and budget_peak(result.metrics):

@@ -23,7 +23,9 @@ BROKEN_AFTER = 3
 def signature(trial: "Record") -> str:
     """A failure's identity without its details (the output's tail, its traceback, a trial's
     own paths): a script's own error line where it printed one."""
-    reason, failure = trial.get("reason") or "", trial.get("failure")
+    reason, failure, ruled = trial.get("reason") or "", trial.get("failure"), trial.get("ruled")
+    if ruled:
+        return str(ruled["code"])
     if failure:
         reason = failure.get("error") or reason.replace(failure.get("output") or "", "")
     return without_traceback(without_tail(reason)).split(" at /")[0]
@@ -32,8 +34,9 @@ def signature(trial: "Record") -> str:
 def why_broken(ran: Sequence["Record"]) -> dict[str, Any] | None:
     """Why no further trial can tell anything, from the trials measured so far (in order),
     or ``None``: ``why`` (``baseline``: the baseline failed, so every trial would; ``alike``:
-    the first :data:`BROKEN_AFTER` trials failed alike), that trial's ``reason`` and, from a
-    script, its ``failure`` record (:func:`tuner.outputs.wording.broken` words it in a line)."""
+    the first :data:`BROKEN_AFTER` trials failed alike), that trial's ``reason``, the tuner's
+    own ``ruled`` record where it gave the state and, from a script, its ``failure`` record
+    (:func:`tuner.outputs.trial_words.broken` words it in a line)."""
     errors = [t for t in ran if t.outcome == State.ERROR]
     if not errors:
         return None
@@ -48,4 +51,5 @@ def why_broken(ran: Sequence["Record"]) -> dict[str, Any] | None:
 
 
 def _broken(why: str, trial: "Record") -> dict[str, Any]:
-    return {"why": why, "trials": BROKEN_AFTER, "reason": trial.get("reason"), "failure": trial.get("failure")}
+    return {"why": why, "trials": BROKEN_AFTER, "reason": trial.get("reason"), "failure": trial.get("failure"),
+            "ruled": trial.get("ruled")}

@@ -34,7 +34,8 @@ def table(base: dict[str, Any], best: dict[str, Any], pool: "Pool", make: Make, 
     """The attribution table from what the pool holds."""
     points = configs(base, best, make, valid)
     failures = {k: why for k, c in points.items()
-                if (why := next((f"{r.state}: {r.reason}" for r in pool.entry(c).runs if not r.ok), None))}
+                if (why := next(({"state": str(r.state), "reason": r.reason, "ruled": r.ruled}
+                                 for r in pool.entry(c).runs if not r.ok), None))}
     batch_norm = any(r.batch_norm for e in pool.entries.values() for r in e.runs)
     rates = {k: pool.rates(c) for k, c in points.items()}
 

@@ -102,7 +102,8 @@ class Step:
     after: Any
     gain: float | None
     share: float | None
-    failed: str | None
+    failed: dict[str, Any] | str | None
+    """Why its configuration never ran (:attr:`tuner.analysis.attribution.Row.failed`)."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.inputs.errors import RecipeError
+from tuner.outputs import trial_words
 from tuner.outputs.report.markdown import ReportData, render_markdown
 from tuner.outputs.report.plots import render_html
 from tuner.study import records as study_mod
@@ -56,7 +57,8 @@ def collect(study: Study, out: Path) -> ReportData:
         attrs = t.attrs
         trials.append({
             "number": t.number, "state": attrs.get("state", t.status.value),
-            "reason": attrs.get("reason"), "params": attrs.get("params") or {},
+            "reason": trial_words.trial_reason(attrs.get("reason"), attrs.get("ruled")),
+            "params": attrs.get("params") or {},
             "metrics": attrs.get("metrics"), "baseline": bool(attrs.get("baseline")),
             "feasible": t.number in feasible, "predicted_peak_gib": attrs.get("predicted_peak_gib"),
         })

@@ -14,7 +14,7 @@ from tuner.harness.metrics import budget_peak
 from tuner.inputs.levers import LEVERS
 from tuner.inputs.levers.orders import TITLE
 from tuner.inputs.script import set_by_script
-from tuner.outputs import wording
+from tuner.outputs import trial_words, wording
 from tuner.outputs.console import paired_text
 from tuner.outputs.diagnosis import evidence, headline, next_step
 from tuner.trial.trial_result import State
@@ -175,7 +175,7 @@ def _attribution_lines(a: Attribution | None) -> list[str]:
              "|---|---|---|---|---|---|---|",
              f"| (baseline) | | {_fmt(a.baseline, ',.1f')} | | | | |"]
     for row in a.rows:
-        rate = f"failed ({row.failed})" if row.failed else _fmt(row.samples_per_s, ",.1f")
+        rate = f"failed ({trial_words.failed_run(row.failed)})" if row.failed else _fmt(row.samples_per_s, ",.1f")
         without = _fmt(row.without, ",.1f")
         if row.without and a.best:
             without += f" ({row.without / a.best - 1:+.0%})"

@@ -10,7 +10,7 @@ curve left the fp32 reference into ``imprecise``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tuner.analysis.guard import divergence
 from tuner.inputs.space import numerics
@@ -27,15 +27,18 @@ if TYPE_CHECKING:
     from tuner.trial.trial_result import TrialResult
 
 
-def refused(space: "Space", recipe: "Recipe", config: "Plan") -> str | None:
-    """Why ``config`` cannot run at all (its layout, one of its levers' rules), if it cannot."""
+def refused(space: "Space", recipe: "Recipe", config: "Plan") -> dict[str, Any] | None:
+    """Why ``config`` cannot run at all (its layout, one of its levers' rules), if it cannot:
+    ``refused`` with the ``rule`` in its own words."""
     why = space.refusal(config, recipe.global_batch_size)
-    return f"refused: {why}" if why is not None else None
+    return {"code": "refused", "figures": {"rule": why}} if why is not None else None
 
 
-def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Plan", trial: "Asked") -> str | None:
+def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Plan", trial: "Asked"
+                ) -> dict[str, Any] | None:
     """Why the memory model skips ``config`` (sure enough it would break the budget), if it
-    does; the prediction is written on the trial either way, for trials.csv and the report."""
+    does: ``over_memory`` with the model's own words (``why``); the prediction is written on
+    the trial either way, for trials.csv and the report."""
     if memory is None:
         return None
     predicted = memory.predict(config)
@@ -44,12 +47,12 @@ def over_memory(memory: "MemoryModel | None", recipe: "Recipe", config: "Plan", 
     why = memory.skip_reason(predicted, recipe.budget.memory_gib)
     if why is None or not recipe.budget.skip or trial.attrs.get("baseline"):
         return None
-    return why
+    return {"code": "over_memory", "figures": {"why": why}}
 
 
 def skip_reason(space: "Space", memory: "MemoryModel | None", recipe: "Recipe", config: "Plan",
-                trial: "Asked") -> str | None:
-    """Why the asked trial is recorded ``skipped`` instead of run (``None``: it runs)."""
+                trial: "Asked") -> dict[str, Any] | None:
+    """Why the asked trial is recorded ``skipped`` instead of run, as a record (``None``: it runs)."""
     return refused(space, recipe, config) or over_memory(memory, recipe, config, trial)
 
 
@@ -86,7 +89,7 @@ class PrecisionGuard:
             # a pruned trial whose curve already left the reference is imprecise, not just slow
             why = divergence(result.losses, self.reference, self.tolerance, label, config.in_order)
             if why:
-                return dataclasses.replace(result, state=State.IMPRECISE, reason=why)
+                return dataclasses.replace(result, state=State.IMPRECISE, reason=None, ruled=why)
         return result
 
 
