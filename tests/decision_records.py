@@ -4,7 +4,8 @@ against each other and against their own intervals, before any sentence is read.
 ``faults(best)`` returns each contradiction in words:
 
 - a change's label against its reason code (``kept`` for ``gain`` and ``needed``; ``undecided``
-  for ``straddles``, ``unproven_drop``, ``no_interval``, ``no_finish``; ``dropped`` for
+  for ``straddles``, ``unproven_drop``, ``no_interval``, ``no_finish``, ``measured_slower`` (the
+  one not kept); ``dropped`` for
   ``cheap``, ``memory_unneeded``, ``baseline_stays``), and ``kept`` against its label (the
   quickstart's "kept: 2.0% slower" was labelled dropped);
 - a verdict against its own interval at the decision's tolerance: a ``gain`` shown beyond it,
@@ -26,7 +27,7 @@ from tuner.stats.interval import Slowdown
 
 LABEL = {"gain": "kept", "needed": "kept", "straddles": "undecided", "unproven_drop": "undecided",
          "no_interval": "undecided", "no_finish": "undecided", "cheap": "dropped", "memory_unneeded": "dropped",
-         "baseline_stays": "dropped"}
+         "baseline_stays": "dropped", "measured_slower": "undecided"}
 """The label each reason code goes with."""
 
 
@@ -42,6 +43,8 @@ def _interval(reason: str, s: Slowdown, tolerance: float) -> str | None:
         return "dropped as not shown a gain, but its interval shows one"
     if reason == "baseline_stays" and (s.estimate >= 0 or s.beyond(tolerance)):
         return "dropped for the baseline, but the baseline did not measure faster, unshown"
+    if reason == "measured_slower" and (s.estimate >= 0 or not s.pairs or s.beyond(tolerance)):
+        return "left as measured slower, but its paired runs did not measure it slower, or showed it a gain"
     return None
 
 
@@ -57,13 +60,13 @@ def faults(best: Mapping[str, Any]) -> list[str]:
             continue
         if label != LABEL[reason]:
             found.append(f"{name}: labelled {label} with the reason {reason}")
-        if bool(e.get("kept")) != (label != "dropped"):
+        if bool(e.get("kept")) != (label != "dropped" and reason != "measured_slower"):
             found.append(f"{name}: labelled {label}, and kept is {e.get('kept')}")
         if e.get("slowdown"):
             wrong = _interval(reason, Slowdown.from_json(e["slowdown"]), tolerance)
             if wrong:
                 found.append(f"{name}: {wrong}")
-        elif reason in ("gain", "straddles", "unproven_drop", "cheap", "baseline_stays"):
+        elif reason in ("gain", "straddles", "unproven_drop", "cheap", "baseline_stays", "measured_slower"):
             found.append(f"{name}: {reason} without an interval")
     undecided = {e["knob"] for e in entries if e.get("label") == "undecided" and e.get("kept")}
     for step in decided.get("rests_on") or []:

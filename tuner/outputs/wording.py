@@ -125,6 +125,8 @@ DROPPED: dict[str, Callable[[Mapping[str, Any] | None, float], str]] = {
     "cheap": lambda s, t: f"{interval(s)} against the reference, below the {t:.0%} tolerance",
     "memory_unneeded": lambda s, t: f"not shown a gain beyond the {t:.0%} tolerance ({interval(s)} without it), "
                                     "and what it buys is memory the answer does without",
+    "measured_slower": lambda s, t: f"{_gain(s)}: slower on the finish's own paired runs, not shown so beyond "
+                                    f"the {t:.0%} tolerance",
 }
 """Why a change left the answer, from its interval (a dropped change's and the finish's move)."""
 
@@ -132,7 +134,7 @@ CHANGE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
     "gain": lambda e, t: f"kept: {_gain(e['slowdown'])}",
     "needed": lambda e, t: "kept, needed: the answer without it " + NEEDED[e["needed"]["code"]](e["needed"]),
     "straddles": lambda e, t: f"kept, undecided: {_gain(e['slowdown'])}; the interval straddles the {t:.0%} "
-                              "tolerance, and a change the search measured leaves the answer only on evidence",
+                              "tolerance, and a change stays unless the finish's own paired runs measure it slower",
     "unproven_drop": lambda e, t: f"kept, undecided: {_gain(e['slowdown'])}, within the {t:.0%} tolerance; "
                                   + HELD[e["held"]["code"]](e["held"]),
     "no_interval": lambda e, t: "kept, undecided: the answer without it has no interval",
@@ -140,6 +142,7 @@ CHANGE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
     "cheap": lambda e, t: "dropped: without it " + DROPPED["cheap"](e["slowdown"], t),
     "memory_unneeded": lambda e, t: "dropped: " + DROPPED["memory_unneeded"](e["slowdown"], t),
     "baseline_stays": lambda e, t: f"dropped: {_baseline_stays(e['slowdown'], t)}; the baseline stays",
+    "measured_slower": lambda e, t: "left, undecided: " + DROPPED["measured_slower"](e["slowdown"], t),
 }
 """A change's verdict, by its reason (:data:`tuner.tuning.summary.REASONS`)."""
 
@@ -180,6 +183,8 @@ MOVE: dict[str, Callable[[Mapping[str, Any], float], str]] = {
     "memory_unneeded": lambda m, t: f"the answer without {', '.join(m['steps'])}: "
                                     + DROPPED["memory_unneeded"](m["slowdown"], t),
     "baseline_stays": lambda m, t: f"{_baseline_stays(m['slowdown'], t)}: the baseline stays",
+    "measured_slower": lambda m, t: f"{', '.join(m['steps'])} left the answer, undecided: "
+                                    + DROPPED["measured_slower"](m["slowdown"], t),
 }
 """A move of the finish's reference or answer (:attr:`tuner.tuning.finish.Finished.moves`)."""
 

@@ -12,8 +12,9 @@ simulates this function; docs/search.md's error rates are its output at its defa
   intervals first, read as pairs (:mod:`tuner.stats.interval`).
 - **The budget**: :attr:`Budget.seconds` (``--finish-minutes``, else :data:`TIME_SHARE` of
   the search's time), checked before every run, and :attr:`Budget.rounds` (``--confirm``) a
-  question. A question the rounds left would likely not settle is asked no more; what is
-  open at the end stays as it is, ``undecided`` with its interval.
+  question. A question the rounds left would likely not settle is asked no more; a change
+  open at the end stays or leaves as the finish's own paired runs measured it
+  (:func:`_follow_the_estimate`), ``undecided`` with its interval.
 """
 
 from __future__ import annotations
@@ -192,6 +193,7 @@ def finish(finalists: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any], 
             out.out_of_budget = True
             break
     _prove(out, questions(out.answer, out.reference, ranked, base, rules), pool, rules, base, events)
+    _follow_the_estimate(out, ranked, pool, rules, base, events)
     _no_slower_than_the_baseline(out, pool, rules, base, events)
     out.open = [open_record(q, pool, out.answer) for q in questions(out.answer, out.reference, ranked, base, rules)
                 if not _settled(q, pool, rules, budget, base, out.answer)]
@@ -299,6 +301,32 @@ def _prove(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base:
             out.dropped.append({"step": q.step, "value": value, "slowdown": slowdown, "reason": "memory_unneeded"})
             out.answer = dict(q.simpler)
             _moved(out, events, tol, {"reason": "memory_unneeded", "steps": [q.step], "slowdown": slowdown})
+
+
+def _follow_the_estimate(out: Finished, ranked: Sequence[dict[str, Any]], pool: Pool, rules: Rules,
+                         base: dict[str, Any], events: "SearchEvents | None") -> None:
+    """At the end, a change still undecided leaves the answer where the finish's own paired runs
+    measured the answer without it faster (the estimate's sign, over pairs only): the search's
+    single runs chose it, so their reading carries the winner's curse; the finish's fresh runs
+    do not. The largest such loss leaves first, then the new answer is read again. It is
+    still reported undecided, with its interval; a lever that buys memory is :func:`_prove`'s."""
+    tol = rules.tolerance
+    while len(out.moves) < MAX_MOVES:
+        slower: list[tuple[float, Question, "Slowdown"]] = []
+        for q in questions(out.answer, out.reference, ranked, base, rules):
+            if q.kind != "change" or q.richer != out.answer or rules.proven(q.step) or not rules.fine(q.simpler):
+                continue
+            s = pool.slowdown(q.richer, q.simpler)
+            if s is not None and s.pairs and s.estimate < 0 and decision.judge(s, tol) != decision.KEEP:
+                slower.append((s.estimate, q, s))
+        if not slower:
+            return
+        _, q, s = min(slower, key=lambda x: x[0])
+        gone = [k for k in attribution_mod.changed(base, out.answer) if q.simpler.get(k) != out.answer.get(k)]
+        out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "measured_slower"}
+                        for k in gone]
+        out.answer = dict(q.simpler)
+        _moved(out, events, tol, {"reason": "measured_slower", "steps": gone, "slowdown": s.to_json()})
 
 
 def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: dict[str, Any],

@@ -5,8 +5,9 @@ says it.
 
 - ``kept``: the interval shows the answer without it slower than the reference by more than
   the tolerance: a gain, on evidence.
-- ``undecided``: neither shown; it stays (a change the search measured leaves only on
-  evidence), and the summary says how much of the speedup rests on such changes.
+- ``undecided``: neither shown; it stays where the finish's own paired runs measured it
+  faster, and leaves (``measured_slower``) where they measured it slower; the summary says
+  how much of the speedup rests on the undecided changes that stay.
 - ``dropped``: the interval showed the answer without it within the tolerance of the
   reference (or, for a lever whose point is memory, it was not shown a gain).
 
@@ -134,7 +135,8 @@ def record(best: dict[str, Any], finished: "Finished | None", attribution: "Attr
         interaction = _interaction(rows.get(step), s)
         out.knobs.append(entry | ({"interaction": interaction} if interaction else {}))
     for d in finished.dropped:
-        out.knobs.append({"knob": d["step"], "value": d["value"], "kept": False, "label": "dropped",
+        label = decision.UNDECIDED if d["reason"] == "measured_slower" else "dropped"
+        out.knobs.append({"knob": d["step"], "value": d["value"], "kept": False, "label": label,
                           "reason": d["reason"], "slowdown": d["slowdown"]})
     out.undecided_gain = math.prod(g for _, g in gains) if gains else 1.0
     out.rests_on = [step for step, _ in gains]

@@ -28,7 +28,7 @@ VERSION = 1
 """The summary's schema version (``docs/summary.schema.json``); a reader checks it."""
 VERDICTS = ("kept", "dropped", "undecided")
 REASONS = ("gain", "needed", "straddles", "unproven_drop", "no_interval", "no_finish", "cheap", "memory_unneeded",
-           "baseline_stays", "unrecorded")
+           "baseline_stays", "measured_slower", "unrecorded")
 """Why a change was kept, dropped or left undecided. Kept: ``gain`` (the answer without it is
 slower beyond the tolerance), ``needed`` (the answer without it is ruled out: over the memory
 budget, failed, off the fp32 curve). Undecided, and kept: ``straddles`` (the interval straddles
@@ -36,7 +36,8 @@ the tolerance), ``unproven_drop`` (within the tolerance in the answer, but not s
 the reference, on its pairs, or through the guards), ``no_interval``, ``no_finish``. Dropped:
 ``cheap`` (the answer without it is within the tolerance of the reference), ``memory_unneeded``
 (a memory lever not shown a gain), ``baseline_stays`` (the answer was not shown faster than the
-baseline, which measured faster). ``unrecorded``: a run folder written before reasons were."""
+baseline, which measured faster). Undecided, and left: ``measured_slower`` (the finish's
+own paired runs measured the answer without it faster). ``unrecorded``: a run folder written before reasons were."""
 WARNINGS = ("noisy", "open", "target_not_met", "no_baseline", "nothing_ran", "broken", "path_unmeasured")
 """What the reader should know before trusting the answer: ``noisy`` (the run's noise is above
 the published table's noisiest row), ``open`` (questions the finish's budget left open),
@@ -163,7 +164,7 @@ class Summary:
 
     def kept_unproven(self) -> list[str]:
         """The changes the answer keeps without evidence that they help."""
-        return [c.knob for c in self.decisions if c.verdict == "undecided"]
+        return [c.knob for c in self.decisions if c.verdict == "undecided" and c.reason != "measured_slower"]
 
     def to_json(self) -> dict[str, Any]:
         return _finite(asdict(self))
