@@ -87,7 +87,7 @@ def _record(study: Study, trial: Asked, result: "TrialResult", budget: "Budget",
     # a pruned trial's rate where it was cut: the evidence of a move that did not pay
     cut = {"pruned_at": list(result.pruned_at)} if result.pruned_at is not None else {}
     cut |= {"failure": result.failure} if result.failure else {}
-    cut |= {"ruled": result.ruled} if result.ruled else {}
+    cut |= {"ruled": result.ruled} if result.ruled and not over else {}  # over the budget: that is the reason
     shown = {f"metric.{name}": metrics[name] for name in SHOWN if metrics and metrics.get(name) is not None}
     for key, value in {"state": state.value, "reason": reason, "metrics": metrics, "params": result.params,
                        "timings": result.timings, "losses": result.losses, **ran, **cut, **(extra or {}),
