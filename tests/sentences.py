@@ -8,26 +8,23 @@ kinds of sentence it found and checked (a check that finds nothing to read prove
   against its reason and its own interval, the summary against the decision;
 - the summary line ``baseline A samples/s -> best B samples/s: Zx``: A, B and Z are
   ``best.json``'s rates and speedup;
-- a verdict's ``waits for data X% of the step`` and ``with X% data wait``: the data-wait share
-  of the configuration it is about (the baseline's or the best's);
-- ``N samples/s with``: that configuration's rate;
 - a change ``kept: X% faster`` (decided) reads a gain, a change ``dropped`` none beyond the
   tolerance, and an undecided one says ``undecided``;
-- no unmeasured figure is written as a number: ``with 0% data wait`` where the data wait is
-  null, or a ``| 0% |`` cell for a null metric in the best-vs-baseline table;
-- the advice ``try more loader workers than N`` for the best is not given where the run
-  measured that configuration with more workers and it was not faster;
-- every verdict of the baseline and the best (``best.json``'s ``diagnosis``, which the console
-  and ``report.md`` print) matches one of its kind's known sentences, and each figure in it is
-  that configuration's metric (the wait, the communication, the cores, GFLOP/s, the step-time
-  tail, the stall-free ceiling, the peak memory); a figure of what workers did carries its
-  interval, contains its own estimate, and "will not gain" is said only where the interval
-  stays under the bar; a sentence in words no pattern knows is itself a finding, so a new
-  wording cannot escape the check;
-- the advice is advice this job can take: no larger micro-batch where the micro-batch is the
+- no unmeasured figure is written as a number: a ``| 0% |`` cell for a null metric in the
+  best-vs-baseline table;
+- every verdict of the baseline and the best, as ``best.json``'s ``diagnosis`` records it
+  (its code and figures; the console and ``report.md`` word it from them): each figure is that
+  configuration's metric (the wait, the communication, the cores, GFLOP/s, the step-time
+  tail, the stall-free ceiling, the peak memory), an unmeasured one ``None``; a figure of what
+  workers did holds its estimate in its interval, "will not gain" stands only where the
+  interval stays under the bar and "showed no gain" only where the estimate does; a code no
+  check knows is itself a finding, so a new verdict cannot escape the check;
+- the steps are advice this job can take: no larger micro-batch where the micro-batch is the
   rank's whole share (one accumulation step), no channels_last for a model the trial saw
   without convolutions, no attention kernel for one that called no SDPA, no CUDA-only setting
-  on a CPU run, no ``persistent_workers`` to a configuration that runs them;
+  on a CPU run, no ``persistent_workers`` to a configuration that runs them, no larger
+  prefetch_factor than a value it does not run; and the best is not advised more loader
+  workers where the run measured it with more, everything else alike, and it was not faster;
 - ``gain by knob, one at a time``: each knob's figure is the attribution's;
 - the stop line ``stopped: WHY after N measured trial(s)``, the summary's ``median of N runs``
   and ``... of the answer's Zx rests on``: best.json's reason, trial count, runs and speedup;
@@ -45,18 +42,19 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import decision_records
 
+from tuner.inputs.levers import LEVERS
 from tuner.outputs import wording
+from tuner.stats.interval import Slowdown
 
 PAIRED = re.compile(r"paired with the baseline in (\d+) round\(s\): ([\d.]+)x \(99% interval ([\d.]+)x to ([\d.]+)x\)")
 SUMMARY = re.compile(r"baseline ([\d,.]+) samples/s -> best ([\d,.]+) samples/s: ([\d.]+)x")
-WAIT = re.compile(r"^(baseline|best): [\w-]+: the loop waits for data (\d+)% of the step")
-COMPUTE = re.compile(r"^(baseline|best): compute-bound: ([\d,]+) samples/s with (\d+)% data wait")
 KEPT = re.compile(r"(\w+)=\S+ kept: ([\d.]+)% (faster|slower) than without it")
 STOPPED = re.compile(r"^stopped: ([\w-]+) after (\d+) measured trial\(s\)")
 MEDIAN_OF = re.compile(r"^baseline .* samples/s: [\d.]+x \(median of (\d+) runs?")
@@ -66,7 +64,6 @@ PRUNED = re.compile(r"^pruning cut (\d+) trial\(s\) short, saving ~(\d+) s of me
 RESTS_ON = re.compile(r"(?:([\d.]+)x|all) of the answer's ([\d.]+)x rests on")
 INTERVAL = re.compile(r"([\d.]+)% (slower|faster|smaller|larger) \(99% interval ([+-][\d.]+)% to ([+-][\d.]+)%")
 GAIN_INTERVAL = re.compile(r"([\d.]+)% (faster|slower) than [^,()]+, 99% interval ([+-][\d.]+)% to ([+-][\d.]+)%")
-MORE_WORKERS = re.compile(r"try more loader workers than (\d+)")
 
 
 def _number(text: str) -> float:
@@ -106,20 +103,6 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
                 found.append(f"{line!r}: best.json's speedup_paired is {paired}")
             if not low <= z <= high:
                 found.append(f"{line!r}: the paired speedup lies outside its interval")
-        if m := WAIT.search(line):
-            checked.add("data wait")
-            which, pct = m.group(1), int(m.group(2))
-            wait = metrics[which].get("data_wait_share")
-            if wait is None or abs(100 * wait - pct) > 0.51:
-                found.append(f"{line!r}: the {which}'s data_wait_share is {wait}")
-        if m := COMPUTE.search(line):
-            checked.add("compute-bound")
-            which, rate, pct = m.group(1), _number(m.group(2)), int(m.group(3))
-            wait, own = metrics[which].get("data_wait_share"), metrics[which].get("samples_per_s")
-            if wait is None or abs(100 * wait - pct) > 0.51:
-                found.append(f"{line!r}: the {which}'s data_wait_share is {wait} (an unmeasured one is no 0%)")
-            if own is None or abs(rate - own) > 0.51:
-                found.append(f"{line!r}: the {which}'s samples/s is {own}")
         if m := STOPPED.match(line):
             checked.add("stop line")
             if m.group(1) != best.get("stopped") or int(m.group(2)) != best.get("trials"):
@@ -175,7 +158,7 @@ def contradictions(run: Path) -> tuple[list[str], set[str]]:
         found += decision_records.faults(best)
     found += _intervals(lines + (run / "report.md").read_text(encoding="utf-8").splitlines(), checked)
     found += _unmeasured_zeros(run, metrics)
-    found += _advice_already_measured(run, lines, best)
+    found += _advice_already_measured(run, best)
     found += _verdicts(best, metrics, checked)
     found += _advice_this_job_can_take(best, checked)
     found += _one_at_a_time(lines, best, checked)
@@ -192,163 +175,140 @@ def _said_twice(lines: list[str], checked: set[str]) -> list[str]:
     return [f"{note!r}: printed {notes.count(note)} times" for note in dict.fromkeys(notes) if notes.count(note) > 1]
 
 
-PCT = r"(-?\d+(?:\.\d+)?)%"
-NUM = r"([\d,]+(?:\.\d+)?)"
-EFFECT = re.compile(r"samples/s ([+-]\d+(?:\.\d)?)% \(99% interval ([+-]\d+(?:\.\d)?)% to ([+-]\d+(?:\.\d)?)%, "
-                    r"(?:\d+\+\d+ runs|\d+ pairs?)\)"
-                    r"|samples/s ([+-]\d+)% \(no interval: no noise measured yet\)")
-VERDICTS: dict[str, list[tuple[re.Pattern[str], tuple[tuple[str, str], ...]]]] = {
-    # kind: [(the evidence's whole sentence, ((group, what the group must equal), ...))]
-    "data-bound": [(re.compile(rf"^the loop waits for data {PCT} of the step"
-                               rf"(?:; a perfect pipeline would reach {NUM} samples/s \(([\d.]+)x\))?"
-                               rf"(?:; its \d+ workers use ([\d.]+) cores)?$"),
-                    (("1", "wait"), ("2", "ceiling"), ("3", "gap"), ("4", "worker_cpu_util")))],
-    "input-transfer-bound": [(re.compile(rf"^copying batches to the device takes {PCT} of the step"
-                                         r"(?: with pageable memory)?$"), (("1", "transfer_share"),))],
-    "communication-bound": [(re.compile(rf"^collectives not hidden behind compute take {PCT} of the step$"),
-                             (("1", "comm_share"),))],
-    "pipeline-bound": [(re.compile(rf"^a pipeline stage sits idle {PCT} of the step(?: \(.*\))?$"),
-                        (("1", "bubble_share"),))],
-    "memory-bound": [(re.compile(r"^(?:peak memory ([\d.]+) GiB of a [\d.]+ GiB budget)?(?:; )?"
-                                 r"(?:\d+ allocator retries \(cudaMalloc failed, cache flushed\))?$"),
-                      (("1", "peak_mem_gib"),))],
-    "loader-memory-bound": [(re.compile(r"^.*; across the trials peak memory grew [\d.]+ GiB per loader "
-                                                  r"worker \(\d+ worker\(s\) here hold ~[\d.]+ GiB\): host memory "
-                                                  r"the workers copy$"), ())],
-    "host-bound": [(re.compile(rf"^the main process uses ([\d.]+) cores while the GPU runs kernels only {PCT} of "
-                               r"the time$"), (("1", "cpu_util"), ("2", "gpu_util"))),
-                   (re.compile(rf"^the cores are busy \(([\d.]+) in use\) but the step does ([\d.e+]+) GFLOP/s, "
-                               rf"(?:under )?{PCT} of what they reach on a large matmul \(\d+ GFLOP/s\): per-operation "
-                               r"overhead, not arithmetic, sets the pace$"),
-                    (("1", "cpu_util"), ("2", "gflops")))],
-    "compute-bound": [(re.compile(rf"^{NUM} samples/s with (?:{PCT} data wait|data wait not measured)"
-                                  rf"(?:, {PCT} of the stall-free ceiling|, at its stall-free ceiling)?"
-                                  rf"(?:; MFU {PCT}|; ([\d.e+]+) GFLOP/s per device)?$"),
-                       (("1", "samples_per_s"), ("2", "wait"), ("3", "of_ceiling"), ("4", "mfu"),
-                        ("5", "gflops")))],
-    "unstable": [(re.compile(r"^p99 step time ([\d.]+) ms is ([\d.]+)x the p50 \(([\d.]+) ms\)$"),
-                  (("1", "p99_ms"), ("3", "p50_ms")))],
-    "host-cpu-saturated": [
-        (re.compile(rf"^the loop waits for data {PCT} of the step while the main process and its \d+ worker\(s\) "
-                    r"keep ([\d.]+) of \d+ core\(s\) busy: no core is left for more loading$"),
-         (("1", "wait"), ("2", "busy"))),
-        (re.compile(rf"^the loop waits for data {PCT} of the step, but \d+ worker\(s\) took the wait to {PCT} and "
-                    r"(samples/s .*?)(?:; main process and workers then kept [\d.]+ of \d+ core\(s\) busy)?: "
-                    r"loading and the step compete for the same cores$"),
-         (("1", "wait"), ("3", "effect"))),
-        (re.compile(rf"^going from \d+ to \d+ worker\(s\) took the data wait from {PCT} to {PCT} of the step and "
-                    r"(samples/s .*?)(?:; main process and workers keep ([\d.]+) of \d+ core\(s\) busy)?: "
-                    r"loading and the step compete for the same cores$"),
-         (("2", "wait"), ("3", "effect"), ("4", "busy")))],
+def _metric(name: str, absent: float | None = None) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda m: m.get(name) if m.get(name) is not None else absent
+
+
+def _ceiling(m: Mapping[str, Any]) -> float | None:
+    """The stall-free rate where it is evidence (replayed steps), as the diagnosis reads it."""
+    return None if m.get("stall_free_method") == "window minus waits" else m.get("stall_free_samples_per_s")
+
+
+def _gap(m: Mapping[str, Any]) -> float | None:
+    ceiling, rate = _ceiling(m), m.get("samples_per_s")
+    return ceiling / rate if ceiling and rate else None
+
+
+def _busy(m: Mapping[str, Any]) -> float:
+    return (m.get("cpu_util") or 0.0) + (m.get("worker_cpu_util") or 0.0)
+
+
+FIGURES: dict[str, dict[str, Callable[[Mapping[str, Any]], Any]]] = {
+    "data-bound": {"wait": _metric("data_wait_share", 0.0), "ceiling": _ceiling, "gap": _gap,
+                   "worker_cpu": _metric("worker_cpu_util")},
+    "input-transfer-bound": {"transfer": _metric("transfer_share")},
+    "communication-bound": {"comm": _metric("comm_share")},
+    "pipeline-bound": {"bubble": _metric("bubble_share")},
+    "memory-bound": {"peak": _metric("peak_mem_gib")},
+    "loader-memory-bound": {"peak": _metric("peak_mem_gib")},
+    "host-bound-gpu": {"cpu": _metric("cpu_util"), "gpu": _metric("gpu_util")},
+    "host-bound-cpu": {"cpu": _metric("cpu_util"), "tflops": _metric("achieved_tflops")},
+    "compute-bound": {"rate": _metric("samples_per_s"), "wait": _metric("data_wait_share"), "ceiling": _ceiling,
+                      "mfu": _metric("mfu"), "tflops": _metric("achieved_tflops")},
+    "unstable": {"p50": _metric("step_time_p50_s"), "p99": _metric("step_time_p99_s")},
+    "cores-busy": {"wait": _metric("data_wait_share", 0.0), "busy": _busy},
+    "workers-cleared-the-wait": {"wait": _metric("data_wait_share", 0.0)},  # its ``busy`` is the other trial's
+    "workers-bought-nothing": {"wait": _metric("data_wait_share", 0.0), "busy": _busy},
+    "recorded": {},  # a run folder written before the records: its words are all there is
 }
-"""Every verdict's evidence, by kind, as :mod:`tuner.analysis.diagnose` and
-:mod:`tuner.outputs.diagnosis` words it; a figure's name says what it must equal."""
+"""Each verdict's evidence code, and what each of its figures must equal in the metrics of the
+configuration it is about (an unmeasured metric is ``None``, never 0, unless the rule reads it so)."""
 
 
-def _expected(name: str, m: dict[str, Any]) -> float | None:
-    """The figure a verdict's group ``name`` must print, from the configuration's metrics
-    ``m``, on the scale it is printed (percent, cores, GFLOP/s, ms)."""
-    rate, ceiling = m.get("samples_per_s"), m.get("stall_free_samples_per_s")
-    pct = {"wait": "data_wait_share", "transfer_share": "transfer_share", "comm_share": "comm_share",
-           "bubble_share": "bubble_share", "gpu_util": "gpu_util", "mfu": "mfu"}
-    if name in pct:
-        value = m.get(pct[name])
-        return None if value is None else 100 * value
-    if name == "ceiling":
-        return ceiling
-    if name == "gap":
-        return ceiling / rate if ceiling and rate else None
-    if name == "of_ceiling":
-        return 100 * rate / ceiling if ceiling and rate else None
-    if name == "gflops":
-        return None if m.get("achieved_tflops") is None else 1000 * m["achieved_tflops"]
-    if name == "busy":
-        return (m.get("cpu_util") or 0.0) + (m.get("worker_cpu_util") or 0.0)
-    if name in ("p99_ms", "p50_ms"):
-        value = m.get(f"step_time_{name[:3]}_s")
-        return None if value is None else 1000 * value
-    return m.get(name)
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-12)
 
 
-def _agrees(name: str, printed: str, want: float | None) -> bool:
-    """Whether ``printed`` is ``want`` as the sentence rounds it."""
-    if want is None:
-        return False
-    value = _number(printed)
-    decimals = len(printed.split(".")[1]) if "." in printed else 0
-    if name == "gflops":  # three significant figures
-        return abs(value - want) <= 0.006 * max(abs(want), 1e-9) + 1e-9
-    return abs(value - want) <= 0.51 * 10 ** -decimals + 1e-9
-
-
-def _effect(sentence: str, text: str, next_step: str) -> list[str]:
-    """A figure of what workers did: its interval holds its estimate, and "will not gain" is
-    said only where the interval stays under the 10% bar."""
-    m = EFFECT.fullmatch(text)
-    if m is None:
-        return [f"{sentence!r}: what the workers did is printed without its interval ({text!r})"]
-    if m.group(4) is not None:
-        return [f"{sentence!r}: says more workers will not gain, with no interval"] \
-            if "will not gain" in next_step else []
-    est, low, high = (float(x) for x in m.group(1, 2, 3))
+def _effect(which: str, v: Mapping[str, Any]) -> list[str]:
+    """A figure of what workers did, as a record: its interval holds its estimate, "will not
+    gain" (``no_gain_shown``) only where the interval stays under the bar, and "showed no gain"
+    (``no_gain_not_shown``) only where the estimate does."""
+    e = (v.get("figures") or {}).get("effect")  # a folder written before the records has no figures
+    if e is None:
+        return []
+    codes = {s["code"]: s.get("figures") or {} for s in v.get("steps") or ()}
+    bar = next((f["bar"] for f in codes.values() if "bar" in f), 0.10)
+    name = f"{which}'s {v['code']} verdict"
+    if e.get("interval") is None:
+        return [f"{name}: says more workers will not gain, with no interval"] if "no_gain_shown" in codes else []
+    gain, low, high = Slowdown.from_json(e["interval"]).gains
     out = []
-    if not low - 1 <= est <= high + 1:
-        out.append(f"{sentence!r}: the estimate {est:+g}% lies outside its interval")
-    if "will not gain 10%" in next_step and high >= 10:
-        out.append(f"{sentence!r}: says more workers will not gain 10%, but its interval reaches {high:+g}%")
-    if "no gain of 10%" in next_step and est >= 10:
-        out.append(f"{sentence!r}: says more workers showed no gain of 10%, beside their {est:+g}%")
+    if not low - 1e-9 <= gain <= high + 1e-9:
+        out.append(f"{name}: the estimate {gain:+.1%} lies outside its interval")
+    if "no_gain_shown" in codes and high >= bar:
+        out.append(f"{name}: says more workers will not gain {bar:.0%}, but its interval reaches {high:+.0%}")
+    if "no_gain_not_shown" in codes and gain >= bar:
+        out.append(f"{name}: says more workers showed no gain of {bar:.0%}, beside their {gain:+.0%}")
     return out
 
 
 def _verdicts(best: dict[str, Any], metrics: dict[str, dict[str, Any]], checked: set[str]) -> list[str]:
+    """Every verdict of the baseline and the best, as best.json records it: each figure is that
+    configuration's metric, and a claim of what workers did carries its interval
+    (:func:`_effect`); a code no check knows is itself a finding."""
     found = []
     for which in ("baseline", "best"):
         for v in (best.get("diagnosis") or {}).get(which, []):
-            kind, text = v["kind"], v["evidence"]
-            checked.add(f"verdict {kind}")
-            match = next(((m, names) for pattern, names in VERDICTS.get(kind, ())
-                          if (m := pattern.match(text))), None)
-            if match is None:
-                found.append(f"{which}'s {kind} verdict in words no check knows: {text!r}")
+            code = v.get("code") or "recorded"
+            checked.add(f"verdict {v['kind']}")
+            if code not in FIGURES:
+                found.append(f"{which}'s {v['kind']} verdict has the code {code!r}, which no check knows")
                 continue
-            m, names = match
-            for group, name in names:
-                printed = m.group(int(group))
-                if printed is None:
-                    continue
-                if name == "effect":
-                    found += _effect(text, printed, v["next_step"])
-                elif not _agrees(name, printed, _expected(name, metrics[which])):
-                    found.append(f"{which}'s {kind} verdict {text!r}: {printed} is not its {name} "
-                                 f"({_expected(name, metrics[which])})")
+            for name, want in FIGURES[code].items():
+                if name in v["figures"] and not _same(v["figures"][name], want(metrics[which])):
+                    found.append(f"{which}'s {code} verdict: its {name} {v['figures'][name]} is not the "
+                                 f"configuration's ({want(metrics[which])})")
+            found += _effect(which, v)
     return found
 
 
+LARGER_BATCH = {"fewer_all_reduces"}
+"""Step codes that advise a larger micro-batch whatever their figures (beside the lever itself,
+and ``faster_launch`` / ``fused_operations`` where their figures say ``grow``)."""
+CUDA_ONLY = {"cudnn_benchmark", "float8", "pin_memory"}
+"""Levers whose advice only a CUDA run can take (and attention kernels but flash and math)."""
+
+
+def _wrong_advice(step: Mapping[str, Any], params: Mapping[str, Any], model: Mapping[str, Any],
+                  cuda: bool) -> str | None:
+    """Why this job cannot take ``step`` (``None``: it can)."""
+    code, lever, f = step["code"], step.get("lever"), step.get("figures") or {}
+    values = set(f.get("values") or (LEVERS[lever].advises or LEVERS[lever].suggest[0] if lever else ()))
+    larger = lever == "micro_batch_size" or code in LARGER_BATCH or (code in ("faster_launch", "fused_operations")
+                                                                   and f.get("grow"))
+    if params.get("grad_accum_steps") == 1 and larger:
+        return "advises a larger micro-batch at one accumulation step"
+    if model.get("convolutions") is False and lever == "channels_last":
+        return "advises channels_last to a model without convolutions"
+    if model.get("attention") is False and lever == "attention_backend":
+        return "advises an attention kernel to a model that calls no SDPA"
+    if params.get("persistent_workers") is True and lever == "persistent_workers":
+        return "advises persistent_workers, which it already runs"
+    if lever == "prefetch_factor" and f.get("than") is not None and params.get("prefetch_factor") is not None \
+            and f["than"] != params["prefetch_factor"]:
+        return f"advises a larger prefetch_factor than {f['than']}: its prefetch_factor is {params['prefetch_factor']}"
+    if not cuda and (lever in CUDA_ONLY or code == "pin_or_less_data"
+                     or (lever == "attention_backend" and values & {"efficient", "cudnn"})):
+        return "advises a CUDA-only setting on a CPU run"  # a CPU runs math and flash
+    return None
+
+
 def _advice_this_job_can_take(best: dict[str, Any], checked: set[str]) -> list[str]:
-    """No advice a refusal rule of the search would reject for this job."""
+    """No step of a verdict a refusal rule of the search would reject for this job (what the
+    trials already measured is a verdict's ``measured``, no advice)."""
     found = []
     cuda = bool((best.get("environment") or {}).get("cuda"))
     for which, part in (("baseline", best.get("baseline") or {}), ("best", best)):
         params = part.get("params") or {}
         model = ((part.get("ran") or best.get("ran") or {}).get("model")) or {}  # one model for both
         for v in (best.get("diagnosis") or {}).get(which, []):
-            advice = re.split(r"\(?already measured from here", v["next_step"])[0]  # what was measured is no advice
             checked.add("advice")
-            if params.get("grad_accum_steps") == 1 and re.search(r"a larger micro.?batch", advice):
-                found.append(f"{which}: {advice!r} advises a larger micro-batch at one accumulation step")
-            if model.get("convolutions") is False and "channels_last" in advice:
-                found.append(f"{which}: {advice!r} advises channels_last to a model without convolutions")
-            if model.get("attention") is False and "attention_backend" in advice:
-                found.append(f"{which}: {advice!r} advises an attention kernel to a model that calls no SDPA")
-            if params.get("persistent_workers") is True and re.search(r"persistent_workers(?!: false)", advice):
-                found.append(f"{which}: {advice!r} advises persistent_workers, which it already runs")
-            pf = re.search(r"a larger prefetch_factor than (\d+)", advice)
-            if pf and params.get("prefetch_factor") is not None and int(pf.group(1)) != params["prefetch_factor"]:
-                found.append(f"{which}: {advice!r}: its prefetch_factor is {params['prefetch_factor']}")
-            if not cuda and re.search(r"attention_backend: (efficient|cudnn)|cudnn_benchmark: true|"
-                                      r"pin_memory=true|float8", advice):  # a CPU runs math and flash
-                found.append(f"{which}: {advice!r} advises a CUDA-only setting on a CPU run")
+            for step in v.get("steps") or ():
+                if (wrong := _wrong_advice(step, params, model, cuda)) is not None:
+                    found.append(f"{which}: {v['kind']}'s step {step['code']}"
+                                 f"{' (' + step['lever'] + ')' if step.get('lever') else ''} {wrong}")
     return found
 
 
@@ -408,26 +368,22 @@ def _unmeasured_zeros(run: Path, metrics: dict[str, dict[str, Any]]) -> list[str
     return out
 
 
-def _advice_already_measured(run: Path, lines: list[str], best: dict[str, Any]) -> list[str]:
-    """``best: ... next: try more loader workers than N`` where the run measured the best with
-    more workers, everything else alike, and it was not faster."""
+def _advice_already_measured(run: Path, best: dict[str, Any]) -> list[str]:
+    """The best's verdict advising more loader workers (a ``num_workers`` step) where the run
+    measured the best with more workers, everything else alike, and it was not faster."""
+    advised = [v for v in (best.get("diagnosis") or {}).get("best", [])
+               if any(s.get("lever") == "num_workers" for s in v.get("steps") or ())]
+    if not advised:
+        return []
+    params, rate = best["params"], best["metrics"]["samples_per_s"]
     out = []
-    at_best = False
-    for line in lines:
-        if line.startswith("best: "):
-            at_best = True
-        elif not line.startswith("  next:"):
-            at_best = False
-        m = MORE_WORKERS.search(line)
-        if not (at_best and line.startswith("  next:") and m):
-            continue
-        params, rate = best["params"], best["metrics"]["samples_per_s"]
-        with open(run / "trials.csv", newline="", encoding="utf-8") as f:
-            for row in csv.DictReader(f):
-                if row["state"] != "ok" or not row["samples_per_s"]:
-                    continue
-                alike = all(str(params[k]) == row[k] for k in ("amp_dtype", "micro_batch_size", "zero_stage"))
-                if alike and int(row["num_workers"]) > int(m.group(1)) and float(row["samples_per_s"]) < rate:
-                    out.append(f"{line!r}: trial {row['number']} ran {row['num_workers']} workers and was slower "
-                               f"({float(row['samples_per_s']):.1f} samples/s against {rate:.1f})")
+    with open(run / "trials.csv", newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            if row["state"] != "ok" or not row["samples_per_s"]:
+                continue
+            alike = all(str(params[k]) == row[k] for k in ("amp_dtype", "micro_batch_size", "zero_stage"))
+            if alike and int(row["num_workers"]) > int(params["num_workers"]) and float(row["samples_per_s"]) < rate:
+                out.append(f"the best's {advised[0]['kind']} verdict advises more loader workers: trial "
+                           f"{row['number']} ran {row['num_workers']} and was slower "
+                           f"({float(row['samples_per_s']):.1f} samples/s against {rate:.1f})")
     return out

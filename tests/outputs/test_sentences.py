@@ -7,6 +7,10 @@ import json
 
 from sentences import contradictions
 
+from tuner.analysis.diagnose import Verdict
+from tuner.analysis.remedies import Step
+from tuner.outputs.diagnosis import Worded
+
 TRIALS = "number,state,samples_per_s,num_workers,amp_dtype,micro_batch_size,zero_stage\n0,ok,100.0,0,fp32,16,0\n"
 METRICS = {"samples_per_s": 100.0, "data_wait_share": 0.37, "comm_share": 0.05, "cpu_util": 1.3,
            "worker_cpu_util": 0.6, "achieved_tflops": 0.0026, "step_time_p50_s": 0.0048, "step_time_p99_s": 0.029,
@@ -28,71 +32,92 @@ def write(folder, baseline_verdicts, best_verdicts, log_extra=(), params=None, r
     return folder
 
 
-def verdict(kind, evidence, next_step="look at a trace"):
-    return {"kind": kind, "weight": 0.5, "evidence": evidence, "next_step": next_step}
+def verdict(kind, code, figures, *steps, weight=0.5):
+    """A verdict as best.json records it: the record, with the words the tuner gives it."""
+    return Worded.of(Verdict(kind, weight, code, figures, tuple(steps))).to_json()
+
+
+def effect(gain, low, high, pairs=3):
+    """What a move did to samples/s, as the evidence records it (a gain and its interval)."""
+    slower = (1 - 1 / (1 + gain), 1 - 1 / (1 + low), 1 - 1 / (1 + high))  # Slowdown.gains read back
+    interval = {"estimate": slower[0], "low": slower[1], "high": slower[2], "runs": [pairs, pairs], "dof": pairs,
+                "level": 0.99, "pairs": pairs}
+    return {"point": gain, "interval": interval, "shown": high < 0.10}
+
+
+def saturated(gain, low, high, code="no_gain_shown", workers=1, pairs=3):
+    return verdict("host-cpu-saturated", "workers-cleared-the-wait",
+                   {"wait": 0.37, "workers": workers, "wait_then": 0.02, "busy": 1.9, "cores": 2,
+                    "effect": effect(gain, low, high, pairs) if gain is not None else {"point": -0.04,
+                                                                                       "interval": None}},
+                   Step(code, figures={"bar": 0.10}))
 
 
 TRUE = [
-    verdict("data-bound", "the loop waits for data 37% of the step; a perfect pipeline would reach 400 samples/s "
-            "(4.0x)"),
-    verdict("host-bound", "the cores are busy (1.3 in use) but the step does 2.6 GFLOP/s, 1.4% of what they reach "
-            "on a large matmul (180 GFLOP/s): per-operation overhead, not arithmetic, sets the pace"),
-    verdict("unstable", "p99 step time 29.0 ms is 6.0x the p50 (4.8 ms)"),
-    verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 1 worker(s) took the wait to 2% "
-            "and samples/s -6% (99% interval -9% to -3%, 3 pairs): loading and the step compete for the same cores",
-            "more workers will not gain 10% or more here: make the per-sample work cheaper"),
+    verdict("data-bound", "data-bound", {"wait": 0.37, "ceiling": 400.0, "gap": 4.0, "workers": 0, "worker_cpu": 0.6},
+            Step("cheaper_samples", figures={"workers": 0})),
+    verdict("host-bound", "host-bound-cpu", {"cpu": 1.3, "tflops": 0.0026, "yardstick": 0.18},
+            Step("fused_operations", figures={"grow": True})),
+    verdict("unstable", "unstable", {"p50": 0.0048, "p99": 0.029}, Step("trace")),
+    saturated(-0.06, -0.09, -0.03),
 ]
 
 
-def test_true_sentences_pass_and_every_kind_is_checked(tmp_path):
+def test_true_records_pass_and_every_kind_is_checked(tmp_path):
     found, checked = contradictions(write(tmp_path, TRUE, TRUE))
     assert found == [], found
     assert {"verdict data-bound", "verdict host-bound", "verdict unstable", "verdict host-cpu-saturated",
             "advice"} <= checked
+    # the words are the tuner's own, from the record
+    assert TRUE[3]["evidence"].startswith("the loop waits for data 37% of the step, but 1 worker(s) took the wait")
 
 
 def test_a_figure_that_is_not_the_metric_is_found(tmp_path):
-    wrong = [verdict("data-bound", "the loop waits for data 29% of the step"),
-             verdict("unstable", "p99 step time 35.0 ms is 7.3x the p50 (4.8 ms)")]
+    wrong = [verdict("data-bound", "data-bound", {"wait": 0.29, "ceiling": None, "gap": None, "workers": 0,
+                                                  "worker_cpu": 0.6}, Step("cheaper_samples", figures={"workers": 0})),
+             verdict("unstable", "unstable", {"p50": 0.0048, "p99": 0.035}, Step("trace"))]
     found, _ = contradictions(write(tmp_path, wrong, []))
-    assert len(found) == 2 and "is not its wait" in found[0] and "is not its p99_ms" in found[1], found
+    assert len(found) == 4, found  # the wait; the ceiling and gap read null where the metrics hold them; the p99
+    assert "its wait 0.29 is not the configuration's (0.37)" in found[0] and "its p99 0.035" in found[3], found
 
 
-def test_words_no_pattern_knows_are_a_finding(tmp_path):
-    found, _ = contradictions(write(tmp_path, [verdict("compute-bound", "fast enough, probably")], []))
-    assert found and "in words no check knows" in found[0], found
+def test_a_code_no_check_knows_is_a_finding(tmp_path):
+    unknown = {"kind": "compute-bound", "weight": 0.5, "code": "fast-enough", "figures": {}, "steps": [],
+               "measured": None, "evidence": "fast enough, probably", "next_step": ""}
+    found, _ = contradictions(write(tmp_path, [unknown], []))
+    assert found and "which no check knows" in found[0], found
 
 
 def test_a_claim_its_interval_does_not_carry_is_found(tmp_path):
-    unsupported = verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 1 worker(s) took the "
-                          "wait to 2% and samples/s -4% (99% interval -30% to +35%, 1+1 runs): loading and the step "
-                          "compete for the same cores", "more workers will not gain 10% or more here: cheaper work")
-    bare = verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 1 worker(s) took the wait to "
-                   "2% and samples/s -4%: loading and the step compete for the same cores")
-    found, _ = contradictions(write(tmp_path, [unsupported], [bare]))
+    found, _ = contradictions(write(tmp_path, [saturated(-0.04, -0.30, 0.35, pairs=1)],
+                                    [saturated(None, None, None)]))
     assert any("its interval reaches +35%" in f for f in found), found
-    assert any("without its interval" in f for f in found), found
-    # a 2-core run's baseline: chosen on the medians (1.06x), printed from the paired interval
-    gained = verdict("host-cpu-saturated", "the loop waits for data 37% of the step, but 2 worker(s) took the wait "
-                     "to 26% and samples/s +24% (99% interval +1% to +52%, 6 pairs): loading and the step compete "
-                     "for the same cores", "more workers showed no gain of 10% or more, though the interval does not "
-                     "rule one out: cheaper work")
+    assert any("will not gain, with no interval" in f for f in found), found
+    # a 2-core run's baseline: chosen on the medians (1.06x), shown with the paired interval
+    gained = saturated(0.24, 0.01, 0.52, code="no_gain_not_shown", workers=2, pairs=6)
     found, _ = contradictions(write(tmp_path, [gained], []))
     assert any("showed no gain of 10%, beside their +24%" in f for f in found), found
 
 
 def test_advice_this_job_cannot_take_is_found(tmp_path):
-    advice = verdict("unstable", "p99 step time 29.0 ms is 6.0x the p50 (4.8 ms)",
-                     "a larger micro-batch (bigger operations), channels_last: true (convolutional models), "
-                     "attention_backend: cudnn")
+    advice = verdict("compute-bound", "compute-bound", {"rate": 100.0, "wait": 0.37, "ceiling": 400.0, "mfu": None,
+                                                        "tflops": 0.0026},
+                     Step("lever", "micro_batch_size"), Step("lever", "channels_last"),
+                     Step("lever", "attention_backend", {"values": ["flash"]}))
     found, _ = contradictions(write(tmp_path, [advice], [], params={"grad_accum_steps": 1},
                                     ran={"model": {"convolutions": False, "attention": True}}))
-    assert len(found) == 3, found
-    taken = verdict("data-bound", "the loop waits for data 37% of the step",
-                    "try more loader workers than 8, a larger prefetch_factor than 2, persistent_workers; cache")
+    assert len(found) == 2 and "larger micro-batch" in found[0] and "without convolutions" in found[1], found
+    kernel = verdict("compute-bound", "compute-bound", {"rate": 100.0, "wait": 0.37, "ceiling": 400.0, "mfu": None,
+                                                        "tflops": 0.0026}, Step("lever", "attention_backend"))
+    found, _ = contradictions(write(tmp_path, [kernel], [], ran={"model": {"attention": True}}))
+    assert len(found) == 1 and "CUDA-only setting on a CPU run" in found[0], found  # flash or cudnn: cudnn is CUDA's
+    taken = verdict("data-bound", "data-bound", {"wait": 0.37, "ceiling": 400.0, "gap": 4.0, "workers": 8,
+                                                 "worker_cpu": 0.6},
+                    Step("lever", "num_workers", {"than": 8}), Step("lever", "prefetch_factor", {"than": 2}),
+                    Step("lever", "persistent_workers"), Step("cheaper_samples", figures={"workers": 8}))
     found, _ = contradictions(write(tmp_path, [], [taken], params={"num_workers": 8, "prefetch_factor": 4,
                                                                    "persistent_workers": True}))
-    assert len(found) == 2 and "already runs" in found[0] and "its prefetch_factor is 4" in found[1], found
+    assert len(found) == 2 and "its prefetch_factor is 4" in found[0] and "already runs" in found[1], found
 
 
 def test_a_one_at_a_time_figure_that_is_not_the_attributions_is_found(tmp_path):
