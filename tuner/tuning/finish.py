@@ -276,7 +276,10 @@ def _move(out: Finished, asked: list[Question], pool: Pool, rules: Rules, base: 
     if not drops:
         return False
     _, _, simpler, s = min(drops, key=lambda d: (d[0], d[1]))
-    _leave(out, simpler, base, s, "cheap", events, tol)
+    gone = [k for k in attribution_mod.changed(base, out.answer) if simpler.get(k) != out.answer.get(k)]
+    out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "cheap"} for k in gone]
+    out.answer = dict(simpler)
+    _moved(out, events, tol, {"reason": "cheap", "steps": gone, "slowdown": s.to_json()})
     return True
 
 
@@ -319,7 +322,11 @@ def _follow_the_estimate(out: Finished, ranked: Sequence[dict[str, Any]], pool: 
         if not slower:
             return
         _, q, s = min(slower, key=lambda x: x[0])
-        _leave(out, q.simpler, base, s, "measured_slower", events, tol)
+        gone = [k for k in attribution_mod.changed(base, out.answer) if q.simpler.get(k) != out.answer.get(k)]
+        out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "measured_slower"}
+                        for k in gone]
+        out.answer = dict(q.simpler)
+        _moved(out, events, tol, {"reason": "measured_slower", "steps": gone, "slowdown": s.to_json()})
 
 
 def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: dict[str, Any],
@@ -333,18 +340,11 @@ def _no_slower_than_the_baseline(out: Finished, pool: Pool, rules: Rules, base: 
     s = pool.slowdown(out.answer, base)  # how much slower the baseline is than the answer (None: unmeasured)
     if s is None or s.estimate >= 0 or decision.judge(s, rules.tolerance) == decision.KEEP:
         return
-    _leave(out, base, base, s, "baseline_stays", events, rules.tolerance)
-
-
-def _leave(out: Finished, simpler: dict[str, Any], base: dict[str, Any], s: "Slowdown", reason: str,
-           events: "SearchEvents | None", tolerance: float) -> None:
-    """Make ``simpler`` the answer: each change of the answer it lacks is dropped for ``reason``
-    (:data:`tuner.tuning.summary.REASONS`) with the interval ``s`` that let it go, and the
-    move is recorded."""
-    gone = [k for k in attribution_mod.changed(base, out.answer) if simpler.get(k) != out.answer.get(k)]
-    out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": reason} for k in gone]
-    out.answer = dict(simpler)
-    _moved(out, events, tolerance, {"reason": reason, "steps": gone, "slowdown": s.to_json()})
+    gone = attribution_mod.changed(base, out.answer)
+    out.dropped += [{"step": k, "value": out.answer.get(k), "slowdown": s.to_json(), "reason": "baseline_stays"}
+                    for k in gone]
+    out.answer = dict(base)
+    _moved(out, events, rules.tolerance, {"reason": "baseline_stays", "steps": gone, "slowdown": s.to_json()})
 
 
 def _round(out: Finished, todo: list[Question], run: Run, pool: Pool, budget: Budget, agree: Agree) -> bool:
