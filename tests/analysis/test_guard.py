@@ -20,11 +20,11 @@ def test_divergence_rule():
     assert divergence([2.01, 1.79, 1.61], ref, 0.05, "bf16") is None
     why = divergence([2.0, 1.8, 1.9], ref, 0.05, "bf16")  # a record; its words at the edges
     assert why is not None and (why["code"], why["figures"]["step"]) == ("apart", 3)
-    said = trial_reason(None, why)
+    said = trial_reason({"ruled": why})
     assert "step 3" in said and "18.7%" in said and "tolerance 5%" in said
     nonfinite = divergence([2.0, math.nan], ref, 0.05, "fp16")
     assert nonfinite == {"code": "nonfinite", "figures": {"amp": "fp16", "step": 2}}
-    assert "not finite at step 2" in trial_reason(None, nonfinite)
+    assert "not finite at step 2" in trial_reason({"ruled": nonfinite})
     assert divergence([2.0, 1.8, 1.6, 9.9], ref, 0.05, "bf16") is None  # only steps both ran
 
 
@@ -80,4 +80,4 @@ def test_a_pruned_trial_whose_curve_left_the_reference_is_recorded_imprecise(toy
     last = decider.study.records()[-1]
     assert last.outcome == "imprecise" and last.get("reason") is None, last.attrs  # the record, not words
     assert "precision guard: the bf16 loss 1.3 is 48.0% from the fp32 reference 2.5 at step 2" in \
-        trial_reason(last.get("reason"), last.get("ruled"))
+        trial_reason(last.attrs)

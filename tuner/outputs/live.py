@@ -93,7 +93,7 @@ class Live(SearchEvents):
         rate = m.get("samples_per_s")
         wait = m.get("data_wait_share")
         peak = budget_peak(m)  # the largest batch's, where it was stepped: what the budget holds at
-        reason = trial_words.trial_reason(trial.get("reason"), trial.get("ruled")) or ""
+        reason = trial_words.trial_reason(trial.attrs) or ""
         mark = " *best*" if outcome == State.OK and best is not None and rate == best else ""
         # the title's levers always, the others (the loader's prefetch, pinning and persistence
         # among them) only away from their defaults: they were columns and words both

@@ -79,7 +79,7 @@ def write_trials_csv(path: Path, study: "Study") -> None:
             row: dict[str, Any] = {
                 "number": t.number,
                 "state": attrs.get("state", t.status.value),
-                "reason": trial_words.trial_reason(attrs.get("reason"), attrs.get("ruled")) or "",
+                "reason": trial_words.trial_reason(attrs) or "",
                 "baseline": bool(attrs.get("baseline")),
                 "duration_s": f"{t.duration_s:.2f}" if t.duration_s is not None else "",
                 "worker": workers.name(attrs["worker"]) if attrs.get("worker") else "",

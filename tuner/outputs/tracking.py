@@ -293,7 +293,7 @@ class Tracked(SearchEvents):
         for tracker in list(self.trackers):
             self._guard(tracker, lambda t=tracker: t.trial(
                 trial.number, dict(attrs.get("params") or {}), attrs.get("metrics"), outcome,
-                trial_words.trial_reason(attrs.get("reason"), attrs.get("ruled")) or "", bool(attrs.get("baseline"))))
+                trial_words.trial_reason(attrs) or "", bool(attrs.get("baseline"))))
 
     def stop(self) -> None:
         self.inner.stop()

@@ -26,10 +26,13 @@ TRIAL: dict[str, Callable[[Mapping[str, Any]], str]] = {
 """Why the tuner itself gave a trial its state (:attr:`tuner.trial.trial_result.TrialResult.ruled`)."""
 
 
-def trial_reason(reason: str | None, ruled: Mapping[str, Any] | None = None) -> str | None:
-    """A trial's reason in words: the tuner's own record's where it ruled, else the words of
-    what stopped it (an exception, a script's error line); ``None``: none."""
-    return TRIAL[ruled["code"]](ruled.get("figures") or {}) if ruled else reason
+def trial_reason(record: Mapping[str, Any]) -> str | None:
+    """A trial's reason in words, from a record holding its ``reason`` and ``ruled`` (a trial's
+    study attributes, a failed path configuration, a broken job): the tuner's own ruling where
+    it ruled, else the words of what stopped it (an exception, a script's error line); ``None``:
+    none."""
+    ruled = record.get("ruled")
+    return TRIAL[ruled["code"]](ruled.get("figures") or {}) if ruled else record.get("reason")
 
 
 def failed_run(failed: Mapping[str, Any] | str) -> str:
@@ -37,7 +40,7 @@ def failed_run(failed: Mapping[str, Any] | str) -> str:
     (a run folder written before the record: its words)."""
     if isinstance(failed, str):
         return failed
-    return f"{failed['state']}: {trial_reason(failed.get('reason'), failed.get('ruled'))}"
+    return f"{failed['state']}: {trial_reason(failed)}"
 
 
 STOP_CHARS = 200
@@ -55,7 +58,7 @@ def broken(b: Mapping[str, Any] | str | None) -> str:
     run folder written before the record: its line as it was."""
     if not isinstance(b, Mapping):
         return b or ""
-    failure, reason = b.get("failure") or {}, trial_reason(b.get("reason"), b.get("ruled")) or "no reason recorded"
+    failure, reason = b.get("failure") or {}, trial_reason(b) or "no reason recorded"
     if failure.get("error"):
         own, frame = failure["error"], f" at {failure['at']}" if failure.get("at") else ""
     else:

@@ -57,7 +57,7 @@ def collect(study: Study, out: Path) -> ReportData:
         attrs = t.attrs
         trials.append({
             "number": t.number, "state": attrs.get("state", t.status.value),
-            "reason": trial_words.trial_reason(attrs.get("reason"), attrs.get("ruled")),
+            "reason": trial_words.trial_reason(attrs),
             "params": attrs.get("params") or {},
             "metrics": attrs.get("metrics"), "baseline": bool(attrs.get("baseline")),
             "feasible": t.number in feasible, "predicted_peak_gib": attrs.get("predicted_peak_gib"),
